@@ -1,0 +1,365 @@
+//! The control path (DESIGN.md section 4): settle transactions named by control
+//! messages, a batch at a time.
+//!
+//! For each transaction: read its outbox record (one consistent batched read for the
+//! batch); `pending` → publish its messages and mark it dispatched; `dispatched` or
+//! `tombstone` → nothing to do; absent within the commit window → send a new, later
+//! control message; absent after it → write a tombstone, and if a record appeared
+//! meanwhile, handle that record instead.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::ports::{Clock, ControlDelivery, ControlQueue, Publisher, QueueError, Store, StoreError, TombstoneOutcome};
+use crate::protocol::{ControlMessage, DecodeError, OutboxRecord, OutboxState, TxnId};
+use crate::publish::{publish_all, PublishFailure, RetryPolicy};
+use crate::settings::Timing;
+use crate::time::Timestamp;
+
+/// After this many checks a transaction is tombstoned even if the worker's clock says
+/// its window is still open: tombstoning is always safe, and this bounds the work a
+/// clock far behind the API's could cause.
+pub const MAX_ATTEMPTS: u32 = 64;
+
+/// The ports the control path uses.
+#[derive(Clone)]
+pub struct ControlPorts {
+    /// The table.
+    pub store: Arc<dyn Store>,
+    /// Where re-deferred control messages go.
+    pub control_queue: Arc<dyn ControlQueue>,
+    /// Where outgoing messages go.
+    pub publisher: Arc<dyn Publisher>,
+    /// Wall-clock time.
+    pub clock: Arc<dyn Clock>,
+}
+
+/// Handles control messages. Build one per process and share it.
+#[derive(Clone)]
+pub struct ControlPath {
+    ports: ControlPorts,
+    timing: Timing,
+    retry: RetryPolicy,
+}
+
+/// What handling one control message did. Logs, metrics and tests use these words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlOutcome {
+    /// The transaction's messages were published and its record marked dispatched.
+    Dispatched {
+        /// How many messages.
+        messages: usize,
+        /// When the record was committed (for the dispatch lag).
+        committed_at: Timestamp,
+    },
+    /// Nothing to do: the record was already `dispatched` or a `tombstone`.
+    AlreadyDone {
+        /// The state found.
+        state: OutboxState,
+    },
+    /// No record yet, within the window: a later check was scheduled.
+    Deferred {
+        /// The attempt number of the new control message.
+        next_attempt: u32,
+        /// Its delay.
+        delay: Duration,
+    },
+    /// No record after the window: the transaction can never commit now.
+    Tombstoned,
+    /// No record, and the control message is older than the retention: whatever the
+    /// transaction did has long been settled and its record forgotten; writing a
+    /// tombstone now could contradict a commit that has since expired.
+    Stale,
+}
+
+impl ControlOutcome {
+    /// A short name for logs and metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Dispatched { .. } => "dispatched",
+            Self::AlreadyDone { .. } => "already_done",
+            Self::Deferred { .. } => "deferred",
+            Self::Tombstoned => "tombstoned",
+            Self::Stale => "stale",
+        }
+    }
+}
+
+/// Why a control message must be retried (it goes back to the queue, and after the
+/// redrive policy's receive count to the dead-letter queue).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ControlError {
+    /// The body is not a control message this worker understands.
+    #[error("undecodable control message")]
+    Decode(#[source] Arc<DecodeError>),
+    /// Reading the outbox record failed.
+    #[error("reading the outbox record failed")]
+    Read(#[source] Arc<StoreError>),
+    /// Some messages could not be published; the rest may have been.
+    #[error("{failed} of {total} messages could not be published")]
+    Publish {
+        /// How many failed.
+        failed: usize,
+        /// How many the transaction has.
+        total: usize,
+        /// The first failure.
+        first: PublishFailure,
+    },
+    /// Marking the record dispatched failed; its messages were published.
+    #[error("marking the outbox record dispatched failed")]
+    Mark(#[source] Arc<StoreError>),
+    /// Sending the re-deferred control message failed.
+    #[error("re-deferring the control message failed")]
+    Defer(#[source] Arc<QueueError>),
+    /// Writing the tombstone failed.
+    #[error("writing the tombstone failed")]
+    Tombstone(#[source] Arc<StoreError>),
+}
+
+/// The result for one control message of a batch.
+#[derive(Debug, Clone)]
+pub struct ItemReport {
+    /// The queue's id of the message.
+    pub message_id: String,
+    /// The transaction, when the body could be decoded.
+    pub txn_id: Option<TxnId>,
+    /// The control message's attempt number, when decoded.
+    pub attempt: Option<u32>,
+    /// What happened.
+    pub result: Result<ControlOutcome, ControlError>,
+}
+
+/// The results for a batch, one per control message, in the batch's order.
+#[derive(Debug, Clone, Default)]
+pub struct BatchReport {
+    /// One per message.
+    pub items: Vec<ItemReport>,
+}
+
+impl BatchReport {
+    /// The queue ids of the messages that must be retried (the partial batch response).
+    pub fn failed_message_ids(&self) -> Vec<&str> {
+        self.items
+            .iter()
+            .filter(|item| item.result.is_err())
+            .map(|item| item.message_id.as_str())
+            .collect()
+    }
+}
+
+/// What the batch decided for one transaction before publishing.
+enum Decision {
+    Publish(OutboxRecord),
+    Done(Result<ControlOutcome, ControlError>),
+}
+
+impl ControlPath {
+    /// The control path over `ports`, with `timing` from the settings.
+    pub fn new(ports: ControlPorts, timing: Timing) -> Self {
+        Self {
+            ports,
+            timing,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// Replaces the retry policy for failed publish entries.
+    pub fn with_retry_policy(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Handles one control message.
+    pub async fn handle(&self, delivery: &ControlDelivery) -> ItemReport {
+        let mut report = self.handle_batch(std::slice::from_ref(delivery)).await;
+        report.items.pop().expect("one report per delivery")
+    }
+
+    /// Handles a batch: one batched read, one publishing pass, one marking pass, and a
+    /// result per message so that one bad message never fails its neighbours. Several
+    /// messages for one transaction (duplicates) are settled once and share the result.
+    pub async fn handle_batch(&self, deliveries: &[ControlDelivery]) -> BatchReport {
+        let decoded: Vec<Result<ControlMessage, ControlError>> = deliveries
+            .iter()
+            .map(|delivery| {
+                ControlMessage::decode(&delivery.body).map_err(|error| {
+                    tracing::error!(sqs_message_id = %delivery.message_id, error = %error, "undecodable control message");
+                    ControlError::Decode(Arc::new(error))
+                })
+            })
+            .collect();
+        // The newest message of each transaction speaks for it (its attempt is highest).
+        let mut controls: BTreeMap<TxnId, ControlMessage> = BTreeMap::new();
+        for message in decoded.iter().flatten() {
+            let entry = controls.entry(message.txn_id).or_insert(*message);
+            if message.attempt > entry.attempt {
+                *entry = *message;
+            }
+        }
+        let outcomes = self.settle(&controls).await;
+        let items = deliveries
+            .iter()
+            .zip(decoded)
+            .map(|(delivery, decoded)| {
+                let (txn_id, attempt, result) = match decoded {
+                    Err(error) => (None, None, Err(error)),
+                    Ok(message) => (Some(message.txn_id), Some(message.attempt), outcomes[&message.txn_id].clone()),
+                };
+                match &result {
+                    Ok(outcome) => tracing::info!(sqs_message_id = %delivery.message_id, txn_id = ?txn_id.map(|id| id.to_string()), outcome = outcome.as_str(), "control message handled"),
+                    Err(error) => tracing::warn!(sqs_message_id = %delivery.message_id, txn_id = ?txn_id.map(|id| id.to_string()), error = %error, "control message failed"),
+                }
+                ItemReport { message_id: delivery.message_id.clone(), txn_id, attempt, result }
+            })
+            .collect();
+        BatchReport { items }
+    }
+
+    async fn settle(
+        &self,
+        controls: &BTreeMap<TxnId, ControlMessage>,
+    ) -> BTreeMap<TxnId, Result<ControlOutcome, ControlError>> {
+        if controls.is_empty() {
+            return BTreeMap::new();
+        }
+        let txn_ids: Vec<TxnId> = controls.keys().copied().collect();
+        let records = match self.ports.store.get_outboxes(&txn_ids).await {
+            Ok(records) => records,
+            Err(error) => {
+                let error = ControlError::Read(Arc::new(error));
+                return txn_ids.into_iter().map(|id| (id, Err(error.clone()))).collect();
+            }
+        };
+        let mut decisions = BTreeMap::new();
+        for (txn_id, control) in controls {
+            let decision = match records.get(txn_id) {
+                Some(record) => self.decide_on_record(record.clone()),
+                None => self.decide_on_absence(control).await,
+            };
+            decisions.insert(*txn_id, decision);
+        }
+        self.dispatch(decisions).await
+    }
+
+    fn decide_on_record(&self, record: OutboxRecord) -> Decision {
+        match record.state {
+            OutboxState::Pending => Decision::Publish(record),
+            state => Decision::Done(Ok(ControlOutcome::AlreadyDone { state })),
+        }
+    }
+
+    async fn decide_on_absence(&self, control: &ControlMessage) -> Decision {
+        let now = self.ports.clock.now();
+        if now >= control.first_sent_at.plus(self.timing.retention) {
+            tracing::warn!(txn_id = %control.txn_id, "control message older than the retention; acknowledging it without a tombstone");
+            return Decision::Done(Ok(ControlOutcome::Stale));
+        }
+        let window_end = control.first_sent_at.plus(self.timing.max_commit_duration);
+        if now < window_end && control.attempt < MAX_ATTEMPTS {
+            let next = control.next_attempt();
+            let delay = self.deferral_delay(control.attempt, window_end.since(now));
+            return Decision::Done(match self.ports.control_queue.send(&next, delay).await {
+                Ok(()) => Ok(ControlOutcome::Deferred {
+                    next_attempt: next.attempt,
+                    delay,
+                }),
+                Err(error) => Err(ControlError::Defer(Arc::new(error))),
+            });
+        }
+        let expires_at = now.plus(self.timing.retention);
+        match self.ports.store.put_tombstone(control.txn_id, now, expires_at).await {
+            Ok(TombstoneOutcome::Written) => Decision::Done(Ok(ControlOutcome::Tombstoned)),
+            // The transaction committed after our read (or a duplicate tombstoned it):
+            // handle the record as it is now.
+            Ok(TombstoneOutcome::Exists(record)) => self.decide_on_record(record),
+            Err(error) => Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
+        }
+    }
+
+    /// The delay before re-checking after check number `attempt`: the first check delay
+    /// doubled per attempt, capped by the backoff cap and by the time left in the window,
+    /// in whole seconds (SQS's unit), at least one.
+    pub fn deferral_delay(&self, attempt: u32, left_in_window: Duration) -> Duration {
+        let base = self.timing.first_check_delay.max(Duration::from_secs(1));
+        let doubled = base.saturating_mul(1u32 << attempt.min(16));
+        let delay = doubled.min(self.timing.backoff_cap).min(left_in_window);
+        let whole_seconds = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+        Duration::from_secs(whole_seconds.clamp(1, 900))
+    }
+
+    /// Publishes every pending record's messages in one pass, then marks the records
+    /// whose messages all went out.
+    async fn dispatch(
+        &self,
+        decisions: BTreeMap<TxnId, Decision>,
+    ) -> BTreeMap<TxnId, Result<ControlOutcome, ControlError>> {
+        let mut outcomes = BTreeMap::new();
+        let mut pending = Vec::new();
+        for (txn_id, decision) in decisions {
+            match decision {
+                Decision::Done(outcome) => {
+                    outcomes.insert(txn_id, outcome);
+                }
+                Decision::Publish(record) => pending.push(record),
+            }
+        }
+        if pending.is_empty() {
+            return outcomes;
+        }
+        let messages: Vec<_> = pending.iter().flat_map(|record| &record.messages).collect();
+        let report = publish_all(
+            self.ports.publisher.as_ref(),
+            self.ports.clock.as_ref(),
+            &messages,
+            self.retry,
+        )
+        .await;
+
+        let mut to_mark = Vec::new();
+        for record in &pending {
+            let failures: Vec<&PublishFailure> = record
+                .messages
+                .iter()
+                .filter_map(|message| report.failed.get(&message.id))
+                .collect();
+            match failures.first() {
+                None => to_mark.push(record),
+                Some(first) => {
+                    outcomes.insert(
+                        record.txn_id,
+                        Err(ControlError::Publish {
+                            failed: failures.len(),
+                            total: record.messages.len(),
+                            first: (*first).clone(),
+                        }),
+                    );
+                }
+            }
+        }
+        if to_mark.is_empty() {
+            return outcomes;
+        }
+        let txn_ids: Vec<TxnId> = to_mark.iter().map(|record| record.txn_id).collect();
+        let expires_at = self.ports.clock.now().plus(self.timing.retention);
+        let results = self.ports.store.mark_dispatched(&txn_ids, expires_at).await;
+        // A store that answers fewer results than asked leaves the rest failed, never
+        // silently acknowledged.
+        let results = results.into_iter().map(Some).chain(std::iter::repeat_with(|| None));
+        for (record, result) in to_mark.into_iter().zip(results) {
+            let result = result.unwrap_or_else(|| {
+                Err(StoreError::Unavailable(
+                    "the store gave no result for this record".into(),
+                ))
+            });
+            let outcome = result
+                .map(|()| ControlOutcome::Dispatched {
+                    messages: record.messages.len(),
+                    committed_at: record.created_at,
+                })
+                .map_err(|error| ControlError::Mark(Arc::new(error)));
+            outcomes.insert(record.txn_id, outcome);
+        }
+        outcomes
+    }
+}

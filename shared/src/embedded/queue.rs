@@ -1,0 +1,514 @@
+//! An in-process queue with the SQS semantics the protocol relies on: per-message delay,
+//! visibility timeout, receive counts, a dead-letter queue after a maximum receive count,
+//! and for FIFO queues message groups and deduplication ids.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::ports::Clock;
+use crate::time::Timestamp;
+
+/// SQS's longest per-message delay.
+pub const MAX_DELAY: Duration = Duration::from_secs(900);
+/// SQS's largest message (body plus attributes).
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// How long a FIFO queue remembers a deduplication id.
+pub const DEDUPLICATION_WINDOW: Duration = Duration::from_secs(300);
+
+/// A queue's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Its name (FIFO names end in `.fifo` on SQS; here it is only a label).
+    pub name: String,
+    /// Whether it is a FIFO queue.
+    pub fifo: bool,
+    /// How long a received message stays invisible.
+    pub visibility_timeout: Duration,
+}
+
+impl QueueConfig {
+    /// A standard queue with SQS's default visibility timeout.
+    pub fn standard(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            fifo: false,
+            visibility_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// A FIFO queue with SQS's default visibility timeout.
+    pub fn fifo(name: &str) -> Self {
+        Self {
+            fifo: true,
+            ..Self::standard(name)
+        }
+    }
+}
+
+/// A message to send.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SendRequest {
+    /// The body.
+    pub body: String,
+    /// String attributes.
+    pub attributes: BTreeMap<String, String>,
+    /// Invisible for this long after the send (standard queues only).
+    pub delay: Duration,
+    /// FIFO: the message group (required).
+    pub group_id: Option<String>,
+    /// FIFO: the deduplication id (required; no content-based deduplication here).
+    pub deduplication_id: Option<String>,
+}
+
+/// Why a send was refused, as SQS would refuse it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueFault {
+    /// A parameter breaks a rule (SQS `InvalidParameterValue` and friends).
+    #[error("invalid parameter: {0}")]
+    InvalidParameter(&'static str),
+}
+
+/// A message as sent and accepted, kept in the queue's log for tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentMessage {
+    /// The queue's id for it.
+    pub message_id: String,
+    /// What was sent.
+    pub request: SendRequest,
+    /// When it was accepted.
+    pub sent_at: Timestamp,
+    /// Whether a FIFO deduplication id suppressed it (accepted, not enqueued).
+    pub deduplicated: bool,
+}
+
+/// A received message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// The queue's id for the message.
+    pub message_id: String,
+    /// The handle for deleting this receipt.
+    pub receipt: String,
+    /// The body.
+    pub body: String,
+    /// The attributes.
+    pub attributes: BTreeMap<String, String>,
+    /// Receives so far, this one included.
+    pub receive_count: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Stored {
+    message_id: String,
+    request: SendRequest,
+    visible_at: Timestamp,
+    receive_count: u32,
+    receipt: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    messages: VecDeque<Stored>,
+    next_id: u64,
+    log: Vec<SentMessage>,
+    deduplication: BTreeMap<String, (Timestamp, String)>,
+}
+
+/// An in-process queue.
+pub struct EmbeddedQueue {
+    config: QueueConfig,
+    clock: Arc<dyn Clock>,
+    dead_letter: Option<(Arc<EmbeddedQueue>, u32)>,
+    state: Mutex<State>,
+}
+
+impl EmbeddedQueue {
+    /// An empty queue whose delays and timeouts follow `clock`.
+    pub fn new(config: QueueConfig, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            config,
+            clock,
+            dead_letter: None,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Adds a redrive policy: a message received `max_receive_count` times and not
+    /// deleted moves to `dead_letter` instead of being received again.
+    pub fn with_dead_letter_queue(mut self, dead_letter: Arc<EmbeddedQueue>, max_receive_count: u32) -> Self {
+        self.dead_letter = Some((dead_letter, max_receive_count.max(1)));
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    /// The dead-letter queue, if any.
+    pub fn dead_letter_queue(&self) -> Option<&Arc<EmbeddedQueue>> {
+        self.dead_letter.as_ref().map(|(queue, _)| queue)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sends a message; returns its id (for a deduplicated FIFO send, the id of the
+    /// message it duplicates, as SQS does).
+    pub fn send(&self, request: SendRequest) -> Result<String, QueueFault> {
+        let size = request.body.len() + request.attributes.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        if size > MAX_MESSAGE_BYTES {
+            return Err(QueueFault::InvalidParameter("message larger than 1 MiB"));
+        }
+        if request.body.is_empty() {
+            return Err(QueueFault::InvalidParameter("empty message body"));
+        }
+        if request.delay > MAX_DELAY {
+            return Err(QueueFault::InvalidParameter("delay longer than 900 seconds"));
+        }
+        if self.config.fifo {
+            if !request.delay.is_zero() {
+                return Err(QueueFault::InvalidParameter("FIFO queues take no per-message delay"));
+            }
+            if request.group_id.is_none() || request.deduplication_id.is_none() {
+                return Err(QueueFault::InvalidParameter(
+                    "FIFO messages need a group id and a deduplication id",
+                ));
+            }
+        }
+        let now = self.clock.now();
+        let mut state = self.lock();
+        if let Some(id) = request.deduplication_id.as_ref().filter(|_| self.config.fifo) {
+            state
+                .deduplication
+                .retain(|_, (at, _)| now.since(*at) < DEDUPLICATION_WINDOW);
+            if let Some((_, message_id)) = state.deduplication.get(id) {
+                let message_id = message_id.clone();
+                state.log.push(SentMessage {
+                    message_id: message_id.clone(),
+                    request,
+                    sent_at: now,
+                    deduplicated: true,
+                });
+                return Ok(message_id);
+            }
+        }
+        state.next_id += 1;
+        let message_id = format!("{}-{:08}", self.config.name, state.next_id);
+        if let Some(id) = request.deduplication_id.as_ref().filter(|_| self.config.fifo) {
+            state.deduplication.insert(id.clone(), (now, message_id.clone()));
+        }
+        state.log.push(SentMessage {
+            message_id: message_id.clone(),
+            request: request.clone(),
+            sent_at: now,
+            deduplicated: false,
+        });
+        let visible_at = now.plus(request.delay);
+        state.messages.push_back(Stored {
+            message_id: message_id.clone(),
+            request,
+            visible_at,
+            receive_count: 0,
+            receipt: None,
+        });
+        Ok(message_id)
+    }
+
+    /// Receives up to `max` visible messages, oldest first, making each invisible for
+    /// the visibility timeout. A message already received the maximum number of times
+    /// moves to the dead-letter queue instead. On a FIFO queue, a group with a message in
+    /// flight yields nothing until that message is deleted or visible again.
+    pub fn receive(&self, max: usize) -> Vec<Received> {
+        let now = self.clock.now();
+        let mut to_dead_letter = Vec::new();
+        let mut received = Vec::new();
+        {
+            let mut state = self.lock();
+            let mut blocked_groups: BTreeSet<String> = BTreeSet::new();
+            if self.config.fifo {
+                for message in state
+                    .messages
+                    .iter()
+                    .filter(|m| m.visible_at > now && m.receipt.is_some())
+                {
+                    blocked_groups.extend(message.request.group_id.clone());
+                }
+            }
+            let mut index = 0;
+            while index < state.messages.len() && received.len() < max {
+                let message = &state.messages[index];
+                let group_blocked = message
+                    .request
+                    .group_id
+                    .as_ref()
+                    .is_some_and(|g| blocked_groups.contains(g));
+                if message.visible_at > now || group_blocked {
+                    if self.config.fifo {
+                        // Later messages of a group wait for earlier ones.
+                        blocked_groups.extend(message.request.group_id.clone());
+                    }
+                    index += 1;
+                    continue;
+                }
+                if let Some((_, max_receives)) = &self.dead_letter {
+                    if message.receive_count >= *max_receives {
+                        let moved = state.messages.remove(index).expect("index is in range");
+                        to_dead_letter.push(moved);
+                        continue;
+                    }
+                }
+                let message = &mut state.messages[index];
+                message.receive_count += 1;
+                message.visible_at = now.plus(self.config.visibility_timeout);
+                let receipt = format!("{}#{}", message.message_id, message.receive_count);
+                message.receipt = Some(receipt.clone());
+                received.push(Received {
+                    message_id: message.message_id.clone(),
+                    receipt,
+                    body: message.request.body.clone(),
+                    attributes: message.request.attributes.clone(),
+                    receive_count: message.receive_count,
+                });
+                index += 1;
+            }
+        }
+        if let Some((dead_letter, _)) = &self.dead_letter {
+            for message in to_dead_letter {
+                dead_letter.enqueue_moved(message);
+            }
+        }
+        received
+    }
+
+    /// Deletes the message received with `receipt`; a stale receipt (the message was
+    /// received again since) or an unknown one deletes nothing. Returns whether a
+    /// message was deleted.
+    pub fn delete(&self, receipt: &str) -> bool {
+        let mut state = self.lock();
+        let before = state.messages.len();
+        state
+            .messages
+            .retain(|message| message.receipt.as_deref() != Some(receipt));
+        state.messages.len() != before
+    }
+
+    /// Makes the message received with `receipt` visible again after `timeout`.
+    pub fn change_visibility(&self, receipt: &str, timeout: Duration) -> bool {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        match state
+            .messages
+            .iter_mut()
+            .find(|message| message.receipt.as_deref() == Some(receipt))
+        {
+            Some(message) => {
+                message.visible_at = now.plus(timeout);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Moves every message of this queue to `target`, as new messages with their bodies
+    /// and attributes (SQS's `StartMessageMoveTask`, which redrives a dead-letter queue).
+    /// Returns how many moved.
+    pub fn move_all_to(&self, target: &EmbeddedQueue) -> usize {
+        let messages: Vec<Stored> = self.lock().messages.drain(..).collect();
+        let count = messages.len();
+        for message in messages {
+            target.enqueue_moved(message);
+        }
+        count
+    }
+
+    fn enqueue_moved(&self, mut message: Stored) {
+        let now = self.clock.now();
+        message.visible_at = now;
+        message.receive_count = 0;
+        message.receipt = None;
+        let mut state = self.lock();
+        state.log.push(SentMessage {
+            message_id: message.message_id.clone(),
+            request: SendRequest {
+                delay: Duration::ZERO,
+                ..message.request.clone()
+            },
+            sent_at: now,
+            deduplicated: false,
+        });
+        state.messages.push_back(message);
+    }
+
+    /// Messages in the queue, visible or not.
+    pub fn len(&self) -> usize {
+        self.lock().messages.len()
+    }
+
+    /// Whether the queue holds no message.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether a receive now would return something.
+    pub fn has_visible(&self) -> bool {
+        let now = self.clock.now();
+        self.lock().messages.iter().any(|message| message.visible_at <= now)
+    }
+
+    /// The earliest future instant at which a message becomes visible.
+    pub fn next_visible_at(&self) -> Option<Timestamp> {
+        let now = self.clock.now();
+        self.lock()
+            .messages
+            .iter()
+            .map(|message| message.visible_at)
+            .filter(|at| *at > now)
+            .min()
+    }
+
+    /// Every message ever accepted, in order (including moved ones and, flagged,
+    /// deduplicated ones).
+    pub fn sent(&self) -> Vec<SentMessage> {
+        self.lock().log.clone()
+    }
+
+    /// The bodies of the messages now in the queue, oldest first.
+    pub fn bodies(&self) -> Vec<String> {
+        self.lock()
+            .messages
+            .iter()
+            .map(|message| message.request.body.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embedded::ManualClock;
+
+    fn setup(config: QueueConfig) -> (Arc<ManualClock>, EmbeddedQueue) {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
+        (clock.clone(), EmbeddedQueue::new(config, clock))
+    }
+
+    fn body(text: &str) -> SendRequest {
+        SendRequest {
+            body: text.into(),
+            ..SendRequest::default()
+        }
+    }
+
+    #[test]
+    fn a_delayed_message_is_invisible_until_its_delay_passes() {
+        let (clock, queue) = setup(QueueConfig::standard("q"));
+        queue
+            .send(SendRequest {
+                delay: Duration::from_secs(5),
+                ..body("later")
+            })
+            .unwrap();
+        assert!(queue.receive(10).is_empty());
+        assert_eq!(queue.next_visible_at(), Some(Timestamp::from_millis(1_005_000)));
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(queue.receive(10)[0].body, "later");
+    }
+
+    #[test]
+    fn an_unacknowledged_message_returns_after_the_visibility_timeout() {
+        let (clock, queue) = setup(QueueConfig::standard("q"));
+        queue.send(body("m")).unwrap();
+        let first = queue.receive(10);
+        assert_eq!(first[0].receive_count, 1);
+        assert!(queue.receive(10).is_empty(), "invisible while in flight");
+        clock.advance(Duration::from_secs(30));
+        let second = queue.receive(10);
+        assert_eq!(second[0].receive_count, 2);
+        assert!(!queue.delete(&first[0].receipt), "a stale receipt deletes nothing");
+        assert!(queue.delete(&second[0].receipt));
+        assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn a_message_received_too_often_moves_to_the_dead_letter_queue() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(0)));
+        let dlq = Arc::new(EmbeddedQueue::new(QueueConfig::standard("dlq"), clock.clone()));
+        let queue =
+            EmbeddedQueue::new(QueueConfig::standard("q"), clock.clone()).with_dead_letter_queue(dlq.clone(), 2);
+        queue.send(body("poison")).unwrap();
+        for _ in 0..2 {
+            assert_eq!(queue.receive(1).len(), 1);
+            clock.advance(Duration::from_secs(30));
+        }
+        assert!(queue.receive(1).is_empty(), "the third receive moves it instead");
+        assert_eq!(dlq.bodies(), ["poison"]);
+        assert_eq!(dlq.move_all_to(&queue), 1);
+        assert_eq!(
+            queue.receive(1)[0].receive_count,
+            1,
+            "a redriven message starts counting again"
+        );
+    }
+
+    #[test]
+    fn fifo_queues_deduplicate_within_five_minutes_and_refuse_delays() {
+        let (clock, queue) = setup(QueueConfig::fifo("f"));
+        let send = |id: &str| SendRequest {
+            group_id: Some("g".into()),
+            deduplication_id: Some(id.into()),
+            ..body("x")
+        };
+        let first = queue.send(send("a")).unwrap();
+        assert_eq!(queue.send(send("a")).unwrap(), first);
+        assert_eq!(queue.len(), 1);
+        clock.advance(DEDUPLICATION_WINDOW);
+        queue.send(send("a")).unwrap();
+        assert_eq!(queue.len(), 2, "after the window the id is forgotten");
+        assert!(queue
+            .send(SendRequest {
+                delay: Duration::from_secs(1),
+                ..send("b")
+            })
+            .is_err());
+        assert!(queue.send(body("no group")).is_err());
+    }
+
+    #[test]
+    fn fifo_groups_deliver_in_order_one_in_flight_at_a_time() {
+        let (_clock, queue) = setup(QueueConfig::fifo("f"));
+        for (group, id) in [("g1", "1"), ("g1", "2"), ("g2", "3")] {
+            queue
+                .send(SendRequest {
+                    group_id: Some(group.into()),
+                    deduplication_id: Some(id.into()),
+                    ..body(id)
+                })
+                .unwrap();
+        }
+        let first = queue.receive(1);
+        assert_eq!(first[0].body, "1");
+        let next = queue.receive(10);
+        assert_eq!(
+            next.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(),
+            ["3"],
+            "g1 waits for message 1"
+        );
+        queue.delete(&first[0].receipt);
+        assert_eq!(queue.receive(10)[0].body, "2");
+    }
+
+    #[test]
+    fn sqs_limits_are_enforced() {
+        let (_clock, queue) = setup(QueueConfig::standard("q"));
+        assert!(queue
+            .send(SendRequest {
+                delay: Duration::from_secs(901),
+                ..body("x")
+            })
+            .is_err());
+        assert!(queue.send(body(&"x".repeat(MAX_MESSAGE_BYTES + 1))).is_err());
+        assert!(queue.send(body("")).is_err());
+    }
+}

@@ -1,0 +1,325 @@
+//! The embedded store: one map of items with DynamoDB's semantics for what the protocol
+//! uses: atomic conditional multi-item commits with a reason per failed condition,
+//! strongly consistent reads, conditional puts, and TTL read as "gone once expired".
+//!
+//! An expired item is treated as deleted the instant it expires, for reads and for
+//! conditions alike: the most eager deletion DynamoDB's TTL could perform, so tests see
+//! the worst case.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use crate::ports::{
+    BusinessWrite, Clock, CommitError, CommitRequest, ExpectedVersion, ItemKey, Store, StoreError, TombstoneOutcome,
+    VersionedItem,
+};
+use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
+use crate::time::Timestamp;
+
+/// DynamoDB's limit of actions in one `TransactWriteItems`.
+const MAX_TRANSACTION_ACTIONS: usize = 100;
+
+#[derive(Debug, Clone)]
+enum Item {
+    Business(VersionedItem),
+    Outbox(OutboxRecord),
+    Idempotency(IdempotencyRecord),
+}
+
+impl Item {
+    fn is_expired(&self, now: Timestamp) -> bool {
+        match self {
+            Self::Business(_) => false,
+            Self::Outbox(record) => record.is_expired(now),
+            Self::Idempotency(record) => record.is_expired(now),
+        }
+    }
+}
+
+/// Something the store did, for tests that check invariants against what really
+/// happened rather than against what callers were told.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreEvent {
+    /// A commit applied.
+    Committed {
+        /// What was committed.
+        request: Box<CommitRequest>,
+        /// When.
+        at: Timestamp,
+    },
+    /// A tombstone was written.
+    Tombstoned {
+        /// For which transaction.
+        txn_id: TxnId,
+        /// When.
+        at: Timestamp,
+    },
+    /// A record was marked dispatched.
+    MarkedDispatched {
+        /// Which transaction.
+        txn_id: TxnId,
+        /// When.
+        at: Timestamp,
+    },
+}
+
+#[derive(Debug, Default)]
+struct State {
+    items: BTreeMap<String, Item>,
+    history: Vec<StoreEvent>,
+}
+
+/// The embedded table.
+pub struct EmbeddedStore {
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+}
+
+fn outbox_key(txn_id: TxnId) -> String {
+    format!("TXN#{txn_id}")
+}
+
+fn idempotency_key(slot: &IdempotencySlot) -> String {
+    format!("IDEM#{slot}")
+}
+
+impl EmbeddedStore {
+    /// An empty table whose TTL follows `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    // A std mutex: no lock is held across an await, and every operation is short.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Everything the store has done, in order.
+    pub fn history(&self) -> Vec<StoreEvent> {
+        self.lock().history.clone()
+    }
+
+    /// Every outbox record physically present, expired or not (what a table scan would
+    /// show before TTL deletion).
+    pub fn outbox_records(&self) -> Vec<OutboxRecord> {
+        self.lock()
+            .items
+            .values()
+            .filter_map(|item| match item {
+                Item::Outbox(record) => Some(record.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every idempotency record physically present, expired or not.
+    pub fn idempotency_records(&self) -> Vec<IdempotencyRecord> {
+        self.lock()
+            .items
+            .values()
+            .filter_map(|item| match item {
+                Item::Idempotency(record) => Some(record.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn live<'a>(state: &'a State, key: &str, now: Timestamp) -> Option<&'a Item> {
+        state.items.get(key).filter(|item| !item.is_expired(now))
+    }
+}
+
+/// The first failed condition of a commit, in the order the protocol wants them
+/// reported: a used idempotency key (the request may be a repeat, to replay), then a
+/// tombstone, then a business conflict.
+fn first_failure(reasons: Vec<CommitError>) -> Option<CommitError> {
+    let rank = |error: &CommitError| match error {
+        CommitError::IdempotencyKeyUsed { .. } => 0,
+        CommitError::Tombstoned { .. } => 1,
+        _ => 2,
+    };
+    reasons.into_iter().min_by_key(rank)
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let outbox_key = outbox_key(request.txn_id);
+        let idem_key = request.idempotency.as_ref().map(|record| idempotency_key(&record.slot));
+
+        let actions = request.writes.len() + 1 + usize::from(idem_key.is_some());
+        if actions > MAX_TRANSACTION_ACTIONS {
+            return Err(CommitError::TooLarge {
+                reason: format!("{actions} actions, at most {MAX_TRANSACTION_ACTIONS}"),
+            });
+        }
+        let mut keys: Vec<&str> = request.writes.iter().map(|write| write.key().as_str()).collect();
+        keys.push(&outbox_key);
+        keys.extend(idem_key.as_deref());
+        keys.sort_unstable();
+        if keys.windows(2).any(|pair| pair[0] == pair[1]) {
+            return Err(CommitError::Invalid {
+                reason: "two actions on one item",
+            });
+        }
+
+        let mut reasons = Vec::new();
+        match Self::live(&state, &outbox_key, now) {
+            None => {}
+            // This transaction's own record: an earlier attempt applied. The commit is
+            // atomic, so that attempt wrote everything; report success.
+            Some(Item::Outbox(record)) if record.state != OutboxState::Tombstone => return Ok(()),
+            Some(_) => reasons.push(CommitError::Tombstoned { txn_id: request.txn_id }),
+        }
+        for write in &request.writes {
+            let current = match Self::live(&state, write.key().as_str(), now) {
+                Some(Item::Business(item)) => Some(item.version),
+                _ => None,
+            };
+            let expected = match write {
+                BusinessWrite::Put { expected, .. } | BusinessWrite::Check { expected, .. } => *expected,
+                BusinessWrite::Delete { version, .. } => ExpectedVersion::Exactly(*version),
+            };
+            let holds = match expected {
+                ExpectedVersion::Absent => current.is_none(),
+                ExpectedVersion::Exactly(version) => current == Some(version),
+            };
+            if !holds {
+                reasons.push(CommitError::VersionConflict {
+                    key: write.key().clone(),
+                });
+            }
+        }
+        if let (Some(key), Some(record)) = (&idem_key, &request.idempotency) {
+            if Self::live(&state, key, now).is_some() {
+                reasons.push(CommitError::IdempotencyKeyUsed {
+                    slot: record.slot.clone(),
+                });
+            }
+        }
+        if let Some(error) = first_failure(reasons) {
+            return Err(error);
+        }
+
+        for write in &request.writes {
+            match write {
+                BusinessWrite::Put { key, data, expected } => {
+                    let item = VersionedItem {
+                        key: key.clone(),
+                        version: expected.next(),
+                        data: data.clone(),
+                    };
+                    state.items.insert(key.as_str().to_owned(), Item::Business(item));
+                }
+                BusinessWrite::Delete { key, .. } => {
+                    state.items.remove(key.as_str());
+                }
+                BusinessWrite::Check { .. } => {}
+            }
+        }
+        state.items.insert(outbox_key, Item::Outbox(request.outbox.clone()));
+        if let (Some(key), Some(record)) = (idem_key, &request.idempotency) {
+            state.items.insert(key, Item::Idempotency(record.clone()));
+        }
+        state.history.push(StoreEvent::Committed {
+            request: Box::new(request.clone()),
+            at: now,
+        });
+        Ok(())
+    }
+
+    async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
+        let now = self.clock.now();
+        let state = self.lock();
+        Ok(keys
+            .iter()
+            .filter_map(|key| match Self::live(&state, key.as_str(), now) {
+                Some(Item::Business(item)) => Some((key.clone(), item.clone())),
+                _ => None,
+            })
+            .collect())
+    }
+
+    async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
+        let now = self.clock.now();
+        let state = self.lock();
+        Ok(txn_ids
+            .iter()
+            .filter_map(|txn_id| match Self::live(&state, &outbox_key(*txn_id), now) {
+                Some(Item::Outbox(record)) => Some((*txn_id, record.clone())),
+                _ => None,
+            })
+            .collect())
+    }
+
+    async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let now = self.clock.now();
+        let state = self.lock();
+        Ok(match Self::live(&state, &idempotency_key(slot), now) {
+            Some(Item::Idempotency(record)) => Some(record.clone()),
+            _ => None,
+        })
+    }
+
+    async fn put_tombstone(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<TombstoneOutcome, StoreError> {
+        let clock_now = self.clock.now();
+        let mut state = self.lock();
+        let key = outbox_key(txn_id);
+        match Self::live(&state, &key, clock_now) {
+            Some(Item::Outbox(record)) => Ok(TombstoneOutcome::Exists(record.clone())),
+            Some(_) => Err(StoreError::Corrupt {
+                key,
+                reason: "not an outbox record".into(),
+            }),
+            None => {
+                state
+                    .items
+                    .insert(key, Item::Outbox(OutboxRecord::tombstone(txn_id, now, expires_at)));
+                state.history.push(StoreEvent::Tombstoned { txn_id, at: clock_now });
+                Ok(TombstoneOutcome::Written)
+            }
+        }
+    }
+
+    async fn mark_dispatched(&self, txn_ids: &[TxnId], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        txn_ids
+            .iter()
+            .map(|txn_id| {
+                let key = outbox_key(*txn_id);
+                let record = match Self::live(&state, &key, now) {
+                    Some(Item::Outbox(record)) if record.state != OutboxState::Tombstone => {
+                        record.dispatched(expires_at)
+                    }
+                    // Gone (expired after an earlier marking) or never pending: the
+                    // condition `state <> tombstone AND attribute_exists` fails.
+                    _ => {
+                        return Err(StoreError::Corrupt {
+                            key,
+                            reason: "no committed outbox record to mark".into(),
+                        })
+                    }
+                };
+                state.items.insert(key, Item::Outbox(record));
+                state.history.push(StoreEvent::MarkedDispatched {
+                    txn_id: *txn_id,
+                    at: now,
+                });
+                Ok(())
+            })
+            .collect()
+    }
+}

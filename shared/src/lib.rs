@@ -1,0 +1,27 @@
+//! The control-message outbox for the HTTP boundary of serverless functions.
+//!
+//! An API handler begins a [`request::Transaction`], which sends a delayed control
+//! message naming the transaction; it then reads, decides, stages business writes and
+//! emits messages, and commits everything with an outbox record in one atomic write.
+//! When the control message arrives, the [`control::ControlPath`] publishes the
+//! committed messages, or tombstones the transaction so that a late commit fails.
+//!
+//! # Layout
+//!
+//! - [`protocol`]: ids, the control message and its encoding, outgoing messages, the
+//!   outbox and idempotency records. Pure data.
+//! - [`ports`]: the traits for the store, the control queue, the publisher and the clock.
+//! - [`request`]: the request path. [`control`]: the control path. [`publish`]: batching
+//!   and retrying sends, shared by every publisher.
+//! - [`settings`]: configuration from the environment, validated.
+//! - [`embedded`]: the in-process backend.
+//! - [`time`]: the protocol's timestamps.
+
+pub mod control;
+pub mod embedded;
+pub mod ports;
+pub mod protocol;
+pub mod publish;
+pub mod request;
+pub mod settings;
+pub mod time;

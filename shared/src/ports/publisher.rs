@@ -1,0 +1,50 @@
+//! The publisher: batched sends to destination queues.
+
+use async_trait::async_trait;
+
+use super::BoxError;
+use crate::protocol::{DestinationName, MessageId, OutgoingMessage};
+
+/// One entry of a batch that the destination refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryFailure {
+    /// Which message.
+    pub id: MessageId,
+    /// Whether the fault is the sender's (retrying the same entry will fail again).
+    pub sender_fault: bool,
+    /// The service's error code, for logs.
+    pub code: String,
+}
+
+/// A whole batch call that failed: no entry can be assumed sent, nor assumed unsent.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The service could not be reached or failed the call.
+    #[error("destination {destination} is unavailable")]
+    Unavailable {
+        /// Which destination.
+        destination: DestinationName,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// No queue is configured under this name.
+    #[error("no destination queue is configured under the name {destination}")]
+    UnknownDestination {
+        /// The name the message asked for.
+        destination: DestinationName,
+    },
+}
+
+/// Sends messages to destination queues.
+#[async_trait]
+pub trait Publisher: Send + Sync {
+    /// Sends up to 10 messages for one destination in one call, in order, each carrying
+    /// its stable id and transaction id (and, on FIFO queues, its group and its id as
+    /// deduplication id). Returns the entries that failed; the others were accepted.
+    async fn send_batch(
+        &self,
+        destination: &DestinationName,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<EntryFailure>, PublishError>;
+}

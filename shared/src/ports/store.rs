@@ -1,0 +1,262 @@
+//! The store: business items and protocol records in one strongly consistent table.
+//!
+//! The commit is one method because it is one atomic `TransactWriteItems`: business
+//! writes, the outbox record and the idempotency record succeed or fail together, and a
+//! failure says which condition failed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use super::BoxError;
+use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
+use crate::time::Timestamp;
+
+/// The key of a business item, chosen by the application (`ORDER#42`). 1 to 1024 bytes;
+/// the prefixes `TXN#` and `IDEM#` belong to the protocol's records.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ItemKey(String);
+
+/// A key that breaks the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("item key must be 1 to 1024 bytes and must not start with TXN# or IDEM#")]
+pub struct InvalidItemKey;
+
+impl FromStr for ItemKey {
+    type Err = InvalidItemKey;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let reserved = input.starts_with("TXN#") || input.starts_with("IDEM#");
+        ((1..=1024).contains(&input.len()) && !reserved)
+            .then(|| Self(input.to_owned()))
+            .ok_or(InvalidItemKey)
+    }
+}
+
+impl ItemKey {
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ItemKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A business item as read: its JSON data and its version (1 after the first write).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VersionedItem {
+    /// Its key.
+    pub key: ItemKey,
+    /// Incremented by every committed write.
+    pub version: u64,
+    /// The application's data, a JSON object.
+    pub data: Value,
+}
+
+/// What a business write expects to find, checked atomically with the commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpectedVersion {
+    /// The item must not exist.
+    Absent,
+    /// The item must exist at exactly this version.
+    Exactly(u64),
+}
+
+impl ExpectedVersion {
+    /// The version a write expecting this stores.
+    pub fn next(self) -> u64 {
+        match self {
+            Self::Absent => 1,
+            Self::Exactly(version) => version + 1,
+        }
+    }
+}
+
+/// One business action of a commit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BusinessWrite {
+    /// Create or replace an item; it is stored at version `expected.next()`.
+    Put {
+        /// Which item.
+        key: ItemKey,
+        /// The new data (a JSON object).
+        data: Value,
+        /// The condition.
+        expected: ExpectedVersion,
+    },
+    /// Delete an item that is at exactly `version`.
+    Delete {
+        /// Which item.
+        key: ItemKey,
+        /// The version it must be at.
+        version: u64,
+    },
+    /// Write nothing but require the item to be as expected (a read the decision
+    /// depended on).
+    Check {
+        /// Which item.
+        key: ItemKey,
+        /// The condition.
+        expected: ExpectedVersion,
+    },
+}
+
+impl BusinessWrite {
+    /// The item this action touches.
+    pub fn key(&self) -> &ItemKey {
+        match self {
+            Self::Put { key, .. } | Self::Delete { key, .. } | Self::Check { key, .. } => key,
+        }
+    }
+}
+
+/// Everything one transaction commits, atomically.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommitRequest {
+    /// The transaction; also the commit's `ClientRequestToken`.
+    pub txn_id: TxnId,
+    /// Business actions, at most one per item.
+    pub writes: Vec<BusinessWrite>,
+    /// The outbox record, put only where none exists (a tombstone blocks it).
+    pub outbox: OutboxRecord,
+    /// The idempotency record, put only where none exists (or it has expired).
+    pub idempotency: Option<IdempotencyRecord>,
+}
+
+/// Why a commit did not apply, per failed condition; or that nobody knows whether it did.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// A tombstone holds the outbox record's key: the transaction can never commit.
+    /// Nothing was written.
+    #[error("transaction {txn_id} was tombstoned")]
+    Tombstoned {
+        /// The transaction.
+        txn_id: TxnId,
+    },
+    /// A business item was not at the expected version. Nothing was written.
+    #[error("item {key} is not at the expected version")]
+    VersionConflict {
+        /// The first item whose condition failed.
+        key: ItemKey,
+    },
+    /// The idempotency key has a record already. Nothing was written.
+    #[error("idempotency key {slot} is already used")]
+    IdempotencyKeyUsed {
+        /// The key.
+        slot: IdempotencySlot,
+    },
+    /// Another transaction held an item, or the table throttled. Nothing was written;
+    /// trying again may succeed.
+    #[error("the commit met contention or throttling")]
+    Contention(#[source] BoxError),
+    /// The commit exceeds what one `TransactWriteItems` can carry. Nothing was written.
+    #[error("the commit exceeds one transaction's limits: {reason}")]
+    TooLarge {
+        /// Which limit.
+        reason: String,
+    },
+    /// The store refused the request as malformed. Nothing was written.
+    #[error("the store refused the commit as invalid: {reason}")]
+    Invalid {
+        /// What was wrong.
+        reason: &'static str,
+    },
+    /// The store could not be reached; nothing was written.
+    #[error("the store is unavailable")]
+    Unavailable(#[source] BoxError),
+    /// The request may or may not have been applied (timeout, connection lost after
+    /// sending). Committing the same request again settles it.
+    #[error("the commit's outcome is unknown")]
+    Ambiguous(#[source] BoxError),
+}
+
+/// A read or a protocol write that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or failed the call; a write may or may not have
+    /// been applied.
+    #[error("the store is unavailable")]
+    Unavailable(#[source] BoxError),
+    /// An item exists but cannot be understood.
+    #[error("item {key} is malformed: {reason}")]
+    Corrupt {
+        /// The item's key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// The result of trying to write a tombstone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TombstoneOutcome {
+    /// The tombstone is written: the transaction can never commit.
+    Written,
+    /// A record was already there (returned as it was at the condition check): the
+    /// transaction committed meanwhile, or another worker tombstoned it.
+    Exists(OutboxRecord),
+}
+
+/// The table of business items and protocol records.
+///
+/// Reads are strongly consistent: they see every write acknowledged before they began.
+/// Items whose TTL has passed read as absent, deleted or not.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Applies `request` atomically, or nothing of it.
+    ///
+    /// The outbox put succeeds only where no record exists for the transaction. If one
+    /// does and it is this transaction's own committed record (a retried commit whose
+    /// first attempt applied), the commit has happened and this returns `Ok`, whatever the
+    /// other conditions say.
+    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError>;
+
+    /// Reads business items; absent ones are missing from the map.
+    async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError>;
+
+    /// Reads outbox records; absent (or expired) ones are missing from the map.
+    async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError>;
+
+    /// Reads an idempotency record.
+    async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError>;
+
+    /// Puts a tombstone for `txn_id` where no record exists.
+    async fn put_tombstone(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<TombstoneOutcome, StoreError>;
+
+    /// Marks records `dispatched`: drops their messages and sets their TTL. Only for
+    /// records read as pending (so none can be a tombstone); marking twice is harmless.
+    /// Returns one result per transaction, in order, so that one failure does not fail
+    /// the others.
+    async fn mark_dispatched(&self, txn_ids: &[TxnId], expires_at: Timestamp) -> Vec<Result<(), StoreError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn item_keys_keep_out_of_the_protocol_prefixes() {
+        assert!("ORDER#1".parse::<ItemKey>().is_ok());
+        for bad in ["", "TXN#x", "IDEM#x", &"k".repeat(1025)] {
+            assert!(bad.parse::<ItemKey>().is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn expected_versions_give_the_next_version() {
+        assert_eq!(ExpectedVersion::Absent.next(), 1);
+        assert_eq!(ExpectedVersion::Exactly(4).next(), 5);
+    }
+}

@@ -1,0 +1,236 @@
+//! The control message and its versioned JSON encoding.
+//!
+//! Wire form, version 1:
+//! `{"version":1,"txn_id":"<uuid v7>","first_sent_at":<unix ms>,"attempt":<n >= 1>}`.
+//! Unknown fields are ignored so that a newer sender can add optional fields without
+//! breaking an older worker; a new meaning needs a new `version`, which an older worker
+//! refuses with [`DecodeError::UnknownVersion`] (and SQS's redrive policy then parks the
+//! message in the dead-letter queue until a worker that knows it is deployed).
+
+use serde_json::{Map, Value};
+
+use super::txn_id::TxnId;
+use crate::time::Timestamp;
+
+/// The version this code writes.
+pub const CONTROL_MESSAGE_VERSION: u64 = 1;
+
+/// Asks the control worker to settle transaction `txn_id`: dispatch it if it committed,
+/// wait if it may still commit, tombstone it if it can no longer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlMessage {
+    /// The transaction this message drives.
+    pub txn_id: TxnId,
+    /// When the request path sent the first control message; the commit window counts
+    /// from here.
+    pub first_sent_at: Timestamp,
+    /// 1 for the request path's message, one more for each re-deferral.
+    pub attempt: u32,
+}
+
+/// Why a control message body could not be decoded. Never a panic, whatever the input.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The body is not JSON at all.
+    #[error("control message is not JSON")]
+    NotJson(#[source] serde_json::Error),
+    /// The body is JSON but not an object.
+    #[error("control message is not a JSON object")]
+    NotAnObject,
+    /// The object lacks a required field.
+    #[error("control message lacks the field `{field}`")]
+    MissingField {
+        /// The field's name.
+        field: &'static str,
+    },
+    /// A field has the wrong type or an invalid value.
+    #[error("control message field `{field}` is invalid: {rule}")]
+    InvalidField {
+        /// The field's name.
+        field: &'static str,
+        /// What the field must be.
+        rule: &'static str,
+    },
+    /// A version this code does not know.
+    #[error("control message version {version} is not supported (this worker knows {CONTROL_MESSAGE_VERSION})")]
+    UnknownVersion {
+        /// The version found.
+        version: u64,
+    },
+}
+
+impl ControlMessage {
+    /// The first control message of a transaction.
+    pub fn first(txn_id: TxnId, sent_at: Timestamp) -> Self {
+        Self {
+            txn_id,
+            first_sent_at: sent_at,
+            attempt: 1,
+        }
+    }
+
+    /// The message that re-defers this one: same transaction and window, next attempt.
+    pub fn next_attempt(&self) -> Self {
+        Self {
+            attempt: self.attempt.saturating_add(1),
+            ..*self
+        }
+    }
+
+    /// The JSON body to send.
+    pub fn encode(&self) -> String {
+        serde_json::json!({
+            "version": CONTROL_MESSAGE_VERSION,
+            "txn_id": self.txn_id.to_string(),
+            "first_sent_at": self.first_sent_at.as_millis(),
+            "attempt": self.attempt,
+        })
+        .to_string()
+    }
+
+    /// Decodes a body, checking the version before anything else.
+    pub fn decode(body: &str) -> Result<Self, DecodeError> {
+        let value: Value = serde_json::from_str(body).map_err(DecodeError::NotJson)?;
+        let Value::Object(fields) = value else {
+            return Err(DecodeError::NotAnObject);
+        };
+        let version = unsigned(&fields, "version")?;
+        if version != CONTROL_MESSAGE_VERSION {
+            return Err(DecodeError::UnknownVersion { version });
+        }
+        let txn_id = match required(&fields, "txn_id")? {
+            Value::String(text) => text.parse::<TxnId>().map_err(|_| DecodeError::InvalidField {
+                field: "txn_id",
+                rule: "a UUID v7 in hyphenated form",
+            })?,
+            _ => {
+                return Err(DecodeError::InvalidField {
+                    field: "txn_id",
+                    rule: "a string",
+                })
+            }
+        };
+        let first_sent_at = Timestamp::from_millis(unsigned(&fields, "first_sent_at")?);
+        let attempt = u32::try_from(unsigned(&fields, "attempt")?)
+            .ok()
+            .filter(|attempt| *attempt >= 1)
+            .ok_or(DecodeError::InvalidField {
+                field: "attempt",
+                rule: "an integer from 1 to 4294967295",
+            })?;
+        Ok(Self {
+            txn_id,
+            first_sent_at,
+            attempt,
+        })
+    }
+}
+
+fn required<'a>(fields: &'a Map<String, Value>, field: &'static str) -> Result<&'a Value, DecodeError> {
+    fields.get(field).ok_or(DecodeError::MissingField { field })
+}
+
+fn unsigned(fields: &Map<String, Value>, field: &'static str) -> Result<u64, DecodeError> {
+    required(fields, field)?.as_u64().ok_or(DecodeError::InvalidField {
+        field,
+        rule: "a non-negative integer",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ControlMessage {
+        ControlMessage {
+            txn_id: TxnId::from_parts(Timestamp::from_millis(1_700_000_000_000), [1; 10]),
+            first_sent_at: Timestamp::from_millis(1_700_000_000_123),
+            attempt: 3,
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let message = sample();
+        assert_eq!(ControlMessage::decode(&message.encode()).unwrap(), message);
+    }
+
+    #[test]
+    fn ignores_unknown_fields_of_a_known_version() {
+        let mut value: Value = serde_json::from_str(&sample().encode()).unwrap();
+        value["trace"] = Value::from("abc");
+        assert_eq!(ControlMessage::decode(&value.to_string()).unwrap(), sample());
+    }
+
+    #[test]
+    fn an_unknown_version_is_a_typed_error() {
+        let body = sample().encode().replace("\"version\":1", "\"version\":2");
+        assert!(matches!(
+            ControlMessage::decode(&body),
+            Err(DecodeError::UnknownVersion { version: 2 })
+        ));
+    }
+
+    #[test]
+    fn a_missing_field_is_named() {
+        for field in ["version", "txn_id", "first_sent_at", "attempt"] {
+            let mut value: Value = serde_json::from_str(&sample().encode()).unwrap();
+            value.as_object_mut().unwrap().remove(field);
+            match ControlMessage::decode(&value.to_string()) {
+                Err(DecodeError::MissingField { field: missing }) => assert_eq!(missing, field),
+                other => panic!("expected a missing {field}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn garbage_is_a_typed_error_never_a_panic() {
+        for body in [
+            "",
+            "garbage",
+            "{",
+            "[1,2]",
+            "null",
+            "\u{0}\u{ffff}",
+            "{\"version\":\"1\"}",
+        ] {
+            assert!(ControlMessage::decode(body).is_err(), "{body:?} decoded");
+        }
+        assert!(matches!(ControlMessage::decode("nope"), Err(DecodeError::NotJson(_))));
+        assert!(matches!(ControlMessage::decode("[]"), Err(DecodeError::NotAnObject)));
+    }
+
+    #[test]
+    fn invalid_values_are_named() {
+        let cases = [
+            (r#"{"version":1,"txn_id":"x","first_sent_at":1,"attempt":1}"#, "txn_id"),
+            (r#"{"version":1,"txn_id":7,"first_sent_at":1,"attempt":1}"#, "txn_id"),
+            (
+                r#"{"version":1,"txn_id":"018bcfe5-6800-7000-8000-000000000000","first_sent_at":-1,"attempt":1}"#,
+                "first_sent_at",
+            ),
+            (
+                r#"{"version":1,"txn_id":"018bcfe5-6800-7000-8000-000000000000","first_sent_at":1,"attempt":0}"#,
+                "attempt",
+            ),
+            (
+                r#"{"version":1,"txn_id":"018bcfe5-6800-7000-8000-000000000000","first_sent_at":1,"attempt":1.5}"#,
+                "attempt",
+            ),
+        ];
+        for (body, expected) in cases {
+            match ControlMessage::decode(body) {
+                Err(DecodeError::InvalidField { field, .. }) => assert_eq!(field, expected, "{body}"),
+                other => panic!("{body}: expected an invalid {expected}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn next_attempt_keeps_the_window() {
+        let next = sample().next_attempt();
+        assert_eq!(next.attempt, 4);
+        assert_eq!(next.first_sent_at, sample().first_sent_at);
+        assert_eq!(next.txn_id, sample().txn_id);
+    }
+}

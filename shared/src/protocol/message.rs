@@ -1,0 +1,221 @@
+//! Outgoing messages: what business logic emits, and the stable identity each one gets.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::txn_id::TxnId;
+
+/// The message attribute that carries a message's stable id on every send.
+pub const MESSAGE_ID_ATTRIBUTE: &str = "outbox-message-id";
+/// The message attribute that carries the id of the transaction that emitted a message.
+pub const TXN_ID_ATTRIBUTE: &str = "outbox-txn-id";
+
+/// The logical name of a destination queue (`events`, `audit`); settings map each name
+/// to a queue URL. 1 to 64 characters from `A-Z a-z 0-9 - _`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct DestinationName(String);
+
+/// A destination name that breaks the naming rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("destination name {input:?} must be 1 to 64 characters from A-Z a-z 0-9 - _")]
+pub struct InvalidDestination {
+    input: String,
+}
+
+impl DestinationName {
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for DestinationName {
+    type Err = InvalidDestination;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let valid = (1..=64).contains(&input.len())
+            && input
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if valid {
+            Ok(Self(input.to_owned()))
+        } else {
+            Err(InvalidDestination {
+                input: input.chars().take(80).collect(),
+            })
+        }
+    }
+}
+
+impl TryFrom<String> for DestinationName {
+    type Error = InvalidDestination;
+
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        value.parse()
+    }
+}
+
+impl From<DestinationName> for String {
+    fn from(name: DestinationName) -> Self {
+        name.0
+    }
+}
+
+impl fmt::Display for DestinationName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The stable id of an outgoing message: `{txn_id}:{position}`. Every send of the message,
+/// first or repeated, carries it (invariant I4); it is the FIFO deduplication id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MessageId(String);
+
+impl MessageId {
+    /// The id of the message at `position` (from 0) in transaction `txn_id`.
+    pub fn new(txn_id: TxnId, position: u32) -> Self {
+        Self(format!("{txn_id}:{position}"))
+    }
+
+    /// The id as text (at most 47 characters, valid as an SQS deduplication id).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A message as business logic emits it, before the transaction gives it an id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Where it goes.
+    pub destination: DestinationName,
+    /// The body, JSON text.
+    pub body: String,
+    /// String attributes (SQS message attributes).
+    pub attributes: BTreeMap<String, String>,
+    /// The FIFO message group; FIFO destinations use the transaction id when it is unset.
+    pub group_id: Option<String>,
+}
+
+impl Message {
+    /// A message whose body is `body` serialised as JSON.
+    pub fn json(destination: DestinationName, body: &impl Serialize) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            destination,
+            body: serde_json::to_string(body)?,
+            attributes: BTreeMap::new(),
+            group_id: None,
+        })
+    }
+
+    /// Adds a string attribute.
+    pub fn with_attribute(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.attributes.insert(name.into(), value.into());
+        self
+    }
+
+    /// Sets the FIFO message group.
+    pub fn with_group_id(mut self, group_id: impl Into<String>) -> Self {
+        self.group_id = Some(group_id.into());
+        self
+    }
+}
+
+/// A message committed in an outbox record: the emitted message plus its identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutgoingMessage {
+    /// Stable id, the same on every send.
+    pub id: MessageId,
+    /// The transaction that emitted it.
+    pub txn_id: TxnId,
+    /// Where it goes.
+    pub destination: DestinationName,
+    /// The body, JSON text.
+    pub body: String,
+    /// String attributes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, String>,
+    /// FIFO message group, when the emitter chose one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<String>,
+}
+
+impl OutgoingMessage {
+    /// Gives `message` its identity as the message at `position` of `txn_id`.
+    pub fn new(txn_id: TxnId, position: u32, message: Message) -> Self {
+        Self {
+            id: MessageId::new(txn_id, position),
+            txn_id,
+            destination: message.destination,
+            body: message.body,
+            attributes: message.attributes,
+            group_id: message.group_id,
+        }
+    }
+
+    /// The FIFO group this message goes in: the chosen one, or its transaction.
+    pub fn fifo_group(&self) -> String {
+        self.group_id.clone().unwrap_or_else(|| self.txn_id.to_string())
+    }
+
+    /// Bytes this message adds to a queue send (body, attribute names and values), the
+    /// measure SQS applies to its size limits.
+    pub fn payload_bytes(&self) -> usize {
+        self.body.len()
+            + self
+                .attributes
+                .iter()
+                .map(|(name, value)| name.len() + value.len())
+                .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::Timestamp;
+
+    #[test]
+    fn ids_are_stable_and_distinct_per_position() {
+        let txn = TxnId::from_parts(Timestamp::from_millis(1), [2; 10]);
+        assert_eq!(MessageId::new(txn, 0), MessageId::new(txn, 0));
+        assert_ne!(MessageId::new(txn, 0), MessageId::new(txn, 1));
+        assert!(
+            MessageId::new(txn, u32::MAX).as_str().len() <= 128,
+            "fits an SQS deduplication id"
+        );
+    }
+
+    #[test]
+    fn destination_names_are_validated() {
+        assert!("events".parse::<DestinationName>().is_ok());
+        assert!("audit_log-2".parse::<DestinationName>().is_ok());
+        for bad in ["", "has space", "a.fifo", &"x".repeat(65)] {
+            assert!(bad.parse::<DestinationName>().is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn outgoing_messages_round_trip_through_json() {
+        let txn = TxnId::from_parts(Timestamp::from_millis(5), [3; 10]);
+        let message = Message::json("events".parse().unwrap(), &serde_json::json!({"type": "OrderPlaced"}))
+            .unwrap()
+            .with_attribute("type", "OrderPlaced")
+            .with_group_id("order-1");
+        let outgoing = OutgoingMessage::new(txn, 2, message);
+        let text = serde_json::to_string(&outgoing).unwrap();
+        assert_eq!(serde_json::from_str::<OutgoingMessage>(&text).unwrap(), outgoing);
+        assert_eq!(outgoing.fifo_group(), "order-1");
+    }
+}

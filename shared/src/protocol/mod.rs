@@ -1,0 +1,16 @@
+//! The protocol's vocabulary: transaction ids, control messages, outgoing messages,
+//! outbox and idempotency records. Pure data with validation and encodings; no I/O.
+
+mod control_message;
+mod idempotency;
+mod message;
+mod outbox_record;
+mod txn_id;
+
+pub use control_message::{ControlMessage, DecodeError, CONTROL_MESSAGE_VERSION};
+pub use idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, InvalidIdempotencyKey, StoredResponse};
+pub use message::{
+    DestinationName, InvalidDestination, Message, MessageId, OutgoingMessage, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE,
+};
+pub use outbox_record::{OutboxRecord, OutboxState};
+pub use txn_id::{InvalidTxnId, TxnId};

@@ -1,0 +1,221 @@
+//! Publishing a set of outgoing messages through the [`Publisher`] port: grouping by
+//! destination, cutting SQS-sized batches, and retrying only the entries that failed.
+//!
+//! This lives above the port so that every adapter gets the same batching and retry
+//! behaviour, and the simulation exercises it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::ports::{Clock, Publisher};
+use crate::protocol::{DestinationName, MessageId, OutgoingMessage};
+
+/// Most entries in one `SendMessageBatch`.
+pub const MAX_BATCH_ENTRIES: usize = 10;
+/// Most payload bytes in one `SendMessageBatch` (the conservative 256 KiB that every
+/// region and account accepts).
+pub const MAX_BATCH_BYTES: usize = 256 * 1024;
+
+/// How failed entries are retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Sends of one entry at most, the first included.
+    pub attempts: u32,
+    /// Wait before the first retry; doubled for each further one.
+    pub base_delay: Duration,
+    /// Longest wait between two tries.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 3,
+            base_delay: Duration::from_millis(50),
+            max_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry number `retry` (1 for the first retry), with "full jitter"
+    /// so that workers that failed together do not retry together.
+    pub fn delay(&self, retry: u32) -> Duration {
+        let exponential = self.base_delay.saturating_mul(1u32 << retry.saturating_sub(1).min(16));
+        let capped = exponential.min(self.max_delay);
+        capped.mul_f64(0.5 + fastrand::f64() / 2.0)
+    }
+}
+
+/// Why one message could not be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishFailure {
+    /// The destination kept failing the entry (or the whole call) until retries ran out.
+    Exhausted {
+        /// The last error seen, for logs.
+        last_error: String,
+    },
+    /// The destination refused the entry as the sender's fault (too large, malformed,
+    /// unknown destination); retrying cannot help.
+    Refused {
+        /// The service's error code.
+        code: String,
+    },
+}
+
+/// What a publishing pass achieved.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PublishReport {
+    /// The messages that were not accepted, with why. Every other message was.
+    pub failed: BTreeMap<MessageId, PublishFailure>,
+    /// `SendMessageBatch` calls made.
+    pub calls: usize,
+}
+
+/// Sends `messages` (in order within each destination), at most [`MAX_BATCH_ENTRIES`]
+/// and [`MAX_BATCH_BYTES`] per call, retrying failed entries as `policy` says.
+pub async fn publish_all(
+    publisher: &dyn Publisher,
+    clock: &dyn Clock,
+    messages: &[&OutgoingMessage],
+    policy: RetryPolicy,
+) -> PublishReport {
+    let mut by_destination: BTreeMap<&DestinationName, Vec<&OutgoingMessage>> = BTreeMap::new();
+    for message in messages {
+        by_destination.entry(&message.destination).or_default().push(message);
+    }
+    let mut report = PublishReport::default();
+    for (destination, messages) in by_destination {
+        for batch in batches(&messages) {
+            publish_batch(publisher, clock, destination, batch, policy, &mut report).await;
+        }
+    }
+    report
+}
+
+/// Cuts `messages` into consecutive batches within the count and size limits. A message
+/// larger than the size limit goes alone and the destination judges it.
+fn batches<'a>(messages: &[&'a OutgoingMessage]) -> Vec<Vec<&'a OutgoingMessage>> {
+    let mut batches: Vec<Vec<&OutgoingMessage>> = Vec::new();
+    let mut bytes = 0;
+    for message in messages {
+        let size = message.payload_bytes();
+        let fits = batches
+            .last()
+            .is_some_and(|batch| batch.len() < MAX_BATCH_ENTRIES && bytes + size <= MAX_BATCH_BYTES);
+        if !fits {
+            batches.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += size;
+        batches.last_mut().expect("a batch was just pushed").push(message);
+    }
+    batches
+}
+
+async fn publish_batch(
+    publisher: &dyn Publisher,
+    clock: &dyn Clock,
+    destination: &DestinationName,
+    batch: Vec<&OutgoingMessage>,
+    policy: RetryPolicy,
+    report: &mut PublishReport,
+) {
+    let mut remaining: Vec<OutgoingMessage> = batch.into_iter().cloned().collect();
+    let mut last_error = String::new();
+    for attempt in 1..=policy.attempts.max(1) {
+        if attempt > 1 {
+            clock.sleep(policy.delay(attempt - 1)).await;
+        }
+        report.calls += 1;
+        match publisher.send_batch(destination, &remaining).await {
+            Ok(failures) => {
+                let mut retry = Vec::new();
+                for failure in failures {
+                    if failure.sender_fault {
+                        tracing::error!(message_id = %failure.id, code = %failure.code, "destination refused a message");
+                        report
+                            .failed
+                            .insert(failure.id.clone(), PublishFailure::Refused { code: failure.code });
+                    } else {
+                        last_error = failure.code;
+                        retry.push(failure.id);
+                    }
+                }
+                remaining.retain(|message| retry.contains(&message.id));
+            }
+            Err(error) => {
+                tracing::warn!(%destination, error = %error, attempt, "publishing a batch failed");
+                if matches!(error, crate::ports::PublishError::UnknownDestination { .. }) {
+                    for message in remaining.drain(..) {
+                        report.failed.insert(
+                            message.id,
+                            PublishFailure::Refused {
+                                code: "UnknownDestination".into(),
+                            },
+                        );
+                    }
+                }
+                last_error = error.to_string();
+            }
+        }
+        if remaining.is_empty() {
+            return;
+        }
+    }
+    for message in remaining {
+        report.failed.insert(
+            message.id,
+            PublishFailure::Exhausted {
+                last_error: last_error.clone(),
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Message, TxnId};
+    use crate::time::Timestamp;
+
+    fn message(position: u32, bytes: usize) -> OutgoingMessage {
+        let txn = TxnId::from_parts(Timestamp::from_millis(1), [0; 10]);
+        let body = Message {
+            destination: "events".parse().unwrap(),
+            body: "x".repeat(bytes),
+            attributes: Default::default(),
+            group_id: None,
+        };
+        OutgoingMessage::new(txn, position, body)
+    }
+
+    #[test]
+    fn batches_respect_count_and_size_and_keep_order() {
+        let small: Vec<_> = (0..23).map(|i| message(i, 10)).collect();
+        let refs: Vec<_> = small.iter().collect();
+        let sizes: Vec<_> = batches(&refs).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [10, 10, 3]);
+
+        let big: Vec<_> = (0..5).map(|i| message(i, 100 * 1024)).collect();
+        let refs: Vec<_> = big.iter().collect();
+        let cut = batches(&refs);
+        assert_eq!(cut.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
+        let order: Vec<_> = cut.iter().flatten().map(|m| m.id.clone()).collect();
+        assert_eq!(order, big.iter().map(|m| m.id.clone()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn retry_delays_grow_and_stay_capped() {
+        let policy = RetryPolicy {
+            attempts: 5,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(300),
+        };
+        for _ in 0..100 {
+            assert!(policy.delay(1) <= Duration::from_millis(100));
+            assert!(policy.delay(1) >= Duration::from_millis(50));
+            assert!(policy.delay(10) <= Duration::from_millis(300));
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! The request path (DESIGN.md section 3): a transactional session that sends the
+//! delayed control message, stages business writes and messages, and commits them with
+//! the outbox record in one atomic write.
+//!
+//! ```text
+//! begin ── send control message (delay) ──► acknowledged?  no ─► ControlSend (nothing written)
+//!   │ yes
+//!   ├── reads (strongly consistent), business logic: put / delete / check / emit
+//!   ▼
+//! commit ── one atomic write: business writes (versioned) + outbox record + idempotency record
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::ports::{
+    BusinessWrite, Clock, CommitError, CommitRequest, ControlQueue, ExpectedVersion, IdSource, ItemKey, QueueError,
+    Store, StoreError, VersionedItem,
+};
+use crate::protocol::{
+    ControlMessage, IdempotencyRecord, IdempotencySlot, Message, MessageId, OutboxRecord, OutboxState, OutgoingMessage,
+    StoredResponse, TxnId,
+};
+use crate::settings::{Timing, TransactionLimits};
+use crate::time::Timestamp;
+
+/// Commits tried at most, when the store answers "contention" or "unknown outcome".
+const COMMIT_ATTEMPTS: u32 = 3;
+/// Wait before the first commit retry; doubled for the next.
+const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(25);
+
+/// The ports the request path uses.
+#[derive(Clone)]
+pub struct RequestPorts {
+    /// The table.
+    pub store: Arc<dyn Store>,
+    /// Where control messages go.
+    pub control_queue: Arc<dyn ControlQueue>,
+    /// Wall-clock time.
+    pub clock: Arc<dyn Clock>,
+    /// Transaction ids.
+    pub ids: Arc<dyn IdSource>,
+}
+
+/// The entry point of the request path: begins transactions and reports their status.
+/// Build one per process and share it.
+#[derive(Clone)]
+pub struct Outbox {
+    ports: RequestPorts,
+    timing: Timing,
+    limits: TransactionLimits,
+}
+
+/// Why a transaction did not commit, or that its outcome is unknown.
+#[derive(Debug, thiserror::Error)]
+pub enum TxnError {
+    /// The control message could not be sent; nothing was written.
+    #[error("transaction {txn_id}: the control message could not be sent")]
+    ControlSend {
+        /// The transaction.
+        txn_id: TxnId,
+        /// Why.
+        #[source]
+        source: QueueError,
+    },
+    /// A read failed; nothing was written.
+    #[error("transaction {txn_id}: a read failed")]
+    Read {
+        /// The transaction.
+        txn_id: TxnId,
+        /// Why.
+        #[source]
+        source: StoreError,
+    },
+    /// The commit window had passed (or a tombstone was found): nothing was written,
+    /// and this transaction can never commit. Starting again is safe.
+    #[error("transaction {txn_id}: the commit window has expired")]
+    CommitWindowExpired {
+        /// The transaction.
+        txn_id: TxnId,
+    },
+    /// A business item changed since it was read; nothing was written.
+    #[error("transaction {txn_id}: item {key} changed concurrently")]
+    VersionConflict {
+        /// The transaction.
+        txn_id: TxnId,
+        /// The item.
+        key: ItemKey,
+    },
+    /// The idempotency key was used by a transaction that committed; nothing was written.
+    /// Read its record and replay the stored response.
+    #[error("transaction {txn_id}: idempotency key {slot} is already used")]
+    IdempotencyKeyUsed {
+        /// The transaction.
+        txn_id: TxnId,
+        /// The key.
+        slot: IdempotencySlot,
+    },
+    /// The transaction carries more than one commit can; nothing was written.
+    #[error("transaction {txn_id} is too large: {reason}")]
+    TooLarge {
+        /// The transaction.
+        txn_id: TxnId,
+        /// Which limit.
+        reason: String,
+    },
+    /// The store could not take the commit (contention, throttling, unavailable, or
+    /// refused as invalid); nothing was written.
+    #[error("transaction {txn_id}: the store did not take the commit")]
+    NotCommitted {
+        /// The transaction.
+        txn_id: TxnId,
+        /// Why.
+        #[source]
+        source: CommitError,
+    },
+    /// Nobody knows whether the commit applied. The control worker settles it; the
+    /// transaction's status tells the outcome later.
+    #[error("transaction {txn_id}: the commit's outcome is unknown")]
+    Ambiguous {
+        /// The transaction.
+        txn_id: TxnId,
+        /// The last error seen.
+        #[source]
+        source: CommitError,
+    },
+}
+
+impl TxnError {
+    /// The transaction concerned.
+    pub fn txn_id(&self) -> TxnId {
+        match self {
+            Self::ControlSend { txn_id, .. }
+            | Self::Read { txn_id, .. }
+            | Self::CommitWindowExpired { txn_id }
+            | Self::VersionConflict { txn_id, .. }
+            | Self::IdempotencyKeyUsed { txn_id, .. }
+            | Self::TooLarge { txn_id, .. }
+            | Self::NotCommitted { txn_id, .. }
+            | Self::Ambiguous { txn_id, .. } => *txn_id,
+        }
+    }
+
+    /// Whether the transaction certainly did not commit (every variant but `Ambiguous`).
+    pub fn is_definite(&self) -> bool {
+        !matches!(self, Self::Ambiguous { .. })
+    }
+}
+
+/// A committed transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// The transaction.
+    pub txn_id: TxnId,
+    /// The ids of the messages it will publish, in order.
+    pub message_ids: Vec<MessageId>,
+}
+
+/// What is known of a transaction, for clients that got an ambiguous answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnStatus {
+    /// Committed; its messages are being published.
+    Pending,
+    /// Committed and published.
+    Dispatched,
+    /// Never committed, and never will.
+    Tombstoned,
+    /// No record: still within its window, or finished long enough ago to be forgotten.
+    Unknown,
+}
+
+impl TxnStatus {
+    /// The status's name as reported.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Dispatched => "dispatched",
+            Self::Tombstoned => "tombstoned",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl Outbox {
+    /// The request path over `ports`, with `timing` and `limits` from the settings.
+    pub fn new(ports: RequestPorts, timing: Timing, limits: TransactionLimits) -> Self {
+        Self { ports, timing, limits }
+    }
+
+    /// The table, for reads outside a transaction (idempotency look-ups, queries).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.ports.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.ports.clock
+    }
+
+    /// Begins a transaction: picks its id and sends its control message, returning once
+    /// the queue has acknowledged it. Nothing is written before that.
+    #[tracing::instrument(skip_all, fields(txn_id))]
+    pub async fn begin(&self) -> Result<Transaction<'_>, TxnError> {
+        let now = self.ports.clock.now();
+        let txn_id = self.ports.ids.next_txn_id(now);
+        tracing::Span::current().record("txn_id", tracing::field::display(txn_id));
+        let control = ControlMessage::first(txn_id, now);
+        self.ports
+            .control_queue
+            .send(&control, self.timing.first_check_delay)
+            .await
+            .map_err(|source| TxnError::ControlSend { txn_id, source })?;
+        Ok(Transaction {
+            outbox: self,
+            txn_id,
+            first_sent_at: now,
+            writes: BTreeMap::new(),
+            messages: Vec::new(),
+            idempotency: None,
+        })
+    }
+
+    /// What is known of transaction `txn_id`.
+    pub async fn status(&self, txn_id: TxnId) -> Result<TxnStatus, StoreError> {
+        let records = self.ports.store.get_outboxes(&[txn_id]).await?;
+        Ok(match records.get(&txn_id).map(|record| record.state) {
+            Some(OutboxState::Pending) => TxnStatus::Pending,
+            Some(OutboxState::Dispatched) => TxnStatus::Dispatched,
+            Some(OutboxState::Tombstone) => TxnStatus::Tombstoned,
+            None => TxnStatus::Unknown,
+        })
+    }
+}
+
+/// One transaction of the request path, from `begin` to `commit`. Dropping it without
+/// committing abandons it: its control message will tombstone it.
+pub struct Transaction<'a> {
+    outbox: &'a Outbox,
+    txn_id: TxnId,
+    first_sent_at: Timestamp,
+    writes: BTreeMap<ItemKey, BusinessWrite>,
+    messages: Vec<OutgoingMessage>,
+    idempotency: Option<(IdempotencySlot, String, StoredResponse)>,
+}
+
+impl Transaction<'_> {
+    /// The transaction's id.
+    pub fn id(&self) -> TxnId {
+        self.txn_id
+    }
+
+    /// Reads one business item, strongly consistent.
+    pub async fn get(&self, key: &ItemKey) -> Result<Option<VersionedItem>, TxnError> {
+        Ok(self.get_many(std::slice::from_ref(key)).await?.remove(key))
+    }
+
+    /// Reads several business items in one call, strongly consistent.
+    pub async fn get_many(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, TxnError> {
+        self.outbox
+            .ports
+            .store
+            .get_items(keys)
+            .await
+            .map_err(|source| TxnError::Read {
+                txn_id: self.txn_id,
+                source,
+            })
+    }
+
+    /// Stages a put of `data` to `key`, conditioned on `expected`. A later write to the
+    /// same key replaces this one.
+    pub fn put(&mut self, key: ItemKey, data: Value, expected: ExpectedVersion) {
+        self.stage(BusinessWrite::Put { key, data, expected });
+    }
+
+    /// Stages a delete of `key`, conditioned on its `version`.
+    pub fn delete(&mut self, key: ItemKey, version: u64) {
+        self.stage(BusinessWrite::Delete { key, version });
+    }
+
+    /// Makes the commit depend on `key` being as `expected`, without writing it.
+    pub fn check(&mut self, key: ItemKey, expected: ExpectedVersion) {
+        self.stage(BusinessWrite::Check { key, expected });
+    }
+
+    fn stage(&mut self, write: BusinessWrite) {
+        self.writes.insert(write.key().clone(), write);
+    }
+
+    /// Emits a message, published if and only if this transaction commits. Returns its
+    /// stable id.
+    pub fn emit(&mut self, message: Message) -> MessageId {
+        let position = u32::try_from(self.messages.len()).unwrap_or(u32::MAX);
+        let outgoing = OutgoingMessage::new(self.txn_id, position, message);
+        let id = outgoing.id.clone();
+        self.messages.push(outgoing);
+        id
+    }
+
+    /// The messages emitted so far.
+    pub fn messages(&self) -> &[OutgoingMessage] {
+        &self.messages
+    }
+
+    /// Commits, with the transaction, the response that repeats of this request under
+    /// idempotency key `slot` must get (the request's `fingerprint` tells repeats from
+    /// misuse of the key).
+    pub fn remember_response(&mut self, slot: IdempotencySlot, fingerprint: String, response: StoredResponse) {
+        self.idempotency = Some((slot, fingerprint, response));
+    }
+
+    /// Commits everything staged atomically with the outbox record.
+    #[tracing::instrument(skip_all, fields(txn_id = %self.txn_id))]
+    pub async fn commit(self) -> Result<Committed, TxnError> {
+        let txn_id = self.txn_id;
+        self.check_limits()?;
+        let ports = &self.outbox.ports;
+        let timing = &self.outbox.timing;
+        let window_end = self.first_sent_at.plus(timing.max_commit_duration);
+        let message_ids: Vec<MessageId> = self.messages.iter().map(|message| message.id.clone()).collect();
+
+        let mut request: Option<CommitRequest> = None;
+        // The error of an earlier attempt whose outcome is unknown: from then on, no
+        // failure short of a definite refusal can say "nothing was written".
+        let mut unknown: Option<CommitError> = None;
+        for attempt in 1..=COMMIT_ATTEMPTS {
+            let now = ports.clock.now();
+            // Past the window the worker may tombstone at any moment; trying anyway is
+            // safe (the tombstone would block it) but pointless.
+            if now >= window_end {
+                return Err(match unknown {
+                    Some(source) => TxnError::Ambiguous { txn_id, source },
+                    None => TxnError::CommitWindowExpired { txn_id },
+                });
+            }
+            let request = request.get_or_insert_with(|| self.request(now));
+            let error = match ports.store.commit(request).await {
+                Ok(()) => {
+                    tracing::info!(messages = message_ids.len(), "committed");
+                    return Ok(Committed { txn_id, message_ids });
+                }
+                Err(error) => error,
+            };
+            tracing::warn!(error = %error, attempt, "commit attempt failed");
+            // A definite refusal is authoritative even after an attempt of unknown
+            // outcome: had that attempt applied, this one would have found its own
+            // outbox record and reported success.
+            match error {
+                CommitError::Tombstoned { .. } => return Err(TxnError::CommitWindowExpired { txn_id }),
+                CommitError::VersionConflict { key } => return Err(TxnError::VersionConflict { txn_id, key }),
+                CommitError::IdempotencyKeyUsed { slot } => return Err(TxnError::IdempotencyKeyUsed { txn_id, slot }),
+                CommitError::TooLarge { reason } => return Err(TxnError::TooLarge { txn_id, reason }),
+                CommitError::Ambiguous(_) if attempt < COMMIT_ATTEMPTS => unknown = Some(error),
+                CommitError::Contention(_) | CommitError::Unavailable(_) if attempt < COMMIT_ATTEMPTS => {}
+                CommitError::Ambiguous(_) => return Err(TxnError::Ambiguous { txn_id, source: error }),
+                CommitError::Contention(_) | CommitError::Unavailable(_) | CommitError::Invalid { .. } => {
+                    return Err(match unknown {
+                        Some(source) => TxnError::Ambiguous { txn_id, source },
+                        None => TxnError::NotCommitted { txn_id, source: error },
+                    })
+                }
+            }
+            ports.clock.sleep(COMMIT_RETRY_DELAY * 2u32.pow(attempt - 1)).await;
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    fn check_limits(&self) -> Result<(), TxnError> {
+        let limits = &self.outbox.limits;
+        let bytes: usize = self.messages.iter().map(OutgoingMessage::payload_bytes).sum();
+        let reason = if self.messages.len() > limits.max_messages {
+            format!(
+                "{} messages, at most {} allowed",
+                self.messages.len(),
+                limits.max_messages
+            )
+        } else if bytes > limits.max_message_bytes {
+            format!(
+                "{bytes} bytes of messages, at most {} allowed",
+                limits.max_message_bytes
+            )
+        } else {
+            return Ok(());
+        };
+        Err(TxnError::TooLarge {
+            txn_id: self.txn_id,
+            reason,
+        })
+    }
+
+    fn request(&self, now: Timestamp) -> CommitRequest {
+        let expires_at = now.plus(self.outbox.timing.retention);
+        CommitRequest {
+            txn_id: self.txn_id,
+            writes: self.writes.values().cloned().collect(),
+            outbox: OutboxRecord::committed(self.txn_id, self.messages.clone(), now, expires_at),
+            idempotency: self
+                .idempotency
+                .as_ref()
+                .map(|(slot, fingerprint, response)| IdempotencyRecord {
+                    slot: slot.clone(),
+                    fingerprint: fingerprint.clone(),
+                    txn_id: self.txn_id,
+                    response: response.clone(),
+                    created_at: now,
+                    expires_at,
+                }),
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! Settings read once from the environment at start-up and validated, with errors that
+//! name the variable and the rule. The names are the ones `template.yaml` sets.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use crate::protocol::DestinationName;
+
+/// Which adapters the process uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// Everything in process: no AWS, no Docker.
+    Embedded,
+    /// DynamoDB and SQS (or an emulator, through `AWS_ENDPOINT_URL`).
+    Aws {
+        /// The table of business items and protocol records.
+        table_name: String,
+        /// The control queue's URL.
+        control_queue_url: String,
+    },
+}
+
+/// The timing of the protocol: how soon a transaction is first checked, how the checks
+/// back off, and how long a transaction may take to commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Delay of the first control message (`DelaySeconds`).
+    pub first_check_delay: Duration,
+    /// The longest delay between two checks of an uncommitted transaction.
+    pub backoff_cap: Duration,
+    /// How long after its first control message a transaction may still commit; after
+    /// that the control worker tombstones it.
+    pub max_commit_duration: Duration,
+    /// How long finished records (dispatched, tombstones, idempotency) are kept.
+    pub retention: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            first_check_delay: Duration::from_secs(1),
+            backoff_cap: Duration::from_secs(8),
+            max_commit_duration: Duration::from_secs(30),
+            retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// What one transaction may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransactionLimits {
+    /// Most messages one transaction may emit.
+    pub max_messages: usize,
+    /// Most bytes of message payload one transaction may emit.
+    pub max_message_bytes: usize,
+}
+
+impl Default for TransactionLimits {
+    fn default() -> Self {
+        // DynamoDB caps a transaction at 100 actions and 4 MB; these defaults leave room
+        // for the business writes and the protocol records.
+        Self {
+            max_messages: 250,
+            max_message_bytes: 3 * 1024 * 1024,
+        }
+    }
+}
+
+/// Every setting, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Which adapters.
+    pub backend: Backend,
+    /// Destination name to queue URL (empty names are invalid; URLs ending in `.fifo`
+    /// are FIFO queues).
+    pub destinations: BTreeMap<DestinationName, String>,
+    /// The protocol's timing.
+    pub timing: Timing,
+    /// The limits of one transaction.
+    pub limits: TransactionLimits,
+    /// The API function's timeout (the Lambda timeout, or the local request timeout).
+    pub api_timeout: Duration,
+    /// The SDK's per-operation timeout.
+    pub sdk_operation_timeout: Duration,
+}
+
+/// The variables, by the names `template.yaml` uses.
+pub mod vars {
+    /// `embedded` (default) or `aws`.
+    pub const BACKEND: &str = "OUTBOX_BACKEND";
+    /// Table name; required with the `aws` backend.
+    pub const TABLE_NAME: &str = "OUTBOX_TABLE_NAME";
+    /// Control queue URL; required with the `aws` backend.
+    pub const CONTROL_QUEUE_URL: &str = "OUTBOX_CONTROL_QUEUE_URL";
+    /// `name=url` pairs separated by commas.
+    pub const DESTINATIONS: &str = "OUTBOX_DESTINATIONS";
+    /// Seconds, 0 to 900, default 1.
+    pub const FIRST_CHECK_DELAY_SECONDS: &str = "OUTBOX_FIRST_CHECK_DELAY_SECONDS";
+    /// Seconds, 1 to 900, default 8.
+    pub const BACKOFF_CAP_SECONDS: &str = "OUTBOX_BACKOFF_CAP_SECONDS";
+    /// Seconds, default 30.
+    pub const MAX_COMMIT_DURATION_SECONDS: &str = "OUTBOX_MAX_COMMIT_DURATION_SECONDS";
+    /// Seconds, default 604800 (7 days).
+    pub const RETENTION_SECONDS: &str = "OUTBOX_RETENTION_SECONDS";
+    /// Count, default 250.
+    pub const MAX_MESSAGES_PER_TRANSACTION: &str = "OUTBOX_MAX_MESSAGES_PER_TRANSACTION";
+    /// Bytes, default 3 MiB.
+    pub const MAX_TRANSACTION_BYTES: &str = "OUTBOX_MAX_TRANSACTION_BYTES";
+    /// Seconds, default 10.
+    pub const API_TIMEOUT_SECONDS: &str = "OUTBOX_API_TIMEOUT_SECONDS";
+    /// Seconds, default 5.
+    pub const SDK_OPERATION_TIMEOUT_SECONDS: &str = "OUTBOX_SDK_OPERATION_TIMEOUT_SECONDS";
+}
+
+/// One setting that is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}: {problem}")]
+pub struct SettingError {
+    /// The variable (or variables, joined by ` and `) at fault.
+    pub variable: String,
+    /// What is wrong and what the rule is.
+    pub problem: String,
+}
+
+/// Every setting that is wrong, so one start-up reports them all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct SettingsError {
+    /// The problems, in the order the variables are read.
+    pub errors: Vec<SettingError>,
+}
+
+impl fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid settings: ")?;
+        for (index, error) in self.errors.iter().enumerate() {
+            if index > 0 {
+                write!(f, "; ")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Settings {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads settings through `lookup` (a variable's value, or `None` when unset), so
+    /// tests need not touch the process environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
+        let mut reader = Reader {
+            lookup: &lookup,
+            errors: Vec::new(),
+        };
+        let defaults = Timing::default();
+        let limits = TransactionLimits::default();
+
+        let backend = match reader.text(vars::BACKEND).as_deref() {
+            None | Some("embedded") => Some(Backend::Embedded),
+            Some("aws") => {
+                let table_name = reader.required(vars::TABLE_NAME, "the DynamoDB table's name");
+                let control_queue_url = reader.required(vars::CONTROL_QUEUE_URL, "the control queue's URL");
+                match (table_name, control_queue_url) {
+                    (Some(table_name), Some(control_queue_url)) => Some(Backend::Aws {
+                        table_name,
+                        control_queue_url,
+                    }),
+                    _ => None,
+                }
+            }
+            Some(other) => {
+                reader.fail(vars::BACKEND, format!("must be `embedded` or `aws`, not {other:?}"));
+                None
+            }
+        };
+        let destinations = reader.destinations();
+        let timing = Timing {
+            first_check_delay: reader.seconds(vars::FIRST_CHECK_DELAY_SECONDS, defaults.first_check_delay, 0, 900),
+            backoff_cap: reader.seconds(vars::BACKOFF_CAP_SECONDS, defaults.backoff_cap, 1, 900),
+            max_commit_duration: reader.seconds(
+                vars::MAX_COMMIT_DURATION_SECONDS,
+                defaults.max_commit_duration,
+                1,
+                3600,
+            ),
+            retention: reader.seconds(vars::RETENTION_SECONDS, defaults.retention, 3600, 365 * 24 * 3600),
+        };
+        let limits = TransactionLimits {
+            max_messages: reader.count(vars::MAX_MESSAGES_PER_TRANSACTION, limits.max_messages, 1, 10_000),
+            max_message_bytes: reader.count(vars::MAX_TRANSACTION_BYTES, limits.max_message_bytes, 1, 4_000_000),
+        };
+        let api_timeout = reader.seconds(vars::API_TIMEOUT_SECONDS, Duration::from_secs(10), 1, 900);
+        let sdk_operation_timeout = reader.seconds(vars::SDK_OPERATION_TIMEOUT_SECONDS, Duration::from_secs(5), 1, 300);
+
+        // A commit can reach the table as late as the API's timeout plus one SDK operation
+        // after the first control message. The window must outlast that, or the worker
+        // would routinely tombstone transactions that are still committing (safe, but every
+        // such request would fail).
+        if timing.max_commit_duration <= api_timeout + sdk_operation_timeout {
+            reader.fail(
+                &format!(
+                    "{} and {} and {}",
+                    vars::MAX_COMMIT_DURATION_SECONDS,
+                    vars::API_TIMEOUT_SECONDS,
+                    vars::SDK_OPERATION_TIMEOUT_SECONDS
+                ),
+                format!(
+                    "the max commit duration ({}s) must exceed the API timeout plus the SDK operation timeout ({}s)",
+                    timing.max_commit_duration.as_secs(),
+                    (api_timeout + sdk_operation_timeout).as_secs()
+                ),
+            );
+        }
+        if timing.backoff_cap < timing.first_check_delay {
+            reader.fail(
+                &format!("{} and {}", vars::BACKOFF_CAP_SECONDS, vars::FIRST_CHECK_DELAY_SECONDS),
+                "the backoff cap must be at least the first check delay".to_owned(),
+            );
+        }
+        if timing.retention <= timing.max_commit_duration {
+            reader.fail(
+                &format!("{} and {}", vars::RETENTION_SECONDS, vars::MAX_COMMIT_DURATION_SECONDS),
+                "the retention must exceed the max commit duration, or a tombstone could expire while its transaction may still commit".to_owned(),
+            );
+        }
+
+        match (reader.errors.is_empty(), backend) {
+            (true, Some(backend)) => Ok(Self {
+                backend,
+                destinations,
+                timing,
+                limits,
+                api_timeout,
+                sdk_operation_timeout,
+            }),
+            _ => Err(SettingsError { errors: reader.errors }),
+        }
+    }
+}
+
+struct Reader<'a, F: Fn(&str) -> Option<String>> {
+    lookup: &'a F,
+    errors: Vec<SettingError>,
+}
+
+impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
+    fn fail(&mut self, variable: &str, problem: String) {
+        self.errors.push(SettingError {
+            variable: variable.to_owned(),
+            problem,
+        });
+    }
+
+    /// The trimmed value; an empty one counts as unset.
+    fn text(&self, name: &str) -> Option<String> {
+        (self.lookup)(name)
+            .map(|value| value.trim().to_owned())
+            .filter(|value| !value.is_empty())
+    }
+
+    fn required(&mut self, name: &str, what: &str) -> Option<String> {
+        let value = self.text(name);
+        if value.is_none() {
+            self.fail(name, format!("is required with {}=aws: {what}", vars::BACKEND));
+        }
+        value
+    }
+
+    fn count(&mut self, name: &str, default: usize, min: usize, max: usize) -> usize {
+        let Some(text) = self.text(name) else { return default };
+        match text.parse::<usize>() {
+            Ok(value) if (min..=max).contains(&value) => value,
+            _ => {
+                self.fail(
+                    name,
+                    format!("must be a whole number from {min} to {max}, not {text:?}"),
+                );
+                default
+            }
+        }
+    }
+
+    fn seconds(&mut self, name: &str, default: Duration, min: u64, max: u64) -> Duration {
+        let Some(text) = self.text(name) else { return default };
+        match text.parse::<u64>() {
+            Ok(value) if (min..=max).contains(&value) => Duration::from_secs(value),
+            _ => {
+                self.fail(name, format!("must be whole seconds from {min} to {max}, not {text:?}"));
+                default
+            }
+        }
+    }
+
+    fn destinations(&mut self) -> BTreeMap<DestinationName, String> {
+        let mut destinations = BTreeMap::new();
+        let Some(text) = self.text(vars::DESTINATIONS) else {
+            return destinations;
+        };
+        for pair in text.split(',').map(str::trim).filter(|pair| !pair.is_empty()) {
+            let Some((name, url)) = pair.split_once('=') else {
+                self.fail(
+                    vars::DESTINATIONS,
+                    format!("each entry must be name=queue-url, not {pair:?}"),
+                );
+                continue;
+            };
+            let (name, url) = (name.trim(), url.trim());
+            match name.parse::<DestinationName>() {
+                Ok(_) if url.is_empty() => {
+                    self.fail(vars::DESTINATIONS, format!("destination {name:?} has no queue URL"))
+                }
+                Ok(parsed) => {
+                    if destinations.insert(parsed, url.to_owned()).is_some() {
+                        self.fail(vars::DESTINATIONS, format!("destination {name:?} is named twice"));
+                    }
+                }
+                Err(error) => self.fail(vars::DESTINATIONS, error.to_string()),
+            }
+        }
+        destinations
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        let map: BTreeMap<String, String> = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        Settings::from_lookup(|name| map.get(name).cloned())
+    }
+
+    fn only_error(pairs: &[(&str, &str)]) -> SettingError {
+        let errors = settings(pairs).unwrap_err().errors;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        errors.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn nothing_set_means_embedded_with_the_documented_defaults() {
+        let settings = settings(&[]).unwrap();
+        assert_eq!(settings.backend, Backend::Embedded);
+        assert_eq!(settings.timing.first_check_delay, Duration::from_secs(1));
+        assert_eq!(settings.timing.max_commit_duration, Duration::from_secs(30));
+        assert_eq!(settings.timing.retention, Duration::from_secs(604_800));
+        assert!(settings.destinations.is_empty());
+    }
+
+    #[test]
+    fn the_aws_backend_needs_its_table_and_queue() {
+        let errors = settings(&[(vars::BACKEND, "aws")]).unwrap_err().errors;
+        let named: Vec<_> = errors.iter().map(|e| e.variable.as_str()).collect();
+        assert_eq!(named, [vars::TABLE_NAME, vars::CONTROL_QUEUE_URL]);
+        let ok = settings(&[
+            (vars::BACKEND, "aws"),
+            (vars::TABLE_NAME, "outbox"),
+            (vars::CONTROL_QUEUE_URL, "http://localhost/q"),
+            (
+                vars::DESTINATIONS,
+                "events=http://localhost/events, audit = http://localhost/audit.fifo",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(
+            ok.backend,
+            Backend::Aws {
+                table_name: "outbox".into(),
+                control_queue_url: "http://localhost/q".into()
+            }
+        );
+        assert_eq!(ok.destinations.len(), 2);
+        assert_eq!(
+            ok.destinations[&"audit".parse().unwrap()],
+            "http://localhost/audit.fifo"
+        );
+    }
+
+    #[test]
+    fn each_bad_value_names_its_variable_and_rule() {
+        let error = only_error(&[(vars::FIRST_CHECK_DELAY_SECONDS, "901")]);
+        assert_eq!(error.variable, vars::FIRST_CHECK_DELAY_SECONDS);
+        assert!(error.problem.contains("0 to 900"), "{error}");
+        assert_eq!(only_error(&[(vars::BACKEND, "gcp")]).variable, vars::BACKEND);
+        assert_eq!(
+            only_error(&[(vars::MAX_MESSAGES_PER_TRANSACTION, "many")]).variable,
+            vars::MAX_MESSAGES_PER_TRANSACTION
+        );
+        assert_eq!(
+            only_error(&[(vars::DESTINATIONS, "events")]).variable,
+            vars::DESTINATIONS
+        );
+        assert_eq!(
+            only_error(&[(vars::DESTINATIONS, "bad name=http://x")]).variable,
+            vars::DESTINATIONS
+        );
+        assert_eq!(
+            only_error(&[(vars::DESTINATIONS, "a=http://x,a=http://y")]).variable,
+            vars::DESTINATIONS
+        );
+    }
+
+    #[test]
+    fn the_commit_window_must_outlast_the_api_and_sdk_timeouts() {
+        let error = only_error(&[
+            (vars::MAX_COMMIT_DURATION_SECONDS, "15"),
+            (vars::API_TIMEOUT_SECONDS, "10"),
+            (vars::SDK_OPERATION_TIMEOUT_SECONDS, "5"),
+        ]);
+        assert!(error.variable.contains(vars::MAX_COMMIT_DURATION_SECONDS), "{error}");
+        assert!(error.problem.contains("must exceed"), "{error}");
+        assert!(settings(&[(vars::MAX_COMMIT_DURATION_SECONDS, "16")]).is_ok());
+    }
+
+    #[test]
+    fn inconsistent_backoff_and_retention_are_refused() {
+        assert!(only_error(&[
+            (vars::FIRST_CHECK_DELAY_SECONDS, "20"),
+            (vars::BACKOFF_CAP_SECONDS, "10")
+        ])
+        .variable
+        .contains(vars::BACKOFF_CAP_SECONDS));
+        assert!(only_error(&[
+            (vars::RETENTION_SECONDS, "3600"),
+            (vars::MAX_COMMIT_DURATION_SECONDS, "3600")
+        ])
+        .variable
+        .contains(vars::RETENTION_SECONDS));
+    }
+
+    #[test]
+    fn all_problems_are_reported_at_once() {
+        let errors = settings(&[(vars::BACKEND, "aws"), (vars::RETENTION_SECONDS, "x")]).unwrap_err();
+        assert_eq!(errors.errors.len(), 3);
+        assert!(errors.to_string().starts_with("invalid settings: "));
+    }
+}
