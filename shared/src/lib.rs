@@ -14,11 +14,13 @@
 //! - [`request`]: the request path. [`control`]: the control path. [`publish`]: batching
 //!   and retrying sends, shared by every publisher.
 //! - [`settings`]: configuration from the environment, validated.
+//! - [`poller`]: receiving and acknowledging control messages outside Lambda.
 //! - [`embedded`]: the in-process backend.
 //! - [`time`]: the protocol's timestamps.
 
 pub mod control;
 pub mod embedded;
+pub mod poller;
 pub mod ports;
 pub mod protocol;
 pub mod publish;

@@ -1,1 +1,7 @@
-//! t
+//! Support for the integration, conformance and simulation tests of the outbox.
+//!
+//! - [`sim`]: a deterministic simulation that runs the real request and control paths
+//!   on the embedded backend under a controlled clock, a scheduler that picks every
+//!   interleaving, and a fault injector, then checks the invariants.
+
+pub mod sim;

@@ -16,7 +16,7 @@ use std::time::Duration;
 pub use clock::ManualClock;
 pub use control_queue::EmbeddedControlQueue;
 pub use publisher::EmbeddedPublisher;
-pub use queue::{EmbeddedQueue, QueueConfig, QueueFault, Received, SendRequest, SentMessage};
+pub use queue::{EmbeddedQueue, QueueConfig, QueueFault, Received, SendRequest, SentMessage, DEDUPLICATION_WINDOW};
 pub use store::{EmbeddedStore, StoreEvent};
 
 use crate::ports::Clock;

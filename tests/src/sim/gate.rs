@@ -1,0 +1,125 @@
+//! Gates: the points where an actor parks until the scheduler lets it through, and
+//! learns which fault its operation meets.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
+
+/// An actor's number in the simulation.
+pub type ActorId = usize;
+
+/// The operations that go through gates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Op {
+    /// Send to the control queue (the request path's first message, or a re-deferral).
+    ControlSend,
+    /// Receive from the control queue.
+    Receive,
+    /// Delete received control messages.
+    Ack,
+    /// A strongly consistent read.
+    Read,
+    /// The atomic commit.
+    Commit,
+    /// The conditional tombstone put.
+    Tombstone,
+    /// Marking records dispatched.
+    Mark,
+    /// A `SendMessageBatch` to a destination.
+    Publish,
+    /// A backoff wait.
+    Sleep,
+}
+
+/// What an operation meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Nothing: it runs normally.
+    None,
+    /// The actor crashes before the operation: nothing applied.
+    CrashBefore,
+    /// The operation applies, then the actor crashes.
+    CrashAfter,
+    /// The operation applies, but the caller gets an error (reply lost, timeout).
+    ReplyLost,
+    /// The operation is refused: nothing applied, the caller gets an error.
+    Fail,
+    /// Queue sends: the message is enqueued twice (at-least-once delivery).
+    Duplicate,
+    /// Publishes: the first entry of the batch fails, the others are sent.
+    FirstEntryFails,
+}
+
+impl Op {
+    /// The faults this operation can meet, beyond `None`.
+    pub fn faults(self, random: bool) -> Vec<Fault> {
+        use Fault::*;
+        match self {
+            Op::Sleep => vec![],
+            Op::Read | Op::Receive => vec![CrashBefore, Fail],
+            Op::ControlSend if random => vec![CrashBefore, CrashAfter, ReplyLost, Fail, Duplicate],
+            Op::Publish => vec![CrashBefore, CrashAfter, ReplyLost, Fail, FirstEntryFails],
+            Op::ControlSend | Op::Ack | Op::Commit | Op::Tombstone | Op::Mark => {
+                vec![CrashBefore, CrashAfter, ReplyLost, Fail]
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct GateState {
+    /// Actors parked at a gate, and the operation they wait to perform.
+    pub waiting: BTreeMap<ActorId, Op>,
+    /// Permissions granted but not yet taken.
+    pub granted: BTreeMap<ActorId, Fault>,
+    /// Actors that crashed inside an operation.
+    pub crashed: BTreeSet<ActorId>,
+}
+
+/// The gates of all actors; each actor's ports hold a [`Gate`] naming it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Gates(Arc<Mutex<GateState>>);
+
+impl Gates {
+    pub fn lock(&self) -> MutexGuard<'_, GateState> {
+        self.0.lock().expect("gate lock")
+    }
+
+    pub fn for_actor(&self, actor: ActorId) -> Gate {
+        Gate {
+            gates: self.clone(),
+            actor,
+        }
+    }
+}
+
+/// One actor's way through the gates.
+#[derive(Debug, Clone)]
+pub(crate) struct Gate {
+    gates: Gates,
+    actor: ActorId,
+}
+
+impl Gate {
+    /// Parks until the scheduler lets this actor perform `op`; returns the fault.
+    pub async fn pass(&self, op: Op) -> Fault {
+        poll_fn(|_| {
+            let mut state = self.gates.lock();
+            match state.granted.remove(&self.actor) {
+                Some(fault) => Poll::Ready(fault),
+                None => {
+                    state.waiting.insert(self.actor, op);
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    /// Crashes the actor: marks it and never returns (the scheduler drops it).
+    pub async fn crash<T>(&self) -> T {
+        self.gates.lock().crashed.insert(self.actor);
+        std::future::pending().await
+    }
+}

@@ -1,0 +1,333 @@
+//! The invariants of DESIGN.md section 5, checked against what the embedded backend
+//! really did (its history and queue logs), not against what actors were told.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use outbox::embedded::{EmbeddedBackend, SentMessage, StoreEvent, DEDUPLICATION_WINDOW};
+use outbox::ports::{BusinessWrite, CommitRequest, ItemKey};
+use outbox::protocol::{DestinationName, OutboxRecord, OutboxState, TxnId, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use outbox::time::Timestamp;
+
+use super::world::ApiResult;
+
+/// The final state of a schedule.
+#[derive(Debug)]
+pub struct Observed {
+    /// Commits that applied, by transaction.
+    pub commits: BTreeMap<TxnId, CommitRequest>,
+    /// Transactions that got a tombstone.
+    pub tombstones: BTreeSet<TxnId>,
+    /// Every message accepted by each destination, in order.
+    pub published: BTreeMap<DestinationName, (bool, Vec<SentMessage>)>,
+    /// Outbox records physically present at the end.
+    pub records: Vec<OutboxRecord>,
+    /// Business items at the end: version and count.
+    pub items: BTreeMap<String, (u64, u64)>,
+    /// How each API request ended.
+    pub api_results: Vec<ApiResult>,
+    /// Control messages left in the queue and its dead-letter queue.
+    pub control_left: usize,
+    /// The clock at the end.
+    pub now: Timestamp,
+}
+
+/// A broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Which invariant (`I1` to `I7`, `business`, `idempotency`).
+    pub invariant: &'static str,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} violated: {}", self.invariant, self.detail)
+    }
+}
+
+impl Observed {
+    /// Reads the final state out of `backend`.
+    pub fn capture(backend: &EmbeddedBackend, now: Timestamp, api_results: Vec<ApiResult>) -> Self {
+        let mut commits = BTreeMap::new();
+        let mut tombstones = BTreeSet::new();
+        let mut items: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for event in backend.store.history() {
+            match event {
+                StoreEvent::Committed { request, .. } => {
+                    for write in &request.writes {
+                        if let BusinessWrite::Put { key, data, expected } = write {
+                            let count = data["count"].as_u64().unwrap_or(0);
+                            items.insert(key.to_string(), (expected.next(), count));
+                        }
+                    }
+                    commits.insert(request.txn_id, *request);
+                }
+                StoreEvent::Tombstoned { txn_id, .. } => {
+                    tombstones.insert(txn_id);
+                }
+                StoreEvent::MarkedDispatched { .. } => {}
+            }
+        }
+        let published = backend
+            .publisher
+            .destinations()
+            .iter()
+            .map(|(name, queue)| (name.clone(), (queue.config().fifo, queue.sent())))
+            .collect();
+        let control = backend.control_queue.queue();
+        let control_left = control.len() + control.dead_letter_queue().map_or(0, |dlq| dlq.len());
+        Self {
+            commits,
+            tombstones,
+            published,
+            records: backend.store.outbox_records(),
+            items,
+            api_results,
+            control_left,
+            now,
+        }
+    }
+
+    /// Checks every invariant; returns the first violation.
+    pub fn check(&self) -> Result<(), Violation> {
+        self.no_lost_side_effect()?;
+        self.no_phantom_side_effect()?;
+        self.tombstones_are_final()?;
+        self.stable_identity()?;
+        self.bounded_growth()?;
+        self.truthful_answers()?;
+        self.business_state()?;
+        self.idempotency_once()
+    }
+
+    fn sent_ids(&self) -> BTreeMap<String, Vec<(&DestinationName, bool, &SentMessage)>> {
+        let mut ids: BTreeMap<String, Vec<(&DestinationName, bool, &SentMessage)>> = BTreeMap::new();
+        for (destination, (fifo, sent)) in &self.published {
+            for message in sent {
+                let id = message
+                    .request
+                    .attributes
+                    .get(MESSAGE_ID_ATTRIBUTE)
+                    .cloned()
+                    .unwrap_or_default();
+                ids.entry(id).or_default().push((destination, *fifo, message));
+            }
+        }
+        ids
+    }
+
+    /// I1: every committed message reached its destination, nothing is left pending and
+    /// no control message is left over.
+    fn no_lost_side_effect(&self) -> Result<(), Violation> {
+        let fail = |detail: String| {
+            Err(Violation {
+                invariant: "I1 no lost side effect",
+                detail,
+            })
+        };
+        let sent = self.sent_ids();
+        for (txn_id, request) in &self.commits {
+            for message in &request.outbox.messages {
+                let delivered = sent.get(message.id.as_str()).is_some_and(|copies| {
+                    copies
+                        .iter()
+                        .any(|(destination, _, copy)| **destination == message.destination && !copy.deduplicated)
+                });
+                if !delivered {
+                    return fail(format!(
+                        "message {} of committed transaction {txn_id} was never published",
+                        message.id
+                    ));
+                }
+            }
+        }
+        if let Some(record) = self.records.iter().find(|record| record.state == OutboxState::Pending) {
+            return fail(format!("transaction {} is still pending after recovery", record.txn_id));
+        }
+        if self.control_left > 0 {
+            return fail(format!("{} control messages left after recovery", self.control_left));
+        }
+        Ok(())
+    }
+
+    /// I2: everything published belongs to a committed transaction, exactly as committed.
+    fn no_phantom_side_effect(&self) -> Result<(), Violation> {
+        let fail = |detail: String| {
+            Err(Violation {
+                invariant: "I2 no phantom side effect",
+                detail,
+            })
+        };
+        for (id, copies) in self.sent_ids() {
+            for (destination, _, copy) in copies {
+                let txn = copy
+                    .request
+                    .attributes
+                    .get(TXN_ID_ATTRIBUTE)
+                    .and_then(|text| text.parse::<TxnId>().ok());
+                let Some(request) = txn.and_then(|txn| self.commits.get(&txn)) else {
+                    return fail(format!(
+                        "message {id:?} was published for a transaction that never committed"
+                    ));
+                };
+                let committed = request.outbox.messages.iter().find(|message| message.id.as_str() == id);
+                match committed {
+                    Some(message) if message.body == copy.request.body && message.destination == *destination => {}
+                    _ => {
+                        return fail(format!(
+                            "message {id:?} on {destination} differs from what was committed"
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// I3: no transaction both committed and got a tombstone.
+    fn tombstones_are_final(&self) -> Result<(), Violation> {
+        match self.commits.keys().find(|txn| self.tombstones.contains(txn)) {
+            Some(txn) => Err(Violation {
+                invariant: "I3 tombstones are final",
+                detail: format!("transaction {txn} committed and was tombstoned"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// I4: every copy of a message carries the same content; a FIFO destination never
+    /// enqueued one id twice within its deduplication window.
+    fn stable_identity(&self) -> Result<(), Violation> {
+        let fail = |detail: String| {
+            Err(Violation {
+                invariant: "I4 stable identity",
+                detail,
+            })
+        };
+        for (id, copies) in self.sent_ids() {
+            let (_, _, first) = copies[0];
+            if copies.iter().any(|(_, _, copy)| {
+                copy.request.body != first.request.body || copy.request.attributes != first.request.attributes
+            }) {
+                return fail(format!("copies of message {id:?} differ"));
+            }
+            let enqueued: Vec<Timestamp> = copies
+                .iter()
+                .filter(|(_, fifo, copy)| *fifo && !copy.deduplicated)
+                .map(|(_, _, copy)| copy.sent_at)
+                .collect();
+            if enqueued
+                .windows(2)
+                .any(|pair| pair[1].since(pair[0]) < DEDUPLICATION_WINDOW)
+            {
+                return fail(format!(
+                    "FIFO destination enqueued message {id:?} twice within the deduplication window"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// I6: every record that is not pending expires.
+    fn bounded_growth(&self) -> Result<(), Violation> {
+        match self
+            .records
+            .iter()
+            .find(|record| record.state != OutboxState::Pending && record.expires_at.is_none())
+        {
+            Some(record) => Err(Violation {
+                invariant: "I6 bounded growth",
+                detail: format!("record of {} never expires", record.txn_id),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// I7: success only for committed transactions, definite failure only for
+    /// uncommitted ones.
+    fn truthful_answers(&self) -> Result<(), Violation> {
+        let fail = |detail: String| {
+            Err(Violation {
+                invariant: "I7 truthful answers",
+                detail,
+            })
+        };
+        for (index, result) in self.api_results.iter().enumerate() {
+            match result {
+                ApiResult::Answered(Ok(committed)) => match self.commits.get(&committed.txn_id) {
+                    None => {
+                        return fail(format!(
+                            "request {index} was told {} committed; it did not",
+                            committed.txn_id
+                        ))
+                    }
+                    Some(request) => {
+                        let ids: Vec<_> = request.outbox.messages.iter().map(|m| m.id.clone()).collect();
+                        if ids != committed.message_ids {
+                            return fail(format!(
+                                "request {index} was told other message ids than were committed"
+                            ));
+                        }
+                    }
+                },
+                ApiResult::Answered(Err(error))
+                    if error.is_definite() && self.commits.contains_key(&error.txn_id()) =>
+                {
+                    return fail(format!(
+                        "request {index} was told {error}; transaction {} committed",
+                        error.txn_id()
+                    ));
+                }
+                ApiResult::Answered(Err(_)) | ApiResult::Crashed => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// No lost or doubled update: each counter's count equals its version, and equals the
+    /// number of committed transactions that wrote it.
+    fn business_state(&self) -> Result<(), Violation> {
+        let mut writers: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for request in self.commits.values() {
+            for write in &request.writes {
+                if let BusinessWrite::Put { key, expected, .. } = write {
+                    writers.entry(key.to_string()).or_default().push(expected.next());
+                }
+            }
+        }
+        for (key, mut versions) in writers {
+            versions.sort_unstable();
+            let expected: Vec<u64> = (1..=versions.len() as u64).collect();
+            let (version, count) = self.items[&key];
+            if versions != expected || version != count || count != versions.len() as u64 {
+                return Err(Violation {
+                    invariant: "business state",
+                    detail: format!("{key}: committed versions {versions:?}, final version {version}, count {count}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One idempotency key, at most one committed transaction.
+    fn idempotency_once(&self) -> Result<(), Violation> {
+        let mut seen = BTreeSet::new();
+        for request in self.commits.values() {
+            if let Some(record) = &request.idempotency {
+                if !seen.insert(record.slot.clone()) {
+                    return Err(Violation {
+                        invariant: "idempotency",
+                        detail: format!("key {} committed twice", record.slot),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The items a schedule's requests touch, for tests that want to read them.
+pub fn counter_key(index: usize) -> ItemKey {
+    format!("COUNTER#{index}").parse().expect("valid key")
+}

@@ -1,0 +1,23 @@
+//! A deterministic simulation of the outbox.
+//!
+//! Actors (API requests running the request path, control workers running the poller
+//! and the control path) are futures polled by hand on one thread. Every call they make
+//! to a port goes through a *gate*: the actor parks there, and the scheduler decides
+//! which parked actor moves next, whether the clock moves instead, and which fault the
+//! operation meets (none, a crash before it, a crash after it, applied with the reply
+//! lost, refused). A [`Chooser`] makes every decision, so the same choices replay the
+//! same schedule: exhaustively (depth-first over all choices) or from a seed.
+//!
+//! After the chaotic phase, recovery runs with no faults: crashed workers are replaced,
+//! the clock advances to each next delivery, and the dead-letter queue is redriven, until
+//! nothing is left to do. Then [`invariants`] checks I1 to I7 and the business state.
+
+mod chooser;
+mod gate;
+pub mod invariants;
+mod ports;
+mod world;
+
+pub use chooser::{Chooser, DepthFirst, Seeded};
+pub use gate::{Fault, Op};
+pub use world::{run_schedule, sim_timing, ApiResult, Outcome, SimConfig};

@@ -1,0 +1,212 @@
+//! Gated ports: each wraps an embedded port, parks at a gate before every operation,
+//! and applies the fault the scheduler chose.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox::embedded::ManualClock;
+use outbox::ports::{
+    Clock, CommitError, CommitRequest, ControlDelivery, ControlInbox, ControlQueue, EntryFailure, ItemKey,
+    PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
+};
+use outbox::protocol::{
+    ControlMessage, DestinationName, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutgoingMessage, TxnId,
+};
+use outbox::time::Timestamp;
+
+use super::gate::{Fault, Gate, Op};
+
+fn injected(what: &str) -> Box<dyn std::error::Error + Send + Sync> {
+    format!("injected fault: {what}").into()
+}
+
+/// Applies `fault` around `apply`: the shape every mutating wrapper shares.
+macro_rules! gated {
+    ($gate:expr, $op:expr, $apply:expr, failed => $failed:expr, lost => $lost:expr) => {
+        match $gate.pass($op).await {
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails => $apply,
+            Fault::CrashBefore => $gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = $apply;
+                $gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = $apply;
+                $lost
+            }
+            Fault::Fail => $failed,
+        }
+    };
+}
+
+/// A gated store.
+pub(crate) struct GatedStore {
+    pub inner: Arc<dyn Store>,
+    pub gate: Gate,
+}
+
+#[async_trait]
+impl Store for GatedStore {
+    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
+        gated!(self.gate, Op::Commit, self.inner.commit(request).await,
+            failed => Err(CommitError::Unavailable(injected("commit refused"))),
+            lost => Err(CommitError::Ambiguous(injected("commit reply lost"))))
+    }
+
+    async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
+        gated!(self.gate, Op::Read, self.inner.get_items(keys).await,
+            failed => Err(StoreError::Unavailable(injected("read failed"))),
+            lost => Err(StoreError::Unavailable(injected("read reply lost"))))
+    }
+
+    async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
+        gated!(self.gate, Op::Read, self.inner.get_outboxes(txn_ids).await,
+            failed => Err(StoreError::Unavailable(injected("read failed"))),
+            lost => Err(StoreError::Unavailable(injected("read reply lost"))))
+    }
+
+    async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError> {
+        gated!(self.gate, Op::Read, self.inner.get_idempotency(slot).await,
+            failed => Err(StoreError::Unavailable(injected("read failed"))),
+            lost => Err(StoreError::Unavailable(injected("read reply lost"))))
+    }
+
+    async fn put_tombstone(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<TombstoneOutcome, StoreError> {
+        gated!(self.gate, Op::Tombstone, self.inner.put_tombstone(txn_id, now, expires_at).await,
+            failed => Err(StoreError::Unavailable(injected("tombstone refused"))),
+            lost => Err(StoreError::Unavailable(injected("tombstone reply lost"))))
+    }
+
+    async fn mark_dispatched(&self, txn_ids: &[TxnId], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
+        let all_failed = |what: &str| {
+            txn_ids
+                .iter()
+                .map(|_| Err(StoreError::Unavailable(injected(what))))
+                .collect()
+        };
+        gated!(self.gate, Op::Mark, self.inner.mark_dispatched(txn_ids, expires_at).await,
+            failed => all_failed("mark refused"),
+            lost => all_failed("mark reply lost"))
+    }
+}
+
+/// A gated control queue, both sides.
+pub(crate) struct GatedControlQueue<Q> {
+    pub inner: Arc<Q>,
+    pub gate: Gate,
+}
+
+#[async_trait]
+impl<Q: ControlQueue + ControlInbox + 'static> ControlQueue for GatedControlQueue<Q> {
+    async fn send(&self, message: &ControlMessage, delay: Duration) -> Result<(), QueueError> {
+        let fault = self.gate.pass(Op::ControlSend).await;
+        let send = || self.inner.send(message, delay);
+        match fault {
+            Fault::None | Fault::FirstEntryFails => send().await,
+            Fault::Duplicate => {
+                send().await?;
+                send().await
+            }
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = send().await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = send().await;
+                Err(QueueError::Unavailable(injected("send reply lost")))
+            }
+            Fault::Fail => Err(QueueError::Unavailable(injected("send refused"))),
+        }
+    }
+}
+
+#[async_trait]
+impl<Q: ControlQueue + ControlInbox + 'static> ControlInbox for GatedControlQueue<Q> {
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError> {
+        gated!(self.gate, Op::Receive, self.inner.receive(max, wait).await,
+            failed => Err(QueueError::Unavailable(injected("receive failed"))),
+            lost => Err(QueueError::Unavailable(injected("receive reply lost"))))
+    }
+
+    async fn ack(&self, receipts: &[String]) -> Result<(), QueueError> {
+        gated!(self.gate, Op::Ack, self.inner.ack(receipts).await,
+            failed => Err(QueueError::Unavailable(injected("ack refused"))),
+            lost => Err(QueueError::Unavailable(injected("ack reply lost"))))
+    }
+}
+
+/// A gated publisher.
+pub(crate) struct GatedPublisher {
+    pub inner: Arc<dyn Publisher>,
+    pub gate: Gate,
+}
+
+#[async_trait]
+impl Publisher for GatedPublisher {
+    async fn send_batch(
+        &self,
+        destination: &DestinationName,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<EntryFailure>, PublishError> {
+        let unavailable = |what: &str| {
+            Err(PublishError::Unavailable {
+                destination: destination.clone(),
+                source: injected(what),
+            })
+        };
+        match self.gate.pass(Op::Publish).await {
+            Fault::None | Fault::Duplicate => self.inner.send_batch(destination, messages).await,
+            Fault::FirstEntryFails => {
+                let (first, rest) = messages.split_first().expect("batches are never empty");
+                let mut failures = self.inner.send_batch(destination, rest).await?;
+                failures.insert(
+                    0,
+                    EntryFailure {
+                        id: first.id.clone(),
+                        sender_fault: false,
+                        code: "InternalError".into(),
+                    },
+                );
+                Ok(failures)
+            }
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = self.inner.send_batch(destination, messages).await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = self.inner.send_batch(destination, messages).await;
+                unavailable("publish reply lost")
+            }
+            Fault::Fail => unavailable("publish refused"),
+        }
+    }
+}
+
+/// An actor's clock: the simulation's clock plus the actor's skew. Sleeping is a
+/// scheduling point; only the scheduler moves time.
+pub(crate) struct GatedClock {
+    pub inner: Arc<ManualClock>,
+    pub skew_millis: i64,
+    pub gate: Gate,
+}
+
+#[async_trait]
+impl Clock for GatedClock {
+    fn now(&self) -> Timestamp {
+        let base = self.inner.now().as_millis();
+        Timestamp::from_millis(base.saturating_add_signed(self.skew_millis))
+    }
+
+    async fn sleep(&self, _duration: Duration) {
+        self.gate.pass(Op::Sleep).await;
+    }
+}

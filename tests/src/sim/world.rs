@@ -1,0 +1,409 @@
+//! The simulated world and the scheduler that runs one schedule in it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use outbox::control::{ControlPath, ControlPorts};
+use outbox::embedded::{EmbeddedBackend, ManualClock};
+use outbox::poller::poll_once;
+use outbox::ports::{Clock, ExpectedVersion, IdSource, ItemKey};
+use outbox::protocol::{DestinationName, IdempotencyKey, IdempotencySlot, Message, StoredResponse, TxnId};
+use outbox::request::{Committed, Outbox, RequestPorts, TxnError};
+use outbox::settings::{Timing, TransactionLimits};
+use outbox::time::Timestamp;
+use serde_json::json;
+
+use super::chooser::Chooser;
+use super::gate::{ActorId, Fault, Gate, Gates, Op};
+use super::invariants::Observed;
+use super::ports::{GatedClock, GatedControlQueue, GatedPublisher, GatedStore};
+
+/// The standard destination every transaction emits an event to.
+pub const EVENTS: &str = "events";
+/// The FIFO destination every transaction emits an audit entry to.
+pub const AUDIT: &str = "audit";
+
+/// What one schedule contains.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// API requests, each one transaction incrementing a counter item.
+    pub transactions: usize,
+    /// Counter items; request `i` increments item `i % items`.
+    pub items: usize,
+    /// Control workers polling concurrently.
+    pub workers: usize,
+    /// Most faults injected in one schedule.
+    pub fault_budget: usize,
+    /// Random-run extras: duplicate sends, clock jumps, clock skew, shared idempotency
+    /// keys. Exhaustive runs leave them out to keep the tree finite and small.
+    pub random_extras: bool,
+    /// Steps after which a schedule counts as a livelock.
+    pub max_steps: usize,
+    /// The protocol's timing.
+    pub timing: Timing,
+}
+
+/// A protocol timing for simulations: a window of `window_seconds`, so that schedules
+/// reach the deferral and tombstone paths in a few steps.
+pub fn sim_timing(window_seconds: u64) -> Timing {
+    Timing {
+        first_check_delay: Duration::from_secs(1),
+        backoff_cap: Duration::from_secs(4),
+        max_commit_duration: Duration::from_secs(window_seconds),
+        retention: Duration::from_secs(3600),
+    }
+}
+
+/// How an API request ended.
+#[derive(Debug)]
+pub enum ApiResult {
+    /// The request path answered.
+    Answered(Result<Committed, TxnError>),
+    /// The API crashed before answering.
+    Crashed,
+}
+
+/// What a schedule did and left behind.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Scheduler steps taken.
+    pub steps: usize,
+    /// Faults injected.
+    pub faults: usize,
+    /// Dead-letter redrives performed during recovery.
+    pub redrives: usize,
+    /// The final state, for the invariant checks.
+    pub observed: Observed,
+}
+
+struct SimIds(AtomicU64);
+
+impl IdSource for SimIds {
+    fn next_txn_id(&self, now: Timestamp) -> TxnId {
+        let n = self.0.fetch_add(1, Ordering::Relaxed);
+        let mut random = [0u8; 10];
+        random[2..].copy_from_slice(&n.to_be_bytes());
+        TxnId::from_parts(now, random)
+    }
+}
+
+enum Kind {
+    Api(usize),
+    Worker,
+}
+
+type ActorFuture = Pin<Box<dyn Future<Output = Result<Committed, TxnError>>>>;
+
+struct Actor {
+    id: ActorId,
+    kind: Kind,
+    future: ActorFuture,
+}
+
+struct World {
+    clock: Arc<ManualClock>,
+    backend: EmbeddedBackend,
+    gates: Gates,
+    ids: Arc<SimIds>,
+    next_actor: ActorId,
+    worker_skew: i64,
+    timing: Timing,
+}
+
+impl World {
+    fn new(worker_skew: i64, timing: Timing) -> Self {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+        let destinations = [
+            (EVENTS.parse().expect("valid"), false),
+            (AUDIT.parse().expect("valid"), true),
+        ];
+        Self {
+            backend: EmbeddedBackend::new(clock.clone(), destinations),
+            clock,
+            gates: Gates::default(),
+            ids: Arc::new(SimIds(AtomicU64::new(1))),
+            next_actor: 0,
+            worker_skew,
+            timing,
+        }
+    }
+
+    fn gate(&mut self) -> (ActorId, Gate) {
+        let id = self.next_actor;
+        self.next_actor += 1;
+        (id, self.gates.for_actor(id))
+    }
+
+    fn clock_for(&self, gate: &Gate, skew_millis: i64) -> Arc<dyn Clock> {
+        Arc::new(GatedClock {
+            inner: self.clock.clone(),
+            skew_millis,
+            gate: gate.clone(),
+        })
+    }
+
+    fn api(&mut self, index: usize, key: ItemKey, idempotency: Option<IdempotencySlot>) -> Actor {
+        let (id, gate) = self.gate();
+        let outbox = Outbox::new(
+            RequestPorts {
+                store: Arc::new(GatedStore {
+                    inner: self.backend.store.clone(),
+                    gate: gate.clone(),
+                }),
+                control_queue: Arc::new(GatedControlQueue {
+                    inner: self.backend.control_queue.clone(),
+                    gate: gate.clone(),
+                }),
+                clock: self.clock_for(&gate, 0),
+                ids: self.ids.clone(),
+            },
+            self.timing,
+            TransactionLimits::default(),
+        );
+        let future = Box::pin(async move { increment(&outbox, key, idempotency).await });
+        Actor {
+            id,
+            kind: Kind::Api(index),
+            future,
+        }
+    }
+
+    fn worker(&mut self) -> Actor {
+        let (id, gate) = self.gate();
+        let inbox = GatedControlQueue {
+            inner: self.backend.control_queue.clone(),
+            gate: gate.clone(),
+        };
+        let control = ControlPath::new(
+            ControlPorts {
+                store: Arc::new(GatedStore {
+                    inner: self.backend.store.clone(),
+                    gate: gate.clone(),
+                }),
+                control_queue: Arc::new(GatedControlQueue {
+                    inner: self.backend.control_queue.clone(),
+                    gate: gate.clone(),
+                }),
+                publisher: Arc::new(GatedPublisher {
+                    inner: self.backend.publisher.clone(),
+                    gate: gate.clone(),
+                }),
+                clock: self.clock_for(&gate, self.worker_skew),
+            },
+            self.timing,
+        );
+        let future = Box::pin(async move {
+            loop {
+                // Errors leave messages to come back after their visibility timeout.
+                let _ = poll_once(&inbox, &control, Duration::ZERO).await;
+            }
+        });
+        Actor {
+            id,
+            kind: Kind::Worker,
+            future,
+        }
+    }
+}
+
+/// The business logic of every simulated request: read a counter, increment it, and
+/// emit one event and one FIFO audit entry about it.
+async fn increment(outbox: &Outbox, key: ItemKey, idempotency: Option<IdempotencySlot>) -> Result<Committed, TxnError> {
+    let mut txn = outbox.begin().await?;
+    let current = txn.get(&key).await?;
+    let (count, expected) = match &current {
+        Some(item) => (
+            item.data["count"].as_u64().expect("counters hold a count") + 1,
+            ExpectedVersion::Exactly(item.version),
+        ),
+        None => (1, ExpectedVersion::Absent),
+    };
+    txn.put(key.clone(), json!({ "count": count }), expected);
+    let events: DestinationName = EVENTS.parse().expect("valid");
+    let audit: DestinationName = AUDIT.parse().expect("valid");
+    txn.emit(Message::json(events, &json!({ "item": key.as_str(), "count": count })).expect("serialisable"));
+    let entry = json!({ "item": key.as_str(), "txn": txn.id().to_string() });
+    txn.emit(
+        Message::json(audit, &entry)
+            .expect("serialisable")
+            .with_group_id(key.as_str()),
+    );
+    if let Some(slot) = idempotency {
+        let response = StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: count.to_string(),
+        };
+        txn.remember_response(slot, "fingerprint".into(), response);
+    }
+    txn.commit().await
+}
+
+enum Action {
+    Step(usize),
+    Advance(Timestamp),
+}
+
+/// Polls `actor` once; `Some` when it finished.
+fn poll(actor: &mut Actor) -> Poll<Result<Committed, TxnError>> {
+    let mut context = Context::from_waker(Waker::noop());
+    actor.future.as_mut().poll(&mut context)
+}
+
+/// Runs one schedule to quiescence with every decision taken from `chooser`.
+pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Outcome, String> {
+    let extras = config.random_extras;
+    let skew_choices = [0_i64, -4_000, 4_000, 15_000];
+    let worker_skew = if extras && chooser.chance(20) {
+        skew_choices[chooser.pick(skew_choices.len())]
+    } else {
+        0
+    };
+    let mut world = World::new(worker_skew, config.timing);
+    let mut api_results: Vec<Option<ApiResult>> = (0..config.transactions).map(|_| None).collect();
+    let mut actors: Vec<Actor> = Vec::new();
+    let mut slots: Vec<Option<IdempotencySlot>> = Vec::new();
+    for index in 0..config.transactions {
+        let key: ItemKey = format!("COUNTER#{}", index % config.items.max(1))
+            .parse()
+            .expect("valid key");
+        // A client retrying with the key of the request before it.
+        let slot = if extras && index > 0 && chooser.chance(25) {
+            slots[index - 1].clone()
+        } else {
+            let key: IdempotencyKey = format!("key-{index}").parse().expect("valid key");
+            Some(IdempotencySlot::new("counters.increment", &key))
+        };
+        slots.push(slot.clone());
+        actors.push(world.api(index, key, slot));
+    }
+    for _ in 0..config.workers {
+        actors.push(world.worker());
+    }
+    // Run every actor to its first gate.
+    let mut finished = Vec::new();
+    for (position, actor) in actors.iter_mut().enumerate() {
+        if let Poll::Ready(result) = poll(actor) {
+            finished.push((position, result));
+        }
+    }
+    for (position, result) in finished.into_iter().rev() {
+        if let Kind::Api(index) = actors.remove(position).kind {
+            api_results[index] = Some(ApiResult::Answered(result));
+        }
+    }
+
+    let control = world.backend.control_queue.queue().clone();
+    let dead_letters = control
+        .dead_letter_queue()
+        .expect("the control queue has a DLQ")
+        .clone();
+    let jump_sizes = [
+        Duration::from_secs(3),
+        Duration::from_secs(11),
+        Duration::from_secs(45),
+        Duration::from_secs(400),
+    ];
+    let mut jumps_left = if extras { 3 } else { 0 };
+    let (mut steps, mut faults, mut redrives) = (0, 0, 0);
+    loop {
+        steps += 1;
+        if steps > config.max_steps {
+            return Err(format!("no quiescence after {} steps: a livelock", config.max_steps));
+        }
+        let api_alive = actors.iter().any(|actor| matches!(actor.kind, Kind::Api(_)));
+        let faults_allowed = faults < config.fault_budget;
+        let waiting = world.gates.lock().waiting.clone();
+        let mut options: Vec<Action> = Vec::new();
+        for (position, actor) in actors.iter().enumerate() {
+            match waiting.get(&actor.id) {
+                Some(Op::Receive) if !control.has_visible() => {}
+                Some(_) => options.push(Action::Step(position)),
+                None => return Err(format!("actor {} is neither finished nor at a gate", actor.id)),
+            }
+        }
+        // Once the requests are done the order of worker steps against the clock no
+        // longer matters to them, so exhaustive runs stop branching on it.
+        if let Some(at) = control.next_visible_at() {
+            if api_alive || options.is_empty() || extras {
+                options.push(Action::Advance(at));
+            }
+        }
+        if options.is_empty() {
+            if dead_letters.is_empty() {
+                break;
+            }
+            // Recovery: the operator redrives the dead-letter queue once the fault is
+            // gone, as the README tells them to.
+            dead_letters.move_all_to(&control);
+            redrives += 1;
+            continue;
+        }
+        if jumps_left > 0 && chooser.chance(3) {
+            jumps_left -= 1;
+            world.clock.advance(jump_sizes[chooser.pick(jump_sizes.len())]);
+            continue;
+        }
+        let choice = if options.len() == 1 {
+            0
+        } else {
+            chooser.pick(options.len())
+        };
+        match options.swap_remove(choice) {
+            Action::Advance(at) => world.clock.set(at),
+            Action::Step(position) => {
+                let actor_id = actors[position].id;
+                let op = world.gates.lock().waiting.remove(&actor_id).expect("waiting");
+                let offered = op.faults(extras);
+                let fault = match offered.len() {
+                    n if n > 0 && faults_allowed => match chooser.fault(n) {
+                        0 => Fault::None,
+                        k => {
+                            faults += 1;
+                            offered[k - 1]
+                        }
+                    },
+                    _ => Fault::None,
+                };
+                world.gates.lock().granted.insert(actor_id, fault);
+                let polled = poll(&mut actors[position]);
+                let crashed = world.gates.lock().crashed.remove(&actor_id);
+                match polled {
+                    Poll::Ready(result) => {
+                        if let Kind::Api(index) = actors.swap_remove(position).kind {
+                            api_results[index] = Some(ApiResult::Answered(result));
+                        }
+                    }
+                    Poll::Pending if crashed => {
+                        world.gates.lock().waiting.remove(&actor_id);
+                        match actors.swap_remove(position).kind {
+                            Kind::Api(index) => api_results[index] = Some(ApiResult::Crashed),
+                            Kind::Worker => {
+                                // Lambda runs the next batch in a fresh instance.
+                                let mut replacement = world.worker();
+                                let _ = poll(&mut replacement);
+                                actors.push(replacement);
+                            }
+                        }
+                    }
+                    Poll::Pending => {}
+                }
+            }
+        }
+    }
+    let api_results = api_results
+        .into_iter()
+        .map(|result| result.expect("every request ended"))
+        .collect();
+    let observed = Observed::capture(&world.backend, world.clock.now(), api_results);
+    Ok(Outcome {
+        steps,
+        faults,
+        redrives,
+        observed,
+    })
+}

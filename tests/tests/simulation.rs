@@ -1,0 +1,146 @@
+//! The deterministic simulation: the real request and control paths on the embedded
+//! backend, every interleaving and crash point for one transaction, and thousands of
+//! seeded random schedules with several transactions, duplicate deliveries and clock
+//! jumps. After each schedule the invariants I1 to I7 and the business state are checked.
+//!
+//! Rerun one random schedule: `SIM_SEED=<seed> cargo test -p outbox-tests --test simulation -- --nocapture`.
+//! Run more: `SIM_SCHEDULES=100000 cargo test ...`.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use outbox::request::TxnError;
+use outbox_tests::sim::{run_schedule, sim_timing, ApiResult, DepthFirst, Outcome, Seeded, SimConfig};
+
+/// A coarse name for how a schedule's requests ended, to show the exploration reached
+/// every kind of ending.
+fn ending(outcome: &Outcome) -> &'static str {
+    match outcome.observed.api_results.first() {
+        Some(ApiResult::Answered(Ok(_))) => "committed",
+        Some(ApiResult::Answered(Err(TxnError::CommitWindowExpired { .. }))) => "commit window expired",
+        Some(ApiResult::Answered(Err(TxnError::ControlSend { .. }))) => "control send failed",
+        Some(ApiResult::Answered(Err(TxnError::Ambiguous { .. }))) => "ambiguous",
+        Some(ApiResult::Answered(Err(_))) => "other failure",
+        Some(ApiResult::Crashed) => "api crashed",
+        None => "no request",
+    }
+}
+
+#[test]
+fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() {
+    // A 3 s window: the first check at 1 s defers once (2 s), the second tombstones.
+    let config = SimConfig {
+        transactions: 1,
+        items: 1,
+        workers: 1,
+        fault_budget: 1,
+        random_extras: false,
+        max_steps: 1_000,
+        timing: sim_timing(3),
+    };
+    let started = Instant::now();
+    let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
+    let (mut schedules, mut with_fault, mut tombstoned, mut redrives) = (0, 0, 0, 0);
+    let mut prefix = Some(Vec::new());
+    while let Some(choices) = prefix {
+        let mut chooser = DepthFirst::new(choices.clone());
+        let outcome =
+            run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("schedule {choices:?}: {error}"));
+        if let Err(violation) = outcome.observed.check() {
+            panic!(
+                "schedule {choices:?} (choices replay it through DepthFirst::new): {violation}\n{:#?}",
+                outcome.observed
+            );
+        }
+        schedules += 1;
+        with_fault += usize::from(outcome.faults > 0);
+        tombstoned += usize::from(!outcome.observed.tombstones.is_empty());
+        redrives += outcome.redrives;
+        *endings.entry(ending(&outcome)).or_default() += 1;
+        prefix = chooser.next_prefix();
+    }
+    println!(
+        "exhaustive: {schedules} schedules of one transaction ({with_fault} with a fault, {tombstoned} ending in a tombstone, {redrives} redrives) in {:.2?}; endings: {endings:?}",
+        started.elapsed()
+    );
+    // The exploration must really branch: every kind of ending is reached.
+    for expected in [
+        "committed",
+        "commit window expired",
+        "control send failed",
+        "ambiguous",
+        "api crashed",
+    ] {
+        assert!(
+            endings.get(expected).copied().unwrap_or(0) > 0,
+            "no schedule ended with {expected:?}: {endings:?}"
+        );
+    }
+    assert!(
+        tombstoned > 0 && with_fault > schedules / 2,
+        "the tree is too shallow: {schedules} schedules"
+    );
+}
+
+/// The configuration of random schedule `seed`: 2 to 4 transactions on 1 or 2 items,
+/// 2 workers, up to 4 faults.
+fn random_config(seed: u64) -> SimConfig {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
+    SimConfig {
+        transactions: rng.usize(2..=4),
+        items: rng.usize(1..=2),
+        workers: 2,
+        fault_budget: rng.usize(0..=4),
+        random_extras: true,
+        max_steps: 5_000,
+        timing: sim_timing(10),
+    }
+}
+
+fn run_seed(seed: u64) -> Result<Outcome, String> {
+    let config = random_config(seed);
+    let mut chooser = Seeded::new(seed, 8);
+    let outcome = run_schedule(&mut chooser, &config)?;
+    outcome
+        .observed
+        .check()
+        .map_err(|violation| format!("{violation}\n{:#?}", outcome.observed))?;
+    Ok(outcome)
+}
+
+#[test]
+fn thousands_of_random_schedules_keep_the_invariants() {
+    if let Ok(seed) = std::env::var("SIM_SEED") {
+        let seed: u64 = seed.parse().expect("SIM_SEED is a number");
+        let outcome = run_seed(seed).unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        println!(
+            "seed {seed}: {:?}, {} steps, {} faults",
+            random_config(seed),
+            outcome.steps,
+            outcome.faults
+        );
+        return;
+    }
+    let count: u64 = std::env::var("SIM_SCHEDULES")
+        .map(|n| n.parse().expect("SIM_SCHEDULES is a number"))
+        .unwrap_or(10_000);
+    let started = Instant::now();
+    let (mut faults, mut commits, mut tombstones, mut steps) = (0, 0, 0, 0);
+    for seed in 0..count {
+        let outcome = run_seed(seed).unwrap_or_else(|error| {
+            panic!("seed {seed}: {error}\nrerun it with SIM_SEED={seed} cargo test -p outbox-tests --test simulation -- --nocapture")
+        });
+        faults += outcome.faults;
+        commits += outcome.observed.commits.len();
+        tombstones += outcome.observed.tombstones.len();
+        steps += outcome.steps;
+    }
+    println!(
+        "random: {count} schedules ({commits} commits, {tombstones} tombstones, {faults} faults, {steps} steps) in {:.2?}",
+        started.elapsed()
+    );
+    assert!(
+        count < 100 || (commits > 0 && tombstones > 0 && faults > 0),
+        "the random schedules never reached some path"
+    );
+}
