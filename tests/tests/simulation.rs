@@ -40,7 +40,7 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
     };
     let started = Instant::now();
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
-    let (mut schedules, mut with_fault, mut tombstoned, mut redrives) = (0, 0, 0, 0);
+    let (mut schedules, mut with_fault, mut tombstoned, mut redrives, mut longest) = (0, 0, 0, 0, 0);
     let mut prefix = Some(Vec::new());
     while let Some(choices) = prefix {
         let mut chooser = DepthFirst::new(choices.clone());
@@ -56,11 +56,12 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
         with_fault += usize::from(outcome.faults > 0);
         tombstoned += usize::from(!outcome.observed.tombstones.is_empty());
         redrives += outcome.redrives;
+        longest = longest.max(outcome.steps);
         *endings.entry(ending(&outcome)).or_default() += 1;
         prefix = chooser.next_prefix();
     }
     println!(
-        "exhaustive: {schedules} schedules of one transaction ({with_fault} with a fault, {tombstoned} ending in a tombstone, {redrives} redrives) in {:.2?}; endings: {endings:?}",
+        "exhaustive: {schedules} schedules of one transaction ({with_fault} with a fault, {tombstoned} ending in a tombstone, {redrives} redrives, longest {longest} steps) in {:.2?}; endings: {endings:?}",
         started.elapsed()
     );
     // The exploration must really branch: every kind of ending is reached.
