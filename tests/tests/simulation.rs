@@ -41,15 +41,27 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
     let started = Instant::now();
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
     let (mut schedules, mut with_fault, mut tombstoned, mut redrives, mut longest) = (0, 0, 0, 0, 0);
-    let mut prefix = Some(Vec::new());
+    // SIM_CHOICES=0,0,4 starts at that schedule (and goes on in depth-first order).
+    let mut prefix = Some(std::env::var("SIM_CHOICES").map_or_else(|_| Vec::new(), |text| parse_choices(&text)));
     while let Some(choices) = prefix {
         let mut chooser = DepthFirst::new(choices.clone());
         let outcome =
             run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("schedule {choices:?}: {error}"));
         if let Err(violation) = outcome.observed.check() {
             panic!(
-                "schedule {choices:?} (choices replay it through DepthFirst::new): {violation}\n{:#?}",
-                outcome.observed
+                "schedule {choices:?}: {violation}\n{:#?}\nrerun it with SIM_CHOICES={}",
+                outcome.observed,
+                replay_arg(&choices)
+            );
+        }
+        // Liveness: one fault costs at most a few redeliveries, so no control message
+        // reaches the dead-letter queue and every schedule settles in a few steps.
+        if outcome.redrives > 0 || outcome.steps >= 100 {
+            panic!(
+                "schedule {choices:?} took {} steps and {} dead-letter redrives to settle; rerun it with SIM_CHOICES={}",
+                outcome.steps,
+                outcome.redrives,
+                replay_arg(&choices)
             );
         }
         schedules += 1;
@@ -81,6 +93,22 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
         tombstoned > 0 && with_fault > schedules / 2,
         "the tree is too shallow: {schedules} schedules"
     );
+}
+
+fn replay_arg(choices: &[usize]) -> String {
+    choices.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn parse_choices(text: &str) -> Vec<usize> {
+    let parse = |part: &str| {
+        part.trim()
+            .parse()
+            .expect("SIM_CHOICES is a comma-separated list of numbers")
+    };
+    text.split(',')
+        .filter(|part| !part.trim().is_empty())
+        .map(parse)
+        .collect()
 }
 
 /// The configuration of random schedule `seed`: 2 to 4 transactions on 1 or 2 items,
