@@ -1,0 +1,314 @@
+//! The request and control paths on the embedded backend, one behaviour per test.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
+use outbox::embedded::{EmbeddedBackend, ManualClock};
+use outbox::ports::{Clock, ControlDelivery, ExpectedVersion, ItemKey, RandomIds, Store, TombstoneOutcome};
+use outbox::protocol::{ControlMessage, DestinationName, Message, OutboxRecord, OutboxState, TxnId};
+use outbox::request::{Outbox, RequestPorts, TxnError, TxnStatus};
+use outbox::settings::{Timing, TransactionLimits};
+use outbox::time::Timestamp;
+use serde_json::json;
+
+struct Fixture {
+    clock: Arc<ManualClock>,
+    backend: EmbeddedBackend,
+    outbox: Outbox,
+    control: ControlPath,
+    timing: Timing,
+}
+
+fn fixture() -> Fixture {
+    fixture_with_limits(TransactionLimits::default())
+}
+
+fn fixture_with_limits(limits: TransactionLimits) -> Fixture {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    let timing = Timing::default();
+    let outbox = Outbox::new(
+        RequestPorts {
+            store: backend.store.clone(),
+            control_queue: backend.control_queue.clone(),
+            clock: clock.clone(),
+            ids: Arc::new(RandomIds),
+        },
+        timing,
+        limits,
+    );
+    let control = ControlPath::new(
+        ControlPorts {
+            store: backend.store.clone(),
+            control_queue: backend.control_queue.clone(),
+            publisher: backend.publisher.clone(),
+            clock: clock.clone(),
+        },
+        timing,
+    );
+    Fixture {
+        clock,
+        backend,
+        outbox,
+        control,
+        timing,
+    }
+}
+
+fn events() -> DestinationName {
+    "events".parse().unwrap()
+}
+
+fn delivery(id: &str, body: String) -> ControlDelivery {
+    ControlDelivery {
+        message_id: id.into(),
+        receipt: format!("r-{id}"),
+        body,
+        receive_count: 1,
+    }
+}
+
+fn key(text: &str) -> ItemKey {
+    text.parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_commit_after_a_tombstone_is_refused_and_writes_nothing() {
+    let f = fixture();
+    let mut txn = f.outbox.begin().await.unwrap();
+    txn.put(key("ITEM#1"), json!({"n": 1}), ExpectedVersion::Absent);
+    txn.emit(Message::json(events(), &json!({"n": 1})).unwrap());
+    let now = f.clock.now();
+    let written = f
+        .backend
+        .store
+        .put_tombstone(txn.id(), now, now.plus(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(written, TombstoneOutcome::Written);
+
+    let error = txn.commit().await.unwrap_err();
+    assert!(matches!(error, TxnError::CommitWindowExpired { .. }), "{error:?}");
+    assert!(
+        f.backend.store.get_items(&[key("ITEM#1")]).await.unwrap().is_empty(),
+        "the business write was not applied"
+    );
+}
+
+#[tokio::test]
+async fn a_tombstone_after_a_commit_is_refused_and_returns_the_record() {
+    let f = fixture();
+    let mut txn = f.outbox.begin().await.unwrap();
+    txn.emit(Message::json(events(), &json!({"n": 1})).unwrap());
+    let committed = txn.commit().await.unwrap();
+    let now = f.clock.now();
+    match f.backend.store.put_tombstone(committed.txn_id, now, now).await.unwrap() {
+        TombstoneOutcome::Exists(record) => assert_eq!(record.state, OutboxState::Pending),
+        other => panic!("expected the committed record, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_retried_commit_whose_first_attempt_applied_reports_success() {
+    let f = fixture();
+    let mut txn = f.outbox.begin().await.unwrap();
+    txn.put(key("ITEM#1"), json!({"n": 1}), ExpectedVersion::Absent);
+    let txn_id = txn.id();
+    // The first attempt: applied behind the caller's back (its reply was lost).
+    let record = OutboxRecord::committed(
+        txn_id,
+        vec![],
+        f.clock.now(),
+        f.clock.now().plus(Duration::from_secs(60)),
+    );
+    let request = outbox::ports::CommitRequest {
+        txn_id,
+        writes: vec![outbox::ports::BusinessWrite::Put {
+            key: key("ITEM#1"),
+            data: json!({"n": 1}),
+            expected: ExpectedVersion::Absent,
+        }],
+        outbox: record,
+        idempotency: None,
+    };
+    f.backend.store.commit(&request).await.unwrap();
+    // The retry finds its own record: committed, although its version condition fails.
+    assert_eq!(txn.commit().await.unwrap().txn_id, txn_id);
+}
+
+#[tokio::test]
+async fn a_transaction_without_messages_is_recorded_dispatched_and_never_tombstoned() {
+    let f = fixture();
+    let mut txn = f.outbox.begin().await.unwrap();
+    txn.put(key("ITEM#1"), json!({"n": 1}), ExpectedVersion::Absent);
+    let committed = txn.commit().await.unwrap();
+    assert_eq!(f.outbox.status(committed.txn_id).await.unwrap(), TxnStatus::Dispatched);
+    f.clock.advance(f.timing.max_commit_duration);
+    let control = ControlMessage::first(committed.txn_id, f.clock.now());
+    let report = f.control.handle(&delivery("m1", control.encode())).await;
+    assert_eq!(
+        report.result.unwrap(),
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Dispatched
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_transaction_beyond_its_limits_is_refused_before_anything_is_written() {
+    let f = fixture_with_limits(TransactionLimits {
+        max_messages: 2,
+        max_message_bytes: 1_000,
+    });
+    let mut txn = f.outbox.begin().await.unwrap();
+    for n in 0..3 {
+        txn.emit(Message::json(events(), &json!({ "n": n })).unwrap());
+    }
+    let txn_id = txn.id();
+    assert!(matches!(txn.commit().await, Err(TxnError::TooLarge { .. })));
+    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Unknown);
+
+    let mut txn = f.outbox.begin().await.unwrap();
+    txn.emit(Message::json(events(), &"x".repeat(1_001)).unwrap());
+    assert!(matches!(txn.commit().await, Err(TxnError::TooLarge { .. })));
+}
+
+#[tokio::test]
+async fn a_concurrent_update_of_the_same_version_loses_with_a_conflict() {
+    let f = fixture();
+    let mut first = f.outbox.begin().await.unwrap();
+    let mut second = f.outbox.begin().await.unwrap();
+    first.put(key("ITEM#1"), json!({"n": 1}), ExpectedVersion::Absent);
+    second.put(key("ITEM#1"), json!({"n": 2}), ExpectedVersion::Absent);
+    first.commit().await.unwrap();
+    match second.commit().await {
+        Err(TxnError::VersionConflict { key: conflict, .. }) => assert_eq!(conflict, key("ITEM#1")),
+        other => panic!("expected a version conflict, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn deferral_delays_double_stay_capped_and_end_at_the_window() {
+    let f = fixture();
+    let left = Duration::from_secs(30);
+    let delays: Vec<u64> = (1..=5)
+        .map(|attempt| f.control.deferral_delay(attempt, left).as_secs())
+        .collect();
+    assert_eq!(
+        delays,
+        [2, 4, 8, 8, 8],
+        "doubling from the first check delay, capped at 8 s"
+    );
+    assert_eq!(
+        f.control.deferral_delay(3, Duration::from_millis(2_500)),
+        Duration::from_secs(3),
+        "rounded up to the window's end"
+    );
+    assert_eq!(
+        f.control.deferral_delay(1, Duration::from_millis(10)),
+        Duration::from_secs(1),
+        "never zero"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_with_every_kind_of_control_message_fails_only_the_garbage() {
+    let f = fixture();
+    // A committed transaction (pending).
+    let mut txn = f.outbox.begin().await.unwrap();
+    txn.emit(Message::json(events(), &json!({"kind": "pending"})).unwrap());
+    let pending = txn.commit().await.unwrap().txn_id;
+    // One committed and already dispatched (no messages).
+    let dispatched = f.outbox.begin().await.unwrap().commit().await.unwrap().txn_id;
+    // One tombstoned.
+    let tombstoned = TxnId::new_v7();
+    let now = f.clock.now();
+    f.backend
+        .store
+        .put_tombstone(tombstoned, now, now.plus(Duration::from_secs(600)))
+        .await
+        .unwrap();
+    // Two never committed: one within its window, one past it.
+    let young = ControlMessage::first(TxnId::new_v7(), now);
+    let old = ControlMessage::first(TxnId::new_v7(), Timestamp::from_millis(now.as_millis() - 31_000));
+
+    let batch = [
+        delivery("pending", ControlMessage::first(pending, now).encode()),
+        delivery("dispatched", ControlMessage::first(dispatched, now).encode()),
+        delivery("tombstoned", ControlMessage::first(tombstoned, now).encode()),
+        delivery("young", young.encode()),
+        delivery("old", old.encode()),
+        delivery("garbage", "not json at all".into()),
+        delivery("future", r#"{"version":9,"txn_id":"x"}"#.into()),
+        delivery("duplicate", ControlMessage::first(pending, now).encode()),
+    ];
+    let report = f.control.handle_batch(&batch).await;
+    assert_eq!(report.failed_message_ids(), ["garbage", "future"]);
+    let outcome = |id: &str| {
+        report
+            .items
+            .iter()
+            .find(|item| item.message_id == id)
+            .unwrap()
+            .result
+            .clone()
+            .unwrap()
+    };
+    assert!(matches!(
+        outcome("pending"),
+        ControlOutcome::Dispatched { messages: 1, .. }
+    ));
+    assert_eq!(
+        outcome("duplicate"),
+        outcome("pending"),
+        "a duplicate shares its transaction's result"
+    );
+    assert_eq!(
+        outcome("dispatched"),
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Dispatched
+        }
+    );
+    assert_eq!(
+        outcome("tombstoned"),
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Tombstone
+        }
+    );
+    assert_eq!(
+        outcome("young"),
+        ControlOutcome::Deferred {
+            next_attempt: 2,
+            delay: Duration::from_secs(2)
+        }
+    );
+    assert_eq!(outcome("old"), ControlOutcome::Tombstoned);
+
+    assert_eq!(f.outbox.status(pending).await.unwrap(), TxnStatus::Dispatched);
+    assert_eq!(f.outbox.status(old.txn_id).await.unwrap(), TxnStatus::Tombstoned);
+    assert_eq!(f.outbox.status(young.txn_id).await.unwrap(), TxnStatus::Unknown);
+    let published = f.backend.publisher.queue(&events()).unwrap().sent();
+    assert_eq!(published.len(), 1, "the duplicate did not publish twice");
+}
+
+#[tokio::test]
+async fn a_control_send_failure_writes_nothing() {
+    // A control queue that refuses the message: a delay beyond SQS's 15 minutes.
+    let f = fixture();
+    let broken = Outbox::new(
+        RequestPorts {
+            store: f.backend.store.clone(),
+            control_queue: f.backend.control_queue.clone(),
+            clock: f.clock.clone(),
+            ids: Arc::new(RandomIds),
+        },
+        Timing {
+            first_check_delay: Duration::from_secs(901),
+            ..f.timing
+        },
+        TransactionLimits::default(),
+    );
+    assert!(matches!(broken.begin().await, Err(TxnError::ControlSend { .. })));
+    assert!(f.backend.store.outbox_records().is_empty());
+}
