@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox::control::{ControlPath, ControlPorts};
+use outbox::control::ControlPath;
 use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::poller::poll_once;
-use outbox::ports::{Clock, ExpectedVersion, RandomIds};
+use outbox::ports::{Clock, ExpectedVersion};
 use outbox::protocol::{DestinationName, Message};
-use outbox::request::{Outbox, RequestPorts};
+use outbox::request::Outbox;
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
 use serde_json::json;
@@ -25,24 +25,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backend = EmbeddedBackend::new(clock.clone(), [(events.clone(), false)]);
     let timing = Timing::default();
     let outbox = Outbox::new(
-        RequestPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            clock: clock.clone(),
-            ids: Arc::new(RandomIds),
-        },
+        backend.request_ports(clock.clone()),
         timing,
         TransactionLimits::default(),
     );
-    let worker = ControlPath::new(
-        ControlPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            publisher: backend.publisher.clone(),
-            clock: clock.clone(),
-        },
-        timing,
-    );
+    let worker = ControlPath::new(backend.control_ports(clock.clone()), timing);
     // The control worker, run until the control queue is empty, moving the clock to each
     // delayed message as it comes due.
     let run_worker = || async {

@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
+use outbox::control::{ControlOutcome, ControlPath};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
-use outbox::ports::{Clock, ControlDelivery, ExpectedVersion, ItemKey, RandomIds, Store, TombstoneOutcome};
+use outbox::ports::{Clock, ControlDelivery, ExpectedVersion, ItemKey, Store, TombstoneOutcome};
 use outbox::protocol::{ControlMessage, DestinationName, Message, OutboxRecord, OutboxState, TxnId};
-use outbox::request::{Outbox, RequestPorts, TxnError, TxnStatus};
+use outbox::request::{Outbox, TxnError, TxnStatus};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
 use serde_json::json;
@@ -28,25 +28,8 @@ fn fixture_with_limits(limits: TransactionLimits) -> Fixture {
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
     let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
     let timing = Timing::default();
-    let outbox = Outbox::new(
-        RequestPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            clock: clock.clone(),
-            ids: Arc::new(RandomIds),
-        },
-        timing,
-        limits,
-    );
-    let control = ControlPath::new(
-        ControlPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            publisher: backend.publisher.clone(),
-            clock: clock.clone(),
-        },
-        timing,
-    );
+    let outbox = Outbox::new(backend.request_ports(clock.clone()), timing, limits);
+    let control = ControlPath::new(backend.control_ports(clock.clone()), timing);
     Fixture {
         clock,
         backend,
@@ -297,12 +280,7 @@ async fn a_control_send_failure_writes_nothing() {
     // A control queue that refuses the message: a delay beyond SQS's 15 minutes.
     let f = fixture();
     let broken = Outbox::new(
-        RequestPorts {
-            store: f.backend.store.clone(),
-            control_queue: f.backend.control_queue.clone(),
-            clock: f.clock.clone(),
-            ids: Arc::new(RandomIds),
-        },
+        f.backend.request_ports(f.clock.clone()),
         Timing {
             first_check_delay: Duration::from_secs(901),
             ..f.timing

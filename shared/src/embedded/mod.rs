@@ -19,8 +19,10 @@ pub use publisher::EmbeddedPublisher;
 pub use queue::{EmbeddedQueue, QueueConfig, QueueFault, Received, SendRequest, SentMessage, DEDUPLICATION_WINDOW};
 pub use store::{EmbeddedStore, StoreEvent};
 
-use crate::ports::Clock;
+use crate::control::ControlPorts;
+use crate::ports::{Clock, RandomIds};
 use crate::protocol::DestinationName;
+use crate::request::RequestPorts;
 
 /// A complete embedded deployment: the table, the control queue with its dead-letter
 /// queue, and the destination queues.
@@ -67,6 +69,26 @@ impl EmbeddedBackend {
             store: Arc::new(EmbeddedStore::new(clock.clone())),
             control_queue: Arc::new(EmbeddedControlQueue::new(Arc::new(control), clock)),
             publisher: Arc::new(EmbeddedPublisher::new(destinations)),
+        }
+    }
+
+    /// The request path's ports over this backend, with random transaction ids.
+    pub fn request_ports(&self, clock: Arc<dyn Clock>) -> RequestPorts {
+        RequestPorts {
+            store: self.store.clone(),
+            control_queue: self.control_queue.clone(),
+            clock,
+            ids: Arc::new(RandomIds),
+        }
+    }
+
+    /// The control path's ports over this backend.
+    pub fn control_ports(&self, clock: Arc<dyn Clock>) -> ControlPorts {
+        ControlPorts {
+            store: self.store.clone(),
+            control_queue: self.control_queue.clone(),
+            publisher: self.publisher.clone(),
+            clock,
         }
     }
 }
