@@ -340,9 +340,9 @@ impl ControlPath {
         if to_mark.is_empty() {
             return outcomes;
         }
-        let txn_ids: Vec<TxnId> = to_mark.iter().map(|record| record.txn_id).collect();
+        let records: Vec<OutboxRecord> = to_mark.iter().map(|record| (*record).clone()).collect();
         let expires_at = self.ports.clock.now().plus(self.timing.retention);
-        let results = self.ports.store.mark_dispatched(&txn_ids, expires_at).await;
+        let results = self.ports.store.mark_dispatched(&records, expires_at).await;
         // A store that answers fewer results than asked leaves the rest failed, never
         // silently acknowledged.
         let results = results.into_iter().map(Some).chain(std::iter::repeat_with(|| None));

@@ -15,9 +15,10 @@
 //!   and retrying sends, shared by every publisher.
 //! - [`settings`]: configuration from the environment, validated.
 //! - [`poller`]: receiving and acknowledging control messages outside Lambda.
-//! - [`embedded`]: the in-process backend.
+//! - [`embedded`]: the in-process backend. [`aws`]: the DynamoDB and SQS adapters.
 //! - [`time`]: the protocol's timestamps.
 
+pub mod aws;
 pub mod control;
 pub mod embedded;
 pub mod poller;

@@ -293,12 +293,13 @@ impl Store for EmbeddedStore {
         }
     }
 
-    async fn mark_dispatched(&self, txn_ids: &[TxnId], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
+    async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
         let now = self.clock.now();
         let mut state = self.lock();
-        txn_ids
+        records
             .iter()
-            .map(|txn_id| {
+            .map(|read| {
+                let txn_id = &read.txn_id;
                 let key = outbox_key(*txn_id);
                 let record = match Self::live(&state, &key, now) {
                     Some(Item::Outbox(record)) if record.state != OutboxState::Tombstone => {

@@ -236,10 +236,11 @@ pub trait Store: Send + Sync {
     ) -> Result<TombstoneOutcome, StoreError>;
 
     /// Marks records `dispatched`: drops their messages and sets their TTL. Only for
-    /// records read as pending (so none can be a tombstone); marking twice is harmless.
-    /// Returns one result per transaction, in order, so that one failure does not fail
-    /// the others.
-    async fn mark_dispatched(&self, txn_ids: &[TxnId], expires_at: Timestamp) -> Vec<Result<(), StoreError>>;
+    /// records read as pending, passed as read (so none can be a tombstone, and adapters
+    /// that split large records know the parts to drop); marking twice is harmless.
+    /// Returns one result per record, in order, so that one failure does not fail the
+    /// others.
+    async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>>;
 }
 
 #[cfg(test)]

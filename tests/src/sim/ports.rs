@@ -84,14 +84,14 @@ impl Store for GatedStore {
             lost => Err(StoreError::Unavailable(injected("tombstone reply lost"))))
     }
 
-    async fn mark_dispatched(&self, txn_ids: &[TxnId], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
+    async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
         let all_failed = |what: &str| {
-            txn_ids
+            records
                 .iter()
                 .map(|_| Err(StoreError::Unavailable(injected(what))))
                 .collect()
         };
-        gated!(self.gate, Op::Mark, self.inner.mark_dispatched(txn_ids, expires_at).await,
+        gated!(self.gate, Op::Mark, self.inner.mark_dispatched(records, expires_at).await,
             failed => all_failed("mark refused"),
             lost => all_failed("mark reply lost"))
     }

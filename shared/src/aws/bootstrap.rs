@@ -1,0 +1,223 @@
+//! Creates the table and queues that `template.yaml` declares, for local runs against an
+//! emulator (or an account without the stack). Idempotent: what exists is kept.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TimeToLiveSpecification,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+
+use super::item::{EXPIRES_AT, PK};
+use super::AwsClients;
+use crate::ports::BoxError;
+use crate::protocol::DestinationName;
+
+/// The names of the resources, as `template.yaml` names them for a stack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceNames {
+    /// The table.
+    pub table: String,
+    /// The control queue.
+    pub control_queue: String,
+    /// The control queue's dead-letter queue.
+    pub control_dead_letter_queue: String,
+    /// Destination name to queue name (a name ending in `.fifo` is a FIFO queue). Each
+    /// gets a dead-letter queue named with `-dlq` before any `.fifo`.
+    pub destinations: Vec<(DestinationName, String)>,
+    /// The control queue's visibility timeout.
+    pub control_visibility_timeout: Duration,
+    /// Receives before a message moves to a dead-letter queue.
+    pub max_receive_count: u32,
+}
+
+impl ResourceNames {
+    /// The names for stack `stack`: `{stack}-table`, `{stack}-control`,
+    /// `{stack}-control-dlq`, and the destination `events` on `{stack}-events`.
+    pub fn for_stack(stack: &str) -> Self {
+        Self {
+            table: format!("{stack}-table"),
+            control_queue: format!("{stack}-control"),
+            control_dead_letter_queue: format!("{stack}-control-dlq"),
+            destinations: vec![("events".parse().expect("valid name"), format!("{stack}-events"))],
+            control_visibility_timeout: Duration::from_secs(180),
+            max_receive_count: 5,
+        }
+    }
+}
+
+/// What exists after the bootstrap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resources {
+    /// The table's name.
+    pub table: String,
+    /// The control queue's URL.
+    pub control_queue_url: String,
+    /// Its dead-letter queue's URL.
+    pub control_dead_letter_queue_url: String,
+    /// Destination name to queue URL.
+    pub destinations: BTreeMap<DestinationName, String>,
+}
+
+/// A resource that could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// Creating the table failed.
+    #[error("creating table {table} failed")]
+    Table {
+        /// Its name.
+        table: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// Creating a queue, or reading its ARN, failed.
+    #[error("creating queue {queue} failed")]
+    Queue {
+        /// Its name.
+        queue: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// Creates what is missing and returns where everything is.
+pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Resources, BootstrapError> {
+    create_table(clients, &names.table).await?;
+    let control_dead_letter_queue_url = create_queue(clients, &names.control_dead_letter_queue, None, None).await?;
+    let control_queue_url = create_queue(
+        clients,
+        &names.control_queue,
+        Some((&control_dead_letter_queue_url, names.max_receive_count)),
+        Some(names.control_visibility_timeout),
+    )
+    .await?;
+    let mut destinations = BTreeMap::new();
+    for (destination, queue) in &names.destinations {
+        let dead_letter_name = match queue.strip_suffix(".fifo") {
+            Some(base) => format!("{base}-dlq.fifo"),
+            None => format!("{queue}-dlq"),
+        };
+        let dead_letter_url = create_queue(clients, &dead_letter_name, None, None).await?;
+        let url = create_queue(clients, queue, Some((&dead_letter_url, names.max_receive_count)), None).await?;
+        destinations.insert(destination.clone(), url);
+    }
+    Ok(Resources {
+        table: names.table.clone(),
+        control_queue_url,
+        control_dead_letter_queue_url,
+        destinations,
+    })
+}
+
+async fn create_table(clients: &AwsClients, table: &str) -> Result<(), BootstrapError> {
+    let failed = |source: BoxError| BootstrapError::Table {
+        table: table.to_owned(),
+        source,
+    };
+    let result = clients
+        .dynamodb
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(PK)
+                .key_type(KeyType::Hash)
+                .build()
+                .map_err(|e| failed(Box::new(e)))?,
+        )
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(PK)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .map_err(|e| failed(Box::new(e)))?,
+        )
+        .send()
+        .await;
+    match result {
+        Ok(_) => {}
+        Err(error)
+            if matches!(
+                error.as_service_error(),
+                Some(CreateTableError::ResourceInUseException(_))
+            ) => {}
+        Err(error) => return Err(failed(Box::new(error))),
+    }
+    let ttl = clients
+        .dynamodb
+        .describe_time_to_live()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(|e| failed(Box::new(e)))?;
+    let enabled = ttl.time_to_live_description().and_then(|d| d.attribute_name()) == Some(EXPIRES_AT);
+    if !enabled {
+        clients
+            .dynamodb
+            .update_time_to_live()
+            .table_name(table)
+            .time_to_live_specification(
+                TimeToLiveSpecification::builder()
+                    .attribute_name(EXPIRES_AT)
+                    .enabled(true)
+                    .build()
+                    .map_err(|e| failed(Box::new(e)))?,
+            )
+            .send()
+            .await
+            .map_err(|e| failed(Box::new(e)))?;
+    }
+    Ok(())
+}
+
+async fn create_queue(
+    clients: &AwsClients,
+    name: &str,
+    dead_letter: Option<(&str, u32)>,
+    visibility_timeout: Option<Duration>,
+) -> Result<String, BootstrapError> {
+    let failed = |source: BoxError| BootstrapError::Queue {
+        queue: name.to_owned(),
+        source,
+    };
+    let mut attributes = HashMap::new();
+    if name.ends_with(".fifo") {
+        attributes.insert(QueueAttributeName::FifoQueue, "true".to_owned());
+    }
+    if let Some(timeout) = visibility_timeout {
+        attributes.insert(QueueAttributeName::VisibilityTimeout, timeout.as_secs().to_string());
+    }
+    if let Some((dead_letter_url, max_receive_count)) = dead_letter {
+        let arn = clients
+            .sqs
+            .get_queue_attributes()
+            .queue_url(dead_letter_url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .map_err(|e| failed(Box::new(e)))?
+            .attributes()
+            .and_then(|attributes| attributes.get(&QueueAttributeName::QueueArn).cloned())
+            .ok_or_else(|| failed("the dead-letter queue has no ARN".into()))?;
+        let policy =
+            serde_json::json!({ "deadLetterTargetArn": arn, "maxReceiveCount": max_receive_count.to_string() });
+        attributes.insert(QueueAttributeName::RedrivePolicy, policy.to_string());
+    }
+    let output = clients
+        .sqs
+        .create_queue()
+        .queue_name(name)
+        .set_attributes(Some(attributes))
+        .send()
+        .await
+        .map_err(|e| failed(Box::new(e)))?;
+    output
+        .queue_url()
+        .map(str::to_owned)
+        .ok_or_else(|| failed("no queue URL in the answer".into()))
+}

@@ -1,0 +1,342 @@
+//! How records are laid out as DynamoDB items, and JSON to `AttributeValue` and back.
+//!
+//! One table, partition key `pk` (string), TTL attribute `expires_at` (unix seconds):
+//!
+//! | item | `pk` | other attributes |
+//! |---|---|---|
+//! | business item | the application's key | `version` (N), `data` (M, the JSON object) |
+//! | outbox record | `TXN#{txn_id}` | `txn_id`, `state`, `created_at` (N, unix ms), `messages` (S, JSON array), `parts` (N, when split), `expires_at` |
+//! | outbox part | `TXN#{txn_id}#PART#{n}` | `messages` (S, JSON array), `expires_at` (an orphan guard) |
+//! | idempotency record | `IDEM#{scope}#{sha256(key)}` | `fingerprint`, `txn_id`, `status`, `headers` (S, JSON), `body`, `created_at`, `expires_at` |
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde_json::{Map, Number, Value};
+
+use crate::ports::{ItemKey, StoreError, VersionedItem};
+use crate::protocol::{
+    IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, OutgoingMessage, StoredResponse, TxnId,
+};
+use crate::time::Timestamp;
+
+/// An item as the SDK holds it.
+pub(crate) type Item = HashMap<String, AttributeValue>;
+
+/// The partition key attribute.
+pub const PK: &str = "pk";
+/// The TTL attribute (unix seconds).
+pub const EXPIRES_AT: &str = "expires_at";
+/// Message bytes (as JSON) per outbox item: DynamoDB's 400 KB item limit, less room for
+/// the other attributes.
+pub const PART_BYTES: usize = 350_000;
+
+pub(crate) fn outbox_pk(txn_id: TxnId) -> String {
+    format!("TXN#{txn_id}")
+}
+
+pub(crate) fn part_pk(txn_id: TxnId, part: usize) -> String {
+    format!("TXN#{txn_id}#PART#{part}")
+}
+
+pub(crate) fn idempotency_pk(slot: &IdempotencySlot) -> String {
+    format!("IDEM#{slot}")
+}
+
+pub(crate) fn s(text: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(text.into())
+}
+
+pub(crate) fn n(number: impl ToString) -> AttributeValue {
+    AttributeValue::N(number.to_string())
+}
+
+/// TTL seconds for an expiry instant, rounded up so that an item never expires early.
+pub(crate) fn ttl_seconds(at: Timestamp) -> u64 {
+    at.as_millis().div_ceil(1000)
+}
+
+/// JSON to an attribute value. Numbers keep their exact text.
+pub fn to_attribute(value: &Value) -> AttributeValue {
+    match value {
+        Value::Null => AttributeValue::Null(true),
+        Value::Bool(flag) => AttributeValue::Bool(*flag),
+        Value::Number(number) => AttributeValue::N(number.to_string()),
+        Value::String(text) => AttributeValue::S(text.clone()),
+        Value::Array(values) => AttributeValue::L(values.iter().map(to_attribute).collect()),
+        Value::Object(fields) => AttributeValue::M(fields.iter().map(|(k, v)| (k.clone(), to_attribute(v))).collect()),
+    }
+}
+
+/// An attribute value back to JSON; types JSON cannot hold (binary, sets) are errors.
+pub fn from_attribute(value: &AttributeValue) -> Result<Value, String> {
+    Ok(match value {
+        AttributeValue::Null(_) => Value::Null,
+        AttributeValue::Bool(flag) => Value::Bool(*flag),
+        AttributeValue::N(text) => Value::Number(parse_number(text)?),
+        AttributeValue::S(text) => Value::String(text.clone()),
+        AttributeValue::L(values) => Value::Array(values.iter().map(from_attribute).collect::<Result<_, _>>()?),
+        AttributeValue::M(fields) => Value::Object(
+            fields
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), from_attribute(v)?)))
+                .collect::<Result<Map<_, _>, String>>()?,
+        ),
+        other => return Err(format!("attribute type {other:?} has no JSON form")),
+    })
+}
+
+fn parse_number(text: &str) -> Result<Number, String> {
+    if let Ok(unsigned) = text.parse::<u64>() {
+        return Ok(unsigned.into());
+    }
+    if let Ok(signed) = text.parse::<i64>() {
+        return Ok(signed.into());
+    }
+    text.parse::<f64>()
+        .ok()
+        .and_then(Number::from_f64)
+        .ok_or_else(|| format!("number {text:?} does not fit JSON"))
+}
+
+fn corrupt(item: &Item, reason: impl Into<String>) -> StoreError {
+    let key = item.get(PK).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+    StoreError::Corrupt {
+        key,
+        reason: reason.into(),
+    }
+}
+
+fn text<'a>(item: &'a Item, name: &str) -> Result<&'a str, StoreError> {
+    item.get(name)
+        .and_then(|v| v.as_s().ok())
+        .map(String::as_str)
+        .ok_or_else(|| corrupt(item, format!("no string {name}")))
+}
+
+fn number(item: &Item, name: &str) -> Result<u64, StoreError> {
+    item.get(name)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| corrupt(item, format!("no whole number {name}")))
+}
+
+fn optional_number(item: &Item, name: &str) -> Result<Option<u64>, StoreError> {
+    if item.contains_key(name) {
+        number(item, name).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// The expiry of an item, in milliseconds, if it has one.
+pub(crate) fn expires_at(item: &Item) -> Result<Option<Timestamp>, StoreError> {
+    Ok(optional_number(item, EXPIRES_AT)?.map(|seconds| Timestamp::from_millis(seconds.saturating_mul(1000))))
+}
+
+/// Whether an item's TTL has passed at `now` (DynamoDB deletes it only eventually).
+pub(crate) fn is_expired(item: &Item, now: Timestamp) -> Result<bool, StoreError> {
+    Ok(expires_at(item)?.is_some_and(|at| at <= now))
+}
+
+/// A business item as written by a put.
+pub(crate) fn business_item(key: &ItemKey, version: u64, data: &Value) -> Item {
+    HashMap::from([
+        (PK.into(), s(key.as_str())),
+        ("version".into(), n(version)),
+        ("data".into(), to_attribute(data)),
+    ])
+}
+
+pub(crate) fn business_from_item(key: &ItemKey, item: &Item) -> Result<VersionedItem, StoreError> {
+    let data = item.get("data").ok_or_else(|| corrupt(item, "no data"))?;
+    Ok(VersionedItem {
+        key: key.clone(),
+        version: number(item, "version")?,
+        data: from_attribute(data).map_err(|reason| corrupt(item, reason))?,
+    })
+}
+
+/// The messages of a record cut into the groups that go in one item each. Deterministic,
+/// so that the marking code finds the parts the commit wrote. A message larger than an
+/// item can hold is an error.
+pub(crate) fn split_messages(messages: &[OutgoingMessage]) -> Result<Vec<String>, String> {
+    let mut groups: Vec<Vec<String>> = vec![Vec::new()];
+    let mut bytes = 0;
+    for message in messages {
+        let json = serde_json::to_string(message).map_err(|error| error.to_string())?;
+        if json.len() > PART_BYTES {
+            return Err(format!(
+                "message {} is {} bytes; one item holds {PART_BYTES}",
+                message.id,
+                json.len()
+            ));
+        }
+        if bytes + json.len() + 1 > PART_BYTES {
+            groups.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += json.len() + 1;
+        groups.last_mut().expect("never empty").push(json);
+    }
+    Ok(groups
+        .into_iter()
+        .map(|group| format!("[{}]", group.join(",")))
+        .collect())
+}
+
+/// The items of an outbox record: the record itself and, when its messages do not fit
+/// one item, its parts.
+pub(crate) fn outbox_items(record: &OutboxRecord, part_expiry: Timestamp) -> Result<Vec<Item>, String> {
+    let groups = split_messages(&record.messages)?;
+    let mut main = HashMap::from([
+        (PK.to_owned(), s(outbox_pk(record.txn_id))),
+        ("txn_id".to_owned(), s(record.txn_id.to_string())),
+        ("state".to_owned(), s(record.state.as_str())),
+        ("created_at".to_owned(), n(record.created_at.as_millis())),
+        ("messages".to_owned(), s(groups[0].clone())),
+    ]);
+    if let Some(at) = record.expires_at {
+        main.insert(EXPIRES_AT.into(), n(ttl_seconds(at)));
+    }
+    if groups.len() > 1 {
+        main.insert("parts".into(), n(groups.len()));
+    }
+    let mut items = vec![main];
+    for (index, group) in groups.into_iter().enumerate().skip(1) {
+        items.push(HashMap::from([
+            (PK.to_owned(), s(part_pk(record.txn_id, index))),
+            ("messages".to_owned(), s(group)),
+            (EXPIRES_AT.to_owned(), n(ttl_seconds(part_expiry))),
+        ]));
+    }
+    Ok(items)
+}
+
+/// How many parts beyond the main item an outbox item says it has.
+pub(crate) fn part_count(item: &Item) -> Result<usize, StoreError> {
+    Ok(optional_number(item, "parts")?.map_or(0, |parts| parts.saturating_sub(1) as usize))
+}
+
+/// An outbox record from its main item and its parts, in order.
+pub(crate) fn outbox_from_items(main: &Item, parts: &[&Item]) -> Result<OutboxRecord, StoreError> {
+    let txn_id: TxnId = text(main, "txn_id")?.parse().map_err(|_| corrupt(main, "bad txn_id"))?;
+    let state = match text(main, "state")? {
+        "pending" => OutboxState::Pending,
+        "dispatched" => OutboxState::Dispatched,
+        "tombstone" => OutboxState::Tombstone,
+        other => return Err(corrupt(main, format!("unknown state {other:?}"))),
+    };
+    let mut messages = Vec::new();
+    for item in std::iter::once(main).chain(parts.iter().copied()) {
+        let json = item
+            .get("messages")
+            .and_then(|v| v.as_s().ok())
+            .map_or("[]", String::as_str);
+        let group: Vec<OutgoingMessage> =
+            serde_json::from_str(json).map_err(|error| corrupt(item, error.to_string()))?;
+        messages.extend(group);
+    }
+    Ok(OutboxRecord {
+        txn_id,
+        state,
+        messages,
+        created_at: Timestamp::from_millis(number(main, "created_at")?),
+        expires_at: expires_at(main)?,
+    })
+}
+
+pub(crate) fn idempotency_item(record: &IdempotencyRecord) -> Item {
+    let headers = serde_json::to_string(&record.response.headers).expect("string pairs serialise");
+    HashMap::from([
+        (PK.to_owned(), s(idempotency_pk(&record.slot))),
+        ("scope".to_owned(), s(record.slot.scope.clone())),
+        ("key_hash".to_owned(), s(record.slot.key_hash.clone())),
+        ("fingerprint".to_owned(), s(record.fingerprint.clone())),
+        ("txn_id".to_owned(), s(record.txn_id.to_string())),
+        ("status".to_owned(), n(record.response.status)),
+        ("headers".to_owned(), s(headers)),
+        ("body".to_owned(), s(record.response.body.clone())),
+        ("created_at".to_owned(), n(record.created_at.as_millis())),
+        (EXPIRES_AT.to_owned(), n(ttl_seconds(record.expires_at))),
+    ])
+}
+
+pub(crate) fn idempotency_from_item(item: &Item) -> Result<IdempotencyRecord, StoreError> {
+    let headers: Vec<(String, String)> =
+        serde_json::from_str(text(item, "headers")?).map_err(|error| corrupt(item, error.to_string()))?;
+    Ok(IdempotencyRecord {
+        slot: IdempotencySlot {
+            scope: text(item, "scope")?.to_owned(),
+            key_hash: text(item, "key_hash")?.to_owned(),
+        },
+        fingerprint: text(item, "fingerprint")?.to_owned(),
+        txn_id: text(item, "txn_id")?.parse().map_err(|_| corrupt(item, "bad txn_id"))?,
+        response: StoredResponse {
+            status: u16::try_from(number(item, "status")?).map_err(|_| corrupt(item, "bad status"))?,
+            headers,
+            body: text(item, "body")?.to_owned(),
+        },
+        created_at: Timestamp::from_millis(number(item, "created_at")?),
+        expires_at: expires_at(item)?.ok_or_else(|| corrupt(item, "no expires_at"))?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Message;
+    use serde_json::json;
+
+    #[test]
+    fn json_round_trips_through_attribute_values() {
+        let value = json!({"a": [1, -2, 3.5, "x", null, true], "b": {"c": 18446744073709551615u64}, "d": ""});
+        assert_eq!(from_attribute(&to_attribute(&value)).unwrap(), value);
+    }
+
+    #[test]
+    fn records_round_trip_through_items_split_or_not() {
+        let txn = TxnId::from_parts(Timestamp::from_millis(1_000), [1; 10]);
+        let big = "x".repeat(100_000);
+        let messages: Vec<OutgoingMessage> = (0..9)
+            .map(|i| OutgoingMessage::new(txn, i, Message::json("events".parse().unwrap(), &big).unwrap()))
+            .collect();
+        let record = OutboxRecord::committed(
+            txn,
+            messages,
+            Timestamp::from_millis(5_000),
+            Timestamp::from_millis(9_000),
+        );
+        let items = outbox_items(&record, Timestamp::from_millis(99_000)).unwrap();
+        assert_eq!(items.len(), 3, "9 messages of 100 kB take three items of 350 kB");
+        assert_eq!(part_count(&items[0]).unwrap(), 2);
+        let parts: Vec<&Item> = items[1..].iter().collect();
+        assert_eq!(outbox_from_items(&items[0], &parts).unwrap(), record);
+
+        let small = OutboxRecord::committed(
+            txn,
+            vec![],
+            Timestamp::from_millis(5_000),
+            Timestamp::from_millis(9_500),
+        );
+        let items = outbox_items(&small, Timestamp::from_millis(99_000)).unwrap();
+        assert_eq!(items.len(), 1);
+        let back = outbox_from_items(&items[0], &[]).unwrap();
+        assert_eq!(
+            back.expires_at,
+            Some(Timestamp::from_millis(10_000)),
+            "TTL seconds round up"
+        );
+    }
+
+    #[test]
+    fn a_message_larger_than_an_item_is_refused() {
+        let txn = TxnId::from_parts(Timestamp::from_millis(1_000), [1; 10]);
+        let huge = OutgoingMessage::new(
+            txn,
+            0,
+            Message::json("events".parse().unwrap(), &"x".repeat(PART_BYTES)).unwrap(),
+        );
+        assert!(split_messages(&[huge]).is_err());
+    }
+}

@@ -1,0 +1,57 @@
+//! The AWS adapters: the store on DynamoDB, the control queue and the publisher on SQS,
+//! client construction, and the bootstrap of local resources (for the emulator).
+
+mod bootstrap;
+mod dynamodb;
+pub mod item;
+mod sqs;
+
+use std::time::Duration;
+
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
+
+pub use bootstrap::{bootstrap, BootstrapError, ResourceNames, Resources};
+pub use dynamodb::DynamoStore;
+pub use sqs::{SqsControlQueue, SqsPublisher};
+
+/// The SDK configuration for this process: the standard credential chain and region
+/// (and `AWS_ENDPOINT_URL`, for emulators), explicit timeouts, standard retries. Load it
+/// once per process and build every client from it.
+pub async fn load_sdk_config(operation_timeout: Duration) -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest())
+        .timeout_config(timeouts(operation_timeout))
+        .retry_config(RetryConfig::standard().with_max_attempts(3))
+        .load()
+        .await
+}
+
+/// The timeouts for an operation timeout: each attempt gets half of it, so that one
+/// retry always fits, and connecting gets at most two seconds.
+pub fn timeouts(operation_timeout: Duration) -> TimeoutConfig {
+    TimeoutConfig::builder()
+        .operation_timeout(operation_timeout)
+        .operation_attempt_timeout(operation_timeout / 2)
+        .connect_timeout(operation_timeout.min(Duration::from_secs(2)))
+        .build()
+}
+
+/// The two clients, built once per process from one [`SdkConfig`].
+#[derive(Clone, Debug)]
+pub struct AwsClients {
+    /// DynamoDB.
+    pub dynamodb: aws_sdk_dynamodb::Client,
+    /// SQS.
+    pub sqs: aws_sdk_sqs::Client,
+}
+
+impl AwsClients {
+    /// Both clients from `config`.
+    pub fn new(config: &SdkConfig) -> Self {
+        Self {
+            dynamodb: aws_sdk_dynamodb::Client::new(config),
+            sqs: aws_sdk_sqs::Client::new(config),
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The control queue and the publisher on SQS.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
+    MessageSystemAttributeNameForSends, MessageSystemAttributeValue, SendMessageBatchRequestEntry,
+};
+use aws_sdk_sqs::Client;
+
+use crate::ports::{ControlDelivery, ControlInbox, ControlQueue, EntryFailure, PublishError, Publisher, QueueError};
+use crate::protocol::{ControlMessage, DestinationName, OutgoingMessage, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+
+/// The environment variable in which Lambda passes the X-Ray trace header.
+const TRACE_HEADER_VAR: &str = "_X_AMZN_TRACE_ID";
+
+fn string_attribute(value: &str) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(value)
+        .build()
+        .expect("data type is set")
+}
+
+/// The control queue on SQS, both sides.
+#[derive(Clone)]
+pub struct SqsControlQueue {
+    client: Client,
+    queue_url: String,
+}
+
+impl SqsControlQueue {
+    /// The control queue at `queue_url`.
+    pub fn new(client: Client, queue_url: impl Into<String>) -> Self {
+        Self {
+            client,
+            queue_url: queue_url.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl ControlQueue for SqsControlQueue {
+    #[tracing::instrument(skip_all, fields(txn_id = %message.txn_id))]
+    async fn send(&self, message: &ControlMessage, delay: Duration) -> Result<(), QueueError> {
+        let seconds = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+        let mut send = self
+            .client
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(message.encode())
+            .delay_seconds(seconds.min(900) as i32)
+            .message_attributes(TXN_ID_ATTRIBUTE, string_attribute(&message.txn_id.to_string()));
+        // The request's trace travels with its control message, so that the worker's
+        // handling joins the same X-Ray trace.
+        if let Some(trace) = std::env::var(TRACE_HEADER_VAR).ok().filter(|trace| !trace.is_empty()) {
+            let value = MessageSystemAttributeValue::builder()
+                .data_type("String")
+                .string_value(trace)
+                .build()
+                .expect("data type is set");
+            send = send.message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, value);
+        }
+        send.send()
+            .await
+            .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ControlInbox for SqsControlQueue {
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError> {
+        let output = self
+            .client
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(max.clamp(1, 10) as i32)
+            .wait_time_seconds(wait.as_secs().min(20) as i32)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .send()
+            .await
+            .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
+        Ok(output
+            .messages()
+            .iter()
+            .map(|message| ControlDelivery {
+                message_id: message.message_id().unwrap_or_default().to_owned(),
+                receipt: message.receipt_handle().unwrap_or_default().to_owned(),
+                body: message.body().unwrap_or_default().to_owned(),
+                receive_count: message
+                    .attributes()
+                    .and_then(|attributes| attributes.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+                    .and_then(|count| count.parse().ok())
+                    .unwrap_or(1),
+            })
+            .collect())
+    }
+
+    async fn ack(&self, receipts: &[String]) -> Result<(), QueueError> {
+        for chunk in receipts.chunks(10) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(index, receipt)| {
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(index.to_string())
+                        .receipt_handle(receipt)
+                        .build()
+                        .expect("id and receipt are set")
+                })
+                .collect();
+            let output = self
+                .client
+                .delete_message_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
+            // A failed delete only means the message comes back and is handled again.
+            for failed in output.failed() {
+                tracing::warn!(code = failed.code(), "deleting a control message failed");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The destination queues on SQS. A URL ending in `.fifo` is a FIFO queue.
+#[derive(Clone)]
+pub struct SqsPublisher {
+    client: Client,
+    destinations: BTreeMap<DestinationName, String>,
+}
+
+impl SqsPublisher {
+    /// A publisher to `destinations` (name to queue URL).
+    pub fn new(client: Client, destinations: BTreeMap<DestinationName, String>) -> Self {
+        Self { client, destinations }
+    }
+
+    fn entry(message: &OutgoingMessage, index: usize, fifo: bool) -> SendMessageBatchRequestEntry {
+        let mut entry = SendMessageBatchRequestEntry::builder()
+            .id(index.to_string())
+            .message_body(&message.body)
+            .message_attributes(MESSAGE_ID_ATTRIBUTE, string_attribute(message.id.as_str()))
+            .message_attributes(TXN_ID_ATTRIBUTE, string_attribute(&message.txn_id.to_string()));
+        for (name, value) in &message.attributes {
+            entry = entry.message_attributes(name, string_attribute(value));
+        }
+        if fifo {
+            entry = entry
+                .message_group_id(message.fifo_group())
+                .message_deduplication_id(message.id.as_str());
+        }
+        entry.build().expect("id and body are set")
+    }
+}
+
+#[async_trait]
+impl Publisher for SqsPublisher {
+    async fn send_batch(
+        &self,
+        destination: &DestinationName,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<EntryFailure>, PublishError> {
+        let url = self
+            .destinations
+            .get(destination)
+            .ok_or_else(|| PublishError::UnknownDestination {
+                destination: destination.clone(),
+            })?;
+        let fifo = url.ends_with(".fifo");
+        let entries = messages
+            .iter()
+            .enumerate()
+            .map(|(index, message)| Self::entry(message, index, fifo))
+            .collect();
+        let output = self
+            .client
+            .send_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|error| PublishError::Unavailable {
+                destination: destination.clone(),
+                source: Box::new(error),
+            })?;
+        Ok(output
+            .failed()
+            .iter()
+            .filter_map(|failed| {
+                let message = failed
+                    .id()
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|index| messages.get(index))?;
+                Some(EntryFailure {
+                    id: message.id.clone(),
+                    sender_fault: failed.sender_fault(),
+                    code: failed.code().to_owned(),
+                })
+            })
+            .collect())
+    }
+}
