@@ -4,4 +4,7 @@
 //!   on the embedded backend under a controlled clock, a scheduler that picks every
 //!   interleaving, and a fault injector, then checks the invariants.
 
+pub mod calls;
+pub mod conformance;
+pub mod emulator;
 pub mod sim;

@@ -20,6 +20,9 @@ use crate::time::Timestamp;
 
 /// DynamoDB's limit of actions in one `TransactWriteItems`.
 const MAX_TRANSACTION_ACTIONS: usize = 100;
+/// DynamoDB's 4 MB limit of one `TransactWriteItems`, less the margin the DynamoDB
+/// adapter keeps for attribute names and overhead.
+const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
 
 #[derive(Debug, Clone)]
 enum Item {
@@ -158,6 +161,25 @@ impl Store for EmbeddedStore {
         if actions > MAX_TRANSACTION_ACTIONS {
             return Err(CommitError::TooLarge {
                 reason: format!("{actions} actions, at most {MAX_TRANSACTION_ACTIONS}"),
+            });
+        }
+        let bytes: usize = request
+            .outbox
+            .messages
+            .iter()
+            .map(|m| serde_json::to_string(m).map_or(0, |json| json.len()))
+            .sum::<usize>()
+            + request
+                .writes
+                .iter()
+                .map(|write| match write {
+                    BusinessWrite::Put { data, .. } => data.to_string().len(),
+                    _ => 0,
+                })
+                .sum::<usize>();
+        if bytes > MAX_TRANSACTION_BYTES {
+            return Err(CommitError::TooLarge {
+                reason: format!("about {bytes} bytes, at most {MAX_TRANSACTION_BYTES}"),
             });
         }
         let mut keys: Vec<&str> = request.writes.iter().map(|write| write.key().as_str()).collect();

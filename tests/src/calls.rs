@@ -1,0 +1,61 @@
+//! Counts the AWS API calls that reach the wire, by operation, with an SDK interceptor.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use aws_config::SdkConfig;
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use outbox::aws::AwsClients;
+
+/// Counts every attempt sent, by the operation named in its `X-Amz-Target` header
+/// (`DynamoDB_20120810.TransactWriteItems` counts as `TransactWriteItems`).
+#[derive(Debug, Clone, Default)]
+pub struct CallCounter(Arc<Mutex<BTreeMap<String, usize>>>);
+
+impl CallCounter {
+    /// The counts so far.
+    pub fn counts(&self) -> BTreeMap<String, usize> {
+        self.0.lock().expect("counter lock").clone()
+    }
+
+    /// Forgets the counts so far.
+    pub fn reset(&self) {
+        self.0.lock().expect("counter lock").clear();
+    }
+
+    /// Both clients, counting through this counter.
+    pub fn clients(&self, config: &SdkConfig) -> AwsClients {
+        AwsClients {
+            dynamodb: aws_sdk_dynamodb::Client::from_conf(
+                aws_sdk_dynamodb::config::Builder::from(config)
+                    .interceptor(self.clone())
+                    .build(),
+            ),
+            sqs: aws_sdk_sqs::Client::from_conf(
+                aws_sdk_sqs::config::Builder::from(config)
+                    .interceptor(self.clone())
+                    .build(),
+            ),
+        }
+    }
+}
+
+impl Intercept for CallCounter {
+    fn name(&self) -> &'static str {
+        "CallCounter"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let target = context.request().headers().get("x-amz-target").unwrap_or("unknown");
+        let operation = target.rsplit('.').next().unwrap_or(target).to_owned();
+        *self.0.lock().expect("counter lock").entry(operation).or_default() += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,218 @@
+//! The backends the conformance suite runs against, and what the suite needs of them
+//! beyond the ports: moving time, and reading what reached a destination.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use outbox::aws::{bootstrap, AwsClients, DynamoStore, ResourceNames, SqsControlQueue, SqsPublisher};
+use outbox::embedded::{EmbeddedBackend, ManualClock, CONTROL_VISIBILITY_TIMEOUT};
+use outbox::ports::{ControlInbox, ControlQueue, Publisher, Store};
+use outbox::protocol::{DestinationName, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use outbox::time::Timestamp;
+
+use crate::emulator::{emulator, unique_name};
+
+/// A message as it reached a destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    /// Its body.
+    pub body: String,
+    /// Its stable id attribute.
+    pub message_id: Option<String>,
+    /// Its transaction id attribute.
+    pub txn_id: Option<String>,
+}
+
+enum Queues {
+    Embedded(EmbeddedBackend),
+    Aws {
+        sqs: aws_sdk_sqs::Client,
+        destinations: BTreeMap<DestinationName, String>,
+    },
+}
+
+/// The ports of one backend, plus the suite's handles on time and destinations.
+pub struct Backend {
+    /// `embedded` or `aws`.
+    pub name: &'static str,
+    /// The clock the store reads TTLs against (and, embedded, the queues' clock too).
+    pub clock: Arc<ManualClock>,
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// The control queue, sending side.
+    pub control_queue: Arc<dyn ControlQueue>,
+    /// The control queue, receiving side.
+    pub inbox: Arc<dyn ControlInbox>,
+    /// The publisher, to `events` (standard) and `audit` (FIFO).
+    pub publisher: Arc<dyn Publisher>,
+    /// The control queue's visibility timeout.
+    pub visibility_timeout: Duration,
+    queues: Queues,
+}
+
+/// The destinations every backend has.
+pub fn events() -> DestinationName {
+    "events".parse().expect("valid")
+}
+
+/// The FIFO destination every backend has.
+pub fn audit() -> DestinationName {
+    "audit".parse().expect("valid")
+}
+
+fn start_clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(Timestamp::from_system_time(
+        std::time::SystemTime::now(),
+    )))
+}
+
+impl Backend {
+    /// The embedded backend.
+    pub fn embedded() -> Self {
+        let clock = start_clock();
+        let backend = EmbeddedBackend::new(clock.clone(), [(events(), false), (audit(), true)]);
+        Self {
+            name: "embedded",
+            store: backend.store.clone(),
+            control_queue: backend.control_queue.clone(),
+            inbox: backend.control_queue.clone(),
+            publisher: backend.publisher.clone(),
+            visibility_timeout: CONTROL_VISIBILITY_TIMEOUT,
+            clock,
+            queues: Queues::Embedded(backend),
+        }
+    }
+
+    /// The AWS adapters on the emulator, with a fresh table and queues.
+    pub async fn aws() -> Self {
+        let config = emulator().sdk_config().await;
+        let clients = AwsClients::new(&config);
+        Self::aws_with(clients).await
+    }
+
+    /// The AWS adapters over `clients` (which may carry interceptors), with a fresh table
+    /// and queues.
+    pub async fn aws_with(clients: AwsClients) -> Self {
+        let prefix = unique_name("conf");
+        let mut names = ResourceNames::for_stack(&prefix);
+        names.destinations.push((audit(), format!("{prefix}-audit.fifo")));
+        names.control_visibility_timeout = Duration::from_secs(2);
+        let resources = bootstrap(&clients, &names).await.expect("bootstrap on the emulator");
+        let clock = start_clock();
+        let control = Arc::new(SqsControlQueue::new(
+            clients.sqs.clone(),
+            resources.control_queue_url.clone(),
+        ));
+        Self {
+            name: "aws",
+            store: Arc::new(DynamoStore::new(
+                clients.dynamodb.clone(),
+                resources.table.clone(),
+                clock.clone(),
+            )),
+            control_queue: control.clone(),
+            inbox: control,
+            publisher: Arc::new(SqsPublisher::new(clients.sqs.clone(), resources.destinations.clone())),
+            visibility_timeout: names.control_visibility_timeout,
+            clock,
+            queues: Queues::Aws {
+                sqs: clients.sqs,
+                destinations: resources.destinations,
+            },
+        }
+    }
+
+    /// Lets `duration` pass: the manual clock moves, and on AWS real time passes too,
+    /// since the emulator's queues keep their own time.
+    pub async fn wait(&self, duration: Duration) {
+        self.clock.advance(duration);
+        if matches!(self.queues, Queues::Aws { .. }) {
+            tokio::time::sleep(duration + Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Receives and deletes everything now visible on `destination`.
+    pub async fn drain(&self, destination: &DestinationName) -> Vec<Delivered> {
+        let mut delivered = Vec::new();
+        match &self.queues {
+            Queues::Embedded(backend) => {
+                let queue = backend.publisher.queue(destination).expect("configured destination");
+                loop {
+                    let batch = queue.receive(10);
+                    if batch.is_empty() {
+                        break;
+                    }
+                    for message in batch {
+                        queue.delete(&message.receipt);
+                        delivered.push(Delivered {
+                            body: message.body,
+                            message_id: message.attributes.get(MESSAGE_ID_ATTRIBUTE).cloned(),
+                            txn_id: message.attributes.get(TXN_ID_ATTRIBUTE).cloned(),
+                        });
+                    }
+                }
+            }
+            Queues::Aws { sqs, destinations } => {
+                let url = &destinations[destination];
+                loop {
+                    let output = sqs
+                        .receive_message()
+                        .queue_url(url)
+                        .max_number_of_messages(10)
+                        .wait_time_seconds(1)
+                        .message_attribute_names("All")
+                        .send()
+                        .await
+                        .expect("receive from a destination");
+                    if output.messages().is_empty() {
+                        break;
+                    }
+                    for message in output.messages() {
+                        sqs.delete_message()
+                            .queue_url(url)
+                            .receipt_handle(message.receipt_handle().unwrap_or_default())
+                            .send()
+                            .await
+                            .expect("delete from a destination");
+                        let attribute = |name: &str| {
+                            message
+                                .message_attributes()
+                                .and_then(|attributes| attributes.get(name))
+                                .and_then(|value| value.string_value())
+                                .map(str::to_owned)
+                        };
+                        delivered.push(Delivered {
+                            body: message.body().unwrap_or_default().to_owned(),
+                            message_id: attribute(MESSAGE_ID_ATTRIBUTE),
+                            txn_id: attribute(TXN_ID_ATTRIBUTE),
+                        });
+                    }
+                }
+            }
+        }
+        delivered
+    }
+
+    /// Messages waiting in a destination (visible or not), for counting.
+    pub async fn destination_depth(&self, destination: &DestinationName) -> usize {
+        match &self.queues {
+            Queues::Embedded(backend) => backend.publisher.queue(destination).map_or(0, |queue| queue.len()),
+            Queues::Aws { sqs, destinations } => {
+                let output = sqs
+                    .get_queue_attributes()
+                    .queue_url(&destinations[destination])
+                    .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+                    .send()
+                    .await
+                    .expect("queue attributes");
+                output
+                    .attributes()
+                    .and_then(|attributes| attributes.get(&QueueAttributeName::ApproximateNumberOfMessages))
+                    .and_then(|count| count.parse().ok())
+                    .unwrap_or(0)
+            }
+        }
+    }
+}

@@ -1,0 +1,551 @@
+//! The conformance cases: each states one behaviour every backend must have.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use outbox::ports::Clock;
+use outbox::ports::{BusinessWrite, CommitError, CommitRequest, ExpectedVersion, ItemKey, TombstoneOutcome};
+use outbox::protocol::{
+    ControlMessage, IdempotencyKey, IdempotencyRecord, IdempotencySlot, Message, OutboxRecord, OutboxState,
+    OutgoingMessage, StoredResponse, TxnId,
+};
+use outbox::time::Timestamp;
+use serde_json::{json, Value};
+
+use super::backend::{audit, events, Backend};
+
+const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+fn key(text: &str) -> ItemKey {
+    text.parse().expect("valid key")
+}
+
+/// An instant on a whole second, so that TTLs (kept in seconds by DynamoDB) read back
+/// exactly.
+fn whole_second(at: Timestamp) -> Timestamp {
+    Timestamp::from_millis(at.as_millis() / 1000 * 1000)
+}
+
+fn put(name: &str, data: Value, expected: ExpectedVersion) -> BusinessWrite {
+    BusinessWrite::Put {
+        key: key(name),
+        data,
+        expected,
+    }
+}
+
+fn messages(txn_id: TxnId, bodies: &[Value]) -> Vec<OutgoingMessage> {
+    bodies
+        .iter()
+        .enumerate()
+        .map(|(position, body)| {
+            let message = Message::json(events(), body)
+                .expect("serialisable")
+                .with_attribute("type", "Test");
+            OutgoingMessage::new(txn_id, position as u32, message)
+        })
+        .collect()
+}
+
+fn request(
+    backend: &Backend,
+    txn_id: TxnId,
+    writes: Vec<BusinessWrite>,
+    messages: Vec<OutgoingMessage>,
+) -> CommitRequest {
+    let now = backend.clock.now();
+    CommitRequest {
+        txn_id,
+        writes,
+        outbox: OutboxRecord::committed(txn_id, messages, now, whole_second(now.plus(RETENTION))),
+        idempotency: None,
+    }
+}
+
+fn idempotency(backend: &Backend, txn_id: TxnId, key_text: &str) -> IdempotencyRecord {
+    let key: IdempotencyKey = key_text.parse().expect("valid key");
+    let now = backend.clock.now();
+    IdempotencyRecord {
+        slot: IdempotencySlot::new("conformance", &key),
+        fingerprint: "fp".into(),
+        txn_id,
+        response: StoredResponse {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: "{\"ok\":true}".into(),
+        },
+        created_at: now,
+        expires_at: whole_second(now.plus(RETENTION)),
+    }
+}
+
+async fn tombstone(backend: &Backend, txn_id: TxnId) -> TombstoneOutcome {
+    let now = backend.clock.now();
+    backend
+        .store
+        .put_tombstone(txn_id, now, whole_second(now.plus(RETENTION)))
+        .await
+        .expect("tombstone put")
+}
+
+async fn record(backend: &Backend, txn_id: TxnId) -> Option<OutboxRecord> {
+    backend
+        .store
+        .get_outboxes(&[txn_id])
+        .await
+        .expect("outbox read")
+        .remove(&txn_id)
+}
+
+/// A commit writes business items, the outbox record and the idempotency record, and
+/// consistent reads return them exactly.
+pub async fn commit_then_read_everything_back(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let data = json!({"name": "a", "amount": 12.5, "tags": ["x", "y"], "nested": {"flag": true, "none": null}});
+    let mut commit = request(
+        b,
+        txn,
+        vec![put("ITEM#1", data.clone(), ExpectedVersion::Absent)],
+        messages(txn, &[json!({"n": 1}), json!({"n": 2})]),
+    );
+    let idem = idempotency(b, txn, "key-1");
+    commit.idempotency = Some(idem.clone());
+    b.store.commit(&commit).await.expect("commit");
+
+    let items = b.store.get_items(&[key("ITEM#1")]).await.expect("item read");
+    assert_eq!(items[&key("ITEM#1")].version, 1);
+    assert_eq!(items[&key("ITEM#1")].data, data);
+    assert_eq!(record(b, txn).await, Some(commit.outbox.clone()));
+    assert_eq!(
+        b.store.get_idempotency(&idem.slot).await.expect("idempotency read"),
+        Some(idem)
+    );
+}
+
+/// Once a tombstone exists, the transaction's commit fails as tombstoned and writes
+/// nothing at all.
+pub async fn a_commit_after_a_tombstone_is_rejected_with_nothing_written(b: &Backend) {
+    let txn = TxnId::new_v7();
+    assert_eq!(tombstone(b, txn).await, TombstoneOutcome::Written);
+    let mut commit = request(
+        b,
+        txn,
+        vec![put("ITEM#1", json!({"n": 1}), ExpectedVersion::Absent)],
+        messages(txn, &[json!(1)]),
+    );
+    commit.idempotency = Some(idempotency(b, txn, "key-1"));
+    match b.store.commit(&commit).await {
+        Err(CommitError::Tombstoned { txn_id }) => assert_eq!(txn_id, txn),
+        other => panic!("{}: expected Tombstoned, got {other:?}", b.name),
+    }
+    assert!(
+        b.store.get_items(&[key("ITEM#1")]).await.unwrap().is_empty(),
+        "business write applied"
+    );
+    assert_eq!(
+        b.store
+            .get_idempotency(&commit.idempotency.unwrap().slot)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(record(b, txn).await.map(|r| r.state), Some(OutboxState::Tombstone));
+}
+
+/// Once a transaction committed, a tombstone for it is refused, and the refusal shows
+/// the committed record so that the worker can dispatch it.
+pub async fn a_tombstone_after_a_commit_is_refused_and_shows_the_record(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let commit = request(b, txn, vec![], messages(txn, &[json!({"n": 1})]));
+    b.store.commit(&commit).await.expect("commit");
+    match tombstone(b, txn).await {
+        TombstoneOutcome::Exists(found) => assert_eq!(found, commit.outbox),
+        other => panic!("{}: expected the committed record, got {other:?}", b.name),
+    }
+    assert_eq!(record(b, txn).await.map(|r| r.state), Some(OutboxState::Pending));
+}
+
+/// Several transactions creating one item at once: exactly one wins; the others are
+/// told nothing was written.
+pub async fn concurrent_commits_of_one_item_exactly_one_wins(b: &Backend) {
+    let commits: Vec<CommitRequest> = (0..5)
+        .map(|n| {
+            let txn = TxnId::new_v7();
+            request(
+                b,
+                txn,
+                vec![put("ITEM#1", json!({"writer": n}), ExpectedVersion::Absent)],
+                messages(txn, &[json!(n)]),
+            )
+        })
+        .collect();
+    let results = join_all(commits.iter().map(|commit| b.store.commit(commit))).await;
+    let winners: Vec<usize> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.is_ok())
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(winners.len(), 1, "{}: {results:?}", b.name);
+    for result in &results {
+        assert!(
+            matches!(
+                result,
+                Ok(()) | Err(CommitError::VersionConflict { .. } | CommitError::Contention(_))
+            ),
+            "{}: a loser must be told nothing was written: {result:?}",
+            b.name
+        );
+    }
+    let item = &b.store.get_items(&[key("ITEM#1")]).await.unwrap()[&key("ITEM#1")];
+    assert_eq!((item.version, item.data.clone()), (1, json!({"writer": winners[0]})));
+    for (index, commit) in commits.iter().enumerate() {
+        assert_eq!(
+            record(b, commit.txn_id).await.is_some(),
+            index == winners[0],
+            "only the winner's outbox record exists"
+        );
+    }
+}
+
+/// Each committed put advances the version; a put from a stale version conflicts.
+pub async fn versions_advance_and_stale_versions_conflict(b: &Backend) {
+    let write = |expected, n: u64| {
+        let txn = TxnId::new_v7();
+        request(b, txn, vec![put("ITEM#1", json!({"n": n}), expected)], vec![])
+    };
+    b.store
+        .commit(&write(ExpectedVersion::Absent, 1))
+        .await
+        .expect("create");
+    b.store
+        .commit(&write(ExpectedVersion::Exactly(1), 2))
+        .await
+        .expect("update");
+    for stale in [
+        ExpectedVersion::Exactly(1),
+        ExpectedVersion::Absent,
+        ExpectedVersion::Exactly(3),
+    ] {
+        match b.store.commit(&write(stale, 9)).await {
+            Err(CommitError::VersionConflict { key: conflict }) => assert_eq!(conflict, key("ITEM#1")),
+            other => panic!("{}: {stale:?} should conflict, got {other:?}", b.name),
+        }
+    }
+    let item = &b.store.get_items(&[key("ITEM#1")]).await.unwrap()[&key("ITEM#1")];
+    assert_eq!((item.version, item.data.clone()), (2, json!({"n": 2})));
+}
+
+/// Deletes and checks hold only at the expected version.
+pub async fn deletes_and_checks_are_conditioned_on_versions(b: &Backend) {
+    let commit = |writes| request(b, TxnId::new_v7(), writes, vec![]);
+    b.store
+        .commit(&commit(vec![put("ITEM#1", json!({}), ExpectedVersion::Absent)]))
+        .await
+        .expect("create");
+    let check = |version| BusinessWrite::Check {
+        key: key("ITEM#1"),
+        expected: ExpectedVersion::Exactly(version),
+    };
+    assert!(matches!(
+        b.store
+            .commit(&commit(vec![
+                check(2),
+                put("ITEM#2", json!({}), ExpectedVersion::Absent)
+            ]))
+            .await,
+        Err(CommitError::VersionConflict { .. })
+    ));
+    assert!(
+        b.store.get_items(&[key("ITEM#2")]).await.unwrap().is_empty(),
+        "a failed check writes nothing"
+    );
+    b.store
+        .commit(&commit(vec![
+            check(1),
+            put("ITEM#2", json!({}), ExpectedVersion::Absent),
+        ]))
+        .await
+        .expect("check holds");
+    let delete = |version| BusinessWrite::Delete {
+        key: key("ITEM#1"),
+        version,
+    };
+    assert!(matches!(
+        b.store.commit(&commit(vec![delete(2)])).await,
+        Err(CommitError::VersionConflict { .. })
+    ));
+    b.store.commit(&commit(vec![delete(1)])).await.expect("delete");
+    assert_eq!(
+        b.store.get_items(&[key("ITEM#1"), key("ITEM#2")]).await.unwrap().len(),
+        1
+    );
+}
+
+/// A second transaction with a used idempotency key is refused and writes nothing; once
+/// the key's record expires, the key can be used again.
+pub async fn an_idempotency_key_commits_once(b: &Backend) {
+    let first = TxnId::new_v7();
+    let mut commit = request(b, first, vec![], vec![]);
+    commit.idempotency = Some(idempotency(b, first, "once"));
+    b.store.commit(&commit).await.expect("first use");
+
+    let second = TxnId::new_v7();
+    let mut repeat = request(
+        b,
+        second,
+        vec![put("ITEM#1", json!({}), ExpectedVersion::Absent)],
+        vec![],
+    );
+    repeat.idempotency = Some(idempotency(b, second, "once"));
+    match b.store.commit(&repeat).await {
+        Err(CommitError::IdempotencyKeyUsed { slot }) => assert_eq!(slot, commit.idempotency.as_ref().unwrap().slot),
+        other => panic!("{}: expected IdempotencyKeyUsed, got {other:?}", b.name),
+    }
+    assert!(b.store.get_items(&[key("ITEM#1")]).await.unwrap().is_empty());
+    let stored = b
+        .store
+        .get_idempotency(&repeat.idempotency.as_ref().unwrap().slot)
+        .await
+        .unwrap()
+        .expect("stored");
+    assert_eq!(stored.txn_id, first, "the first use's response is kept");
+
+    b.clock.advance(RETENTION + Duration::from_secs(2));
+    let third = TxnId::new_v7();
+    let mut later = request(b, third, vec![], vec![]);
+    later.idempotency = Some(idempotency(b, third, "once"));
+    b.store.commit(&later).await.expect("an expired key is free again");
+}
+
+/// Committing the same request again (a retry after a lost reply) finds the
+/// transaction's own record and reports success without writing twice.
+pub async fn a_retried_commit_finds_its_own_record_and_succeeds(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let mut commit = request(
+        b,
+        txn,
+        vec![put("ITEM#1", json!({"n": 1}), ExpectedVersion::Absent)],
+        messages(txn, &[json!(1)]),
+    );
+    commit.idempotency = Some(idempotency(b, txn, "retried"));
+    b.store.commit(&commit).await.expect("first attempt");
+    b.store.commit(&commit).await.expect("the retry reports the commit");
+    let pending = record(b, txn).await.expect("record");
+    assert_eq!(
+        b.store
+            .mark_dispatched(
+                std::slice::from_ref(&pending),
+                whole_second(b.clock.now().plus(RETENTION))
+            )
+            .await
+            .len(),
+        1
+    );
+    b.store
+        .commit(&commit)
+        .await
+        .expect("a retry after dispatch still reports the commit");
+    assert_eq!(
+        b.store.get_items(&[key("ITEM#1")]).await.unwrap()[&key("ITEM#1")].version,
+        1,
+        "written once"
+    );
+}
+
+/// Records whose TTL has passed read as absent, whether or not they are deleted yet.
+pub async fn an_expired_record_reads_as_absent(b: &Backend) {
+    let committed = TxnId::new_v7();
+    b.store
+        .commit(&request(b, committed, vec![], vec![]))
+        .await
+        .expect("commit");
+    let tombstoned = TxnId::new_v7();
+    tombstone(b, tombstoned).await;
+    let found = b.store.get_outboxes(&[committed, tombstoned]).await.unwrap();
+    assert_eq!(
+        found[&committed].state,
+        OutboxState::Dispatched,
+        "a commit without messages is recorded dispatched"
+    );
+    assert_eq!(found[&tombstoned].state, OutboxState::Tombstone);
+    b.clock.advance(RETENTION + Duration::from_secs(2));
+    assert!(
+        b.store.get_outboxes(&[committed, tombstoned]).await.unwrap().is_empty(),
+        "{}: expired records still read",
+        b.name
+    );
+}
+
+/// A record whose messages exceed one item round-trips whole and in order, and is
+/// marked dispatched like any other.
+pub async fn a_split_outbox_round_trips_and_is_marked_dispatched(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let bodies: Vec<Value> = (0..9)
+        .map(|n| json!({"n": n, "padding": "x".repeat(100_000)}))
+        .collect();
+    let commit = request(b, txn, vec![], messages(txn, &bodies));
+    b.store.commit(&commit).await.expect("commit of 900 kB of messages");
+    let found = record(b, txn).await.expect("record");
+    assert_eq!(found, commit.outbox, "{}: the split record reads back whole", b.name);
+    let expires_at = whole_second(b.clock.now().plus(RETENTION));
+    let results = b.store.mark_dispatched(&[found], expires_at).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let dispatched = record(b, txn).await.expect("record");
+    assert_eq!(
+        (dispatched.state, dispatched.messages.len(), dispatched.expires_at),
+        (OutboxState::Dispatched, 0, Some(expires_at))
+    );
+}
+
+/// More than one transaction can carry is refused as too large, and nothing is written.
+pub async fn beyond_one_transaction_the_commit_is_refused(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let writes = (0..101)
+        .map(|n| put(&format!("ITEM#{n}"), json!({}), ExpectedVersion::Absent))
+        .collect();
+    assert!(matches!(
+        b.store.commit(&request(b, txn, writes, vec![])).await,
+        Err(CommitError::TooLarge { .. })
+    ));
+    let txn = TxnId::new_v7();
+    let bodies: Vec<Value> = (0..45)
+        .map(|n| json!({"n": n, "padding": "x".repeat(100_000)}))
+        .collect();
+    assert!(matches!(
+        b.store.commit(&request(b, txn, vec![], messages(txn, &bodies))).await,
+        Err(CommitError::TooLarge { .. })
+    ));
+    assert_eq!(record(b, txn).await, None);
+    assert!(b.store.get_items(&[key("ITEM#0")]).await.unwrap().is_empty());
+}
+
+/// Reads of more keys than one batch call takes still return every item found.
+pub async fn batched_reads_beyond_one_call_return_everything(b: &Backend) {
+    let writes: Vec<BusinessWrite> = (0..20)
+        .map(|n| put(&format!("ITEM#{n}"), json!({"n": n}), ExpectedVersion::Absent))
+        .collect();
+    b.store
+        .commit(&request(b, TxnId::new_v7(), writes, vec![]))
+        .await
+        .expect("commit");
+    let keys: Vec<ItemKey> = (0..150).map(|n| key(&format!("ITEM#{n}"))).collect();
+    let found = b.store.get_items(&keys).await.expect("read");
+    assert_eq!(found.len(), 20);
+    assert_eq!(found[&key("ITEM#7")].data, json!({"n": 7}));
+
+    let committed: Vec<TxnId> = (0..3).map(|_| TxnId::new_v7()).collect();
+    for txn in &committed {
+        b.store.commit(&request(b, *txn, vec![], vec![])).await.expect("commit");
+    }
+    let mut asked: Vec<TxnId> = (0..117).map(|_| TxnId::new_v7()).collect();
+    asked.extend(&committed);
+    let records = b.store.get_outboxes(&asked).await.expect("read");
+    assert_eq!(records.keys().copied().collect::<Vec<_>>(), {
+        let mut c = committed.clone();
+        c.sort();
+        c
+    });
+}
+
+/// A control message sent with a delay is invisible until the delay has passed, and
+/// gone once acknowledged.
+pub async fn a_delayed_control_message_arrives_after_its_delay(b: &Backend) {
+    let message = ControlMessage::first(TxnId::new_v7(), b.clock.now());
+    b.control_queue
+        .send(&message, Duration::from_secs(2))
+        .await
+        .expect("send");
+    assert!(
+        b.inbox.receive(10, Duration::ZERO).await.expect("receive").is_empty(),
+        "{}: visible before its delay",
+        b.name
+    );
+    b.wait(Duration::from_secs(2)).await;
+    let received = b.inbox.receive(10, Duration::from_secs(1)).await.expect("receive");
+    assert_eq!(received.len(), 1, "{}", b.name);
+    assert_eq!(ControlMessage::decode(&received[0].body).expect("decodes"), message);
+    assert_eq!(received[0].receive_count, 1);
+    b.inbox.ack(&[received[0].receipt.clone()]).await.expect("ack");
+    b.wait(b.visibility_timeout).await;
+    assert!(
+        b.inbox.receive(10, Duration::ZERO).await.unwrap().is_empty(),
+        "{}: an acknowledged message came back",
+        b.name
+    );
+}
+
+/// A control message received and not acknowledged comes back after the visibility
+/// timeout, with its receive count raised.
+pub async fn an_unacknowledged_control_message_comes_back(b: &Backend) {
+    let message = ControlMessage::first(TxnId::new_v7(), b.clock.now());
+    b.control_queue.send(&message, Duration::ZERO).await.expect("send");
+    let first = b.inbox.receive(10, Duration::from_secs(1)).await.expect("receive");
+    assert_eq!(first.len(), 1);
+    assert!(
+        b.inbox.receive(10, Duration::ZERO).await.unwrap().is_empty(),
+        "invisible while in flight"
+    );
+    b.wait(b.visibility_timeout).await;
+    let second = b.inbox.receive(10, Duration::from_secs(1)).await.expect("receive");
+    assert_eq!(second.len(), 1, "{}", b.name);
+    assert_eq!(
+        (second[0].body.as_str(), second[0].receive_count),
+        (first[0].body.as_str(), 2)
+    );
+    b.inbox.ack(&[second[0].receipt.clone()]).await.expect("ack");
+}
+
+/// Published messages arrive with their bodies, stable ids and transaction ids.
+pub async fn published_messages_carry_their_ids(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let sent = messages(txn, &[json!({"n": 0}), json!({"n": 1}), json!({"n": 2})]);
+    let failures = b.publisher.send_batch(&events(), &sent).await.expect("send");
+    assert!(failures.is_empty(), "{failures:?}");
+    let mut delivered = b.drain(&events()).await;
+    delivered.sort_by(|a, b| a.message_id.cmp(&b.message_id));
+    assert_eq!(delivered.len(), 3, "{}", b.name);
+    for (message, arrived) in sent.iter().zip(&delivered) {
+        assert_eq!(arrived.body, message.body);
+        assert_eq!(arrived.message_id.as_deref(), Some(message.id.as_str()));
+        assert_eq!(arrived.txn_id, Some(txn.to_string()));
+    }
+}
+
+/// Sending the same messages to a FIFO destination again (a redelivered control message
+/// dispatching again) delivers each of them once.
+pub async fn a_redelivered_dispatch_to_a_fifo_destination_is_deduplicated(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let sent: Vec<OutgoingMessage> = [json!({"n": 0}), json!({"n": 1})]
+        .iter()
+        .enumerate()
+        .map(|(n, body)| OutgoingMessage::new(txn, n as u32, Message::json(audit(), body).unwrap()))
+        .collect();
+    for _ in 0..2 {
+        let failures = b.publisher.send_batch(&audit(), &sent).await.expect("send");
+        assert!(failures.is_empty(), "{failures:?}");
+    }
+    let delivered = b.drain(&audit()).await;
+    let ids: Vec<_> = delivered
+        .iter()
+        .map(|d| d.message_id.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        ids,
+        [sent[0].id.to_string(), sent[1].id.to_string()],
+        "{}: once each, in order",
+        b.name
+    );
+}
+
+/// A message for a destination nobody configured is refused, not lost.
+pub async fn an_unknown_destination_is_refused(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let stray = OutgoingMessage::new(txn, 0, Message::json("nowhere".parse().unwrap(), &json!({})).unwrap());
+    let result = b.publisher.send_batch(&"nowhere".parse().unwrap(), &[stray]).await;
+    assert!(
+        matches!(result, Err(outbox::ports::PublishError::UnknownDestination { .. })),
+        "{result:?}"
+    );
+    assert_eq!(b.destination_depth(&events()).await, 0);
+}

@@ -1,0 +1,46 @@
+//! One conformance suite over the ports, run with the same expectations against the
+//! embedded backend and against the AWS adapters on the emulator.
+//!
+//! A test binary instantiates it with [`conformance_suite!`](crate::conformance_suite),
+//! naming how to build a [`Backend`].
+
+mod backend;
+pub mod cases;
+
+pub use backend::{Backend, Delivered};
+
+/// Declares one `#[tokio::test]` per conformance case, each on a fresh backend built by
+/// the given expression.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($backend:expr) => {
+        $crate::conformance_suite!(@cases $backend;
+            commit_then_read_everything_back,
+            a_commit_after_a_tombstone_is_rejected_with_nothing_written,
+            a_tombstone_after_a_commit_is_refused_and_shows_the_record,
+            concurrent_commits_of_one_item_exactly_one_wins,
+            versions_advance_and_stale_versions_conflict,
+            deletes_and_checks_are_conditioned_on_versions,
+            an_idempotency_key_commits_once,
+            a_retried_commit_finds_its_own_record_and_succeeds,
+            an_expired_record_reads_as_absent,
+            a_split_outbox_round_trips_and_is_marked_dispatched,
+            beyond_one_transaction_the_commit_is_refused,
+            batched_reads_beyond_one_call_return_everything,
+            a_delayed_control_message_arrives_after_its_delay,
+            an_unacknowledged_control_message_comes_back,
+            published_messages_carry_their_ids,
+            a_redelivered_dispatch_to_a_fifo_destination_is_deduplicated,
+            an_unknown_destination_is_refused
+        );
+    };
+    (@cases $backend:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let backend = $backend;
+                $crate::conformance::cases::$case(&backend).await;
+            }
+        )*
+    };
+}
