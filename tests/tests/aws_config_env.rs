@@ -1,0 +1,48 @@
+//! Clients built the production way (standard chain, `AWS_ENDPOINT_URL`) reach the
+//! emulator, and the resource bootstrap is idempotent. Alone in its binary because it
+//! sets environment variables.
+
+use std::time::Duration;
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use outbox::aws::{bootstrap, load_sdk_config, AwsClients, ResourceNames};
+use outbox_tests::emulator::{emulator, unique_name};
+
+#[tokio::test]
+async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_is_idempotent() {
+    let endpoint = emulator().endpoint.clone();
+    // Nothing else runs in this binary, so no thread reads the environment meanwhile.
+    for (name, value) in [
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+    ] {
+        std::env::set_var(name, value);
+    }
+    let config = load_sdk_config(Duration::from_secs(4)).await;
+    assert_eq!(config.timeout_config().and_then(|t| t.operation_timeout()), Some(Duration::from_secs(4)));
+    assert_eq!(config.timeout_config().and_then(|t| t.operation_attempt_timeout()), Some(Duration::from_secs(2)));
+    assert_eq!(config.endpoint_url(), Some(endpoint.as_str()));
+    let clients = AwsClients::new(&config);
+
+    let names = ResourceNames::for_stack(&unique_name("env"));
+    let first = bootstrap(&clients, &names).await.expect("bootstrap");
+    let again = bootstrap(&clients, &names).await.expect("bootstrap again");
+    assert_eq!(first, again, "a second bootstrap finds everything in place");
+
+    let ttl = clients.dynamodb.describe_time_to_live().table_name(&names.table).send().await.unwrap();
+    assert_eq!(ttl.time_to_live_description().and_then(|d| d.attribute_name()), Some("expires_at"));
+    let attributes = clients
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&first.control_queue_url)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .unwrap();
+    let attributes = attributes.attributes().unwrap();
+    let redrive = &attributes[&QueueAttributeName::RedrivePolicy];
+    assert!(redrive.contains("\"maxReceiveCount\"") && redrive.contains(&format!("{}-control-dlq", names.table.trim_end_matches("-table"))), "{redrive}");
+    assert_eq!(attributes[&QueueAttributeName::VisibilityTimeout], "180");
+}
