@@ -25,8 +25,11 @@ async fn main() -> ExitCode {
     let clients = AwsClients::new(&load_sdk_config(Duration::from_secs(10)).await);
     match bootstrap(&clients, &ResourceNames::for_stack(&stack)).await {
         Ok(resources) => {
-            let destinations: Vec<String> =
-                resources.destinations.iter().map(|(name, url)| format!("{name}={url}")).collect();
+            let destinations: Vec<String> = resources
+                .destinations
+                .iter()
+                .map(|(name, url)| format!("{name}={url}"))
+                .collect();
             println!("export {}=aws", vars::BACKEND);
             println!("export {}={}", vars::TABLE_NAME, resources.table);
             println!("export {}={}", vars::CONTROL_QUEUE_URL, resources.control_queue_url);

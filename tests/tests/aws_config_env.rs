@@ -21,8 +21,14 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
         std::env::set_var(name, value);
     }
     let config = load_sdk_config(Duration::from_secs(4)).await;
-    assert_eq!(config.timeout_config().and_then(|t| t.operation_timeout()), Some(Duration::from_secs(4)));
-    assert_eq!(config.timeout_config().and_then(|t| t.operation_attempt_timeout()), Some(Duration::from_secs(2)));
+    assert_eq!(
+        config.timeout_config().and_then(|t| t.operation_timeout()),
+        Some(Duration::from_secs(4))
+    );
+    assert_eq!(
+        config.timeout_config().and_then(|t| t.operation_attempt_timeout()),
+        Some(Duration::from_secs(2))
+    );
     assert_eq!(config.endpoint_url(), Some(endpoint.as_str()));
     let clients = AwsClients::new(&config);
 
@@ -31,8 +37,17 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
     let again = bootstrap(&clients, &names).await.expect("bootstrap again");
     assert_eq!(first, again, "a second bootstrap finds everything in place");
 
-    let ttl = clients.dynamodb.describe_time_to_live().table_name(&names.table).send().await.unwrap();
-    assert_eq!(ttl.time_to_live_description().and_then(|d| d.attribute_name()), Some("expires_at"));
+    let ttl = clients
+        .dynamodb
+        .describe_time_to_live()
+        .table_name(&names.table)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        ttl.time_to_live_description().and_then(|d| d.attribute_name()),
+        Some("expires_at")
+    );
     let attributes = clients
         .sqs
         .get_queue_attributes()
@@ -43,6 +58,10 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
         .unwrap();
     let attributes = attributes.attributes().unwrap();
     let redrive = &attributes[&QueueAttributeName::RedrivePolicy];
-    assert!(redrive.contains("\"maxReceiveCount\"") && redrive.contains(&format!("{}-control-dlq", names.table.trim_end_matches("-table"))), "{redrive}");
+    assert!(
+        redrive.contains("\"maxReceiveCount\"")
+            && redrive.contains(&format!("{}-control-dlq", names.table.trim_end_matches("-table"))),
+        "{redrive}"
+    );
     assert_eq!(attributes[&QueueAttributeName::VisibilityTimeout], "180");
 }
