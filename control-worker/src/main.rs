@@ -1,29 +1,122 @@
-//! The control worker's binary. For now it offers the local resource bootstrap; the
-//! Lambda handler and the local poller come with the control worker itself.
+//! The control worker's binary.
 //!
-//! `control-worker bootstrap [STACK]` creates (or finds) the table and queues that
-//! `template.yaml` declares for stack STACK (default `outbox`), on AWS or on whatever
-//! `AWS_ENDPOINT_URL` names, and prints the settings that point the binaries at them.
+//! - Inside Lambda (the runtime API is in the environment): handles the control queue's
+//!   SQS events and answers with partial batch responses.
+//! - `control-worker` or `control-worker poll`: long-polls the control queue (SQS or an
+//!   emulator through `AWS_ENDPOINT_URL`) with the same handler; SIGINT or SIGTERM stops
+//!   it after the batch in hand.
+//! - `control-worker redrive DEAD_LETTER_QUEUE_URL`: moves the dead-letter queue's
+//!   messages back to the control queue.
+//! - `control-worker bootstrap [STACK]`: creates the table and queues of `template.yaml`
+//!   for stack STACK (default `outbox`) and prints the settings that point at them.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use outbox::aws::{bootstrap, load_sdk_config, AwsClients, ResourceNames};
-use outbox::settings::vars;
+use aws_lambda_events::event::sqs::SqsEvent;
+use control_worker::batch_metrics;
+use control_worker::lambda::handle_event;
+use control_worker::setup::Worker;
+use lambda_runtime::{service_fn, LambdaEvent};
+use outbox::aws::{bootstrap, load_sdk_config, redrive, AwsClients, ResourceNames};
+use outbox::settings::{vars, Settings};
 
-#[tokio::main(flavor = "current_thread")]
+fn init_tracing(on_lambda: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if on_lambda {
+        builder.json().with_current_span(true).without_time().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn report(error: &dyn std::error::Error) -> ExitCode {
+    eprintln!("error: {error}");
+    let mut source = error.source();
+    while let Some(cause) = source {
+        eprintln!("  caused by: {cause}");
+        source = cause.source();
+    }
+    ExitCode::FAILURE
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::info!("shutting down after the batch in hand");
+}
+
+#[tokio::main]
 async fn main() -> ExitCode {
+    let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
+    init_tracing(on_lambda);
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let stack = match args.as_slice() {
-        [command] if command == "bootstrap" => "outbox".to_owned(),
-        [command, stack] if command == "bootstrap" => stack.clone(),
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["bootstrap"] => run_bootstrap("outbox").await,
+        ["bootstrap", stack] => run_bootstrap(stack).await,
+        [] | ["poll"] => run_worker(on_lambda, None).await,
+        ["redrive", dead_letter_queue_url] => run_worker(false, Some(dead_letter_queue_url)).await,
         _ => {
-            eprintln!("usage: control-worker bootstrap [STACK]");
-            return ExitCode::from(2);
+            eprintln!("usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL | bootstrap [STACK]");
+            ExitCode::from(2)
         }
+    }
+}
+
+async fn run_worker(on_lambda: bool, redrive_from: Option<&str>) -> ExitCode {
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
+        Err(error) => return report(&error),
     };
+    let worker = match Worker::from_settings(&settings).await {
+        Ok(worker) => worker,
+        Err(error) => return report(&error),
+    };
+    if let Some(from) = redrive_from {
+        return match redrive(&worker.clients.sqs, from, &worker.control_queue_url).await {
+            Ok(moved) => {
+                println!("moved {moved} messages from {from} to {}", worker.control_queue_url);
+                ExitCode::SUCCESS
+            }
+            Err(error) => report(&error),
+        };
+    }
+    if on_lambda {
+        let worker = &worker;
+        let handler = service_fn(move |event: LambdaEvent<SqsEvent>| async move {
+            Ok::<_, lambda_runtime::Error>(handle_event(&worker.control, worker.clock.as_ref(), event.payload).await)
+        });
+        return match lambda_runtime::run(handler).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => report(error.as_ref()),
+        };
+    }
+    tracing::info!(queue = %worker.control_queue_url, "polling the control queue");
+    outbox::poller::run(
+        worker.control_queue.as_ref(),
+        &worker.control,
+        Duration::from_secs(20),
+        shutdown_signal(),
+        |report| {
+            batch_metrics::for_batch(report, worker.clock.now()).emit();
+        },
+    )
+    .await;
+    ExitCode::SUCCESS
+}
+
+async fn run_bootstrap(stack: &str) -> ExitCode {
     let clients = AwsClients::new(&load_sdk_config(Duration::from_secs(10)).await);
-    match bootstrap(&clients, &ResourceNames::for_stack(&stack)).await {
+    match bootstrap(&clients, &ResourceNames::for_stack(stack)).await {
         Ok(resources) => {
             let destinations: Vec<String> = resources
                 .destinations
@@ -34,16 +127,12 @@ async fn main() -> ExitCode {
             println!("export {}={}", vars::TABLE_NAME, resources.table);
             println!("export {}={}", vars::CONTROL_QUEUE_URL, resources.control_queue_url);
             println!("export {}={}", vars::DESTINATIONS, destinations.join(","));
+            println!(
+                "# control dead-letter queue: {}",
+                resources.control_dead_letter_queue_url
+            );
             ExitCode::SUCCESS
         }
-        Err(error) => {
-            eprintln!("bootstrap failed: {error}");
-            let mut source = std::error::Error::source(&error);
-            while let Some(cause) = source {
-                eprintln!("  caused by: {cause}");
-                source = cause.source();
-            }
-            ExitCode::FAILURE
-        }
+        Err(error) => report(&error),
     }
 }

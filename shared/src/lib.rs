@@ -21,6 +21,7 @@
 pub mod aws;
 pub mod control;
 pub mod embedded;
+pub mod metrics;
 pub mod poller;
 pub mod ports;
 pub mod protocol;

@@ -14,7 +14,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 
 pub use bootstrap::{bootstrap, BootstrapError, ResourceNames, Resources};
 pub use dynamodb::DynamoStore;
-pub use sqs::{SqsControlQueue, SqsPublisher};
+pub use sqs::{redrive, SqsControlQueue, SqsPublisher};
 
 /// The SDK configuration for this process: the standard credential chain and region
 /// (and `AWS_ENDPOINT_URL`, for emulators), explicit timeouts, standard retries. Load it

@@ -208,3 +208,71 @@ impl Publisher for SqsPublisher {
             .collect())
     }
 }
+
+/// Moves every message of queue `from` (a dead-letter queue) to queue `to`, with its body
+/// and attributes, deleting each from `from` only once `to` has accepted it. SQS's own
+/// `StartMessageMoveTask` does this too, but emulators lack it and it needs extra IAM;
+/// this needs only receive, send and delete. Returns how many messages moved; stops when
+/// a round moves nothing (what is left failed to send and stays in `from`).
+pub async fn redrive(client: &Client, from: &str, to: &str) -> Result<usize, QueueError> {
+    let failed = |error: Box<dyn std::error::Error + Send + Sync>| QueueError::Unavailable(error);
+    let mut moved = 0;
+    loop {
+        let received = client
+            .receive_message()
+            .queue_url(from)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .visibility_timeout(30)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|error| failed(Box::new(error)))?;
+        let messages = received.messages();
+        if messages.is_empty() {
+            return Ok(moved);
+        }
+        let entries = messages
+            .iter()
+            .enumerate()
+            .map(|(index, message)| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(index.to_string())
+                    .message_body(message.body().unwrap_or_default())
+                    .set_message_attributes(message.message_attributes().cloned())
+                    .build()
+                    .expect("id and body are set")
+            })
+            .collect();
+        let sent = client
+            .send_message_batch()
+            .queue_url(to)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|error| failed(Box::new(error)))?;
+        let deletes: Vec<DeleteMessageBatchRequestEntry> = sent
+            .successful()
+            .iter()
+            .filter_map(|entry| {
+                let message = entry.id().parse::<usize>().ok().and_then(|index| messages.get(index))?;
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(entry.id())
+                    .receipt_handle(message.receipt_handle().unwrap_or_default())
+                    .build()
+                    .ok()
+            })
+            .collect();
+        if deletes.is_empty() {
+            return Ok(moved);
+        }
+        moved += deletes.len();
+        client
+            .delete_message_batch()
+            .queue_url(from)
+            .set_entries(Some(deletes))
+            .send()
+            .await
+            .map_err(|error| failed(Box::new(error)))?;
+    }
+}

@@ -1,0 +1,67 @@
+//! From settings to a ready control path and control queue, once per process.
+
+use std::sync::Arc;
+
+use outbox::aws::{load_sdk_config, AwsClients, DynamoStore, SqsControlQueue, SqsPublisher};
+use outbox::control::{ControlPath, ControlPorts};
+use outbox::ports::{Clock, SystemClock};
+use outbox::settings::{vars, Backend, Settings};
+
+/// What the worker runs with.
+pub struct Worker {
+    /// The control path.
+    pub control: ControlPath,
+    /// The control queue, for the local poller.
+    pub control_queue: Arc<SqsControlQueue>,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+    /// The clients, for commands such as the redrive.
+    pub clients: AwsClients,
+    /// The control queue's URL.
+    pub control_queue_url: String,
+}
+
+/// Why the worker cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The worker runs against AWS (or an emulator) only: the embedded backend lives
+    /// inside the API process, which runs its own worker.
+    #[error(
+        "the control worker needs {}=aws; the embedded backend runs its worker inside the API (`cargo run -p api`)",
+        vars::BACKEND
+    )]
+    EmbeddedBackend,
+}
+
+impl Worker {
+    /// Builds the clients and the control path from `settings`.
+    pub async fn from_settings(settings: &Settings) -> Result<Self, SetupError> {
+        let Backend::Aws {
+            table_name,
+            control_queue_url,
+        } = &settings.backend
+        else {
+            return Err(SetupError::EmbeddedBackend);
+        };
+        let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let control_queue = Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone()));
+        let ports = ControlPorts {
+            store: Arc::new(DynamoStore::new(
+                clients.dynamodb.clone(),
+                table_name.clone(),
+                clock.clone(),
+            )),
+            control_queue: control_queue.clone(),
+            publisher: Arc::new(SqsPublisher::new(clients.sqs.clone(), settings.destinations.clone())),
+            clock: clock.clone(),
+        };
+        Ok(Self {
+            control: ControlPath::new(ports, settings.timing),
+            control_queue,
+            clock,
+            clients,
+            control_queue_url: control_queue_url.clone(),
+        })
+    }
+}
