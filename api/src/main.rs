@@ -1,1 +1,86 @@
-fn main() {}
+//! The API's binary: on Lambda (the runtime API is in the environment, as on AWS and
+//! under `cargo lambda watch`) it serves the router through `lambda_http`; elsewhere it
+//! listens on `OUTBOX_LISTEN_ADDR` (default 127.0.0.1:3000). With no settings it runs on
+//! the embedded backend with the control worker in process.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use api::app::router;
+use api::runtime::{http_config, start};
+use outbox::settings::Settings;
+use tokio::sync::watch;
+
+const LISTEN_ADDR: &str = "OUTBOX_LISTEN_ADDR";
+
+fn init_tracing(on_lambda: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if on_lambda {
+        builder.json().with_current_span(true).without_time().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn signal(stop: watch::Sender<bool>) {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    let _ = stop.send(true);
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
+    init_tracing(on_lambda);
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let address: SocketAddr = match std::env::var(LISTEN_ADDR).unwrap_or_else(|_| "127.0.0.1:3000".into()).parse() {
+        Ok(address) => address,
+        Err(error) => {
+            eprintln!("error: {LISTEN_ADDR}: must be an address such as 127.0.0.1:3000 ({error})");
+            return ExitCode::from(2);
+        }
+    };
+    let (stop, stopped) = watch::channel(false);
+    let wait_for_stop = |mut stopped: watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    tokio::spawn(signal(stop));
+    let parts = start(&settings, wait_for_stop(stopped.clone())).await;
+    let app = router(parts.state, &http_config(&settings));
+    if on_lambda {
+        return match lambda_http::run(app).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let listener = match tokio::net::TcpListener::bind(address).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("error: cannot listen on {address}: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(%address, "serving the orders API (POST /orders, GET /openapi.json)");
+    if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(wait_for_stop(stopped)).await {
+        eprintln!("error: {error}");
+        return ExitCode::FAILURE;
+    }
+    if let Some(worker) = parts.worker {
+        let _ = worker.await;
+    }
+    ExitCode::SUCCESS
+}

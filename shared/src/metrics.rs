@@ -93,10 +93,21 @@ impl MetricRecord {
         Value::Object(document)
     }
 
-    /// Writes the record to standard output, where Lambda's log capture picks it up.
+    /// Writes the record to standard output on Lambda (or wherever `OUTBOX_EMF=1`),
+    /// where the log capture turns it into metrics; elsewhere logs it at debug level, so
+    /// that a local console shows logs rather than metric documents.
     pub fn emit(&self) {
-        if !self.is_empty() {
+        static TO_STDOUT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let to_stdout = *TO_STDOUT.get_or_init(|| {
+            std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() || std::env::var("OUTBOX_EMF").is_ok_and(|v| v == "1")
+        });
+        if self.is_empty() {
+            return;
+        }
+        if to_stdout {
             println!("{}", self.to_json());
+        } else {
+            tracing::debug!(metrics = %self.to_json(), "metrics");
         }
     }
 }

@@ -83,6 +83,10 @@ pub struct Settings {
     pub api_timeout: Duration,
     /// The SDK's per-operation timeout.
     pub sdk_operation_timeout: Duration,
+    /// Origins the API allows by CORS (`*` for any); none by default.
+    pub cors_allowed_origins: Vec<String>,
+    /// The largest request body the API takes.
+    pub max_request_bytes: usize,
 }
 
 /// The variables, by the names `template.yaml` uses.
@@ -111,6 +115,10 @@ pub mod vars {
     pub const API_TIMEOUT_SECONDS: &str = "OUTBOX_API_TIMEOUT_SECONDS";
     /// Seconds, default 5.
     pub const SDK_OPERATION_TIMEOUT_SECONDS: &str = "OUTBOX_SDK_OPERATION_TIMEOUT_SECONDS";
+    /// Comma-separated origins, or `*`; empty by default.
+    pub const CORS_ALLOWED_ORIGINS: &str = "OUTBOX_CORS_ALLOWED_ORIGINS";
+    /// Bytes, 1024 to 1048576, default 65536.
+    pub const MAX_REQUEST_BYTES: &str = "OUTBOX_MAX_REQUEST_BYTES";
 }
 
 /// One setting that is wrong.
@@ -195,6 +203,8 @@ impl Settings {
         };
         let api_timeout = reader.seconds(vars::API_TIMEOUT_SECONDS, Duration::from_secs(10), 1, 900);
         let sdk_operation_timeout = reader.seconds(vars::SDK_OPERATION_TIMEOUT_SECONDS, Duration::from_secs(5), 1, 300);
+        let cors_allowed_origins = reader.origins();
+        let max_request_bytes = reader.count(vars::MAX_REQUEST_BYTES, 64 * 1024, 1024, 1024 * 1024);
 
         // A commit can reach the table as late as the API's timeout plus one SDK operation
         // after the first control message. The window must outlast that, or the worker
@@ -236,6 +246,8 @@ impl Settings {
                 limits,
                 api_timeout,
                 sdk_operation_timeout,
+                cors_allowed_origins,
+                max_request_bytes,
             }),
             _ => Err(SettingsError { errors: reader.errors }),
         }
@@ -293,6 +305,18 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
                 default
             }
         }
+    }
+
+    fn origins(&mut self) -> Vec<String> {
+        let Some(text) = self.text(vars::CORS_ALLOWED_ORIGINS) else { return Vec::new() };
+        let origins: Vec<String> = text.split(',').map(str::trim).filter(|o| !o.is_empty()).map(str::to_owned).collect();
+        for origin in &origins {
+            let valid = origin == "*" || origin.starts_with("https://") || origin.starts_with("http://");
+            if !valid {
+                self.fail(vars::CORS_ALLOWED_ORIGINS, format!("each origin must be * or start with http:// or https://, not {origin:?}"));
+            }
+        }
+        origins
     }
 
     fn destinations(&mut self) -> BTreeMap<DestinationName, String> {

@@ -1,0 +1,100 @@
+//! The router, built once: routes, fallbacks, and the tower-http layers (request id,
+//! tracing, timeout, body limit, CORS, compression).
+
+use std::time::Duration;
+
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, HeaderValue, Method, Request};
+use axum::routing::{delete, get, post};
+use axum::{BoxError, Router};
+use tower::ServiceBuilder;
+use tower_http::compression::CompressionLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::error::ApiError;
+use crate::orders::handlers;
+use crate::state::AppState;
+use crate::{openapi, transactions};
+
+/// How the HTTP layer behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// Requests taking longer are answered 503 (keep it below the commit window).
+    pub timeout: Duration,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Origins allowed by CORS; `*` allows any; empty allows none.
+    pub cors_origins: Vec<String>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self { timeout: Duration::from_secs(10), max_body_bytes: 64 * 1024, cors_origins: Vec::new() }
+    }
+}
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+async fn timed_out(error: BoxError) -> ApiError {
+    if error.is::<tower::timeout::error::Elapsed>() {
+        ApiError::Unavailable(outbox::ports::StoreError::Unavailable("the request timed out".into()))
+    } else {
+        ApiError::Internal(error.to_string())
+    }
+}
+
+fn cors(origins: &[String]) -> CorsLayer {
+    let layer = CorsLayer::new()
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([
+            axum::http::header::CONTENT_TYPE,
+            axum::http::header::IF_MATCH,
+            HeaderName::from_static("idempotency-key"),
+        ])
+        .expose_headers([axum::http::header::ETAG, axum::http::header::LOCATION, REQUEST_ID, HeaderName::from_static("x-transaction-id")]);
+    if origins.iter().any(|origin| origin == "*") {
+        layer.allow_origin(AllowOrigin::any())
+    } else {
+        layer.allow_origin(origins.iter().filter_map(|origin| HeaderValue::from_str(origin).ok()).collect::<Vec<_>>())
+    }
+}
+
+/// The application: every route, with its layers.
+pub fn router(state: AppState, config: &HttpConfig) -> Router {
+    let routes = Router::new()
+        .route("/orders", post(handlers::orders_create))
+        .route("/orders/{id}", get(handlers::orders_get))
+        .route("/orders/{id}/items", post(handlers::orders_add_item))
+        .route("/orders/{id}/items/{sku}", delete(handlers::orders_remove_item))
+        .route("/orders/{id}/cancel", post(handlers::orders_cancel))
+        .route("/transactions/{id}", get(transactions::transactions_get))
+        .route("/openapi.json", get(openapi::openapi_json))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state);
+    routes.layer(
+        ServiceBuilder::new()
+            .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+            .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
+                let request_id = request.extensions().get::<RequestId>().and_then(|id| id.header_value().to_str().ok()).unwrap_or("");
+                tracing::info_span!("request", request_id = %request_id, method = %request.method(), path = %request.uri().path())
+            }))
+            .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+            .layer(CompressionLayer::new())
+            .layer(cors(&config.cors_origins))
+            .layer(HandleErrorLayer::new(timed_out))
+            .timeout(config.timeout)
+            .layer(DefaultBodyLimit::max(config.max_body_bytes)),
+    )
+}

@@ -1,0 +1,31 @@
+//! The OpenAPI 3.1 document, generated from the handlers' annotations and the types
+//! they take and return, so that it cannot drift from the code.
+
+use axum::Json;
+use utoipa::OpenApi;
+
+use crate::error::{FieldError, Problem};
+use crate::orders::handlers;
+use crate::orders::model::{CreateOrder, LineItem, OrderStatus, OrderView};
+use crate::transactions::{self, TransactionStatus};
+
+/// The API's description.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Orders on the control-message outbox", description = "State changes and their events, committed together."),
+    paths(
+        handlers::orders_create,
+        handlers::orders_get,
+        handlers::orders_add_item,
+        handlers::orders_remove_item,
+        handlers::orders_cancel,
+        transactions::transactions_get,
+    ),
+    components(schemas(CreateOrder, LineItem, OrderStatus, OrderView, TransactionStatus, Problem, FieldError))
+)]
+pub struct ApiDoc;
+
+/// `GET /openapi.json`.
+pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

@@ -1,0 +1,253 @@
+//! The order routes. They use only the public API of the outbox library, the way a
+//! user's own handlers would: read, decide, stage the write and its event, commit.
+
+use std::time::Instant;
+
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::header::{CONTENT_TYPE, ETAG, LOCATION};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use outbox::metrics::{MetricRecord, Unit};
+use outbox::ports::{ExpectedVersion, ItemKey};
+use outbox::protocol::Message;
+use outbox::request::{Transaction, TxnError};
+use uuid::Uuid;
+
+use super::model::{self, CreateOrder, Event, LineItem, Order, OrderView};
+use crate::error::{ApiError, FieldError, Problem, TRANSACTION_ID_HEADER};
+use crate::extract::{etag, IdempotencyHeader, IfMatch, JsonBody};
+use crate::idempotency::{stored, Idempotency};
+use crate::state::AppState;
+
+fn order_key(id: Uuid) -> ItemKey {
+    format!("ORDER#{id}").parse().expect("a UUID makes a valid key")
+}
+
+fn parse_id(text: &str) -> Result<Uuid, ApiError> {
+    Uuid::try_parse(text).map_err(|_| ApiError::Validation(vec![FieldError::new("id", "must be a UUID")]))
+}
+
+async fn load(state: &AppState, id: Uuid) -> Result<Option<(Order, u64)>, ApiError> {
+    let key = order_key(id);
+    let mut items = state.outbox.store().get_items(std::slice::from_ref(&key)).await.map_err(ApiError::Unavailable)?;
+    match items.remove(&key) {
+        None => Ok(None),
+        Some(item) => {
+            let order: Order = serde_json::from_value(item.data).map_err(|error| ApiError::Internal(format!("stored order {id}: {error}")))?;
+            Ok(Some((order, item.version)))
+        }
+    }
+}
+
+fn order_response(status: StatusCode, view: &OrderView, location: bool) -> (StatusCode, HeaderMap, String) {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(ETAG, HeaderValue::from_str(&etag(view.version)).expect("an ETag is ASCII"));
+    if location {
+        headers.insert(LOCATION, HeaderValue::from_str(&format!("/orders/{}", view.id)).expect("a path is ASCII"));
+    }
+    (status, headers, serde_json::to_string(view).expect("views serialise"))
+}
+
+/// What a request decided to commit.
+struct Change {
+    status: StatusCode,
+    view: OrderView,
+    created: bool,
+    write: Option<(Order, ExpectedVersion, Event)>,
+}
+
+/// Stages the change and its event, commits them (with the response, under an
+/// idempotency key), and answers.
+async fn commit(state: &AppState, mut txn: Transaction<'_>, change: Change, idempotency: Option<Idempotency>, precondition: bool) -> Result<Response, ApiError> {
+    let txn_id = txn.id();
+    let (status, mut headers, body) = order_response(change.status, &change.view, change.created);
+    headers.insert(TRANSACTION_ID_HEADER, HeaderValue::from_str(&txn_id.to_string()).expect("ids are ASCII"));
+    if let Some((order, expected, event)) = change.write {
+        txn.put(order_key(order.id), serde_json::to_value(&order).expect("orders serialise"), expected);
+        let message = Message::json(state.events.clone(), &event.body)
+            .expect("events serialise")
+            .with_attribute("event-type", event.name)
+            .with_group_id(order.id.to_string());
+        txn.emit(message);
+    }
+    if let Some(idempotency) = &idempotency {
+        txn.remember_response(idempotency.slot.clone(), idempotency.fingerprint.clone(), stored(status, &headers, &body));
+    }
+    let started = Instant::now();
+    let result = txn.commit().await;
+    let metrics = MetricRecord::new("api", state.outbox.clock().now())
+        .add("CommitLatency", Unit::Milliseconds, [started.elapsed().as_secs_f64() * 1000.0])
+        .count("Commits", usize::from(result.is_ok()))
+        .count("CommitWindowRejections", usize::from(matches!(result, Err(TxnError::CommitWindowExpired { .. }))));
+    metrics.emit();
+    match result {
+        Ok(_) => Ok((status, headers, body).into_response()),
+        // A concurrent request with the same key committed first: answer as it did.
+        Err(TxnError::IdempotencyKeyUsed { .. }) => match &idempotency {
+            Some(idempotency) => idempotency.replay(&state.outbox).await?.ok_or_else(|| ApiError::Internal("idempotency record vanished".into())),
+            None => Err(ApiError::Internal("idempotency conflict without a key".into())),
+        },
+        Err(error) => Err(ApiError::from(error).with_precondition(precondition)),
+    }
+}
+
+async fn begin(state: &AppState) -> Result<Transaction<'_>, ApiError> {
+    let started = Instant::now();
+    let result = state.outbox.begin().await;
+    MetricRecord::new("api", state.outbox.clock().now())
+        .add("ControlSendLatency", Unit::Milliseconds, [started.elapsed().as_secs_f64() * 1000.0])
+        .emit();
+    Ok(result?)
+}
+
+/// Places an order; emits `OrderPlaced`.
+#[utoipa::path(post, path = "/orders", tag = "orders", request_body = CreateOrder,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries of this request safe")),
+    responses(
+        (status = 201, description = "Placed", body = OrderView, headers(("Location" = String), ("ETag" = String), ("x-transaction-id" = String))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields, or an idempotency key reused", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Nothing written, or outcome unknown (see transaction_id)", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn orders_create(
+    State(state): State<AppState>,
+    IdempotencyHeader(key): IdempotencyHeader,
+    method: Method,
+    OriginalUri(uri): OriginalUri,
+    body: JsonBody<CreateOrder>,
+) -> Result<Response, ApiError> {
+    body.value.validate()?;
+    let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), &body.raw));
+    if let Some(replay) = replay(&state, &idempotency).await? {
+        return Ok(replay);
+    }
+    let txn = begin(&state).await?;
+    let (order, event) = model::place(Uuid::now_v7(), body.value);
+    let change = Change { status: StatusCode::CREATED, view: order.view(1), created: true, write: Some((order, ExpectedVersion::Absent, event)) };
+    commit(&state, txn, change, idempotency, false).await
+}
+
+async fn replay(state: &AppState, idempotency: &Option<Idempotency>) -> Result<Option<Response>, ApiError> {
+    match idempotency {
+        Some(idempotency) => idempotency.replay(&state.outbox).await,
+        None => Ok(None),
+    }
+}
+
+/// Reads an order.
+#[utoipa::path(get, path = "/orders/{id}", tag = "orders", params(("id" = String, Path, description = "The order's id (a UUID)")),
+    responses(
+        (status = 200, description = "The order", body = OrderView, headers(("ETag" = String))),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn orders_get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    let (order, version) = load(&state, id).await?.ok_or_else(|| ApiError::NotFound(format!("no order {id}")))?;
+    Ok(order_response(StatusCode::OK, &order.view(version), false).into_response())
+}
+
+/// Reads, decides and commits a change of one order.
+async fn change_order(
+    state: &AppState,
+    id: Uuid,
+    if_match: IfMatch,
+    idempotency: Option<Idempotency>,
+    decide: impl FnOnce(&Order) -> Result<Option<(Order, Event)>, ApiError>,
+) -> Result<Response, ApiError> {
+    if let Some(replay) = replay(state, &idempotency).await? {
+        return Ok(replay);
+    }
+    // The control message goes out while the order is read; the commit waits for both.
+    let (txn, loaded) = tokio::join!(begin(state), load(state, id));
+    let (order, version) = loaded?.ok_or_else(|| ApiError::NotFound(format!("no order {id}")))?;
+    if !if_match.allows(version) {
+        return Err(ApiError::PreconditionFailed);
+    }
+    let txn = txn?;
+    let change = match decide(&order)? {
+        Some((next, event)) => {
+            Change { status: StatusCode::OK, view: next.view(version + 1), created: false, write: Some((next, ExpectedVersion::Exactly(version), event)) }
+        }
+        // Nothing changes, nothing is emitted. Without a key there is nothing to commit
+        // (the control message will find no record and tombstone it, harmlessly); with
+        // one, the answer is committed so that repeats replay it.
+        None if idempotency.is_none() => return Ok(order_response(StatusCode::OK, &order.view(version), false).into_response()),
+        None => Change { status: StatusCode::OK, view: order.view(version), created: false, write: None },
+    };
+    commit(state, txn, change, idempotency, if_match.is_present()).await
+}
+
+/// Adds a line, or changes the line of the same SKU; emits `ItemAdded` when the order
+/// changed.
+#[utoipa::path(post, path = "/orders/{id}/items", tag = "orders", request_body = LineItem,
+    params(("id" = String, Path), ("If-Match" = Option<String>, Header), ("Idempotency-Key" = Option<String>, Header)),
+    responses(
+        (status = 200, description = "The order after the change", body = OrderView),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Cancelled, or changed concurrently", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn orders_add_item(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    if_match: IfMatch,
+    IdempotencyHeader(key): IdempotencyHeader,
+    method: Method,
+    OriginalUri(uri): OriginalUri,
+    body: JsonBody<LineItem>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    body.value.validate()?;
+    let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), &body.raw));
+    let item = body.value;
+    change_order(&state, id, if_match, idempotency, move |order| model::add_item(order, item)).await
+}
+
+/// Removes the line of a SKU; emits `ItemRemoved` when there was one.
+#[utoipa::path(delete, path = "/orders/{id}/items/{sku}", tag = "orders",
+    params(("id" = String, Path), ("sku" = String, Path), ("If-Match" = Option<String>, Header), ("Idempotency-Key" = Option<String>, Header)),
+    responses(
+        (status = 200, description = "The order after the change", body = OrderView),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Cancelled, or changed concurrently", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn orders_remove_item(
+    State(state): State<AppState>,
+    Path((id, sku)): Path<(String, String)>,
+    if_match: IfMatch,
+    IdempotencyHeader(key): IdempotencyHeader,
+    method: Method,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    model::check_sku(&sku, "sku").map_err(|error| ApiError::Validation(vec![error]))?;
+    let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), b""));
+    change_order(&state, id, if_match, idempotency, move |order| model::remove_item(order, &sku)).await
+}
+
+/// Cancels an order; emits `OrderCancelled` unless it already was.
+#[utoipa::path(post, path = "/orders/{id}/cancel", tag = "orders",
+    params(("id" = String, Path), ("If-Match" = Option<String>, Header), ("Idempotency-Key" = Option<String>, Header)),
+    responses(
+        (status = 200, description = "The cancelled order", body = OrderView),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn orders_cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    if_match: IfMatch,
+    IdempotencyHeader(key): IdempotencyHeader,
+    method: Method,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), b""));
+    change_order(&state, id, if_match, idempotency, |order| Ok(model::cancel(order))).await
+}

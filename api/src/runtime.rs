@@ -1,0 +1,105 @@
+//! From settings to a running service: the state the router needs and, on the embedded
+//! backend, the control worker running in the same process and logging every message it
+//! dispatches, so that one command shows the whole loop.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use outbox::aws::{load_sdk_config, AwsClients, DynamoStore, SqsControlQueue};
+use outbox::control::{ControlPath, ControlPorts};
+use outbox::embedded::EmbeddedBackend;
+use outbox::poller;
+use outbox::ports::{Clock, EntryFailure, PublishError, Publisher, RandomIds, SystemClock};
+use outbox::protocol::{DestinationName, OutgoingMessage};
+use outbox::request::{Outbox, RequestPorts};
+use outbox::settings::{Backend, Settings};
+
+use crate::app::HttpConfig;
+use crate::state::AppState;
+
+/// The destination of order events.
+pub const EVENTS: &str = "events";
+
+/// A publisher that logs each message its inner publisher accepted.
+pub struct LoggingPublisher {
+    inner: Arc<dyn Publisher>,
+}
+
+#[async_trait]
+impl Publisher for LoggingPublisher {
+    async fn send_batch(&self, destination: &DestinationName, messages: &[OutgoingMessage]) -> Result<Vec<EntryFailure>, PublishError> {
+        let failures = self.inner.send_batch(destination, messages).await?;
+        for message in messages.iter().filter(|m| !failures.iter().any(|f| f.id == m.id)) {
+            tracing::info!(%destination, message_id = %message.id, txn_id = %message.txn_id, body = %message.body, "dispatched message");
+        }
+        Ok(failures)
+    }
+}
+
+/// The HTTP configuration from the settings.
+pub fn http_config(settings: &Settings) -> HttpConfig {
+    HttpConfig {
+        timeout: settings.api_timeout,
+        max_body_bytes: settings.max_request_bytes,
+        cors_origins: settings.cors_allowed_origins.clone(),
+    }
+}
+
+/// The running parts: the state for the router, and the in-process worker when there
+/// is one (it stops when `shutdown` completes).
+pub struct Parts {
+    /// The router's state.
+    pub state: AppState,
+    /// The embedded backend's control worker.
+    pub worker: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Builds the state for `settings`.
+pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Send + 'static) -> Parts {
+    let events: DestinationName = EVENTS.parse().expect("valid name");
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    match &settings.backend {
+        Backend::Embedded => {
+            let mut destinations: Vec<(DestinationName, bool)> =
+                settings.destinations.iter().map(|(name, url)| (name.clone(), url.ends_with(".fifo"))).collect();
+            if !settings.destinations.contains_key(&events) {
+                destinations.push((events.clone(), false));
+            }
+            let backend = EmbeddedBackend::new(clock.clone(), destinations);
+            let outbox = Outbox::new(backend.request_ports(clock.clone()), settings.timing, settings.limits);
+            let ports = ControlPorts {
+                publisher: Arc::new(LoggingPublisher { inner: backend.publisher.clone() }),
+                ..backend.control_ports(clock.clone())
+            };
+            let control = ControlPath::new(ports, settings.timing);
+            let inbox = backend.control_queue.clone();
+            let worker = tokio::spawn(async move {
+                tracing::info!("control worker running in process (embedded backend)");
+                poller::run(inbox.as_ref(), &control, std::time::Duration::from_millis(500), shutdown, |report| {
+                    for item in &report.items {
+                        if let Err(error) = &item.result {
+                            tracing::warn!(message_id = %item.message_id, error = %error, "control message failed");
+                        }
+                    }
+                })
+                .await;
+            });
+            Parts { state: AppState { outbox: Arc::new(outbox), events }, worker: Some(worker) }
+        }
+        Backend::Aws { table_name, control_queue_url } => {
+            let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
+            let outbox = Outbox::new(
+                RequestPorts {
+                    store: Arc::new(DynamoStore::new(clients.dynamodb.clone(), table_name.clone(), clock.clone())),
+                    control_queue: Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone())),
+                    clock,
+                    ids: Arc::new(RandomIds),
+                },
+                settings.timing,
+                settings.limits,
+            );
+            Parts { state: AppState { outbox: Arc::new(outbox), events }, worker: None }
+        }
+    }
+}
