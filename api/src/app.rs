@@ -32,7 +32,11 @@ pub struct HttpConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        Self { timeout: Duration::from_secs(10), max_body_bytes: 64 * 1024, cors_origins: Vec::new() }
+        Self {
+            timeout: Duration::from_secs(10),
+            max_body_bytes: 64 * 1024,
+            cors_origins: Vec::new(),
+        }
     }
 }
 
@@ -62,11 +66,21 @@ fn cors(origins: &[String]) -> CorsLayer {
             axum::http::header::IF_MATCH,
             HeaderName::from_static("idempotency-key"),
         ])
-        .expose_headers([axum::http::header::ETAG, axum::http::header::LOCATION, REQUEST_ID, HeaderName::from_static("x-transaction-id")]);
+        .expose_headers([
+            axum::http::header::ETAG,
+            axum::http::header::LOCATION,
+            REQUEST_ID,
+            HeaderName::from_static("x-transaction-id"),
+        ]);
     if origins.iter().any(|origin| origin == "*") {
         layer.allow_origin(AllowOrigin::any())
     } else {
-        layer.allow_origin(origins.iter().filter_map(|origin| HeaderValue::from_str(origin).ok()).collect::<Vec<_>>())
+        layer.allow_origin(
+            origins
+                .iter()
+                .filter_map(|origin| HeaderValue::from_str(origin).ok())
+                .collect::<Vec<_>>(),
+        )
     }
 }
 

@@ -24,7 +24,10 @@ pub struct FieldError {
 impl FieldError {
     /// An error for `field`.
     pub fn new(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { field: field.into(), detail: detail.into() }
+        Self {
+            field: field.into(),
+            detail: detail.into(),
+        }
     }
 }
 
@@ -103,7 +106,11 @@ const RETRY_AFTER_SECONDS: &str = "1";
 
 fn problem(status: StatusCode, kind: &str, title: &str) -> Problem {
     Problem {
-        problem_type: if kind == "about:blank" { kind.to_owned() } else { format!("/problems/{kind}") },
+        problem_type: if kind == "about:blank" {
+            kind.to_owned()
+        } else {
+            format!("/problems/{kind}")
+        },
         title: title.to_owned(),
         status: status.as_u16(),
         detail: None,
@@ -131,38 +138,79 @@ impl ApiError {
         };
 
         match self {
-            Self::MalformedBody(detail) => (with_detail(problem(S::BAD_REQUEST, "malformed-body", "Malformed request body"), detail.clone()), false),
-            Self::UnsupportedMediaType => (
-                with_detail(problem(S::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type"), "send application/json".into()),
+            Self::MalformedBody(detail) => (
+                with_detail(
+                    problem(S::BAD_REQUEST, "malformed-body", "Malformed request body"),
+                    detail.clone(),
+                ),
                 false,
             ),
-            Self::PayloadTooLarge => (problem(S::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large"), false),
+            Self::UnsupportedMediaType => (
+                with_detail(
+                    problem(
+                        S::UNSUPPORTED_MEDIA_TYPE,
+                        "unsupported-media-type",
+                        "Unsupported media type",
+                    ),
+                    "send application/json".into(),
+                ),
+                false,
+            ),
+            Self::PayloadTooLarge => (
+                problem(S::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large"),
+                false,
+            ),
             Self::Validation(errors) => {
                 let mut p = problem(S::UNPROCESSABLE_ENTITY, "validation", "Invalid request");
                 p.errors = errors.clone();
                 (p, false)
             }
             Self::InvalidHeader { header, detail } => (
-                with_detail(problem(S::BAD_REQUEST, "invalid-header", "Invalid header"), format!("{header}: {detail}")),
+                with_detail(
+                    problem(S::BAD_REQUEST, "invalid-header", "Invalid header"),
+                    format!("{header}: {detail}"),
+                ),
                 false,
             ),
-            Self::NotFound(detail) => (with_detail(problem(S::NOT_FOUND, "not-found", "Not found"), detail.clone()), false),
-            Self::MethodNotAllowed => (problem(S::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"), false),
-            Self::Conflict(detail) => (with_detail(problem(S::CONFLICT, "conflict", "Conflict"), detail.clone()), false),
+            Self::NotFound(detail) => (
+                with_detail(problem(S::NOT_FOUND, "not-found", "Not found"), detail.clone()),
+                false,
+            ),
+            Self::MethodNotAllowed => (
+                problem(S::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
+                false,
+            ),
+            Self::Conflict(detail) => (
+                with_detail(problem(S::CONFLICT, "conflict", "Conflict"), detail.clone()),
+                false,
+            ),
             Self::PreconditionFailed => (
-                with_detail(problem(S::PRECONDITION_FAILED, "precondition-failed", "Precondition failed"), "the resource's version differs from If-Match".into()),
+                with_detail(
+                    problem(S::PRECONDITION_FAILED, "precondition-failed", "Precondition failed"),
+                    "the resource's version differs from If-Match".into(),
+                ),
                 false,
             ),
             Self::IdempotencyKeyReused => (
                 with_detail(
-                    problem(S::UNPROCESSABLE_ENTITY, "idempotency-key-reused", "Idempotency key reused"),
+                    problem(
+                        S::UNPROCESSABLE_ENTITY,
+                        "idempotency-key-reused",
+                        "Idempotency key reused",
+                    ),
                     "this Idempotency-Key was used for a different request".into(),
                 ),
                 false,
             ),
             Self::Transaction(error) => Self::transaction_problem(error),
-            Self::Unavailable(_) => (problem(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"), true),
-            Self::Internal(_) => (problem(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error"), false),
+            Self::Unavailable(_) => (
+                problem(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
+                true,
+            ),
+            Self::Internal(_) => (
+                problem(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error"),
+                false,
+            ),
         }
     }
 
@@ -217,11 +265,18 @@ impl IntoResponse for ApiError {
         let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = (status, serde_json::to_string(&problem).unwrap_or_default()).into_response();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         if retry {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
         }
-        if let Some(txn) = problem.transaction_id.as_deref().and_then(|t| HeaderValue::from_str(t).ok()) {
+        if let Some(txn) = problem
+            .transaction_id
+            .as_deref()
+            .and_then(|t| HeaderValue::from_str(t).ok())
+        {
             headers.insert(TRANSACTION_ID_HEADER, txn);
         }
         response

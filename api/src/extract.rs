@@ -38,12 +38,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         if !is_json {
             return Err(ApiError::UnsupportedMediaType);
         }
-        let raw = Bytes::from_request(request, state).await.map_err(|rejection| match rejection {
-            BytesRejection::FailedToBufferBody(ref failed) if failed.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                ApiError::PayloadTooLarge
-            }
-            other => ApiError::MalformedBody(other.body_text()),
-        })?;
+        let raw = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| match rejection {
+                BytesRejection::FailedToBufferBody(ref failed) if failed.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                    ApiError::PayloadTooLarge
+                }
+                other => ApiError::MalformedBody(other.body_text()),
+            })?;
         let deserializer = &mut serde_json::Deserializer::from_slice(&raw);
         match serde_path_to_error::deserialize::<_, T>(deserializer) {
             Ok(value) => Ok(Self { value, raw }),
@@ -52,7 +54,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 let inner = error.into_inner();
                 if inner.is_data() {
                     let field = if path == "." { "body".to_owned() } else { path };
-                    Err(ApiError::Validation(vec![FieldError::new(field, strip_position(&inner.to_string()))]))
+                    Err(ApiError::Validation(vec![FieldError::new(
+                        field,
+                        strip_position(&inner.to_string()),
+                    )]))
                 } else {
                     Err(ApiError::MalformedBody(strip_position(&inner.to_string())))
                 }
@@ -101,14 +106,22 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let Some(value) = parts.headers.get(IF_MATCH) else { return Ok(Self::Absent) };
-        let invalid = || ApiError::InvalidHeader { header: "If-Match", detail: "must be * or an ETag such as \"3\"".into() };
+        let Some(value) = parts.headers.get(IF_MATCH) else {
+            return Ok(Self::Absent);
+        };
+        let invalid = || ApiError::InvalidHeader {
+            header: "If-Match",
+            detail: "must be * or an ETag such as \"3\"".into(),
+        };
         let text = value.to_str().map_err(|_| invalid())?.trim();
         if text == "*" {
             return Ok(Self::Any);
         }
         let tag = text.strip_prefix("W/").unwrap_or(text);
-        let version = tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')).and_then(|t| t.parse().ok());
+        let version = tag
+            .strip_prefix('"')
+            .and_then(|t| t.strip_suffix('"'))
+            .and_then(|t| t.parse().ok());
         version.map(Self::Version).ok_or_else(invalid)
     }
 }
@@ -123,11 +136,22 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let Some(value) = parts.headers.get(IDEMPOTENCY_KEY) else { return Ok(Self(None)) };
-        let invalid = |detail: String| ApiError::InvalidHeader { header: "Idempotency-Key", detail };
+        let Some(value) = parts.headers.get(IDEMPOTENCY_KEY) else {
+            return Ok(Self(None));
+        };
+        let invalid = |detail: String| ApiError::InvalidHeader {
+            header: "Idempotency-Key",
+            detail,
+        };
         let text = value.to_str().map_err(|_| invalid("must be printable ASCII".into()))?;
         // The draft makes the key a structured-field string: accept it quoted or bare.
-        let text = text.trim().strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(text.trim());
-        text.parse::<IdempotencyKey>().map(|key| Self(Some(key))).map_err(|error| invalid(error.to_string()))
+        let text = text
+            .trim()
+            .strip_prefix('"')
+            .and_then(|t| t.strip_suffix('"'))
+            .unwrap_or(text.trim());
+        text.parse::<IdempotencyKey>()
+            .map(|key| Self(Some(key)))
+            .map_err(|error| invalid(error.to_string()))
     }
 }

@@ -39,7 +39,11 @@ impl Idempotency {
     /// The stored answer for this key: a replay when the request is the same, an error
     /// when it is not, nothing when the key is new.
     pub async fn replay(&self, outbox: &Outbox) -> Result<Option<Response>, ApiError> {
-        let record = outbox.store().get_idempotency(&self.slot).await.map_err(ApiError::Unavailable)?;
+        let record = outbox
+            .store()
+            .get_idempotency(&self.slot)
+            .await
+            .map_err(ApiError::Unavailable)?;
         match record {
             None => Ok(None),
             Some(record) if record.fingerprint == self.fingerprint => Ok(Some(replayed(&record.response))),

@@ -16,7 +16,9 @@ const LISTEN_ADDR: &str = "OUTBOX_LISTEN_ADDR";
 fn init_tracing(on_lambda: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if on_lambda {
         builder.json().with_current_span(true).without_time().init();
     } else {
@@ -25,7 +27,8 @@ fn init_tracing(on_lambda: bool) {
 }
 
 async fn signal(stop: watch::Sender<bool>) {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
@@ -44,7 +47,10 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let address: SocketAddr = match std::env::var(LISTEN_ADDR).unwrap_or_else(|_| "127.0.0.1:3000".into()).parse() {
+    let address: SocketAddr = match std::env::var(LISTEN_ADDR)
+        .unwrap_or_else(|_| "127.0.0.1:3000".into())
+        .parse()
+    {
         Ok(address) => address,
         Err(error) => {
             eprintln!("error: {LISTEN_ADDR}: must be an address such as 127.0.0.1:3000 ({error})");
@@ -75,7 +81,10 @@ async fn main() -> ExitCode {
         }
     };
     tracing::info!(%address, "serving the orders API (POST /orders, GET /openapi.json)");
-    if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(wait_for_stop(stopped)).await {
+    if let Err(error) = axum::serve(listener, app)
+        .with_graceful_shutdown(wait_for_stop(stopped))
+        .await
+    {
         eprintln!("error: {error}");
         return ExitCode::FAILURE;
     }

@@ -12,7 +12,10 @@ use crate::transactions::{self, TransactionStatus};
 /// The API's description.
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Orders on the control-message outbox", description = "State changes and their events, committed together."),
+    info(
+        title = "Orders on the control-message outbox",
+        description = "State changes and their events, committed together."
+    ),
     paths(
         handlers::orders_create,
         handlers::orders_get,
@@ -21,7 +24,15 @@ use crate::transactions::{self, TransactionStatus};
         handlers::orders_cancel,
         transactions::transactions_get,
     ),
-    components(schemas(CreateOrder, LineItem, OrderStatus, OrderView, TransactionStatus, Problem, FieldError))
+    components(schemas(
+        CreateOrder,
+        LineItem,
+        OrderStatus,
+        OrderView,
+        TransactionStatus,
+        Problem,
+        FieldError
+    ))
 )]
 pub struct ApiDoc;
 

@@ -28,7 +28,11 @@ pub struct LoggingPublisher {
 
 #[async_trait]
 impl Publisher for LoggingPublisher {
-    async fn send_batch(&self, destination: &DestinationName, messages: &[OutgoingMessage]) -> Result<Vec<EntryFailure>, PublishError> {
+    async fn send_batch(
+        &self,
+        destination: &DestinationName,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<EntryFailure>, PublishError> {
         let failures = self.inner.send_batch(destination, messages).await?;
         for message in messages.iter().filter(|m| !failures.iter().any(|f| f.id == m.id)) {
             tracing::info!(%destination, message_id = %message.id, txn_id = %message.txn_id, body = %message.body, "dispatched message");
@@ -61,22 +65,28 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     match &settings.backend {
         Backend::Embedded => {
-            let mut destinations: Vec<(DestinationName, bool)> =
-                settings.destinations.iter().map(|(name, url)| (name.clone(), url.ends_with(".fifo"))).collect();
+            let mut destinations: Vec<(DestinationName, bool)> = settings
+                .destinations
+                .iter()
+                .map(|(name, url)| (name.clone(), url.ends_with(".fifo")))
+                .collect();
             if !settings.destinations.contains_key(&events) {
                 destinations.push((events.clone(), false));
             }
             let backend = EmbeddedBackend::new(clock.clone(), destinations);
             let outbox = Outbox::new(backend.request_ports(clock.clone()), settings.timing, settings.limits);
             let ports = ControlPorts {
-                publisher: Arc::new(LoggingPublisher { inner: backend.publisher.clone() }),
+                publisher: Arc::new(LoggingPublisher {
+                    inner: backend.publisher.clone(),
+                }),
                 ..backend.control_ports(clock.clone())
             };
             let control = ControlPath::new(ports, settings.timing);
             let inbox = backend.control_queue.clone();
-            let worker = tokio::spawn(async move {
-                tracing::info!("control worker running in process (embedded backend)");
-                poller::run(inbox.as_ref(), &control, std::time::Duration::from_millis(500), shutdown, |report| {
+            let worker =
+                tokio::spawn(async move {
+                    tracing::info!("control worker running in process (embedded backend)");
+                    poller::run(inbox.as_ref(), &control, std::time::Duration::from_millis(500), shutdown, |report| {
                     for item in &report.items {
                         if let Err(error) = &item.result {
                             tracing::warn!(message_id = %item.message_id, error = %error, "control message failed");
@@ -84,14 +94,27 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                     }
                 })
                 .await;
-            });
-            Parts { state: AppState { outbox: Arc::new(outbox), events }, worker: Some(worker) }
+                });
+            Parts {
+                state: AppState {
+                    outbox: Arc::new(outbox),
+                    events,
+                },
+                worker: Some(worker),
+            }
         }
-        Backend::Aws { table_name, control_queue_url } => {
+        Backend::Aws {
+            table_name,
+            control_queue_url,
+        } => {
             let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
             let outbox = Outbox::new(
                 RequestPorts {
-                    store: Arc::new(DynamoStore::new(clients.dynamodb.clone(), table_name.clone(), clock.clone())),
+                    store: Arc::new(DynamoStore::new(
+                        clients.dynamodb.clone(),
+                        table_name.clone(),
+                        clock.clone(),
+                    )),
                     control_queue: Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone())),
                     clock,
                     ids: Arc::new(RandomIds),
@@ -99,7 +122,13 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                 settings.timing,
                 settings.limits,
             );
-            Parts { state: AppState { outbox: Arc::new(outbox), events }, worker: None }
+            Parts {
+                state: AppState {
+                    outbox: Arc::new(outbox),
+                    events,
+                },
+                worker: None,
+            }
         }
     }
 }

@@ -28,8 +28,16 @@ pub struct TransactionStatus {
         (status = 200, description = "The status", body = TransactionStatus),
         (status = 422, description = "Not a transaction id", body = Problem, content_type = "application/problem+json"),
     ))]
-pub async fn transactions_get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<TransactionStatus>, ApiError> {
-    let txn_id: TxnId = id.parse().map_err(|_| ApiError::Validation(vec![FieldError::new("id", "must be a UUID v7")]))?;
+pub async fn transactions_get(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TransactionStatus>, ApiError> {
+    let txn_id: TxnId = id
+        .parse()
+        .map_err(|_| ApiError::Validation(vec![FieldError::new("id", "must be a UUID v7")]))?;
     let status = state.outbox.status(txn_id).await.map_err(ApiError::Unavailable)?;
-    Ok(Json(TransactionStatus { transaction_id: txn_id.to_string(), status: status.as_str().to_owned() }))
+    Ok(Json(TransactionStatus {
+        transaction_id: txn_id.to_string(),
+        status: status.as_str().to_owned(),
+    }))
 }

@@ -307,6 +307,9 @@ impl ControlPath {
         if pending.is_empty() {
             return outcomes;
         }
+        // Commit order: successive transactions on one item commit one after the other,
+        // so their events go out in the order the changes happened.
+        pending.sort_by_key(|record| (record.created_at, record.txn_id));
         let messages: Vec<_> = pending.iter().flat_map(|record| &record.messages).collect();
         let report = publish_all(
             self.ports.publisher.as_ref(),

@@ -99,7 +99,8 @@ impl MetricRecord {
     pub fn emit(&self) {
         static TO_STDOUT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let to_stdout = *TO_STDOUT.get_or_init(|| {
-            std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() || std::env::var("OUTBOX_EMF").is_ok_and(|v| v == "1")
+            std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some()
+                || std::env::var("OUTBOX_EMF").is_ok_and(|v| v == "1")
         });
         if self.is_empty() {
             return;

@@ -308,12 +308,22 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
     }
 
     fn origins(&mut self) -> Vec<String> {
-        let Some(text) = self.text(vars::CORS_ALLOWED_ORIGINS) else { return Vec::new() };
-        let origins: Vec<String> = text.split(',').map(str::trim).filter(|o| !o.is_empty()).map(str::to_owned).collect();
+        let Some(text) = self.text(vars::CORS_ALLOWED_ORIGINS) else {
+            return Vec::new();
+        };
+        let origins: Vec<String> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|o| !o.is_empty())
+            .map(str::to_owned)
+            .collect();
         for origin in &origins {
             let valid = origin == "*" || origin.starts_with("https://") || origin.starts_with("http://");
             if !valid {
-                self.fail(vars::CORS_ALLOWED_ORIGINS, format!("each origin must be * or start with http:// or https://, not {origin:?}"));
+                self.fail(
+                    vars::CORS_ALLOWED_ORIGINS,
+                    format!("each origin must be * or start with http:// or https://, not {origin:?}"),
+                );
             }
         }
         origins

@@ -29,11 +29,17 @@ fn parse_id(text: &str) -> Result<Uuid, ApiError> {
 
 async fn load(state: &AppState, id: Uuid) -> Result<Option<(Order, u64)>, ApiError> {
     let key = order_key(id);
-    let mut items = state.outbox.store().get_items(std::slice::from_ref(&key)).await.map_err(ApiError::Unavailable)?;
+    let mut items = state
+        .outbox
+        .store()
+        .get_items(std::slice::from_ref(&key))
+        .await
+        .map_err(ApiError::Unavailable)?;
     match items.remove(&key) {
         None => Ok(None),
         Some(item) => {
-            let order: Order = serde_json::from_value(item.data).map_err(|error| ApiError::Internal(format!("stored order {id}: {error}")))?;
+            let order: Order = serde_json::from_value(item.data)
+                .map_err(|error| ApiError::Internal(format!("stored order {id}: {error}")))?;
             Ok(Some((order, item.version)))
         }
     }
@@ -42,9 +48,15 @@ async fn load(state: &AppState, id: Uuid) -> Result<Option<(Order, u64)>, ApiErr
 fn order_response(status: StatusCode, view: &OrderView, location: bool) -> (StatusCode, HeaderMap, String) {
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(ETAG, HeaderValue::from_str(&etag(view.version)).expect("an ETag is ASCII"));
+    headers.insert(
+        ETAG,
+        HeaderValue::from_str(&etag(view.version)).expect("an ETag is ASCII"),
+    );
     if location {
-        headers.insert(LOCATION, HeaderValue::from_str(&format!("/orders/{}", view.id)).expect("a path is ASCII"));
+        headers.insert(
+            LOCATION,
+            HeaderValue::from_str(&format!("/orders/{}", view.id)).expect("a path is ASCII"),
+        );
     }
     (status, headers, serde_json::to_string(view).expect("views serialise"))
 }
@@ -59,12 +71,25 @@ struct Change {
 
 /// Stages the change and its event, commits them (with the response, under an
 /// idempotency key), and answers.
-async fn commit(state: &AppState, mut txn: Transaction<'_>, change: Change, idempotency: Option<Idempotency>, precondition: bool) -> Result<Response, ApiError> {
+async fn commit(
+    state: &AppState,
+    mut txn: Transaction<'_>,
+    change: Change,
+    idempotency: Option<Idempotency>,
+    precondition: bool,
+) -> Result<Response, ApiError> {
     let txn_id = txn.id();
     let (status, mut headers, body) = order_response(change.status, &change.view, change.created);
-    headers.insert(TRANSACTION_ID_HEADER, HeaderValue::from_str(&txn_id.to_string()).expect("ids are ASCII"));
+    headers.insert(
+        TRANSACTION_ID_HEADER,
+        HeaderValue::from_str(&txn_id.to_string()).expect("ids are ASCII"),
+    );
     if let Some((order, expected, event)) = change.write {
-        txn.put(order_key(order.id), serde_json::to_value(&order).expect("orders serialise"), expected);
+        txn.put(
+            order_key(order.id),
+            serde_json::to_value(&order).expect("orders serialise"),
+            expected,
+        );
         let message = Message::json(state.events.clone(), &event.body)
             .expect("events serialise")
             .with_attribute("event-type", event.name)
@@ -72,20 +97,34 @@ async fn commit(state: &AppState, mut txn: Transaction<'_>, change: Change, idem
         txn.emit(message);
     }
     if let Some(idempotency) = &idempotency {
-        txn.remember_response(idempotency.slot.clone(), idempotency.fingerprint.clone(), stored(status, &headers, &body));
+        txn.remember_response(
+            idempotency.slot.clone(),
+            idempotency.fingerprint.clone(),
+            stored(status, &headers, &body),
+        );
     }
     let started = Instant::now();
     let result = txn.commit().await;
     let metrics = MetricRecord::new("api", state.outbox.clock().now())
-        .add("CommitLatency", Unit::Milliseconds, [started.elapsed().as_secs_f64() * 1000.0])
+        .add(
+            "CommitLatency",
+            Unit::Milliseconds,
+            [started.elapsed().as_secs_f64() * 1000.0],
+        )
         .count("Commits", usize::from(result.is_ok()))
-        .count("CommitWindowRejections", usize::from(matches!(result, Err(TxnError::CommitWindowExpired { .. }))));
+        .count(
+            "CommitWindowRejections",
+            usize::from(matches!(result, Err(TxnError::CommitWindowExpired { .. }))),
+        );
     metrics.emit();
     match result {
         Ok(_) => Ok((status, headers, body).into_response()),
         // A concurrent request with the same key committed first: answer as it did.
         Err(TxnError::IdempotencyKeyUsed { .. }) => match &idempotency {
-            Some(idempotency) => idempotency.replay(&state.outbox).await?.ok_or_else(|| ApiError::Internal("idempotency record vanished".into())),
+            Some(idempotency) => idempotency
+                .replay(&state.outbox)
+                .await?
+                .ok_or_else(|| ApiError::Internal("idempotency record vanished".into())),
             None => Err(ApiError::Internal("idempotency conflict without a key".into())),
         },
         Err(error) => Err(ApiError::from(error).with_precondition(precondition)),
@@ -96,7 +135,11 @@ async fn begin(state: &AppState) -> Result<Transaction<'_>, ApiError> {
     let started = Instant::now();
     let result = state.outbox.begin().await;
     MetricRecord::new("api", state.outbox.clock().now())
-        .add("ControlSendLatency", Unit::Milliseconds, [started.elapsed().as_secs_f64() * 1000.0])
+        .add(
+            "ControlSendLatency",
+            Unit::Milliseconds,
+            [started.elapsed().as_secs_f64() * 1000.0],
+        )
         .emit();
     Ok(result?)
 }
@@ -126,7 +169,12 @@ pub async fn orders_create(
     }
     let txn = begin(&state).await?;
     let (order, event) = model::place(Uuid::now_v7(), body.value);
-    let change = Change { status: StatusCode::CREATED, view: order.view(1), created: true, write: Some((order, ExpectedVersion::Absent, event)) };
+    let change = Change {
+        status: StatusCode::CREATED,
+        view: order.view(1),
+        created: true,
+        write: Some((order, ExpectedVersion::Absent, event)),
+    };
     commit(&state, txn, change, idempotency, false).await
 }
 
@@ -146,7 +194,9 @@ async fn replay(state: &AppState, idempotency: &Option<Idempotency>) -> Result<O
     ))]
 pub async fn orders_get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let (order, version) = load(&state, id).await?.ok_or_else(|| ApiError::NotFound(format!("no order {id}")))?;
+    let (order, version) = load(&state, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no order {id}")))?;
     Ok(order_response(StatusCode::OK, &order.view(version), false).into_response())
 }
 
@@ -169,14 +219,24 @@ async fn change_order(
     }
     let txn = txn?;
     let change = match decide(&order)? {
-        Some((next, event)) => {
-            Change { status: StatusCode::OK, view: next.view(version + 1), created: false, write: Some((next, ExpectedVersion::Exactly(version), event)) }
-        }
+        Some((next, event)) => Change {
+            status: StatusCode::OK,
+            view: next.view(version + 1),
+            created: false,
+            write: Some((next, ExpectedVersion::Exactly(version), event)),
+        },
         // Nothing changes, nothing is emitted. Without a key there is nothing to commit
         // (the control message will find no record and tombstone it, harmlessly); with
         // one, the answer is committed so that repeats replay it.
-        None if idempotency.is_none() => return Ok(order_response(StatusCode::OK, &order.view(version), false).into_response()),
-        None => Change { status: StatusCode::OK, view: order.view(version), created: false, write: None },
+        None if idempotency.is_none() => {
+            return Ok(order_response(StatusCode::OK, &order.view(version), false).into_response())
+        }
+        None => Change {
+            status: StatusCode::OK,
+            view: order.view(version),
+            created: false,
+            write: None,
+        },
     };
     commit(state, txn, change, idempotency, if_match.is_present()).await
 }
@@ -205,7 +265,10 @@ pub async fn orders_add_item(
     body.value.validate()?;
     let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), &body.raw));
     let item = body.value;
-    change_order(&state, id, if_match, idempotency, move |order| model::add_item(order, item)).await
+    change_order(&state, id, if_match, idempotency, move |order| {
+        model::add_item(order, item)
+    })
+    .await
 }
 
 /// Removes the line of a SKU; emits `ItemRemoved` when there was one.
@@ -228,7 +291,10 @@ pub async fn orders_remove_item(
     let id = parse_id(&id)?;
     model::check_sku(&sku, "sku").map_err(|error| ApiError::Validation(vec![error]))?;
     let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), b""));
-    change_order(&state, id, if_match, idempotency, move |order| model::remove_item(order, &sku)).await
+    change_order(&state, id, if_match, idempotency, move |order| {
+        model::remove_item(order, &sku)
+    })
+    .await
 }
 
 /// Cancels an order; emits `OrderCancelled` unless it already was.

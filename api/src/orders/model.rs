@@ -78,7 +78,11 @@ impl Order {
             items: self.items.clone(),
             status: self.status,
             version,
-            total_cents: self.items.iter().map(|item| u64::from(item.quantity) * item.unit_price_cents).sum(),
+            total_cents: self
+                .items
+                .iter()
+                .map(|item| u64::from(item.quantity) * item.unit_price_cents)
+                .sum(),
         }
     }
 }
@@ -105,15 +109,23 @@ pub struct Event {
 
 fn check_customer(customer_id: &str, errors: &mut Vec<FieldError>) {
     let valid = (1..=64).contains(&customer_id.len())
-        && customer_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        && customer_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     if !valid {
-        errors.push(FieldError::new("customer_id", "must be 1 to 64 characters from A-Z a-z 0-9 - _"));
+        errors.push(FieldError::new(
+            "customer_id",
+            "must be 1 to 64 characters from A-Z a-z 0-9 - _",
+        ));
     }
 }
 
 /// Checks a SKU as it appears at `field`.
 pub fn check_sku(sku: &str, field: &str) -> Result<(), FieldError> {
-    let valid = (1..=32).contains(&sku.len()) && sku.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'-');
+    let valid = (1..=32).contains(&sku.len())
+        && sku
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'-');
     if valid {
         Ok(())
     } else {
@@ -129,7 +141,10 @@ fn check_item(item: &LineItem, prefix: &str, errors: &mut Vec<FieldError>) {
         errors.push(FieldError::new(format!("{prefix}quantity"), "must be from 1 to 999"));
     }
     if item.unit_price_cents > 10_000_000 {
-        errors.push(FieldError::new(format!("{prefix}unit_price_cents"), "must be from 0 to 10000000"));
+        errors.push(FieldError::new(
+            format!("{prefix}unit_price_cents"),
+            "must be from 0 to 10000000",
+        ));
     }
 }
 
@@ -170,7 +185,12 @@ impl LineItem {
 
 /// Places a new order.
 pub fn place(id: Uuid, request: CreateOrder) -> (Order, Event) {
-    let order = Order { id, customer_id: request.customer_id, items: request.items, status: OrderStatus::Placed };
+    let order = Order {
+        id,
+        customer_id: request.customer_id,
+        items: request.items,
+        status: OrderStatus::Placed,
+    };
     let event = Event {
         name: "OrderPlaced",
         body: json!({
@@ -201,7 +221,10 @@ pub fn add_item(order: &Order, item: LineItem) -> Result<Option<(Order, Event)>,
         Some(line) if *line == item => return Ok(None),
         Some(line) => *line = item.clone(),
         None if lines >= MAX_ITEMS => {
-            return Err(ApiError::Validation(vec![FieldError::new("items", format!("an order holds at most {MAX_ITEMS} lines"))]))
+            return Err(ApiError::Validation(vec![FieldError::new(
+                "items",
+                format!("an order holds at most {MAX_ITEMS} lines"),
+            )]))
         }
         None => next.items.push(item.clone()),
     }
@@ -220,7 +243,13 @@ pub fn remove_item(order: &Order, sku: &str) -> Result<Option<(Order, Event)>, A
     }
     let mut next = order.clone();
     next.items.retain(|line| line.sku != sku);
-    Ok(Some((next, Event { name: "ItemRemoved", body: json!({"type": "ItemRemoved", "order_id": order.id, "sku": sku}) })))
+    Ok(Some((
+        next,
+        Event {
+            name: "ItemRemoved",
+            body: json!({"type": "ItemRemoved", "order_id": order.id, "sku": sku}),
+        },
+    )))
 }
 
 /// Cancels the order; nothing when it already is.
@@ -228,8 +257,17 @@ pub fn cancel(order: &Order) -> Option<(Order, Event)> {
     if order.status == OrderStatus::Cancelled {
         return None;
     }
-    let next = Order { status: OrderStatus::Cancelled, ..order.clone() };
-    Some((next, Event { name: "OrderCancelled", body: json!({"type": "OrderCancelled", "order_id": order.id}) }))
+    let next = Order {
+        status: OrderStatus::Cancelled,
+        ..order.clone()
+    };
+    Some((
+        next,
+        Event {
+            name: "OrderCancelled",
+            body: json!({"type": "OrderCancelled", "order_id": order.id}),
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -237,25 +275,47 @@ mod tests {
     use super::*;
 
     fn item(sku: &str, quantity: u32) -> LineItem {
-        LineItem { sku: sku.into(), quantity, unit_price_cents: 100 }
+        LineItem {
+            sku: sku.into(),
+            quantity,
+            unit_price_cents: 100,
+        }
     }
 
     fn order() -> Order {
-        place(Uuid::nil(), CreateOrder { customer_id: "c-1".into(), items: vec![item("SKU-1", 2)] }).0
+        place(
+            Uuid::nil(),
+            CreateOrder {
+                customer_id: "c-1".into(),
+                items: vec![item("SKU-1", 2)],
+            },
+        )
+        .0
     }
 
     #[test]
     fn validation_names_every_failing_field() {
-        let request = CreateOrder { customer_id: "bad id".into(), items: vec![item("sku", 0), item("SKU-2", 1), item("SKU-2", 1)] };
-        let Err(ApiError::Validation(errors)) = request.validate() else { panic!("accepted") };
+        let request = CreateOrder {
+            customer_id: "bad id".into(),
+            items: vec![item("sku", 0), item("SKU-2", 1), item("SKU-2", 1)],
+        };
+        let Err(ApiError::Validation(errors)) = request.validate() else {
+            panic!("accepted")
+        };
         let fields: Vec<_> = errors.iter().map(|e| e.field.as_str()).collect();
-        assert_eq!(fields, ["customer_id", "items[0].sku", "items[0].quantity", "items[2].sku"]);
+        assert_eq!(
+            fields,
+            ["customer_id", "items[0].sku", "items[0].quantity", "items[2].sku"]
+        );
     }
 
     #[test]
     fn changes_emit_events_only_when_the_state_changes() {
         let order = order();
-        assert!(add_item(&order, item("SKU-1", 2)).unwrap().is_none(), "same line: nothing");
+        assert!(
+            add_item(&order, item("SKU-1", 2)).unwrap().is_none(),
+            "same line: nothing"
+        );
         let (changed, event) = add_item(&order, item("SKU-1", 3)).unwrap().unwrap();
         assert_eq!((changed.items[0].quantity, event.name), (3, "ItemAdded"));
         assert!(remove_item(&order, "SKU-9").unwrap().is_none());
@@ -263,12 +323,22 @@ mod tests {
         let (cancelled, event) = cancel(&order).unwrap();
         assert_eq!(event.name, "OrderCancelled");
         assert!(cancel(&cancelled).is_none());
-        assert!(matches!(add_item(&cancelled, item("SKU-2", 1)), Err(ApiError::Conflict(_))));
+        assert!(matches!(
+            add_item(&cancelled, item("SKU-2", 1)),
+            Err(ApiError::Conflict(_))
+        ));
     }
 
     #[test]
     fn totals_sum_quantity_times_price() {
-        let order = place(Uuid::nil(), CreateOrder { customer_id: "c".into(), items: vec![item("A", 2), item("B", 3)] }).0;
+        let order = place(
+            Uuid::nil(),
+            CreateOrder {
+                customer_id: "c".into(),
+                items: vec![item("A", 2), item("B", 3)],
+            },
+        )
+        .0;
         assert_eq!(order.view(1).total_cents, 500);
     }
 }

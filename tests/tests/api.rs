@@ -1,0 +1,751 @@
+//! The REST API through its router (`tower::ServiceExt::oneshot`, no server) on the
+//! embedded backend: every route and every error status; the same requests as API
+//! Gateway HTTP API and Lambda function URL events through `lambda_http`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::app::{router, HttpConfig};
+use api::state::AppState;
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use outbox::control::ControlPath;
+use outbox::embedded::{EmbeddedBackend, ManualClock};
+use outbox::poller::poll_once;
+use outbox::ports::{Clock, ControlQueue, ItemKey, QueueError, Store, StoreError, VersionedItem};
+use outbox::protocol::{ControlMessage, DestinationName};
+use outbox::request::{Outbox, RequestPorts};
+use outbox::settings::{Timing, TransactionLimits};
+use outbox::time::Timestamp;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+struct TestApp {
+    router: Router,
+    clock: Arc<ManualClock>,
+    backend: EmbeddedBackend,
+    control: ControlPath,
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Value,
+}
+
+fn events() -> DestinationName {
+    "events".parse().unwrap()
+}
+
+fn config() -> HttpConfig {
+    HttpConfig {
+        timeout: Duration::from_secs(5),
+        max_body_bytes: 4096,
+        cors_origins: vec!["https://shop.example".into()],
+    }
+}
+
+fn app_with(ports: impl FnOnce(&EmbeddedBackend, Arc<ManualClock>) -> RequestPorts) -> TestApp {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    let outbox = Outbox::new(
+        ports(&backend, clock.clone()),
+        Timing::default(),
+        TransactionLimits::default(),
+    );
+    let state = AppState {
+        outbox: Arc::new(outbox),
+        events: events(),
+    };
+    let control = ControlPath::new(backend.control_ports(clock.clone()), Timing::default());
+    TestApp {
+        router: router(state, &config()),
+        clock,
+        backend,
+        control,
+    }
+}
+
+fn app() -> TestApp {
+    app_with(|backend, clock| backend.request_ports(clock))
+}
+
+fn json_request(method: Method, uri: &str, body: &Value) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+fn empty(method: Method, uri: &str) -> Request<Body> {
+    Request::builder().method(method).uri(uri).body(Body::empty()).unwrap()
+}
+
+fn new_order() -> Value {
+    json!({"customer_id": "c-1", "items": [{"sku": "SKU-1", "quantity": 2, "unit_price_cents": 1299}]})
+}
+
+impl TestApp {
+    async fn send(&self, request: Request<Body>) -> Reply {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        Reply { status, headers, body }
+    }
+
+    async fn create(&self) -> Reply {
+        self.send(json_request(Method::POST, "/orders", &new_order())).await
+    }
+
+    /// Runs the control worker until the control queue is empty.
+    async fn settle(&self) {
+        let queue = self.backend.control_queue.queue();
+        for _ in 0..100 {
+            if queue.is_empty() {
+                return;
+            }
+            if let Some(at) = queue.next_visible_at().filter(|_| !queue.has_visible()) {
+                self.clock.set(at);
+            }
+            poll_once(self.backend.control_queue.as_ref(), &self.control, Duration::ZERO)
+                .await
+                .unwrap();
+        }
+        panic!("the control queue did not drain");
+    }
+
+    /// The events published so far: (message id, body).
+    fn published(&self) -> Vec<(String, Value)> {
+        self.backend
+            .publisher
+            .queue(&events())
+            .unwrap()
+            .sent()
+            .into_iter()
+            .map(|sent| {
+                (
+                    sent.request.attributes["outbox-message-id"].clone(),
+                    serde_json::from_str(&sent.request.body).unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn header<'a>(reply: &'a Reply, name: &str) -> Option<&'a str> {
+    reply.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn assert_problem(reply: &Reply, status: StatusCode, kind: &str) {
+    assert_eq!(reply.status, status, "{:?}", reply.body);
+    assert_eq!(header(reply, "content-type"), Some("application/problem+json"));
+    assert_eq!(reply.body["status"], status.as_u16());
+    assert!(
+        reply.body["type"].as_str().unwrap_or_default().ends_with(kind),
+        "{:?}",
+        reply.body
+    );
+}
+
+#[tokio::test]
+async fn creating_an_order_answers_201_and_publishes_order_placed_with_its_stable_id() {
+    let app = app();
+    let reply = app.create().await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    let id = reply.body["id"].as_str().unwrap().to_owned();
+    assert_eq!(header(&reply, "location"), Some(format!("/orders/{id}").as_str()));
+    assert_eq!(header(&reply, "etag"), Some("\"1\""));
+    assert_eq!(
+        (
+            reply.body["status"].clone(),
+            reply.body["version"].clone(),
+            reply.body["total_cents"].clone()
+        ),
+        (json!("placed"), json!(1), json!(2598))
+    );
+    let txn = header(&reply, "x-transaction-id").unwrap().to_owned();
+    assert!(
+        app.published().is_empty(),
+        "nothing is published before the control worker runs"
+    );
+    app.settle().await;
+    let published = app.published();
+    assert_eq!(published.len(), 1);
+    assert_eq!(published[0].0, format!("{txn}:0"));
+    assert_eq!(published[0].1["type"], "OrderPlaced");
+    assert_eq!(published[0].1["order_id"], id.as_str());
+
+    let status = app.send(empty(Method::GET, &format!("/transactions/{txn}"))).await;
+    assert_eq!(status.body, json!({"transaction_id": txn, "status": "dispatched"}));
+}
+
+#[tokio::test]
+async fn reading_an_order_gives_its_etag_and_unknown_or_malformed_ids_are_refused() {
+    let app = app();
+    let id = app.create().await.body["id"].as_str().unwrap().to_owned();
+    let reply = app.send(empty(Method::GET, &format!("/orders/{id}"))).await;
+    assert_eq!((reply.status, header(&reply, "etag")), (StatusCode::OK, Some("\"1\"")));
+    assert_eq!(reply.body["items"][0]["sku"], "SKU-1");
+    assert_problem(
+        &app.send(empty(Method::GET, "/orders/018bcfe5-6800-7000-8000-000000000000"))
+            .await,
+        StatusCode::NOT_FOUND,
+        "not-found",
+    );
+    let bad = app.send(empty(Method::GET, "/orders/not-a-uuid")).await;
+    assert_problem(&bad, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    assert_eq!(bad.body["errors"][0]["field"], "id");
+}
+
+#[tokio::test]
+async fn changes_emit_events_only_when_the_order_really_changes() {
+    let app = app();
+    let id = app.create().await.body["id"].as_str().unwrap().to_owned();
+    let add = |quantity: u32| {
+        json_request(
+            Method::POST,
+            &format!("/orders/{id}/items"),
+            &json!({"sku": "SKU-2", "quantity": quantity, "unit_price_cents": 500}),
+        )
+    };
+    let added = app.send(add(1)).await;
+    assert_eq!(
+        (
+            added.status,
+            added.body["version"].clone(),
+            added.body["total_cents"].clone()
+        ),
+        (StatusCode::OK, json!(2), json!(3098))
+    );
+    let again = app.send(add(1)).await;
+    assert_eq!(
+        (again.status, again.body["version"].clone()),
+        (StatusCode::OK, json!(2))
+    );
+    assert_eq!(header(&again, "x-transaction-id"), None, "no change, no transaction");
+    let changed = app.send(add(3)).await;
+    assert_eq!(changed.body["items"][1]["quantity"], 3);
+    let removed = app
+        .send(empty(Method::DELETE, &format!("/orders/{id}/items/SKU-1")))
+        .await;
+    assert_eq!(removed.body["items"].as_array().unwrap().len(), 1);
+    let absent = app
+        .send(empty(Method::DELETE, &format!("/orders/{id}/items/SKU-9")))
+        .await;
+    assert_eq!(
+        (absent.status, absent.body["version"].clone()),
+        (StatusCode::OK, json!(4))
+    );
+    let cancelled = app.send(empty(Method::POST, &format!("/orders/{id}/cancel"))).await;
+    assert_eq!(cancelled.body["status"], "cancelled");
+    let twice = app.send(empty(Method::POST, &format!("/orders/{id}/cancel"))).await;
+    assert_eq!(
+        (twice.status, twice.body["version"].clone()),
+        (StatusCode::OK, json!(5))
+    );
+    assert_problem(&app.send(add(1)).await, StatusCode::CONFLICT, "conflict");
+    assert_problem(
+        &app.send(empty(Method::DELETE, &format!("/orders/{id}/items/sku-lower")))
+            .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "validation",
+    );
+
+    app.settle().await;
+    // One batch settles all five; across transactions the protocol orders by commit time,
+    // which this test's clock does not move, so compare as a set.
+    let mut kinds: Vec<String> = app
+        .published()
+        .into_iter()
+        .map(|(_, body)| body["type"].as_str().unwrap().to_owned())
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        ["ItemAdded", "ItemAdded", "ItemRemoved", "OrderCancelled", "OrderPlaced"]
+    );
+}
+
+#[tokio::test]
+async fn if_match_is_honoured() {
+    let app = app();
+    let id = app.create().await.body["id"].as_str().unwrap().to_owned();
+    let cancel = |tag: &str| {
+        Request::builder()
+            .method(Method::POST)
+            .uri(format!("/orders/{id}/cancel"))
+            .header("if-match", tag)
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_problem(
+        &app.send(cancel("\"7\"")).await,
+        StatusCode::PRECONDITION_FAILED,
+        "precondition-failed",
+    );
+    assert_problem(
+        &app.send(cancel("seven")).await,
+        StatusCode::BAD_REQUEST,
+        "invalid-header",
+    );
+    assert_eq!(app.send(cancel("\"1\"")).await.status, StatusCode::OK);
+}
+
+/// A store whose reads lag one version behind, so that every change loses its race.
+struct StaleReads(Arc<dyn Store>);
+
+#[async_trait]
+impl Store for StaleReads {
+    async fn commit(&self, request: &outbox::ports::CommitRequest) -> Result<(), outbox::ports::CommitError> {
+        self.0.commit(request).await
+    }
+    async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
+        let mut items = self.0.get_items(keys).await?;
+        items.values_mut().for_each(|item| item.version -= 1);
+        Ok(items)
+    }
+    async fn get_outboxes(
+        &self,
+        ids: &[outbox::protocol::TxnId],
+    ) -> Result<BTreeMap<outbox::protocol::TxnId, outbox::protocol::OutboxRecord>, StoreError> {
+        self.0.get_outboxes(ids).await
+    }
+    async fn get_idempotency(
+        &self,
+        slot: &outbox::protocol::IdempotencySlot,
+    ) -> Result<Option<outbox::protocol::IdempotencyRecord>, StoreError> {
+        self.0.get_idempotency(slot).await
+    }
+    async fn put_tombstone(
+        &self,
+        id: outbox::protocol::TxnId,
+        now: Timestamp,
+        at: Timestamp,
+    ) -> Result<outbox::ports::TombstoneOutcome, StoreError> {
+        self.0.put_tombstone(id, now, at).await
+    }
+    async fn mark_dispatched(
+        &self,
+        records: &[outbox::protocol::OutboxRecord],
+        at: Timestamp,
+    ) -> Vec<Result<(), StoreError>> {
+        self.0.mark_dispatched(records, at).await
+    }
+}
+
+#[tokio::test]
+async fn a_lost_version_race_is_409_or_412_under_if_match() {
+    let app = app();
+    let id = app.create().await.body["id"].as_str().unwrap().to_owned();
+    let racing = app_with(|backend, clock| RequestPorts {
+        store: Arc::new(StaleReads(backend.store.clone())),
+        ..backend.request_ports(clock)
+    });
+    // Share the first app's data: put the order in the racing app's store too.
+    let order = app
+        .backend
+        .store
+        .get_items(&[format!("ORDER#{id}").parse().unwrap()])
+        .await
+        .unwrap();
+    let item = order.values().next().unwrap().clone();
+    let put = outbox::ports::BusinessWrite::Put {
+        key: item.key.clone(),
+        data: item.data.clone(),
+        expected: outbox::ports::ExpectedVersion::Absent,
+    };
+    let txn = outbox::protocol::TxnId::new_v7();
+    let record = outbox::protocol::OutboxRecord::committed(
+        txn,
+        vec![],
+        racing.clock.now(),
+        racing.clock.now().plus(Duration::from_secs(60)),
+    );
+    racing
+        .backend
+        .store
+        .commit(&outbox::ports::CommitRequest {
+            txn_id: txn,
+            writes: vec![put],
+            outbox: record,
+            idempotency: None,
+        })
+        .await
+        .unwrap();
+    racing
+        .backend
+        .store
+        .commit(&outbox::ports::CommitRequest {
+            txn_id: outbox::protocol::TxnId::new_v7(),
+            writes: vec![outbox::ports::BusinessWrite::Put {
+                key: item.key.clone(),
+                data: item.data.clone(),
+                expected: outbox::ports::ExpectedVersion::Exactly(1),
+            }],
+            outbox: outbox::protocol::OutboxRecord::committed(
+                outbox::protocol::TxnId::new_v7(),
+                vec![],
+                racing.clock.now(),
+                racing.clock.now().plus(Duration::from_secs(60)),
+            ),
+            idempotency: None,
+        })
+        .await
+        .ok();
+
+    assert_problem(
+        &racing.send(empty(Method::POST, &format!("/orders/{id}/cancel"))).await,
+        StatusCode::CONFLICT,
+        "version-conflict",
+    );
+    let with_precondition = Request::builder()
+        .method(Method::POST)
+        .uri(format!("/orders/{id}/cancel"))
+        .header("if-match", "\"1\"")
+        .body(Body::empty())
+        .unwrap();
+    assert_problem(
+        &racing.send(with_precondition).await,
+        StatusCode::PRECONDITION_FAILED,
+        "precondition-failed",
+    );
+}
+
+#[tokio::test]
+async fn an_idempotency_key_replays_the_first_answer_and_refuses_another_request() {
+    let app = app();
+    let keyed = |body: &Value, key: &str| {
+        Request::builder()
+            .method(Method::POST)
+            .uri("/orders")
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let first = app.send(keyed(&new_order(), "key-1")).await;
+    let repeat = app.send(keyed(&new_order(), "key-1")).await;
+    assert_eq!(
+        (first.status, repeat.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert_eq!(repeat.body, first.body);
+    assert_eq!(header(&repeat, "idempotent-replayed"), Some("true"));
+    assert_eq!(header(&repeat, "location"), header(&first, "location"));
+    assert_eq!(header(&first, "idempotent-replayed"), None);
+    let other = json!({"customer_id": "c-2", "items": [{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 1}]});
+    assert_problem(
+        &app.send(keyed(&other, "key-1")).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+    );
+    assert_problem(
+        &app.send(keyed(&new_order(), "")).await,
+        StatusCode::BAD_REQUEST,
+        "invalid-header",
+    );
+
+    // Two concurrent requests with one key: one executes, the other replays.
+    let (a, b) = tokio::join!(
+        app.send(keyed(&new_order(), "key-2")),
+        app.send(keyed(&new_order(), "key-2"))
+    );
+    assert_eq!((a.status, b.status), (StatusCode::CREATED, StatusCode::CREATED));
+    assert_eq!(a.body["id"], b.body["id"], "both answers name the one order created");
+    let replayed = [&a, &b]
+        .iter()
+        .filter(|r| header(r, "idempotent-replayed") == Some("true"))
+        .count();
+    assert_eq!(replayed, 1);
+    app.settle().await;
+    assert_eq!(app.published().len(), 2, "two orders placed, for two keys");
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_problem_and_writes_nothing() {
+    let app = app();
+    let malformed = Request::builder()
+        .method(Method::POST)
+        .uri("/orders")
+        .header("content-type", "application/json")
+        .body(Body::from("{\"customer_id\":"))
+        .unwrap();
+    assert_problem(&app.send(malformed).await, StatusCode::BAD_REQUEST, "malformed-body");
+    let wrong_type = app
+        .send(json_request(
+            Method::POST,
+            "/orders",
+            &json!({"customer_id": "c-1", "items": [{"sku": "SKU-1", "quantity": "two", "unit_price_cents": 1}]}),
+        ))
+        .await;
+    assert_problem(&wrong_type, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    assert_eq!(wrong_type.body["errors"][0]["field"], "items[0].quantity");
+    let invalid = app
+        .send(json_request(
+            Method::POST,
+            "/orders",
+            &json!({"customer_id": "", "items": []}),
+        ))
+        .await;
+    let fields: Vec<&str> = invalid.body["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["customer_id", "items"]);
+    let not_json = Request::builder()
+        .method(Method::POST)
+        .uri("/orders")
+        .header("content-type", "text/plain")
+        .body(Body::from("hello"))
+        .unwrap();
+    assert_problem(
+        &app.send(not_json).await,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported-media-type",
+    );
+    let huge = json!({"customer_id": "c-1", "items": [], "padding": "x".repeat(5000)});
+    assert_problem(
+        &app.send(json_request(Method::POST, "/orders", &huge)).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload-too-large",
+    );
+    assert_problem(
+        &app.send(empty(Method::GET, "/nowhere")).await,
+        StatusCode::NOT_FOUND,
+        "not-found",
+    );
+    assert_problem(
+        &app.send(empty(Method::GET, "/orders")).await,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+    );
+    assert_problem(
+        &app.send(empty(Method::GET, "/transactions/42")).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "validation",
+    );
+    assert!(
+        app.backend.store.outbox_records().is_empty(),
+        "no bad request reached the request path"
+    );
+}
+
+/// A control queue that refuses every send.
+struct DownQueue;
+
+#[async_trait]
+impl ControlQueue for DownQueue {
+    async fn send(&self, _: &ControlMessage, _: Duration) -> Result<(), QueueError> {
+        Err(QueueError::Unavailable("the control queue is down".into()))
+    }
+}
+
+#[tokio::test]
+async fn a_control_queue_failure_is_503_with_retry_after_and_writes_nothing() {
+    let app = app_with(|backend, clock| RequestPorts {
+        control_queue: Arc::new(DownQueue),
+        ..backend.request_ports(clock)
+    });
+    let reply = app.create().await;
+    assert_problem(&reply, StatusCode::SERVICE_UNAVAILABLE, "control-queue-unavailable");
+    assert_eq!(header(&reply, "retry-after"), Some("1"));
+    assert!(reply.body["transaction_id"].is_string());
+    assert!(
+        !reply.body.to_string().contains("down"),
+        "no internals: {:?}",
+        reply.body
+    );
+    assert!(app.backend.store.outbox_records().is_empty());
+}
+
+/// A clock that jumps 20 s every time it is read: every commit comes after its window.
+struct SlowClock(Arc<ManualClock>, AtomicU64);
+
+#[async_trait]
+impl Clock for SlowClock {
+    fn now(&self) -> Timestamp {
+        let reads = self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.now().plus(Duration::from_secs(20 * reads))
+    }
+    async fn sleep(&self, duration: Duration) {
+        self.0.sleep(duration).await;
+    }
+}
+
+#[tokio::test]
+async fn a_commit_after_its_window_is_503_commit_window_expired() {
+    let app = app_with(|backend, clock| RequestPorts {
+        clock: Arc::new(SlowClock(clock.clone(), AtomicU64::new(0))),
+        ..backend.request_ports(clock)
+    });
+    let reply = app.create().await;
+    assert_problem(&reply, StatusCode::SERVICE_UNAVAILABLE, "commit-window-expired");
+    assert_eq!(header(&reply, "retry-after"), Some("1"));
+    assert_eq!(
+        header(&reply, "x-transaction-id"),
+        reply.body["transaction_id"].as_str()
+    );
+}
+
+#[tokio::test]
+async fn an_internal_error_says_nothing_about_internals() {
+    let app = app();
+    let id = "018bcfe5-6800-7000-8000-0000000000aa";
+    let txn = outbox::protocol::TxnId::new_v7();
+    let corrupt = outbox::ports::BusinessWrite::Put {
+        key: format!("ORDER#{id}").parse().unwrap(),
+        data: json!({"secret": "table layout"}),
+        expected: outbox::ports::ExpectedVersion::Absent,
+    };
+    let record = outbox::protocol::OutboxRecord::committed(
+        txn,
+        vec![],
+        app.clock.now(),
+        app.clock.now().plus(Duration::from_secs(60)),
+    );
+    app.backend
+        .store
+        .commit(&outbox::ports::CommitRequest {
+            txn_id: txn,
+            writes: vec![corrupt],
+            outbox: record,
+            idempotency: None,
+        })
+        .await
+        .unwrap();
+    let reply = app.send(empty(Method::GET, &format!("/orders/{id}"))).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        reply.body,
+        json!({"type": "about:blank", "title": "Internal Server Error", "status": 500})
+    );
+}
+
+#[tokio::test]
+async fn transactions_report_their_status() {
+    let app = app();
+    let unknown = outbox::protocol::TxnId::new_v7();
+    let reply = app.send(empty(Method::GET, &format!("/transactions/{unknown}"))).await;
+    assert_eq!(reply.body["status"], "unknown");
+    let txn = header(&app.create().await, "x-transaction-id").unwrap().to_owned();
+    assert_eq!(
+        app.send(empty(Method::GET, &format!("/transactions/{txn}"))).await.body["status"],
+        "pending"
+    );
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_every_route() {
+    let app = app();
+    let reply = app.send(empty(Method::GET, "/openapi.json")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(
+        reply.body["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        reply.body["openapi"]
+    );
+    let paths: Vec<&str> = reply.body["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let expected = [
+        "/orders",
+        "/orders/{id}",
+        "/orders/{id}/cancel",
+        "/orders/{id}/items",
+        "/orders/{id}/items/{sku}",
+        "/transactions/{id}",
+    ];
+    assert_eq!(paths, expected, "sorted");
+    assert!(reply.body["components"]["schemas"]["Problem"].is_object());
+}
+
+#[tokio::test]
+async fn request_ids_cors_and_compression_are_in_place() {
+    let app = app();
+    let generated = app.send(empty(Method::GET, "/openapi.json")).await;
+    assert_eq!(header(&generated, "x-request-id").map(str::len), Some(36));
+    let given = Request::builder()
+        .uri("/openapi.json")
+        .header("x-request-id", "req-123")
+        .header("accept-encoding", "gzip")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.router.clone().oneshot(given).await.unwrap();
+    assert_eq!(response.headers()["x-request-id"], "req-123");
+    assert_eq!(response.headers()["content-encoding"], "gzip");
+    let preflight = Request::builder()
+        .method(Method::OPTIONS)
+        .uri("/orders")
+        .header("origin", "https://shop.example")
+        .header("access-control-request-method", "POST")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.router.clone().oneshot(preflight).await.unwrap();
+    assert_eq!(
+        response.headers()["access-control-allow-origin"],
+        "https://shop.example"
+    );
+    let stranger = Request::builder()
+        .uri("/openapi.json")
+        .header("origin", "https://evil.example")
+        .body(Body::empty())
+        .unwrap();
+    assert!(app
+        .router
+        .clone()
+        .oneshot(stranger)
+        .await
+        .unwrap()
+        .headers()
+        .get("access-control-allow-origin")
+        .is_none());
+}
+
+#[tokio::test]
+async fn api_gateway_and_function_url_events_go_through_lambda_http() {
+    let app = app();
+    let event = include_str!("../fixtures/apigw_v2_create_order.json");
+    let request = lambda_http::request::from_str(event).expect("an API Gateway HTTP API v2 event");
+    let response = app
+        .router
+        .clone()
+        .oneshot(request.map(|body| Body::from(body.to_vec())))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let id = body["id"].as_str().unwrap();
+
+    let event = include_str!("../fixtures/function_url_add_item.json").replace("ORDER_ID", id);
+    let request = lambda_http::request::from_str(&event).expect("a Lambda function URL event");
+    let response = app
+        .router
+        .clone()
+        .oneshot(request.map(|body| Body::from(body.to_vec())))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(
+        (body["version"].clone(), body["items"][1]["sku"].clone()),
+        (json!(2), json!("SKU-2"))
+    );
+}
