@@ -29,3 +29,8 @@ pub mod publish;
 pub mod request;
 pub mod settings;
 pub mod time;
+
+/// The README's examples, compiled as doc tests so that they cannot rot.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
