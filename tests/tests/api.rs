@@ -749,3 +749,73 @@ async fn api_gateway_and_function_url_events_go_through_lambda_http() {
         (json!(2), json!("SKU-2"))
     );
 }
+
+/// A store whose reads take a second.
+struct SlowStore(Arc<dyn Store>);
+
+#[async_trait]
+impl Store for SlowStore {
+    async fn commit(&self, request: &outbox::ports::CommitRequest) -> Result<(), outbox::ports::CommitError> {
+        self.0.commit(request).await
+    }
+    async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.0.get_items(keys).await
+    }
+    async fn get_outboxes(
+        &self,
+        ids: &[outbox::protocol::TxnId],
+    ) -> Result<BTreeMap<outbox::protocol::TxnId, outbox::protocol::OutboxRecord>, StoreError> {
+        self.0.get_outboxes(ids).await
+    }
+    async fn get_idempotency(
+        &self,
+        slot: &outbox::protocol::IdempotencySlot,
+    ) -> Result<Option<outbox::protocol::IdempotencyRecord>, StoreError> {
+        self.0.get_idempotency(slot).await
+    }
+    async fn put_tombstone(
+        &self,
+        id: outbox::protocol::TxnId,
+        now: Timestamp,
+        at: Timestamp,
+    ) -> Result<outbox::ports::TombstoneOutcome, StoreError> {
+        self.0.put_tombstone(id, now, at).await
+    }
+    async fn mark_dispatched(
+        &self,
+        records: &[outbox::protocol::OutboxRecord],
+        at: Timestamp,
+    ) -> Vec<Result<(), StoreError>> {
+        self.0.mark_dispatched(records, at).await
+    }
+}
+
+#[tokio::test]
+async fn a_request_over_the_timeout_is_a_503_problem() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    let ports = RequestPorts {
+        store: Arc::new(SlowStore(backend.store.clone())),
+        ..backend.request_ports(clock)
+    };
+    let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
+    let config = HttpConfig {
+        timeout: Duration::from_millis(100),
+        ..config()
+    };
+    let router = router(
+        AppState {
+            outbox: Arc::new(outbox),
+            events: events(),
+        },
+        &config,
+    );
+    let response = router
+        .oneshot(empty(Method::GET, "/orders/018bcfe5-6800-7000-8000-000000000000"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    assert_eq!(response.headers()["retry-after"], "1");
+}
