@@ -225,5 +225,4 @@ fn the_queues_and_the_event_source_follow_the_rules() {
     assert!(min("MaxCommitDurationSeconds") > max("ApiTimeoutSeconds") + max("SdkOperationTimeoutSeconds"));
     assert!(min("BackoffCapSeconds") >= max("FirstCheckDelaySeconds"));
     assert!(min("RetentionSeconds") > max("MaxCommitDurationSeconds"));
-    let _ = Clock::now;
 }
