@@ -30,12 +30,15 @@ use yaml_rust2::{Yaml, YamlLoader};
 const FUNCTIONS: [&str; 2] = ["ApiFunction", "ControlWorkerFunction"];
 
 fn template() -> Yaml {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).expect("template.yaml");
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).expect("template.yaml");
     YamlLoader::load_from_str(&text).expect("valid YAML").remove(0)
 }
 
 fn names(yaml: &Yaml) -> BTreeSet<String> {
-    yaml.as_hash().map(|hash| hash.keys().filter_map(|k| k.as_str().map(str::to_owned)).collect()).unwrap_or_default()
+    yaml.as_hash()
+        .map(|hash| hash.keys().filter_map(|k| k.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
 }
 
 fn strings(yaml: &Yaml) -> Vec<String> {
@@ -65,7 +68,9 @@ fn every_variable_the_code_reads_is_set_on_each_function() {
     needed.insert("RUST_LOG".into());
     for function in FUNCTIONS {
         let mut set = globals.clone();
-        set.extend(names(&template["Resources"][function]["Properties"]["Environment"]["Variables"]));
+        set.extend(names(
+            &template["Resources"][function]["Properties"]["Environment"]["Variables"],
+        ));
         let missing: Vec<_> = needed.difference(&set).collect();
         assert!(missing.is_empty(), "{function} lacks {missing:?}");
     }
@@ -90,7 +95,10 @@ fn iam_actions(operation: &str) -> Vec<&'static str> {
 /// Grants of a function: action → the resources named for it.
 fn grants(template: &Yaml, function: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut grants: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for policy in template["Resources"][function]["Properties"]["Policies"].as_vec().expect("inline policies") {
+    for policy in template["Resources"][function]["Properties"]["Policies"]
+        .as_vec()
+        .expect("inline policies")
+    {
         for statement in policy["Statement"].as_vec().expect("statements") {
             assert_eq!(statement["Effect"].as_str(), Some("Allow"));
             let resources = strings(&statement["Resource"]);
@@ -126,37 +134,69 @@ async fn operations_by_function() -> BTreeMap<&'static str, BTreeSet<String>> {
     let timing = Timing::default();
     counter.reset();
     let outbox = Outbox::new(
-        RequestPorts { store: backend.store.clone(), control_queue: backend.control_queue.clone(), clock: backend.clock.clone(), ids: Arc::new(RandomIds) },
+        RequestPorts {
+            store: backend.store.clone(),
+            control_queue: backend.control_queue.clone(),
+            clock: backend.clock.clone(),
+            ids: Arc::new(RandomIds),
+        },
         timing,
         TransactionLimits::default(),
     );
-    let app = router(AppState { outbox: Arc::new(outbox), events: "events".parse().unwrap() }, &HttpConfig::default());
+    let app = router(
+        AppState {
+            outbox: Arc::new(outbox),
+            events: "events".parse().unwrap(),
+        },
+        &HttpConfig::default(),
+    );
     let send = |method: Method, uri: String, body: Option<serde_json::Value>| {
         let app = app.clone();
         async move {
-            let mut request = Request::builder().method(method).uri(uri).header("idempotency-key", "template-test");
+            let mut request = Request::builder()
+                .method(method)
+                .uri(uri)
+                .header("idempotency-key", "template-test");
             if body.is_some() {
                 request = request.header("content-type", "application/json");
             }
-            let request = request.body(body.map_or_else(Body::empty, |b| Body::from(b.to_string()))).unwrap();
+            let request = request
+                .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+                .unwrap();
             let response = app.oneshot(request).await.unwrap();
             let status = response.status();
             let bytes = response.into_body().collect().await.unwrap().to_bytes();
-            (status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or_default())
+            (
+                status,
+                serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or_default(),
+            )
         }
     };
-    let (status, order) = send(Method::POST, "/orders".into(), Some(json!({"customer_id": "c-1", "items": [{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 5}]}))).await;
+    let (status, order) = send(
+        Method::POST,
+        "/orders".into(),
+        Some(json!({"customer_id": "c-1", "items": [{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 5}]})),
+    )
+    .await;
     assert_eq!(status, StatusCode::CREATED);
     let id = order["id"].as_str().unwrap().to_owned();
     assert_eq!(send(Method::GET, format!("/orders/{id}"), None).await.0, StatusCode::OK);
     let txn = TxnId::new_v7();
-    assert_eq!(send(Method::GET, format!("/transactions/{txn}"), None).await.0, StatusCode::OK);
+    assert_eq!(
+        send(Method::GET, format!("/transactions/{txn}"), None).await.0,
+        StatusCode::OK
+    );
     let mut operations = BTreeMap::new();
     operations.insert("ApiFunction", counter.counts().into_keys().collect());
 
     counter.reset();
     let control = ControlPath::new(
-        ControlPorts { store: backend.store.clone(), control_queue: backend.control_queue.clone(), publisher: backend.publisher.clone(), clock: backend.clock.clone() },
+        ControlPorts {
+            store: backend.store.clone(),
+            control_queue: backend.control_queue.clone(),
+            publisher: backend.publisher.clone(),
+            clock: backend.clock.clone(),
+        },
         timing,
     );
     let received = backend.inbox.receive(10, Duration::from_secs(3)).await.unwrap();
@@ -182,15 +222,28 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
         let granted = grants(&template, function);
         for operation in &operations[function] {
             for action in iam_actions(operation) {
-                let resources = granted.get(action).unwrap_or_else(|| panic!("{function} calls {operation} but is not granted {action}"));
-                let service_resource = if action.starts_with("dynamodb:") { "Table" } else { "Queue" };
-                assert!(resources.iter().all(|r| r.contains(service_resource)), "{function}: {action} on {resources:?}");
+                let resources = granted
+                    .get(action)
+                    .unwrap_or_else(|| panic!("{function} calls {operation} but is not granted {action}"));
+                let service_resource = if action.starts_with("dynamodb:") {
+                    "Table"
+                } else {
+                    "Queue"
+                };
+                assert!(
+                    resources.iter().all(|r| r.contains(service_resource)),
+                    "{function}: {action} on {resources:?}"
+                );
             }
         }
     }
     let worker = grants(&template, "ControlWorkerFunction");
     let targets: Vec<&String> = worker["sqs:SendMessage"].iter().collect();
-    assert_eq!(targets.len(), 2, "the worker sends to the control queue (deferrals) and the events queue: {targets:?}");
+    assert_eq!(
+        targets.len(),
+        2,
+        "the worker sends to the control queue (deferrals) and the events queue: {targets:?}"
+    );
     let api = grants(&template, "ApiFunction");
     assert_eq!(api["sqs:SendMessage"].len(), 1, "the API sends only control messages");
 }
@@ -199,25 +252,48 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
 fn the_queues_and_the_event_source_follow_the_rules() {
     let template = template();
     let resources = &template["Resources"];
-    let worker_timeout = resources["ControlWorkerFunction"]["Properties"]["Timeout"].as_i64().expect("a fixed timeout");
+    let worker_timeout = resources["ControlWorkerFunction"]["Properties"]["Timeout"]
+        .as_i64()
+        .expect("a fixed timeout");
     let control = &resources["ControlQueue"]["Properties"];
-    assert!(control["VisibilityTimeout"].as_i64().unwrap() >= 6 * worker_timeout, "visibility timeout under 6 × the worker's timeout");
+    assert!(
+        control["VisibilityTimeout"].as_i64().unwrap() >= 6 * worker_timeout,
+        "visibility timeout under 6 × the worker's timeout"
+    );
     for queue in ["ControlQueue", "EventsQueue"] {
         let redrive = &resources[queue]["Properties"]["RedrivePolicy"];
-        assert!(redrive["maxReceiveCount"].as_i64().unwrap() >= 5, "{queue}: maxReceiveCount under 5");
+        assert!(
+            redrive["maxReceiveCount"].as_i64().unwrap() >= 5,
+            "{queue}: maxReceiveCount under 5"
+        );
     }
     let event = &resources["ControlWorkerFunction"]["Properties"]["Events"]["ControlQueue"]["Properties"];
     assert!(event["BatchSize"].as_i64().unwrap() <= 10);
     assert_eq!(strings(&event["FunctionResponseTypes"]), ["ReportBatchItemFailures"]);
     let table = &resources["Table"]["Properties"];
-    assert_eq!(table["TimeToLiveSpecification"]["AttributeName"].as_str(), Some("expires_at"));
+    assert_eq!(
+        table["TimeToLiveSpecification"]["AttributeName"].as_str(),
+        Some("expires_at")
+    );
     assert_eq!(table["BillingMode"].as_str(), Some("PAY_PER_REQUEST"));
-    assert_eq!(table["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"].as_bool(), Some(true));
+    assert_eq!(
+        table["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"].as_bool(),
+        Some(true)
+    );
     for function in FUNCTIONS {
-        assert_eq!(resources[function]["Metadata"]["BuildMethod"].as_str(), Some("rust-cargolambda"));
+        assert_eq!(
+            resources[function]["Metadata"]["BuildMethod"].as_str(),
+            Some("rust-cargolambda")
+        );
     }
-    assert_eq!(template["Globals"]["Function"]["Runtime"].as_str(), Some("provided.al2023"));
-    assert_eq!(template["Parameters"]["Architecture"]["Default"].as_str(), Some("arm64"));
+    assert_eq!(
+        template["Globals"]["Function"]["Runtime"].as_str(),
+        Some("provided.al2023")
+    );
+    assert_eq!(
+        template["Parameters"]["Architecture"]["Default"].as_str(),
+        Some("arm64")
+    );
     // Every combination of the timing parameters is valid: the ranges make the commit
     // window outlast the API timeout plus the SDK timeout.
     let max = |name: &str| template["Parameters"][name]["MaxValue"].as_i64().unwrap();
