@@ -10,11 +10,9 @@ use api::state::AppState;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
+use outbox::control::ControlOutcome;
 use outbox::poller::poll_once;
-use outbox::ports::RandomIds;
-use outbox::request::{Outbox, RequestPorts};
-use outbox::settings::{Timing, TransactionLimits};
+use outbox::settings::Timing;
 use outbox_tests::conformance::Backend;
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -23,16 +21,7 @@ use tower::ServiceExt;
 async fn an_order_created_through_the_api_reaches_the_events_queue_with_its_stable_id() {
     let backend = Backend::aws().await;
     let timing = Timing::default();
-    let outbox = Outbox::new(
-        RequestPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            clock: backend.clock.clone(),
-            ids: Arc::new(RandomIds),
-        },
-        timing,
-        TransactionLimits::default(),
-    );
+    let outbox = backend.outbox(timing);
     let app = router(
         AppState {
             outbox: Arc::new(outbox),
@@ -52,15 +41,7 @@ async fn an_order_created_through_the_api_reaches_the_events_queue_with_its_stab
     let txn = response.headers()["x-transaction-id"].to_str().unwrap().to_owned();
     let order: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
 
-    let control = ControlPath::new(
-        ControlPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            publisher: backend.publisher.clone(),
-            clock: backend.clock.clone(),
-        },
-        timing,
-    );
+    let control = backend.control(timing);
     backend.wait(timing.first_check_delay).await;
     let report = poll_once(backend.inbox.as_ref(), &control, Duration::from_secs(2))
         .await

@@ -4,16 +4,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
-use outbox::ports::{ExpectedVersion, RandomIds};
+use outbox::control::ControlOutcome;
+use outbox::ports::ExpectedVersion;
 use outbox::protocol::{ControlMessage, Message};
-use outbox::request::{Outbox, RequestPorts};
-use outbox::settings::{Timing, TransactionLimits};
+use outbox::settings::Timing;
 use outbox_tests::calls::CallCounter;
 use outbox_tests::conformance::Backend;
 use outbox_tests::emulator::emulator;
 use serde_json::json;
-use std::sync::Arc;
 
 fn counts(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
     pairs.iter().map(|(name, count)| ((*name).to_owned(), *count)).collect()
@@ -23,16 +21,7 @@ fn counts(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
 async fn the_request_path_makes_one_send_and_one_transaction_beyond_its_reads() {
     let counter = CallCounter::default();
     let backend = Backend::aws_with(counter.clients(&emulator().sdk_config().await)).await;
-    let outbox = Outbox::new(
-        RequestPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            clock: backend.clock.clone(),
-            ids: Arc::new(RandomIds),
-        },
-        Timing::default(),
-        TransactionLimits::default(),
-    );
+    let outbox = backend.outbox(Timing::default());
     counter.reset();
 
     let mut txn = outbox.begin().await.expect("begin");
@@ -55,25 +44,8 @@ async fn dispatching_a_transaction_of_ten_messages_takes_one_read_one_send_and_o
     let counter = CallCounter::default();
     let backend = Backend::aws_with(counter.clients(&emulator().sdk_config().await)).await;
     let timing = Timing::default();
-    let outbox = Outbox::new(
-        RequestPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            clock: backend.clock.clone(),
-            ids: Arc::new(RandomIds),
-        },
-        timing,
-        TransactionLimits::default(),
-    );
-    let control = ControlPath::new(
-        ControlPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            publisher: backend.publisher.clone(),
-            clock: backend.clock.clone(),
-        },
-        timing,
-    );
+    let outbox = backend.outbox(timing);
+    let control = backend.control(timing);
     let mut txn = outbox.begin().await.expect("begin");
     for n in 0..10 {
         txn.emit(Message::json("events".parse().unwrap(), &json!({"n": n})).unwrap());

@@ -373,16 +373,7 @@ async fn a_batch_of_ten_pending_transactions_costs_three_calls() {
         first_check_delay: Duration::ZERO,
         ..Timing::default()
     };
-    let outbox = Outbox::new(
-        RequestPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            clock: backend.clock.clone(),
-            ids: Arc::new(RandomIds),
-        },
-        timing,
-        TransactionLimits::default(),
-    );
+    let outbox = backend.outbox(timing);
     for n in 0..10 {
         let mut txn = outbox.begin().await.unwrap();
         txn.emit(Message::json(events(), &json!({"n": n})).unwrap());
@@ -398,15 +389,7 @@ async fn a_batch_of_ten_pending_transactions_costs_three_calls() {
         assert!(!received.is_empty(), "the control messages did not arrive");
         deliveries.extend(received);
     }
-    let control = ControlPath::new(
-        ControlPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            publisher: backend.publisher.clone(),
-            clock: backend.clock.clone(),
-        },
-        timing,
-    );
+    let control = backend.control(timing);
     counter.reset();
 
     let response = handle_event(&control, backend.clock.as_ref(), event_of(&deliveries)).await;

@@ -14,11 +14,9 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use control_worker::lambda::handle_event;
 use http_body_util::BodyExt;
-use outbox::control::{ControlPath, ControlPorts};
-use outbox::ports::{Clock, RandomIds};
+use outbox::ports::Clock;
 use outbox::protocol::{ControlMessage, TxnId};
-use outbox::request::{Outbox, RequestPorts};
-use outbox::settings::{Settings, Timing, TransactionLimits};
+use outbox::settings::{Settings, Timing};
 use outbox::time::Timestamp;
 use outbox_tests::calls::CallCounter;
 use outbox_tests::conformance::Backend;
@@ -133,16 +131,7 @@ async fn operations_by_function() -> BTreeMap<&'static str, BTreeSet<String>> {
     let backend = Backend::aws_with(counter.clients(&emulator().sdk_config().await)).await;
     let timing = Timing::default();
     counter.reset();
-    let outbox = Outbox::new(
-        RequestPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            clock: backend.clock.clone(),
-            ids: Arc::new(RandomIds),
-        },
-        timing,
-        TransactionLimits::default(),
-    );
+    let outbox = backend.outbox(timing);
     let app = router(
         AppState {
             outbox: Arc::new(outbox),
@@ -190,15 +179,7 @@ async fn operations_by_function() -> BTreeMap<&'static str, BTreeSet<String>> {
     operations.insert("ApiFunction", counter.counts().into_keys().collect());
 
     counter.reset();
-    let control = ControlPath::new(
-        ControlPorts {
-            store: backend.store.clone(),
-            control_queue: backend.control_queue.clone(),
-            publisher: backend.publisher.clone(),
-            clock: backend.clock.clone(),
-        },
-        timing,
-    );
+    let control = backend.control(timing);
     let received = backend.inbox.receive(10, Duration::from_secs(3)).await.unwrap();
     assert!(!received.is_empty(), "the order's control message");
     counter.reset();

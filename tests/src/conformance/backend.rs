@@ -7,9 +7,12 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use outbox::aws::{bootstrap, AwsClients, DynamoStore, ResourceNames, SqsControlQueue, SqsPublisher};
+use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock, CONTROL_VISIBILITY_TIMEOUT};
-use outbox::ports::{ControlInbox, ControlQueue, Publisher, Store};
+use outbox::ports::{ControlInbox, ControlQueue, Publisher, RandomIds, Store};
 use outbox::protocol::{DestinationName, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use outbox::request::{Outbox, RequestPorts};
+use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
 
 use crate::emulator::{emulator, unique_name};
@@ -122,6 +125,28 @@ impl Backend {
                 destinations: resources.destinations,
             },
         }
+    }
+
+    /// The request path over this backend.
+    pub fn outbox(&self, timing: Timing) -> Outbox {
+        let ports = RequestPorts {
+            store: self.store.clone(),
+            control_queue: self.control_queue.clone(),
+            clock: self.clock.clone(),
+            ids: Arc::new(RandomIds),
+        };
+        Outbox::new(ports, timing, TransactionLimits::default())
+    }
+
+    /// The control path over this backend.
+    pub fn control(&self, timing: Timing) -> ControlPath {
+        let ports = ControlPorts {
+            store: self.store.clone(),
+            control_queue: self.control_queue.clone(),
+            publisher: self.publisher.clone(),
+            clock: self.clock.clone(),
+        };
+        ControlPath::new(ports, timing)
     }
 
     /// Lets `duration` pass: the manual clock moves, and on AWS real time passes too,
