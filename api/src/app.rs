@@ -52,7 +52,7 @@ async fn method_not_allowed() -> ApiError {
 
 async fn timed_out(error: BoxError) -> ApiError {
     if error.is::<tower::timeout::error::Elapsed>() {
-        ApiError::Unavailable(outbox::ports::StoreError::Unavailable("the request timed out".into()))
+        ApiError::Timeout
     } else {
         ApiError::Internal(error.to_string())
     }

@@ -97,6 +97,10 @@ pub enum ApiError {
     /// A read failed.
     #[error("the store is unavailable")]
     Unavailable(#[source] outbox::ports::StoreError),
+    /// The request ran out of time. The SDK's operation timeout is shorter than this one,
+    /// so a commit in flight normally ends first, as an answer that names its transaction.
+    #[error("the request timed out")]
+    Timeout,
     /// Anything else: reported as a bare 500.
     #[error("internal error: {0}")]
     Internal(String),
@@ -207,6 +211,7 @@ impl ApiError {
                 problem(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
                 true,
             ),
+            Self::Timeout => (problem(S::SERVICE_UNAVAILABLE, "timeout", "Request timed out"), true),
             Self::Internal(_) => (
                 problem(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error"),
                 false,

@@ -818,4 +818,6 @@ async fn a_request_over_the_timeout_is_a_503_problem() {
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.headers()["content-type"], "application/problem+json");
     assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["type"], "/problems/timeout");
 }
