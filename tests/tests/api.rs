@@ -404,7 +404,7 @@ async fn a_lost_version_race_is_409_or_412_under_if_match() {
             idempotency: None,
         })
         .await
-        .ok();
+        .expect("the second version of the order");
 
     assert_problem(
         &racing.send(empty(Method::POST, &format!("/orders/{id}/cancel"))).await,
