@@ -304,30 +304,38 @@ async fn if_match_is_honoured() {
     assert_eq!(app.send(cancel("\"1\"")).await.status, StatusCode::OK);
 }
 
-/// A store whose reads lag one version behind, so that every change loses its race.
-struct StaleReads(Arc<dyn Store>);
+/// A store whose business reads misbehave: they lag one version behind (so that every
+/// change loses its race) or take a second (so that requests time out).
+struct OddReads {
+    inner: Arc<dyn Store>,
+    stale: bool,
+    delay: Duration,
+}
 
 #[async_trait]
-impl Store for StaleReads {
+impl Store for OddReads {
     async fn commit(&self, request: &outbox::ports::CommitRequest) -> Result<(), outbox::ports::CommitError> {
-        self.0.commit(request).await
+        self.inner.commit(request).await
     }
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
-        let mut items = self.0.get_items(keys).await?;
-        items.values_mut().for_each(|item| item.version -= 1);
+        tokio::time::sleep(self.delay).await;
+        let mut items = self.inner.get_items(keys).await?;
+        if self.stale {
+            items.values_mut().for_each(|item| item.version -= 1);
+        }
         Ok(items)
     }
     async fn get_outboxes(
         &self,
         ids: &[outbox::protocol::TxnId],
     ) -> Result<BTreeMap<outbox::protocol::TxnId, outbox::protocol::OutboxRecord>, StoreError> {
-        self.0.get_outboxes(ids).await
+        self.inner.get_outboxes(ids).await
     }
     async fn get_idempotency(
         &self,
         slot: &outbox::protocol::IdempotencySlot,
     ) -> Result<Option<outbox::protocol::IdempotencyRecord>, StoreError> {
-        self.0.get_idempotency(slot).await
+        self.inner.get_idempotency(slot).await
     }
     async fn put_tombstone(
         &self,
@@ -335,14 +343,14 @@ impl Store for StaleReads {
         now: Timestamp,
         at: Timestamp,
     ) -> Result<outbox::ports::TombstoneOutcome, StoreError> {
-        self.0.put_tombstone(id, now, at).await
+        self.inner.put_tombstone(id, now, at).await
     }
     async fn mark_dispatched(
         &self,
         records: &[outbox::protocol::OutboxRecord],
         at: Timestamp,
     ) -> Vec<Result<(), StoreError>> {
-        self.0.mark_dispatched(records, at).await
+        self.inner.mark_dispatched(records, at).await
     }
 }
 
@@ -351,7 +359,11 @@ async fn a_lost_version_race_is_409_or_412_under_if_match() {
     let app = app();
     let id = app.create().await.body["id"].as_str().unwrap().to_owned();
     let racing = app_with(|backend, clock| RequestPorts {
-        store: Arc::new(StaleReads(backend.store.clone())),
+        store: Arc::new(OddReads {
+            inner: backend.store.clone(),
+            stale: true,
+            delay: Duration::ZERO,
+        }),
         ..backend.request_ports(clock)
     });
     // Share the first app's data: put the order in the racing app's store too.
@@ -750,53 +762,16 @@ async fn api_gateway_and_function_url_events_go_through_lambda_http() {
     );
 }
 
-/// A store whose reads take a second.
-struct SlowStore(Arc<dyn Store>);
-
-#[async_trait]
-impl Store for SlowStore {
-    async fn commit(&self, request: &outbox::ports::CommitRequest) -> Result<(), outbox::ports::CommitError> {
-        self.0.commit(request).await
-    }
-    async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        self.0.get_items(keys).await
-    }
-    async fn get_outboxes(
-        &self,
-        ids: &[outbox::protocol::TxnId],
-    ) -> Result<BTreeMap<outbox::protocol::TxnId, outbox::protocol::OutboxRecord>, StoreError> {
-        self.0.get_outboxes(ids).await
-    }
-    async fn get_idempotency(
-        &self,
-        slot: &outbox::protocol::IdempotencySlot,
-    ) -> Result<Option<outbox::protocol::IdempotencyRecord>, StoreError> {
-        self.0.get_idempotency(slot).await
-    }
-    async fn put_tombstone(
-        &self,
-        id: outbox::protocol::TxnId,
-        now: Timestamp,
-        at: Timestamp,
-    ) -> Result<outbox::ports::TombstoneOutcome, StoreError> {
-        self.0.put_tombstone(id, now, at).await
-    }
-    async fn mark_dispatched(
-        &self,
-        records: &[outbox::protocol::OutboxRecord],
-        at: Timestamp,
-    ) -> Vec<Result<(), StoreError>> {
-        self.0.mark_dispatched(records, at).await
-    }
-}
-
 #[tokio::test]
 async fn a_request_over_the_timeout_is_a_503_problem() {
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
     let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
     let ports = RequestPorts {
-        store: Arc::new(SlowStore(backend.store.clone())),
+        store: Arc::new(OddReads {
+            inner: backend.store.clone(),
+            stale: false,
+            delay: Duration::from_secs(1),
+        }),
         ..backend.request_ports(clock)
     };
     let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
