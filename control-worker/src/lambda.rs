@@ -3,11 +3,15 @@
 //! It answers with a partial batch response (`ReportBatchItemFailures`): only the
 //! messages that must be retried are listed, so one bad message never sends its
 //! neighbours round again, and a message that keeps failing reaches the dead-letter
-//! queue after the redrive policy's receive count.
+//! queue after the redrive policy's receive count. Before answering, it shortens the
+//! failed messages' visibility ([`outbox::redelivery`]): the event source mapping
+//! leaves them in the queue, and they come back in seconds instead of after the
+//! queue's visibility timeout.
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use outbox::control::{BatchReport, ControlPath};
-use outbox::ports::{Clock, ControlDelivery};
+use outbox::ports::{Clock, ControlDelivery, ControlInbox};
+use outbox::redelivery::retry_failed_soon;
 
 use crate::batch_metrics;
 
@@ -40,11 +44,18 @@ pub fn batch_response(report: &BatchReport) -> SqsBatchResponse {
     response
 }
 
-/// Handles one SQS event: settles its control messages as a batch, emits the batch's
-/// metrics, and answers with the messages to retry.
-pub async fn handle_event(control: &ControlPath, clock: &dyn Clock, event: SqsEvent) -> SqsBatchResponse {
+/// Handles one SQS event: settles its control messages as a batch, makes the failed
+/// ones come back soon through `inbox` (the control queue), emits the batch's metrics,
+/// and answers with the messages to retry.
+pub async fn handle_event(
+    control: &ControlPath,
+    inbox: &dyn ControlInbox,
+    clock: &dyn Clock,
+    event: SqsEvent,
+) -> SqsBatchResponse {
     let deliveries = deliveries(event);
     let report = control.handle_batch(&deliveries).await;
+    retry_failed_soon(inbox, &deliveries, &report).await;
     batch_metrics::for_batch(&report, clock.now()).emit();
     batch_response(&report)
 }

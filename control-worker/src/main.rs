@@ -14,7 +14,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsEvent;
-use control_worker::batch_metrics;
 use control_worker::lambda::handle_event;
 use control_worker::setup::Worker;
 use lambda_runtime::{service_fn, LambdaEvent};
@@ -93,24 +92,21 @@ async fn run_worker(on_lambda: bool, redrive_from: Option<&str>) -> ExitCode {
     if on_lambda {
         let worker = &worker;
         let handler = service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-            Ok::<_, lambda_runtime::Error>(handle_event(&worker.control, worker.clock.as_ref(), event.payload).await)
+            let response = handle_event(
+                &worker.control,
+                worker.control_queue.as_ref(),
+                worker.clock.as_ref(),
+                event.payload,
+            )
+            .await;
+            Ok::<_, lambda_runtime::Error>(response)
         });
         return match lambda_runtime::run(handler).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => report(error.as_ref()),
         };
     }
-    tracing::info!(queue = %worker.control_queue_url, "polling the control queue");
-    outbox::poller::run(
-        worker.control_queue.as_ref(),
-        &worker.control,
-        Duration::from_secs(20),
-        shutdown_signal(),
-        |report| {
-            batch_metrics::for_batch(report, worker.clock.now()).emit();
-        },
-    )
-    .await;
+    control_worker::poll::run(&worker, shutdown_signal()).await;
     ExitCode::SUCCESS
 }
 

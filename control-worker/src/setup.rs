@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use outbox::aws::SdkConfig;
 use outbox::aws::{load_sdk_config, AwsClients, DynamoStore, SqsControlQueue, SqsPublisher};
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::ports::{Clock, SystemClock};
@@ -34,8 +35,14 @@ pub enum SetupError {
 }
 
 impl Worker {
-    /// Builds the clients and the control path from `settings`.
+    /// Builds the clients (from the standard chain, with the settings' timeouts) and the
+    /// control path from `settings`.
     pub async fn from_settings(settings: &Settings) -> Result<Self, SetupError> {
+        Self::new(settings, &load_sdk_config(settings.sdk_operation_timeout).await)
+    }
+
+    /// Builds the clients from `sdk_config` and the control path from `settings`.
+    pub fn new(settings: &Settings, sdk_config: &SdkConfig) -> Result<Self, SetupError> {
         let Backend::Aws {
             table_name,
             control_queue_url,
@@ -43,7 +50,7 @@ impl Worker {
         else {
             return Err(SetupError::EmbeddedBackend);
         };
-        let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
+        let clients = AwsClients::new(sdk_config);
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let control_queue = Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone()));
         let ports = ControlPorts {

@@ -15,6 +15,7 @@
 //!   and retrying sends, shared by every publisher.
 //! - [`settings`]: configuration from the environment, validated.
 //! - [`poller`]: receiving and acknowledging control messages outside Lambda.
+//!   [`redelivery`]: bringing failed control messages back in seconds.
 //! - [`embedded`]: the in-process backend. [`aws`]: the DynamoDB and SQS adapters.
 //! - [`time`]: the protocol's timestamps.
 
@@ -26,6 +27,7 @@ pub mod poller;
 pub mod ports;
 pub mod protocol;
 pub mod publish;
+pub mod redelivery;
 pub mod request;
 pub mod settings;
 pub mod time;

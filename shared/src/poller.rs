@@ -1,19 +1,24 @@
 //! The local poller: what a Lambda event source mapping does for the control worker,
 //! done by hand against a [`ControlInbox`] (the embedded queue, or SQS outside Lambda).
 //!
-//! One cycle receives a batch, hands it to the [`ControlPath`], and deletes exactly the
-//! messages that were handled; failed ones are left alone and come back after the
-//! visibility timeout, which is how their receive count (and the dead-letter policy)
-//! keeps meaning something.
+//! One cycle receives a batch, hands it to the [`ControlPath`], deletes exactly the
+//! messages that were handled, and brings the failed ones back in seconds
+//! ([`crate::redelivery`]); their receive count (and the dead-letter policy) keeps
+//! meaning something.
 
 use std::future::Future;
 use std::time::Duration;
 
 use crate::control::{BatchReport, ControlPath};
 use crate::ports::{ControlDelivery, ControlInbox, QueueError};
+use crate::redelivery::retry_failed_soon;
 
 /// Most messages one receive asks for (SQS's limit).
 pub const MAX_BATCH: usize = 10;
+/// The pause after the first failed receive; doubled after each further one in a row.
+pub const FIRST_RECEIVE_BACKOFF: Duration = Duration::from_millis(250);
+/// The longest pause between two failed receives.
+pub const MAX_RECEIVE_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Receives one batch (waiting up to `wait` for it), handles it, and acknowledges the
 /// messages that succeeded. Returns the batch's report; an empty one when nothing came.
@@ -26,7 +31,8 @@ pub async fn poll_once(
     process(inbox, control, &deliveries).await
 }
 
-/// Handles received `deliveries` and acknowledges the ones that succeeded.
+/// Handles received `deliveries`, acknowledges the ones that succeeded and makes the
+/// failed ones come back soon.
 pub async fn process(
     inbox: &dyn ControlInbox,
     control: &ControlPath,
@@ -42,6 +48,7 @@ pub async fn process(
         .filter(|delivery| !failed.contains(&delivery.message_id.as_str()))
         .map(|delivery| delivery.receipt.clone())
         .collect();
+    retry_failed_soon(inbox, deliveries, &report).await;
     if !handled.is_empty() {
         // If this fails the messages come back and are handled again, which the control
         // path makes harmless.
@@ -50,37 +57,84 @@ pub async fn process(
     Ok(report)
 }
 
+/// What a poller did until it stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollerStats {
+    /// Receives that returned, empty or not.
+    pub receives: u64,
+    /// Receives or acknowledgements that failed.
+    pub failures: u64,
+    /// Control messages handled (successfully or not).
+    pub messages: u64,
+}
+
+/// The pause after `failures_in_a_row` failed cycles: [`FIRST_RECEIVE_BACKOFF`] doubled
+/// per further failure, at most [`MAX_RECEIVE_BACKOFF`]. Short, so that a blip of the
+/// queue service costs a moment, not a whole long poll.
+pub fn receive_backoff(failures_in_a_row: u32) -> Duration {
+    let doublings = failures_in_a_row.saturating_sub(1).min(16);
+    FIRST_RECEIVE_BACKOFF
+        .saturating_mul(1 << doublings)
+        .min(MAX_RECEIVE_BACKOFF)
+}
+
 /// Polls until `shutdown` completes, calling `on_batch` with each batch's report. A
 /// shutdown interrupts only the wait for messages: a batch in hand is always finished
-/// and acknowledged first. A failed receive is logged and retried after `wait`.
+/// and acknowledged first. A failed receive is logged and retried after a short backoff
+/// ([`receive_backoff`]).
 pub async fn run(
     inbox: &dyn ControlInbox,
     control: &ControlPath,
     wait: Duration,
     shutdown: impl Future<Output = ()>,
     mut on_batch: impl FnMut(&BatchReport),
-) {
+) -> PollerStats {
     tokio::pin!(shutdown);
+    let mut stats = PollerStats::default();
+    let mut failures_in_a_row = 0;
     loop {
         let received = tokio::select! {
             () = &mut shutdown => break,
             received = inbox.receive(MAX_BATCH, wait) => received,
         };
         let result = match received {
-            Ok(deliveries) => process(inbox, control, &deliveries).await,
+            Ok(deliveries) => {
+                stats.receives += 1;
+                stats.messages += deliveries.len() as u64;
+                process(inbox, control, &deliveries).await
+            }
             Err(error) => Err(error),
         };
         match result {
-            Ok(report) if report.items.is_empty() => {}
-            Ok(report) => on_batch(&report),
+            Ok(report) => {
+                failures_in_a_row = 0;
+                if !report.items.is_empty() {
+                    on_batch(&report);
+                }
+            }
             Err(error) => {
-                tracing::warn!(error = %error, "polling the control queue failed; retrying");
+                stats.failures += 1;
+                failures_in_a_row += 1;
+                let pause = receive_backoff(failures_in_a_row);
+                tracing::warn!(error = %error, retry_in_ms = pause.as_millis() as u64, "polling the control queue failed; retrying");
                 tokio::select! {
                     () = &mut shutdown => break,
-                    () = tokio::time::sleep(wait.max(Duration::from_secs(1))) => {}
+                    () = tokio::time::sleep(pause) => {}
                 }
             }
         }
     }
-    tracing::info!("control poller stopped");
+    tracing::info!(?stats, "control poller stopped");
+    stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_receive_is_retried_within_seconds_not_a_long_poll() {
+        let pauses: Vec<u128> = (1..=7).map(|n| receive_backoff(n).as_millis()).collect();
+        assert_eq!(pauses, [250, 500, 1000, 2000, 4000, 5000, 5000]);
+    }
 }

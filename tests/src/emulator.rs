@@ -91,11 +91,17 @@ impl Emulator {
     /// SDK configuration for the emulator: its endpoint, a region, dummy credentials,
     /// and the timeouts the adapters use in production.
     pub async fn sdk_config(&self) -> SdkConfig {
+        self.sdk_config_with(Duration::from_secs(10)).await
+    }
+
+    /// SDK configuration for the emulator with the timeouts that `operation_timeout`
+    /// gives in production (`outbox::aws::timeouts`).
+    pub async fn sdk_config_with(&self, operation_timeout: Duration) -> SdkConfig {
         aws_config::defaults(BehaviorVersion::latest())
             .endpoint_url(&self.endpoint)
             .region(Region::new("us-east-1"))
             .credentials_provider(Credentials::new("test", "test", None, None, "emulator"))
-            .timeout_config(outbox::aws::timeouts(Duration::from_secs(10)))
+            .timeout_config(outbox::aws::timeouts(operation_timeout))
             .load()
             .await
     }

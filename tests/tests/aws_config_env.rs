@@ -63,5 +63,5 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
             && redrive.contains(&format!("{}-control-dlq", names.table.trim_end_matches("-table"))),
         "{redrive}"
     );
-    assert_eq!(attributes[&QueueAttributeName::VisibilityTimeout], "180");
+    assert_eq!(attributes[&QueueAttributeName::VisibilityTimeout], "60");
 }

@@ -16,7 +16,7 @@ use outbox::poller;
 use outbox::ports::{Clock, CommitRequest, ControlDelivery, ControlInbox, QueueError, RandomIds, Store, SystemClock};
 use outbox::protocol::{ControlMessage, DestinationName, Message, OutboxRecord, OutboxState, OutgoingMessage, TxnId};
 use outbox::request::{Outbox, RequestPorts, TxnStatus};
-use outbox::settings::{Timing, TransactionLimits};
+use outbox::settings::{vars, Settings, Timing, TransactionLimits};
 use outbox::time::Timestamp;
 use outbox_tests::calls::CallCounter;
 use outbox_tests::conformance::Backend;
@@ -77,7 +77,7 @@ async fn a_real_sqs_event_goes_through_the_real_handler() {
         .unwrap();
     let control = ControlPath::new(backend.control_ports(clock.clone()), Timing::default());
 
-    let response = handle_event(&control, clock.as_ref(), event).await;
+    let response = handle_event(&control, backend.control_queue.as_ref(), clock.as_ref(), event).await;
 
     assert_eq!(
         failures(&response),
@@ -137,7 +137,13 @@ async fn a_batch_with_every_kind_of_message_fails_exactly_the_undecodable_ones()
     })
     .collect();
 
-    let response = handle_event(&control, clock.as_ref(), event_of(&deliveries)).await;
+    let response = handle_event(
+        &control,
+        backend.control_queue.as_ref(),
+        clock.as_ref(),
+        event_of(&deliveries),
+    )
+    .await;
 
     assert_eq!(failures(&response), ["garbage"]);
     let records = backend
@@ -185,6 +191,10 @@ impl ControlInbox for ShutdownOnReceive {
 
     async fn ack(&self, receipts: &[String]) -> Result<(), QueueError> {
         self.inner.ack(receipts).await
+    }
+
+    async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+        self.inner.retry_later(receipts).await
     }
 }
 
@@ -392,7 +402,13 @@ async fn a_batch_of_ten_pending_transactions_costs_three_calls() {
     let control = backend.control(timing);
     counter.reset();
 
-    let response = handle_event(&control, backend.clock.as_ref(), event_of(&deliveries)).await;
+    let response = handle_event(
+        &control,
+        backend.inbox.as_ref(),
+        backend.clock.as_ref(),
+        event_of(&deliveries),
+    )
+    .await;
 
     assert!(response.batch_item_failures.is_empty());
     let calls = counter.counts();
@@ -400,4 +416,141 @@ async fn a_batch_of_ten_pending_transactions_costs_three_calls() {
     println!("control worker: a batch of 10 pending transactions of one message each took {total} AWS calls: {calls:?} (one by one: 10 reads + 10 sends + 10 marks + 10 deletes = 40)");
     assert_eq!(total, 3, "{calls:?}");
     assert_eq!(backend.drain(&events()).await.len(), 10);
+}
+
+/// Settings as a user deploys them: every default, pointed at `resources`.
+fn default_settings(resources: &outbox::aws::Resources) -> Settings {
+    let destinations: Vec<String> = resources
+        .destinations
+        .iter()
+        .map(|(name, url)| format!("{name}={url}"))
+        .collect();
+    let values: BTreeMap<&str, String> = [
+        (vars::BACKEND, "aws".to_owned()),
+        (vars::TABLE_NAME, resources.table.clone()),
+        (vars::CONTROL_QUEUE_URL, resources.control_queue_url.clone()),
+        (vars::DESTINATIONS, destinations.join(",")),
+    ]
+    .into_iter()
+    .collect();
+    Settings::from_lookup(|name| values.get(name).cloned()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_worker_with_default_settings_dispatches_promptly_after_an_idle_long_poll() {
+    let clients = AwsClients::new(&emulator().sdk_config().await);
+    let resources = bootstrap(&clients, &ResourceNames::for_stack(&unique_name("idle")))
+        .await
+        .unwrap();
+    let settings = default_settings(&resources);
+    assert_eq!(settings.sdk_operation_timeout, Duration::from_secs(5), "the default");
+    let sdk_config = emulator().sdk_config_with(settings.sdk_operation_timeout).await;
+    let worker = Arc::new(control_worker::setup::Worker::new(&settings, &sdk_config).unwrap());
+    let stop = Arc::new(Notify::new());
+    let poller = tokio::spawn({
+        let (worker, stop) = (worker.clone(), stop.clone());
+        async move { control_worker::poll::run(&worker, async move { stop.notified().await }).await }
+    });
+
+    // One whole long poll on an idle queue, and a bit: the receive must outwait it.
+    tokio::time::sleep(control_worker::poll::LONG_POLL_WAIT + Duration::from_secs(2)).await;
+    let outbox = Outbox::new(
+        RequestPorts {
+            store: Arc::new(DynamoStore::new(
+                worker.clients.dynamodb.clone(),
+                &resources.table,
+                worker.clock.clone(),
+            )),
+            control_queue: worker.control_queue.clone(),
+            clock: worker.clock.clone(),
+            ids: Arc::new(RandomIds),
+        },
+        settings.timing,
+        settings.limits,
+    );
+    let mut committed = Vec::new();
+    for n in 0..5 {
+        let mut txn = outbox.begin().await.unwrap();
+        txn.emit(Message::json(events(), &json!({"n": n})).unwrap());
+        committed.push((txn.commit().await.unwrap().txn_id, std::time::Instant::now()));
+    }
+    // The first check comes after the first check delay; a couple of seconds more for
+    // the long poll to return it and the worker to dispatch.
+    let allowed = settings.timing.first_check_delay + Duration::from_secs(3);
+    let mut lags = Vec::new();
+    for (txn_id, at) in &committed {
+        while outbox.status(*txn_id).await.unwrap() != TxnStatus::Dispatched {
+            assert!(
+                at.elapsed() < allowed,
+                "transaction {txn_id} not dispatched {allowed:?} after its commit"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        lags.push(at.elapsed());
+    }
+    stop.notify_one();
+    let stats = poller.await.unwrap();
+    println!("poll mode with default settings after an idle long poll: dispatched within {lags:?} of each commit; poller {stats:?}");
+    assert_eq!(stats.failures, 0, "no receive failed (and so no warning) while idle");
+    assert!(stats.messages >= 5, "{stats:?}");
+    assert_eq!(depth(&clients, &resources.control_dead_letter_queue_url).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_control_message_comes_back_in_seconds_in_poll_and_in_lambda_mode() {
+    let clients = AwsClients::new(&emulator().sdk_config().await);
+    let resources = bootstrap(&clients, &ResourceNames::for_stack(&unique_name("retry")))
+        .await
+        .unwrap();
+    let worker =
+        control_worker::setup::Worker::new(&default_settings(&resources), &emulator().sdk_config().await).unwrap();
+    clients
+        .sqs
+        .send_message()
+        .queue_url(&resources.control_queue_url)
+        .message_body("not a control message")
+        .send()
+        .await
+        .unwrap();
+    let inbox = worker.control_queue.as_ref();
+    let receive = || async {
+        let started = std::time::Instant::now();
+        loop {
+            let received = inbox.receive(10, Duration::from_secs(1)).await.unwrap();
+            if !received.is_empty() {
+                return (received, started.elapsed());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "the failed message did not come back within 15 s (the visibility timeout is 60 s)"
+            );
+        }
+    };
+
+    // Poll mode: the poller leaves it, visible again after the first retry delay.
+    let report = poller::poll_once(inbox, &worker.control, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(report.failed_message_ids().len(), 1);
+    let (again, poll_mode_wait) = receive().await;
+    assert_eq!(again[0].receive_count, 2);
+
+    // Lambda mode: the handler answers a partial batch failure and shortens the message's
+    // visibility before answering.
+    let mut event = SqsEvent::default();
+    let mut message = SqsMessage::default();
+    message.message_id = Some(again[0].message_id.clone());
+    message.receipt_handle = Some(again[0].receipt.clone());
+    message.body = Some(again[0].body.clone());
+    message
+        .attributes
+        .insert("ApproximateReceiveCount".into(), again[0].receive_count.to_string());
+    event.records.push(message);
+    let response = handle_event(&worker.control, inbox, worker.clock.as_ref(), event).await;
+    assert_eq!(failures(&response), [again[0].message_id.as_str()]);
+    let (third, lambda_mode_wait) = receive().await;
+    assert_eq!(third[0].receive_count, 3);
+    println!(
+        "a failed control message came back after {poll_mode_wait:?} (poll mode, 1st failure) and {lambda_mode_wait:?} (Lambda mode, 2nd failure); visibility timeout 60 s"
+    );
 }

@@ -86,6 +86,7 @@ fn iam_actions(operation: &str) -> Vec<&'static str> {
         "TransactWriteItems" => vec!["dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:ConditionCheckItem"],
         "BatchWriteItem" => vec!["dynamodb:BatchWriteItem", "dynamodb:PutItem", "dynamodb:DeleteItem"],
         "SendMessage" | "SendMessageBatch" => vec!["sqs:SendMessage"],
+        "ChangeMessageVisibility" | "ChangeMessageVisibilityBatch" => vec!["sqs:ChangeMessageVisibility"],
         other => panic!("the code calls {other}: add its IAM actions to this table"),
     }
 }
@@ -188,8 +189,20 @@ async fn operations_by_function() -> BTreeMap<&'static str, BTreeSet<String>> {
     let mut bodies: Vec<String> = received.iter().map(|d| d.body.clone()).collect();
     bodies.push(ControlMessage::first(TxnId::new_v7(), now).encode());
     bodies.push(ControlMessage::first(TxnId::new_v7(), old).encode());
-    let response = handle_event(&control, backend.clock.as_ref(), event_of(&bodies)).await;
-    assert!(response.batch_item_failures.is_empty());
+    // A message that fails: the worker makes it come back soon.
+    bodies.push("not a control message".into());
+    let response = handle_event(
+        &control,
+        backend.inbox.as_ref(),
+        backend.clock.as_ref(),
+        event_of(&bodies),
+    )
+    .await;
+    assert_eq!(
+        response.batch_item_failures.len(),
+        1,
+        "only the undecodable message fails"
+    );
     operations.insert("ControlWorkerFunction", counter.counts().into_keys().collect());
     operations
 }
@@ -240,6 +253,11 @@ fn the_queues_and_the_event_source_follow_the_rules() {
     assert!(
         control["VisibilityTimeout"].as_i64().unwrap() >= 6 * worker_timeout,
         "visibility timeout under 6 × the worker's timeout"
+    );
+    assert_eq!(
+        control["RedrivePolicy"]["maxReceiveCount"].as_i64(),
+        Some(i64::from(outbox::redelivery::MAX_RECEIVE_COUNT)),
+        "the control queue's redrive policy is the one the worker's retry backoff is sized for"
     );
     for queue in ["ControlQueue", "EventsQueue"] {
         let redrive = &resources[queue]["Properties"]["RedrivePolicy"];

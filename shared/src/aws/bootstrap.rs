@@ -15,6 +15,10 @@ use super::AwsClients;
 use crate::ports::BoxError;
 use crate::protocol::DestinationName;
 
+/// Receives before a destination queue's consumer gives a message up to its dead-letter
+/// queue (`template.yaml`'s events queue).
+const DESTINATION_MAX_RECEIVE_COUNT: u32 = 5;
+
 /// The names of the resources, as `template.yaml` names them for a stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourceNames {
@@ -29,7 +33,7 @@ pub struct ResourceNames {
     pub destinations: Vec<(DestinationName, String)>,
     /// The control queue's visibility timeout.
     pub control_visibility_timeout: Duration,
-    /// Receives before a message moves to a dead-letter queue.
+    /// Receives before a control message moves to the dead-letter queue.
     pub max_receive_count: u32,
 }
 
@@ -42,8 +46,8 @@ impl ResourceNames {
             control_queue: format!("{stack}-control"),
             control_dead_letter_queue: format!("{stack}-control-dlq"),
             destinations: vec![("events".parse().expect("valid name"), format!("{stack}-events"))],
-            control_visibility_timeout: Duration::from_secs(180),
-            max_receive_count: 5,
+            control_visibility_timeout: Duration::from_secs(60),
+            max_receive_count: crate::redelivery::MAX_RECEIVE_COUNT,
         }
     }
 }
@@ -102,7 +106,13 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
             None => format!("{queue}-dlq"),
         };
         let dead_letter_url = create_queue(clients, &dead_letter_name, None, None).await?;
-        let url = create_queue(clients, queue, Some((&dead_letter_url, names.max_receive_count)), None).await?;
+        let url = create_queue(
+            clients,
+            queue,
+            Some((&dead_letter_url, DESTINATION_MAX_RECEIVE_COUNT)),
+            None,
+        )
+        .await?;
         destinations.insert(destination.clone(), url);
     }
     Ok(Resources {

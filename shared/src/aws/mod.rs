@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
-use aws_config::{BehaviorVersion, SdkConfig};
+use aws_config::BehaviorVersion;
+pub use aws_config::SdkConfig;
 
 pub use bootstrap::{bootstrap, BootstrapError, ResourceNames, Resources};
 pub use dynamodb::DynamoStore;
-pub use sqs::{redrive, SqsControlQueue, SqsPublisher};
+pub use sqs::{receive_timeouts, redrive, SqsControlQueue, SqsPublisher, RECEIVE_TIMEOUT_MARGIN};
 
 /// The SDK configuration for this process: the standard credential chain and region
 /// (and `AWS_ENDPOINT_URL`, for emulators), explicit timeouts, standard retries. Load it

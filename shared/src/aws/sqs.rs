@@ -4,9 +4,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
-    MessageSystemAttributeNameForSends, MessageSystemAttributeValue, SendMessageBatchRequestEntry,
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageAttributeValue,
+    MessageSystemAttributeName, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
+    SendMessageBatchRequestEntry,
 };
 use aws_sdk_sqs::Client;
 
@@ -70,16 +73,43 @@ impl ControlQueue for SqsControlQueue {
     }
 }
 
+/// How much longer than its long-poll wait a receive may take before the client gives
+/// up on it: the server answers an empty long poll only when the wait is over, so the
+/// client must outwait it by the round trip and some slack.
+pub const RECEIVE_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+
+/// The timeouts of a receive that long-polls for `wait`: one attempt, which may take the
+/// whole wait plus [`RECEIVE_TIMEOUT_MARGIN`]. The client's usual operation timeout (a
+/// few seconds) would abandon every quiet long poll while SQS keeps it open; a message
+/// arriving then is handed to the abandoned receive, stays invisible for the visibility
+/// timeout and gains a receive count without being handled (AWS's long-polling guidance:
+/// the HTTP timeout must exceed the wait).
+pub fn receive_timeouts(wait: Duration) -> TimeoutConfig {
+    let limit = wait + RECEIVE_TIMEOUT_MARGIN;
+    TimeoutConfig::builder()
+        .operation_timeout(limit)
+        .operation_attempt_timeout(limit)
+        .build()
+}
+
 #[async_trait]
 impl ControlInbox for SqsControlQueue {
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError> {
+        let wait = wait.min(Duration::from_secs(20));
+        // No SDK retry either: a retried long poll would be cut short by the operation
+        // timeout and abandoned in turn. The poller retries, after a short pause.
+        let config = aws_sdk_sqs::config::Builder::default()
+            .timeout_config(receive_timeouts(wait))
+            .retry_config(RetryConfig::disabled());
         let output = self
             .client
             .receive_message()
             .queue_url(&self.queue_url)
             .max_number_of_messages(max.clamp(1, 10) as i32)
-            .wait_time_seconds(wait.as_secs().min(20) as i32)
+            .wait_time_seconds(wait.as_secs() as i32)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .customize()
+            .config_override(config)
             .send()
             .await
             .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
@@ -123,6 +153,40 @@ impl ControlInbox for SqsControlQueue {
             // A failed delete only means the message comes back and is handled again.
             for failed in output.failed() {
                 tracing::warn!(code = failed.code(), "deleting a control message failed");
+            }
+        }
+        Ok(())
+    }
+
+    async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+        for chunk in receipts.chunks(10) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(index, (receipt, delay))| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(index.to_string())
+                        .receipt_handle(receipt)
+                        .visibility_timeout(delay.as_secs().min(43_200) as i32)
+                        .build()
+                        .expect("id and receipt are set")
+                })
+                .collect();
+            let output = self
+                .client
+                .change_message_visibility_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
+            // A failed entry only means the message comes back after the whole
+            // visibility timeout instead.
+            for failed in output.failed() {
+                tracing::warn!(
+                    code = failed.code(),
+                    "shortening a failed control message's visibility failed"
+                );
             }
         }
         Ok(())

@@ -79,4 +79,11 @@ impl ControlInbox for EmbeddedControlQueue {
         }
         Ok(())
     }
+
+    async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+        for (receipt, delay) in receipts {
+            self.queue.change_visibility(receipt, *delay);
+        }
+        Ok(())
+    }
 }

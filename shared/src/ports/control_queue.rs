@@ -58,4 +58,11 @@ pub trait ControlInbox: Send + Sync {
     /// Deletes a received message. Acknowledging a receipt that is no longer current
     /// (the message was received again since) does nothing.
     async fn ack(&self, receipts: &[String]) -> Result<(), QueueError>;
+
+    /// Makes received messages visible again after the given delays (SQS's
+    /// `ChangeMessageVisibility`), so that a message that failed comes back in seconds
+    /// rather than after the queue's whole visibility timeout. Each receipt counts as
+    /// one more receive toward the dead-letter policy when it comes back, as usual. A
+    /// receipt that is no longer current is ignored.
+    async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError>;
 }

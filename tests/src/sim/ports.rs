@@ -141,6 +141,12 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlInbox for GatedControlQueu
             failed => Err(QueueError::Unavailable(injected("ack refused"))),
             lost => Err(QueueError::Unavailable(injected("ack reply lost"))))
     }
+
+    async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+        gated!(self.gate, Op::Ack, self.inner.retry_later(receipts).await,
+            failed => Err(QueueError::Unavailable(injected("visibility change refused"))),
+            lost => Err(QueueError::Unavailable(injected("visibility change reply lost"))))
+    }
 }
 
 /// A gated publisher.
