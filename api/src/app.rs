@@ -3,11 +3,10 @@
 
 use std::time::Duration;
 
-use axum::error_handling::HandleErrorLayer;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderName, HeaderValue, Method, Request};
 use axum::routing::{delete, get, post};
-use axum::{BoxError, Router};
+use axum::Router;
 use tower::ServiceBuilder;
 use tower_http::compression::CompressionLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -17,12 +16,13 @@ use tower_http::trace::TraceLayer;
 use crate::error::ApiError;
 use crate::orders::handlers;
 use crate::state::AppState;
-use crate::{openapi, transactions};
+use crate::{deadline, openapi, transactions};
 
 /// How the HTTP layer behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
-    /// Requests taking longer are answered 503 (keep it below the commit window).
+    /// How long a request may take (keep it below the commit window); on Lambda the
+    /// invocation's deadline may end it sooner. See [`crate::deadline`].
     pub timeout: Duration,
     /// Largest request body.
     pub max_body_bytes: usize,
@@ -48,14 +48,6 @@ async fn not_found() -> ApiError {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
-}
-
-async fn timed_out(error: BoxError) -> ApiError {
-    if error.is::<tower::timeout::error::Elapsed>() {
-        ApiError::Timeout
-    } else {
-        ApiError::Internal(error.to_string())
-    }
 }
 
 fn cors(origins: &[String]) -> CorsLayer {
@@ -96,6 +88,10 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .route("/openapi.json", get(openapi::openapi_json))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .route_layer(axum::middleware::from_fn_with_state(
+            (state.clone(), config.timeout),
+            deadline::enforce,
+        ))
         .with_state(state);
     routes.layer(
         ServiceBuilder::new()
@@ -107,8 +103,6 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             .layer(PropagateRequestIdLayer::new(REQUEST_ID))
             .layer(CompressionLayer::new())
             .layer(cors(&config.cors_origins))
-            .layer(HandleErrorLayer::new(timed_out))
-            .timeout(config.timeout)
             .layer(DefaultBodyLimit::max(config.max_body_bytes)),
     )
 }

@@ -97,10 +97,10 @@ pub enum ApiError {
     /// A read failed.
     #[error("the store is unavailable")]
     Unavailable(#[source] outbox::ports::StoreError),
-    /// The request ran out of time. The SDK's operation timeout is shorter than this one,
-    /// so a commit in flight normally ends first, as an answer that names its transaction.
-    #[error("the request timed out")]
-    Timeout,
+    /// The handler overran the request's deadline and the deadline middleware answered
+    /// for it, from how far its transaction got.
+    #[error("the request timed out ({0:?})")]
+    Timeout(crate::deadline::Progress),
     /// Anything else: reported as a bare 500.
     #[error("internal error: {0}")]
     Internal(String),
@@ -211,12 +211,35 @@ impl ApiError {
                 problem(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
                 true,
             ),
-            Self::Timeout => (problem(S::SERVICE_UNAVAILABLE, "timeout", "Request timed out"), true),
+            Self::Timeout(progress) => (Self::timeout_problem(*progress), true),
             Self::Internal(_) => (
                 problem(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error"),
                 false,
             ),
         }
+    }
+
+    fn timeout_problem(progress: crate::deadline::Progress) -> Problem {
+        use crate::deadline::Progress;
+        let (kind, title, detail, txn) = match progress {
+            Progress::NotBegun => ("timeout", "Request timed out", "nothing was written; retry the request", None),
+            Progress::Begun(txn) => (
+                "timeout",
+                "Request timed out",
+                "nothing was written, and this transaction can no longer commit; retry the request",
+                Some(txn),
+            ),
+            Progress::Committing(txn) => (
+                "outcome-unknown",
+                "Outcome unknown",
+                "the request ran out of time while its change was being committed; it may or may not have happened; GET /transactions/{transaction_id} tells which once it is settled",
+                Some(txn),
+            ),
+        };
+        let mut p = problem(StatusCode::SERVICE_UNAVAILABLE, kind, title);
+        p.detail = Some(detail.to_owned());
+        p.transaction_id = txn.map(|txn| txn.to_string());
+        p
     }
 
     fn transaction_problem(error: &TxnError) -> (Problem, bool) {
@@ -235,6 +258,10 @@ impl ApiError {
             ),
             TxnError::CommitWindowExpired { .. } => (
                 with(S::SERVICE_UNAVAILABLE, "commit-window-expired", "Commit window expired", "the request took too long and nothing was written; retry it"),
+                true,
+            ),
+            TxnError::DeadlineExceeded { .. } => (
+                with(S::SERVICE_UNAVAILABLE, "timeout", "Request timed out", "the request ran out of time before its change was committed; nothing was written; retry it"),
                 true,
             ),
             TxnError::VersionConflict { .. } => (

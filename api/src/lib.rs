@@ -3,7 +3,8 @@
 //!
 //! # Layout
 //!
-//! - [`app`]: the router and its layers, built once.
+//! - [`app`]: the router and its layers, built once. [`deadline`]: each request's
+//!   deadline, and answers that name the transaction when time runs out.
 //! - [`orders`]: the example domain and its handlers, written against the public API of
 //!   the outbox library the way a user's own handlers would be.
 //! - [`transactions`]: the status of a transaction, for ambiguous answers.
@@ -13,6 +14,7 @@
 //!   AWS).
 
 pub mod app;
+pub mod deadline;
 pub mod error;
 pub mod extract;
 pub mod idempotency;

@@ -32,6 +32,24 @@ const COMMIT_ATTEMPTS: u32 = 3;
 /// Wait before the first commit retry; doubled for the next.
 const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(25);
 
+/// Runs `operation`, cut short at `deadline` (by `clock`'s timer) if there is one:
+/// `None` when the deadline came first.
+async fn within<T>(
+    clock: &dyn Clock,
+    deadline: Option<Timestamp>,
+    operation: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let Some(deadline) = deadline else {
+        return Some(operation.await);
+    };
+    let left = deadline.since(clock.now());
+    tokio::select! {
+        biased;
+        result = operation => Some(result),
+        () = clock.timer(left) => None,
+    }
+}
+
 /// The ports the request path uses.
 #[derive(Clone)]
 pub struct RequestPorts {
@@ -79,6 +97,13 @@ pub enum TxnError {
     /// and this transaction can never commit. Starting again is safe.
     #[error("transaction {txn_id}: the commit window has expired")]
     CommitWindowExpired {
+        /// The transaction.
+        txn_id: TxnId,
+    },
+    /// The request's deadline came before the commit was tried; nothing was written,
+    /// and this transaction can never commit now (its control message tombstones it).
+    #[error("transaction {txn_id}: the request's deadline passed before the commit")]
+    DeadlineExceeded {
         /// The transaction.
         txn_id: TxnId,
     },
@@ -136,6 +161,7 @@ impl TxnError {
             Self::ControlSend { txn_id, .. }
             | Self::Read { txn_id, .. }
             | Self::CommitWindowExpired { txn_id }
+            | Self::DeadlineExceeded { txn_id }
             | Self::VersionConflict { txn_id, .. }
             | Self::IdempotencyKeyUsed { txn_id, .. }
             | Self::TooLarge { txn_id, .. }
@@ -201,22 +227,44 @@ impl Outbox {
     }
 
     /// Begins a transaction: picks its id and sends its control message, returning once
-    /// the queue has acknowledged it. Nothing is written before that.
-    #[tracing::instrument(skip_all, fields(txn_id))]
+    /// the queue has acknowledged it. Nothing is written before that. Its commit may take
+    /// as long as its retries need, within the commit window.
     pub async fn begin(&self) -> Result<Transaction<'_>, TxnError> {
+        self.begin_with(None).await
+    }
+
+    /// Begins a transaction that must be answered by `deadline` (an HTTP request's
+    /// deadline, less a margin to answer): the control send and every commit attempt
+    /// are cut short there, and no retry starts after it. A commit cut short in flight
+    /// is [`TxnError::Ambiguous`]; a deadline that passes before the commit is tried is
+    /// [`TxnError::DeadlineExceeded`] (nothing written). Either names the transaction.
+    pub async fn begin_within(&self, deadline: Timestamp) -> Result<Transaction<'_>, TxnError> {
+        self.begin_with(Some(deadline)).await
+    }
+
+    #[tracing::instrument(skip_all, fields(txn_id))]
+    async fn begin_with(&self, deadline: Option<Timestamp>) -> Result<Transaction<'_>, TxnError> {
         let now = self.ports.clock.now();
         let txn_id = self.ports.ids.next_txn_id(now);
         tracing::Span::current().record("txn_id", tracing::field::display(txn_id));
         let control = ControlMessage::first(txn_id, now);
-        self.ports
-            .control_queue
-            .send(&control, self.timing.first_check_delay)
-            .await
-            .map_err(|source| TxnError::ControlSend { txn_id, source })?;
+        let send = self.ports.control_queue.send(&control, self.timing.first_check_delay);
+        // Whether or not a send cut short reached the queue, nothing will be committed:
+        // a control message for a transaction that never commits only tombstones it.
+        match within(self.ports.clock.as_ref(), deadline, send).await {
+            Some(sent) => sent.map_err(|source| TxnError::ControlSend { txn_id, source })?,
+            None => {
+                return Err(TxnError::ControlSend {
+                    txn_id,
+                    source: QueueError::Unavailable("the request's deadline passed during the send".into()),
+                })
+            }
+        }
         Ok(Transaction {
             outbox: self,
             txn_id,
             first_sent_at: now,
+            deadline,
             writes: BTreeMap::new(),
             messages: Vec::new(),
             idempotency: None,
@@ -241,6 +289,7 @@ pub struct Transaction<'a> {
     outbox: &'a Outbox,
     txn_id: TxnId,
     first_sent_at: Timestamp,
+    deadline: Option<Timestamp>,
     writes: BTreeMap<ItemKey, BusinessWrite>,
     messages: Vec<OutgoingMessage>,
     idempotency: Option<(IdempotencySlot, String, StoredResponse)>,
@@ -250,6 +299,11 @@ impl Transaction<'_> {
     /// The transaction's id.
     pub fn id(&self) -> TxnId {
         self.txn_id
+    }
+
+    /// The deadline it was begun with, if any.
+    pub fn deadline(&self) -> Option<Timestamp> {
+        self.deadline
     }
 
     /// Reads one business item, strongly consistent.
@@ -326,6 +380,9 @@ impl Transaction<'_> {
         // The error of an earlier attempt whose outcome is unknown: from then on, no
         // failure short of a definite refusal can say "nothing was written".
         let mut unknown: Option<CommitError> = None;
+        // The error of the last attempt that was definitely refused, for when the
+        // deadline stops the retries.
+        let mut last_refusal: Option<CommitError> = None;
         for attempt in 1..=COMMIT_ATTEMPTS {
             let now = ports.clock.now();
             // Past the window the worker may tombstone at any moment; trying anyway is
@@ -336,13 +393,24 @@ impl Transaction<'_> {
                     None => TxnError::CommitWindowExpired { txn_id },
                 });
             }
+            // Past the request's deadline nobody waits for the answer any more.
+            if self.deadline.is_some_and(|deadline| now >= deadline) {
+                return Err(match (unknown, last_refusal) {
+                    (Some(source), _) => TxnError::Ambiguous { txn_id, source },
+                    (None, Some(source)) => TxnError::NotCommitted { txn_id, source },
+                    (None, None) => TxnError::DeadlineExceeded { txn_id },
+                });
+            }
             let request = request.get_or_insert_with(|| self.request(now));
-            let error = match ports.store.commit(request).await {
-                Ok(()) => {
+            let outcome = within(ports.clock.as_ref(), self.deadline, ports.store.commit(request)).await;
+            let error = match outcome {
+                Some(Ok(())) => {
                     tracing::info!(messages = message_ids.len(), "committed");
                     return Ok(Committed { txn_id, message_ids });
                 }
-                Err(error) => error,
+                Some(Err(error)) => error,
+                // Cut short in flight: the request may still reach the table.
+                None => CommitError::Ambiguous("the request's deadline passed while the commit was in flight".into()),
             };
             tracing::warn!(error = %error, attempt, "commit attempt failed");
             // A definite refusal is authoritative even after an attempt of unknown
@@ -354,7 +422,9 @@ impl Transaction<'_> {
                 CommitError::IdempotencyKeyUsed { slot } => return Err(TxnError::IdempotencyKeyUsed { txn_id, slot }),
                 CommitError::TooLarge { reason } => return Err(TxnError::TooLarge { txn_id, reason }),
                 CommitError::Ambiguous(_) if attempt < COMMIT_ATTEMPTS => unknown = Some(error),
-                CommitError::Contention(_) | CommitError::Unavailable(_) if attempt < COMMIT_ATTEMPTS => {}
+                CommitError::Contention(_) | CommitError::Unavailable(_) if attempt < COMMIT_ATTEMPTS => {
+                    last_refusal = Some(error)
+                }
                 CommitError::Ambiguous(_) => return Err(TxnError::Ambiguous { txn_id, source: error }),
                 CommitError::Contention(_) | CommitError::Unavailable(_) | CommitError::Invalid { .. } => {
                     return Err(match unknown {

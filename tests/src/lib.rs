@@ -7,4 +7,5 @@
 pub mod calls;
 pub mod conformance;
 pub mod emulator;
+pub mod odd_store;
 pub mod sim;

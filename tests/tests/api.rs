@@ -2,7 +2,6 @@
 //! embedded backend: every route and every error status; the same requests as API
 //! Gateway HTTP API and Lambda function URL events through `lambda_http`.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,11 +16,12 @@ use http_body_util::BodyExt;
 use outbox::control::ControlPath;
 use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::poller::poll_once;
-use outbox::ports::{Clock, ControlQueue, ItemKey, QueueError, Store, StoreError, VersionedItem};
+use outbox::ports::{Clock, ControlQueue, QueueError, Store};
 use outbox::protocol::{ControlMessage, DestinationName};
 use outbox::request::{Outbox, RequestPorts};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
+use outbox_tests::odd_store::{CommitStall, OddStore};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -51,6 +51,13 @@ fn config() -> HttpConfig {
 }
 
 fn app_with(ports: impl FnOnce(&EmbeddedBackend, Arc<ManualClock>) -> RequestPorts) -> TestApp {
+    app_with_config(ports, config())
+}
+
+fn app_with_config(
+    ports: impl FnOnce(&EmbeddedBackend, Arc<ManualClock>) -> RequestPorts,
+    config: HttpConfig,
+) -> TestApp {
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
     let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
     let outbox = Outbox::new(
@@ -64,7 +71,7 @@ fn app_with(ports: impl FnOnce(&EmbeddedBackend, Arc<ManualClock>) -> RequestPor
     };
     let control = ControlPath::new(backend.control_ports(clock.clone()), Timing::default());
     TestApp {
-        router: router(state, &config()),
+        router: router(state, &config),
         clock,
         backend,
         control,
@@ -304,65 +311,14 @@ async fn if_match_is_honoured() {
     assert_eq!(app.send(cancel("\"1\"")).await.status, StatusCode::OK);
 }
 
-/// A store whose business reads misbehave: they lag one version behind (so that every
-/// change loses its race) or take a second (so that requests time out).
-struct OddReads {
-    inner: Arc<dyn Store>,
-    stale: bool,
-    delay: Duration,
-}
-
-#[async_trait]
-impl Store for OddReads {
-    async fn commit(&self, request: &outbox::ports::CommitRequest) -> Result<(), outbox::ports::CommitError> {
-        self.inner.commit(request).await
-    }
-    async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        let mut items = self.inner.get_items(keys).await?;
-        if self.stale {
-            items.values_mut().for_each(|item| item.version -= 1);
-        }
-        Ok(items)
-    }
-    async fn get_outboxes(
-        &self,
-        ids: &[outbox::protocol::TxnId],
-    ) -> Result<BTreeMap<outbox::protocol::TxnId, outbox::protocol::OutboxRecord>, StoreError> {
-        self.inner.get_outboxes(ids).await
-    }
-    async fn get_idempotency(
-        &self,
-        slot: &outbox::protocol::IdempotencySlot,
-    ) -> Result<Option<outbox::protocol::IdempotencyRecord>, StoreError> {
-        self.inner.get_idempotency(slot).await
-    }
-    async fn put_tombstone(
-        &self,
-        id: outbox::protocol::TxnId,
-        now: Timestamp,
-        at: Timestamp,
-    ) -> Result<outbox::ports::TombstoneOutcome, StoreError> {
-        self.inner.put_tombstone(id, now, at).await
-    }
-    async fn mark_dispatched(
-        &self,
-        records: &[outbox::protocol::OutboxRecord],
-        at: Timestamp,
-    ) -> Vec<Result<(), StoreError>> {
-        self.inner.mark_dispatched(records, at).await
-    }
-}
-
 #[tokio::test]
 async fn a_lost_version_race_is_409_or_412_under_if_match() {
     let app = app();
     let id = app.create().await.body["id"].as_str().unwrap().to_owned();
     let racing = app_with(|backend, clock| RequestPorts {
-        store: Arc::new(OddReads {
-            inner: backend.store.clone(),
+        store: Arc::new(OddStore {
             stale: true,
-            delay: Duration::ZERO,
+            ..OddStore::around(backend.store.clone())
         }),
         ..backend.request_ports(clock)
     });
@@ -767,10 +723,9 @@ async fn a_request_over_the_timeout_is_a_503_problem() {
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
     let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
     let ports = RequestPorts {
-        store: Arc::new(OddReads {
-            inner: backend.store.clone(),
-            stale: false,
-            delay: Duration::from_secs(1),
+        store: Arc::new(OddStore {
+            read_delay: Duration::from_secs(1),
+            ..OddStore::around(backend.store.clone())
         }),
         ..backend.request_ports(clock)
     };
@@ -793,6 +748,111 @@ async fn a_request_over_the_timeout_is_a_503_problem() {
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.headers()["content-type"], "application/problem+json");
     assert_eq!(response.headers()["retry-after"], "1");
+    assert!(
+        response.headers().get("x-transaction-id").is_none(),
+        "a read, no transaction began"
+    );
     let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(body["type"], "/problems/timeout");
+}
+
+/// An app whose store misbehaves as `odd` says, with a 2 s request timeout.
+fn app_with_odd_store(odd: impl FnOnce(OddStore) -> OddStore) -> TestApp {
+    let config = HttpConfig {
+        timeout: Duration::from_secs(2),
+        ..config()
+    };
+    app_with_config(
+        |backend, clock| RequestPorts {
+            store: Arc::new(odd(OddStore::around(backend.store.clone()))),
+            ..backend.request_ports(clock)
+        },
+        config,
+    )
+}
+
+impl TestApp {
+    async fn transaction_status(&self, txn: &str) -> String {
+        let reply = self.send(empty(Method::GET, &format!("/transactions/{txn}"))).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        reply.body["status"].as_str().unwrap().to_owned()
+    }
+}
+
+fn transaction_of(reply: &Reply) -> String {
+    let header = reply
+        .headers
+        .get("x-transaction-id")
+        .unwrap_or_else(|| panic!("no x-transaction-id on {} {}", reply.status, reply.body))
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(reply.body["transaction_id"], header.as_str(), "the body names it too");
+    header
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_stalled_past_the_deadline_is_a_503_naming_its_transaction_which_later_reads_tombstoned() {
+    let app = app_with_odd_store(|odd| OddStore {
+        commit: CommitStall::Forever,
+        ..odd
+    });
+    let started = tokio::time::Instant::now();
+    let reply = app.create().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "answered within the request's time: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.body["type"], "/problems/outcome-unknown");
+    assert_eq!(reply.headers["retry-after"], "1");
+    let txn = transaction_of(&reply);
+    assert_eq!(app.transaction_status(&txn).await, "unknown", "not settled yet");
+    app.settle().await;
+    assert_eq!(app.transaction_status(&txn).await, "tombstoned");
+    assert!(app.published().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_that_lands_after_the_deadline_is_a_503_naming_its_transaction_which_later_reads_dispatched() {
+    let app = app_with_odd_store(|odd| OddStore {
+        commit: CommitStall::AppliesAfter(Duration::from_secs(5)),
+        ..odd
+    });
+    let reply = app.create().await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.body["type"], "/problems/outcome-unknown");
+    let txn = transaction_of(&reply);
+    // The request reaches the table after its answer was sent.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(app.transaction_status(&txn).await, "pending", "it did commit");
+    app.settle().await;
+    assert_eq!(app.transaction_status(&txn).await, "dispatched");
+    assert_eq!(app.published().len(), 1, "its event was published");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_stalled_after_begin_is_answered_in_time_naming_the_transaction_with_nothing_written() {
+    let app = app_with_odd_store(|odd| OddStore {
+        read_delay: Duration::from_secs(30),
+        ..odd
+    });
+    let id = app.create().await.body["id"].as_str().unwrap().to_owned();
+    let started = tokio::time::Instant::now();
+    let reply = app
+        .send(json_request(
+            Method::POST,
+            &format!("/orders/{id}/items"),
+            &json!({"sku": "SKU-2", "quantity": 1, "unit_price_cents": 500}),
+        ))
+        .await;
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.body["type"], "/problems/timeout");
+    assert_eq!(reply.headers["content-type"], "application/problem+json");
+    let txn = transaction_of(&reply);
+    app.settle().await;
+    assert_eq!(app.transaction_status(&txn).await, "tombstoned", "it never committed");
+    assert_eq!(app.published().len(), 1, "only the order's creation");
 }

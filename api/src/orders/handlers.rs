@@ -14,6 +14,7 @@ use outbox::request::{Transaction, TxnError};
 use uuid::Uuid;
 
 use super::model::{self, CreateOrder, Event, LineItem, Order, OrderView};
+use crate::deadline::RequestScope;
 use crate::error::{ApiError, FieldError, Problem, TRANSACTION_ID_HEADER};
 use crate::extract::{etag, IdempotencyHeader, IfMatch, JsonBody};
 use crate::idempotency::{stored, Idempotency};
@@ -73,6 +74,7 @@ struct Change {
 /// idempotency key), and answers.
 async fn commit(
     state: &AppState,
+    scope: &RequestScope,
     mut txn: Transaction<'_>,
     change: Change,
     idempotency: Option<Idempotency>,
@@ -104,6 +106,7 @@ async fn commit(
         );
     }
     let started = Instant::now();
+    scope.committing(txn_id);
     let result = txn.commit().await;
     let metrics = MetricRecord::new("api", state.outbox.clock().now())
         .add(
@@ -131,9 +134,17 @@ async fn commit(
     }
 }
 
-async fn begin(state: &AppState) -> Result<Transaction<'_>, ApiError> {
+/// Begins a transaction within the request's deadline, and records it in the request's
+/// scope so that even a timeout names it.
+async fn begin<'a>(state: &'a AppState, scope: &RequestScope) -> Result<Transaction<'a>, ApiError> {
     let started = Instant::now();
-    let result = state.outbox.begin().await;
+    let result = match scope.deadline {
+        Some(deadline) => state.outbox.begin_within(deadline).await,
+        None => state.outbox.begin().await,
+    };
+    if let Ok(txn) = &result {
+        scope.begun(txn.id());
+    }
     MetricRecord::new("api", state.outbox.clock().now())
         .add(
             "ControlSendLatency",
@@ -157,6 +168,7 @@ async fn begin(state: &AppState) -> Result<Transaction<'_>, ApiError> {
     ))]
 pub async fn orders_create(
     State(state): State<AppState>,
+    scope: RequestScope,
     IdempotencyHeader(key): IdempotencyHeader,
     method: Method,
     OriginalUri(uri): OriginalUri,
@@ -167,7 +179,7 @@ pub async fn orders_create(
     if let Some(replay) = replay(&state, &idempotency).await? {
         return Ok(replay);
     }
-    let txn = begin(&state).await?;
+    let txn = begin(&state, &scope).await?;
     let (order, event) = model::place(Uuid::now_v7(), body.value);
     let change = Change {
         status: StatusCode::CREATED,
@@ -175,7 +187,7 @@ pub async fn orders_create(
         created: true,
         write: Some((order, ExpectedVersion::Absent, event)),
     };
-    commit(&state, txn, change, idempotency, false).await
+    commit(&state, &scope, txn, change, idempotency, false).await
 }
 
 async fn replay(state: &AppState, idempotency: &Option<Idempotency>) -> Result<Option<Response>, ApiError> {
@@ -203,6 +215,7 @@ pub async fn orders_get(State(state): State<AppState>, Path(id): Path<String>) -
 /// Reads, decides and commits a change of one order.
 async fn change_order(
     state: &AppState,
+    scope: &RequestScope,
     id: Uuid,
     if_match: IfMatch,
     idempotency: Option<Idempotency>,
@@ -212,7 +225,7 @@ async fn change_order(
         return Ok(replay);
     }
     // The control message goes out while the order is read; the commit waits for both.
-    let (txn, loaded) = tokio::join!(begin(state), load(state, id));
+    let (txn, loaded) = tokio::join!(begin(state, scope), load(state, id));
     let (order, version) = loaded?.ok_or_else(|| ApiError::NotFound(format!("no order {id}")))?;
     if !if_match.allows(version) {
         return Err(ApiError::PreconditionFailed);
@@ -238,7 +251,7 @@ async fn change_order(
             write: None,
         },
     };
-    commit(state, txn, change, idempotency, if_match.is_present()).await
+    commit(state, scope, txn, change, idempotency, if_match.is_present()).await
 }
 
 /// Adds a line, or changes the line of the same SKU; emits `ItemAdded` when the order
@@ -254,6 +267,7 @@ async fn change_order(
     ))]
 pub async fn orders_add_item(
     State(state): State<AppState>,
+    scope: RequestScope,
     Path(id): Path<String>,
     if_match: IfMatch,
     IdempotencyHeader(key): IdempotencyHeader,
@@ -265,7 +279,7 @@ pub async fn orders_add_item(
     body.value.validate()?;
     let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), &body.raw));
     let item = body.value;
-    change_order(&state, id, if_match, idempotency, move |order| {
+    change_order(&state, &scope, id, if_match, idempotency, move |order| {
         model::add_item(order, item)
     })
     .await
@@ -282,6 +296,7 @@ pub async fn orders_add_item(
     ))]
 pub async fn orders_remove_item(
     State(state): State<AppState>,
+    scope: RequestScope,
     Path((id, sku)): Path<(String, String)>,
     if_match: IfMatch,
     IdempotencyHeader(key): IdempotencyHeader,
@@ -291,7 +306,7 @@ pub async fn orders_remove_item(
     let id = parse_id(&id)?;
     model::check_sku(&sku, "sku").map_err(|error| ApiError::Validation(vec![error]))?;
     let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), b""));
-    change_order(&state, id, if_match, idempotency, move |order| {
+    change_order(&state, &scope, id, if_match, idempotency, move |order| {
         model::remove_item(order, &sku)
     })
     .await
@@ -307,6 +322,7 @@ pub async fn orders_remove_item(
     ))]
 pub async fn orders_cancel(
     State(state): State<AppState>,
+    scope: RequestScope,
     Path(id): Path<String>,
     if_match: IfMatch,
     IdempotencyHeader(key): IdempotencyHeader,
@@ -315,5 +331,8 @@ pub async fn orders_cancel(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), b""));
-    change_order(&state, id, if_match, idempotency, |order| Ok(model::cancel(order))).await
+    change_order(&state, &scope, id, if_match, idempotency, |order| {
+        Ok(model::cancel(order))
+    })
+    .await
 }

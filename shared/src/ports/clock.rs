@@ -15,6 +15,14 @@ pub trait Clock: Send + Sync {
 
     /// Waits for `duration` (backoff between retries, long-poll pauses).
     async fn sleep(&self, duration: Duration);
+
+    /// Completes once `duration` of real time has passed: the timer that cuts an
+    /// operation in flight short at a deadline. Unlike [`Clock::sleep`] it is raced
+    /// against other work, never awaited alone; a simulated clock may leave it pending
+    /// forever and model a cut-short operation as a lost reply instead.
+    async fn timer(&self, duration: Duration) {
+        tokio::time::sleep(duration).await;
+    }
 }
 
 /// The operating system's clock and tokio's timer.

@@ -215,4 +215,11 @@ impl Clock for GatedClock {
     async fn sleep(&self, _duration: Duration) {
         self.gate.pass(Op::Sleep).await;
     }
+
+    /// Never fires: an operation cut short by a deadline is the fault `ReplyLost` (it
+    /// may have applied, the caller got an error), which the scheduler injects; and a
+    /// deadline passing between operations is the clock moving, which it chooses too.
+    async fn timer(&self, _duration: Duration) {
+        std::future::pending::<()>().await;
+    }
 }

@@ -1,0 +1,97 @@
+//! A store that misbehaves on purpose around a real one: business reads that lag a
+//! version behind or take their time, and commits that stall, never to apply or to
+//! apply late (a request that reaches the table after its caller gave up).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox::ports::{CommitError, CommitRequest, ItemKey, Store, StoreError, TombstoneOutcome, VersionedItem};
+use outbox::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
+use outbox::time::Timestamp;
+
+/// What a commit does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CommitStall {
+    /// Applies at once.
+    #[default]
+    None,
+    /// Never answers and never applies.
+    Forever,
+    /// Applies after this long (tokio time), whether or not its caller still waits.
+    AppliesAfter(Duration),
+}
+
+/// The misbehaving store.
+pub struct OddStore {
+    /// The real store.
+    pub inner: Arc<dyn Store>,
+    /// Business reads report each item one version behind (every change loses its race).
+    pub stale: bool,
+    /// Business reads take this long (tokio time).
+    pub read_delay: Duration,
+    /// What commits do.
+    pub commit: CommitStall,
+}
+
+impl OddStore {
+    /// A store that behaves like `inner` until told otherwise.
+    pub fn around(inner: Arc<dyn Store>) -> Self {
+        Self {
+            inner,
+            stale: false,
+            read_delay: Duration::ZERO,
+            commit: CommitStall::None,
+        }
+    }
+}
+
+#[async_trait]
+impl Store for OddStore {
+    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
+        match self.commit {
+            CommitStall::None => self.inner.commit(request).await,
+            CommitStall::Forever => std::future::pending().await,
+            CommitStall::AppliesAfter(delay) => {
+                let (inner, request) = (self.inner.clone(), request.clone());
+                // A task of its own: dropping this call (a deadline) does not stop it.
+                let applied = tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    inner.commit(&request).await
+                });
+                applied.await.expect("the late commit ran")
+            }
+        }
+    }
+
+    async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
+        tokio::time::sleep(self.read_delay).await;
+        let mut items = self.inner.get_items(keys).await?;
+        if self.stale {
+            items.values_mut().for_each(|item| item.version -= 1);
+        }
+        Ok(items)
+    }
+
+    async fn get_outboxes(&self, ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
+        self.inner.get_outboxes(ids).await
+    }
+
+    async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.inner.get_idempotency(slot).await
+    }
+
+    async fn put_tombstone(
+        &self,
+        id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<TombstoneOutcome, StoreError> {
+        self.inner.put_tombstone(id, now, expires_at).await
+    }
+
+    async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
+        self.inner.mark_dispatched(records, expires_at).await
+    }
+}
