@@ -265,6 +265,8 @@ async fn change_order(
         (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
     ))]
+// An axum handler takes one argument per extractor.
+#[allow(clippy::too_many_arguments)]
 pub async fn orders_add_item(
     State(state): State<AppState>,
     scope: RequestScope,
