@@ -10,6 +10,7 @@ use outbox::protocol::{ControlMessage, DestinationName, Message, OutboxRecord, O
 use outbox::request::{Outbox, TxnError, TxnStatus};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
+use outbox_tests::odd_store::{CommitStall, OddStore};
 use serde_json::json;
 
 struct Fixture {
@@ -289,4 +290,77 @@ async fn a_control_send_failure_writes_nothing() {
     );
     assert!(matches!(broken.begin().await, Err(TxnError::ControlSend { .. })));
     assert!(f.backend.store.outbox_records().is_empty());
+}
+
+/// The request path over a store whose commits stall as `stall` says.
+fn outbox_with_stalled_commits(f: &Fixture, stall: CommitStall) -> Outbox {
+    let store = OddStore {
+        commit: stall,
+        ..OddStore::around(f.backend.store.clone())
+    };
+    Outbox::new(
+        outbox::request::RequestPorts {
+            store: Arc::new(store),
+            ..f.backend.request_ports(f.clock.clone())
+        },
+        f.timing,
+        TransactionLimits::default(),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_in_flight_at_the_deadline_is_cut_short_as_ambiguous_naming_its_transaction() {
+    let f = fixture();
+    let outbox = outbox_with_stalled_commits(&f, CommitStall::Forever);
+    let deadline = f.clock.now().plus(Duration::from_secs(2));
+    let mut txn = outbox.begin_within(deadline).await.unwrap();
+    let txn_id = txn.id();
+    txn.emit(Message::json(events(), &json!({"n": 1})).unwrap());
+    let started = tokio::time::Instant::now();
+    let error = tokio::time::timeout(Duration::from_secs(60), txn.commit())
+        .await
+        .expect("the commit kept to its deadline")
+        .unwrap_err();
+    assert!(
+        matches!(error, TxnError::Ambiguous { txn_id: id, .. } if id == txn_id),
+        "{error:?}"
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(2),
+        "one attempt, cut short at the deadline, and no retry after it"
+    );
+}
+
+#[tokio::test]
+async fn a_deadline_passed_before_the_commit_is_definite_and_the_transaction_is_tombstoned() {
+    let f = fixture();
+    let deadline = f.clock.now().plus(Duration::from_secs(2));
+    let mut txn = f.outbox.begin_within(deadline).await.unwrap();
+    let txn_id = txn.id();
+    txn.emit(Message::json(events(), &json!({"n": 1})).unwrap());
+    f.clock.advance(Duration::from_secs(3));
+    let error = txn.commit().await.unwrap_err();
+    assert!(
+        matches!(error, TxnError::DeadlineExceeded { txn_id: id } if id == txn_id),
+        "{error:?}"
+    );
+    assert!(error.is_definite());
+    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Unknown, "nothing written");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_that_lands_after_its_deadline_was_reported_ambiguous_not_failed() {
+    let f = fixture();
+    let outbox = outbox_with_stalled_commits(&f, CommitStall::AppliesAfter(Duration::from_secs(3)));
+    let mut txn = outbox
+        .begin_within(f.clock.now().plus(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let txn_id = txn.id();
+    txn.emit(Message::json(events(), &json!({"n": 1})).unwrap());
+    let error = txn.commit().await.unwrap_err();
+    assert!(!error.is_definite(), "{error:?}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Pending, "it did commit");
 }

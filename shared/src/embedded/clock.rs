@@ -9,7 +9,9 @@ use crate::ports::Clock;
 use crate::time::Timestamp;
 
 /// A manually driven clock. `sleep` advances it by the duration slept, so code that
-/// backs off finishes at once while time still passes as it would.
+/// backs off finishes at once while time still passes as it would. `timer` waits in
+/// tokio time (so that tests with paused time can stall an operation past a deadline)
+/// and, when it fires, advances this clock by as much: the deadline has passed on both.
 #[derive(Debug)]
 pub struct ManualClock {
     now: Mutex<Timestamp>,
@@ -40,6 +42,11 @@ impl Clock for ManualClock {
     }
 
     async fn sleep(&self, duration: Duration) {
+        self.advance(duration);
+    }
+
+    async fn timer(&self, duration: Duration) {
+        tokio::time::sleep(duration).await;
         self.advance(duration);
     }
 }
