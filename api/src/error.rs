@@ -94,6 +94,15 @@ pub enum ApiError {
     /// The request path could not finish; see the transaction error.
     #[error(transparent)]
     Transaction(#[from] TxnError),
+    /// A refusal decided after the request's transaction began: answered as `error`,
+    /// naming the transaction (which never commits).
+    #[error("{error} (transaction {txn_id})")]
+    InTransaction {
+        /// The transaction.
+        txn_id: outbox::protocol::TxnId,
+        /// The refusal.
+        error: Box<ApiError>,
+    },
     /// A read failed.
     #[error("the store is unavailable")]
     Unavailable(#[source] outbox::ports::StoreError),
@@ -124,6 +133,17 @@ fn problem(status: StatusCode, kind: &str, title: &str) -> Problem {
 }
 
 impl ApiError {
+    /// This error, decided after transaction `txn_id` began.
+    pub fn in_transaction(self, txn_id: outbox::protocol::TxnId) -> Self {
+        match self {
+            Self::Transaction(_) | Self::InTransaction { .. } => self,
+            error => Self::InTransaction {
+                txn_id,
+                error: Box::new(error),
+            },
+        }
+    }
+
     /// Whether the client had asked for a precondition (`If-Match`): a lost version race
     /// is then 412 rather than 409.
     pub fn with_precondition(self, precondition: bool) -> Self {
@@ -207,6 +227,11 @@ impl ApiError {
                 false,
             ),
             Self::Transaction(error) => Self::transaction_problem(error),
+            Self::InTransaction { txn_id, error } => {
+                let (mut problem, retry) = error.problem();
+                problem.transaction_id.get_or_insert_with(|| txn_id.to_string());
+                (problem, retry)
+            }
             Self::Unavailable(_) => (
                 problem(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
                 true,

@@ -242,7 +242,10 @@ async fn changes_emit_events_only_when_the_order_really_changes() {
         (again.status, again.body["version"].clone()),
         (StatusCode::OK, json!(2))
     );
-    assert_eq!(header(&again, "x-transaction-id"), None, "no change, no transaction");
+    assert!(
+        header(&again, "x-transaction-id").is_some(),
+        "no change, but its transaction began: the answer names it (it never commits)"
+    );
     let changed = app.send(add(3)).await;
     assert_eq!(changed.body["items"][1]["quantity"], 3);
     let removed = app
@@ -855,4 +858,37 @@ async fn a_read_stalled_after_begin_is_answered_in_time_naming_the_transaction_w
     app.settle().await;
     assert_eq!(app.transaction_status(&txn).await, "tombstoned", "it never committed");
     assert_eq!(app.published().len(), 1, "only the order's creation");
+}
+
+#[tokio::test]
+async fn refusals_decided_after_the_transaction_began_name_it_and_it_reads_tombstoned() {
+    let app = app();
+    let id = app.create().await.body["id"].as_str().unwrap().to_owned();
+    let add = |uri: String| {
+        json_request(
+            Method::POST,
+            &uri,
+            &json!({"sku": "SKU-1", "quantity": 2, "unit_price_cents": 1299}),
+        )
+    };
+    let missing = app
+        .send(add("/orders/018bcfe5-6800-7000-8000-0000000000ff/items".into()))
+        .await;
+    assert_problem(&missing, StatusCode::NOT_FOUND, "not-found");
+    let mut stale = add(format!("/orders/{id}/items"));
+    stale.headers_mut().insert("if-match", "\"7\"".parse().unwrap());
+    let precondition = app.send(stale).await;
+    assert_problem(&precondition, StatusCode::PRECONDITION_FAILED, "precondition-failed");
+    // The same line again changes nothing: a success, still naming its transaction.
+    let unchanged = app.send(add(format!("/orders/{id}/items"))).await;
+    assert_eq!(unchanged.status, StatusCode::OK);
+    let txns = [
+        transaction_of(&missing),
+        transaction_of(&precondition),
+        header(&unchanged, "x-transaction-id").unwrap().to_owned(),
+    ];
+    app.settle().await;
+    for txn in &txns {
+        assert_eq!(app.transaction_status(txn).await, "tombstoned", "{txn}");
+    }
 }

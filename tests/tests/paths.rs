@@ -346,7 +346,11 @@ async fn a_deadline_passed_before_the_commit_is_definite_and_the_transaction_is_
         "{error:?}"
     );
     assert!(error.is_definite());
-    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Unknown, "nothing written");
+    assert_eq!(
+        f.outbox.status(txn_id).await.unwrap(),
+        TxnStatus::Unknown,
+        "nothing written"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -362,5 +366,9 @@ async fn a_commit_that_lands_after_its_deadline_was_reported_ambiguous_not_faile
     let error = txn.commit().await.unwrap_err();
     assert!(!error.is_definite(), "{error:?}");
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Pending, "it did commit");
+    assert_eq!(
+        f.outbox.status(txn_id).await.unwrap(),
+        TxnStatus::Pending,
+        "it did commit"
+    );
 }

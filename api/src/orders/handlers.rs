@@ -226,12 +226,21 @@ async fn change_order(
     }
     // The control message goes out while the order is read; the commit waits for both.
     let (txn, loaded) = tokio::join!(begin(state, scope), load(state, id));
-    let (order, version) = loaded?.ok_or_else(|| ApiError::NotFound(format!("no order {id}")))?;
+    // Once the control message went out, every answer names the transaction, the
+    // refusals decided after it included: the client can always ask what became of it.
+    let txn_id = txn.as_ref().ok().map(Transaction::id);
+    let named = |error: ApiError| match txn_id {
+        Some(txn_id) => error.in_transaction(txn_id),
+        None => error,
+    };
+    let (order, version) = loaded
+        .map_err(named)?
+        .ok_or_else(|| named(ApiError::NotFound(format!("no order {id}"))))?;
     if !if_match.allows(version) {
-        return Err(ApiError::PreconditionFailed);
+        return Err(named(ApiError::PreconditionFailed));
     }
     let txn = txn?;
-    let change = match decide(&order)? {
+    let change = match decide(&order).map_err(named)? {
         Some((next, event)) => Change {
             status: StatusCode::OK,
             view: next.view(version + 1),
@@ -242,7 +251,12 @@ async fn change_order(
         // (the control message will find no record and tombstone it, harmlessly); with
         // one, the answer is committed so that repeats replay it.
         None if idempotency.is_none() => {
-            return Ok(order_response(StatusCode::OK, &order.view(version), false).into_response())
+            let (status, mut headers, body) = order_response(StatusCode::OK, &order.view(version), false);
+            headers.insert(
+                TRANSACTION_ID_HEADER,
+                HeaderValue::from_str(&txn.id().to_string()).expect("ids are ASCII"),
+            );
+            return Ok((status, headers, body).into_response());
         }
         None => Change {
             status: StatusCode::OK,
