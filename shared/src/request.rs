@@ -28,7 +28,7 @@ use crate::settings::{Timing, TransactionLimits};
 use crate::time::Timestamp;
 
 /// Commits tried at most, when the store answers "contention" or "unknown outcome".
-const COMMIT_ATTEMPTS: u32 = 3;
+pub const COMMIT_ATTEMPTS: u32 = 3;
 /// Wait before the first commit retry; doubled for the next.
 const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(25);
 

@@ -7,22 +7,29 @@
 //! Run more: `SIM_SCHEDULES=100000 cargo test ...`.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use outbox::request::TxnError;
-use outbox_tests::sim::{run_schedule, sim_timing, ApiResult, DepthFirst, Outcome, Seeded, SimConfig};
+use outbox_tests::sim::{
+    run_schedule, sim_timing, ApiResult, DepthFirst, FaultsDepthFirst, LoopEnds, Op, Outcome, Seeded, SimConfig,
+};
 
 /// A coarse name for how a schedule's requests ended, to show the exploration reached
 /// every kind of ending.
 fn ending(outcome: &Outcome) -> &'static str {
-    match outcome.observed.api_results.first() {
-        Some(ApiResult::Answered(Ok(_))) => "committed",
-        Some(ApiResult::Answered(Err(TxnError::CommitWindowExpired { .. }))) => "commit window expired",
-        Some(ApiResult::Answered(Err(TxnError::ControlSend { .. }))) => "control send failed",
-        Some(ApiResult::Answered(Err(TxnError::Ambiguous { .. }))) => "ambiguous",
-        Some(ApiResult::Answered(Err(_))) => "other failure",
-        Some(ApiResult::Crashed) => "api crashed",
-        None => "no request",
+    outcome.observed.api_results.first().map_or("no request", result_name)
+}
+
+fn result_name(result: &ApiResult) -> &'static str {
+    match result {
+        ApiResult::Answered(Ok(_)) => "committed",
+        ApiResult::Answered(Err(TxnError::DeadlineExceeded { .. })) => "deadline exceeded",
+        ApiResult::Answered(Err(TxnError::NotCommitted { .. })) => "not committed",
+        ApiResult::Answered(Err(TxnError::CommitWindowExpired { .. })) => "commit window expired",
+        ApiResult::Answered(Err(TxnError::ControlSend { .. })) => "control send failed",
+        ApiResult::Answered(Err(TxnError::Ambiguous { .. })) => "ambiguous",
+        ApiResult::Answered(Err(_)) => "other failure",
+        ApiResult::Crashed => "api crashed",
     }
 }
 
@@ -37,6 +44,8 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
         random_extras: false,
         max_steps: 1_000,
         timing: sim_timing(3),
+        deadline: None,
+        retry_loop: None,
     };
     let started = Instant::now();
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
@@ -123,6 +132,9 @@ fn random_config(seed: u64) -> SimConfig {
         random_extras: true,
         max_steps: 5_000,
         timing: sim_timing(10),
+        // Half the requests have a deadline that clock jumps can overtake.
+        deadline: rng.bool().then(|| Duration::from_secs(2)),
+        retry_loop: None,
     }
 }
 
@@ -155,21 +167,90 @@ fn thousands_of_random_schedules_keep_the_invariants() {
         .unwrap_or(10_000);
     let started = Instant::now();
     let (mut faults, mut commits, mut tombstones, mut steps) = (0, 0, 0, 0);
+    let mut deadline_endings: BTreeMap<&str, usize> = BTreeMap::new();
     for seed in 0..count {
         let outcome = run_seed(seed).unwrap_or_else(|error| {
             panic!("seed {seed}: {error}\nrerun it with SIM_SEED={seed} cargo test -p outbox-tests --test simulation -- --nocapture")
         });
         faults += outcome.faults;
+        if random_config(seed).deadline.is_some() {
+            for result in &outcome.observed.api_results {
+                *deadline_endings.entry(result_name(result)).or_default() += 1;
+            }
+        }
         commits += outcome.observed.commits.len();
         tombstones += outcome.observed.tombstones.len();
         steps += outcome.steps;
     }
     println!(
-        "random: {count} schedules ({commits} commits, {tombstones} tombstones, {faults} faults, {steps} steps) in {:.2?}",
+        "random: {count} schedules ({commits} commits, {tombstones} tombstones, {faults} faults, {steps} steps) in {:.2?}; requests with a deadline ended: {deadline_endings:?}",
         started.elapsed()
     );
     assert!(
         count < 100 || (commits > 0 && tombstones > 0 && faults > 0),
         "the random schedules never reached some path"
     );
+}
+
+#[test]
+fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
+    // Faults on one loop's operation only (the commit, or the publish), enough of them
+    // to fail every attempt of a commit (3) or of a publish entry (3). Every fault
+    // sequence is run in the order that lets the request go first, then under seeded
+    // random interleavings, half of them with a request deadline, rather than under
+    // every interleaving (millions of schedules).
+    let seeds: u64 = std::env::var("SIM_LOOP_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    let started = Instant::now();
+    let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut ends = LoopEnds::default();
+    let (mut schedules, mut reached) = (0, 0);
+    for (seed, op) in (0..seeds).flat_map(|seed| [(seed, Op::Commit), (seed, Op::Publish)]) {
+        let config = SimConfig {
+            transactions: 1,
+            items: 1,
+            workers: 1,
+            fault_budget: outbox::request::COMMIT_ATTEMPTS as usize,
+            random_extras: false,
+            max_steps: 1_000,
+            // Mostly a long window, so that the clock moving on to control messages
+            // ends fewer loops early; every fourth seed a short one that ends more.
+            timing: sim_timing(if seed % 4 == 1 { 3 } else { 60 }),
+            deadline: (seed % 2 == 1).then(|| Duration::from_secs(2)),
+            retry_loop: Some(op),
+        };
+        let mut prefix = Some(Vec::new());
+        while let Some(choices) = prefix {
+            let mut chooser = FaultsDepthFirst::new(choices.clone(), (seed > 0).then_some(seed));
+            let outcome = run_schedule(&mut chooser, &config)
+                .unwrap_or_else(|error| panic!("{op:?} loop, seed {seed}, faults {choices:?}: {error}"));
+            if let Err(violation) = outcome.observed.check() {
+                panic!(
+                    "{op:?} loop, seed {seed}, faults {choices:?}: {violation}\n{:#?}",
+                    outcome.observed
+                );
+            }
+            assert_eq!(
+                outcome.redrives, 0,
+                "{op:?} loop, seed {seed}, faults {choices:?} needed a dead-letter redrive"
+            );
+            schedules += 1;
+            reached += usize::from(outcome.loop_ends != LoopEnds::default());
+            ends.add(&outcome.loop_ends);
+            for result in &outcome.observed.api_results {
+                *endings.entry(result_name(result)).or_default() += 1;
+            }
+            prefix = chooser.next_prefix();
+        }
+    }
+    println!(
+        "retry loops: {schedules} schedules ({seeds} seeds) in {:.2?}, {reached} ran a loop to its end: {ends:?}; endings: {endings:?}",
+        started.elapsed()
+    );
+    assert!(ends.commit_all_unknown > 0, "{ends:?}");
+    assert!(ends.commit_all_refused > 0, "{ends:?}");
+    assert!(ends.commit_unknown_then_refused > 0, "{ends:?}");
+    assert!(ends.publish_exhausted > 0, "{ends:?}");
 }

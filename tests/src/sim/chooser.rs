@@ -68,6 +68,48 @@ impl Chooser for DepthFirst {
     }
 }
 
+/// Enumerates every fault decision depth-first, like [`DepthFirst`], but takes the
+/// order of actors from a seeded random source, or always the first option (the first
+/// actor that can move, before the clock): it explores every sequence of faults (retry
+/// loops run to their end) without multiplying each by every interleaving. Replaying a
+/// prefix with the same seed replays the same schedule, because the random source is
+/// consumed in the same order up to where the prefix ends.
+#[derive(Debug)]
+pub struct FaultsDepthFirst {
+    faults: DepthFirst,
+    order: Option<fastrand::Rng>,
+}
+
+impl FaultsDepthFirst {
+    /// A chooser that replays the fault decisions `prefix`, with orders from `seed`, or
+    /// always the first option when `seed` is `None`.
+    pub fn new(prefix: Vec<usize>, seed: Option<u64>) -> Self {
+        Self {
+            faults: DepthFirst::new(prefix),
+            order: seed.map(fastrand::Rng::with_seed),
+        }
+    }
+
+    /// The prefix of the next fault sequence, or `None` when every one was run.
+    pub fn next_prefix(self) -> Option<Vec<usize>> {
+        self.faults.next_prefix()
+    }
+}
+
+impl Chooser for FaultsDepthFirst {
+    fn pick(&mut self, n: usize) -> usize {
+        self.order.as_mut().map_or(0, |order| order.usize(..n))
+    }
+
+    fn fault(&mut self, n: usize) -> usize {
+        self.faults.fault(n)
+    }
+
+    fn chance(&mut self, _percent: u32) -> bool {
+        false
+    }
+}
+
 /// Random decisions from a seed: a schedule is reproducible from its seed alone.
 #[derive(Debug)]
 pub struct Seeded {

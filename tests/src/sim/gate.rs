@@ -49,9 +49,25 @@ pub enum Fault {
     Duplicate,
     /// Publishes: the first entry of the batch fails, the others are sent.
     FirstEntryFails,
+    /// Commits: refused for contention (another transaction held an item, throttling);
+    /// nothing applied.
+    Busy,
 }
 
 impl Op {
+    /// The faults offered when exploring this operation's retry loop to its end: every
+    /// way a commit attempt can fail without a crash, or every way a publish entry can
+    /// fail. Other operations run clean, so the budget goes to stacking faults on one
+    /// loop.
+    pub fn retry_loop_faults(self) -> Vec<Fault> {
+        use Fault::*;
+        match self {
+            Op::Commit => vec![ReplyLost, Fail, Busy],
+            Op::Publish => vec![Fail, FirstEntryFails],
+            _ => vec![],
+        }
+    }
+
     /// The faults this operation can meet, beyond `None`.
     pub fn faults(self, random: bool) -> Vec<Fault> {
         use Fault::*;

@@ -18,6 +18,6 @@ pub mod invariants;
 mod ports;
 mod world;
 
-pub use chooser::{Chooser, DepthFirst, Seeded};
+pub use chooser::{Chooser, DepthFirst, FaultsDepthFirst, Seeded};
 pub use gate::{Fault, Op};
-pub use world::{run_schedule, sim_timing, ApiResult, Outcome, SimConfig};
+pub use world::{run_schedule, sim_timing, ApiResult, LoopEnds, Outcome, SimConfig};

@@ -26,7 +26,7 @@ fn injected(what: &str) -> Box<dyn std::error::Error + Send + Sync> {
 macro_rules! gated {
     ($gate:expr, $op:expr, $apply:expr, failed => $failed:expr, lost => $lost:expr) => {
         match $gate.pass($op).await {
-            Fault::None | Fault::Duplicate | Fault::FirstEntryFails => $apply,
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => $apply,
             Fault::CrashBefore => $gate.crash().await,
             Fault::CrashAfter => {
                 let _ = $apply;
@@ -50,9 +50,20 @@ pub(crate) struct GatedStore {
 #[async_trait]
 impl Store for GatedStore {
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
-        gated!(self.gate, Op::Commit, self.inner.commit(request).await,
-            failed => Err(CommitError::Unavailable(injected("commit refused"))),
-            lost => Err(CommitError::Ambiguous(injected("commit reply lost"))))
+        match self.gate.pass(Op::Commit).await {
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails => self.inner.commit(request).await,
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = self.inner.commit(request).await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = self.inner.commit(request).await;
+                Err(CommitError::Ambiguous(injected("commit reply lost")))
+            }
+            Fault::Fail => Err(CommitError::Unavailable(injected("commit refused"))),
+            Fault::Busy => Err(CommitError::Contention(injected("commit met contention"))),
+        }
     }
 
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
@@ -109,7 +120,7 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlQueue for GatedControlQueu
         let fault = self.gate.pass(Op::ControlSend).await;
         let send = || self.inner.send(message, delay);
         match fault {
-            Fault::None | Fault::FirstEntryFails => send().await,
+            Fault::None | Fault::FirstEntryFails | Fault::Busy => send().await,
             Fault::Duplicate => {
                 send().await?;
                 send().await
@@ -169,7 +180,7 @@ impl Publisher for GatedPublisher {
             })
         };
         match self.gate.pass(Op::Publish).await {
-            Fault::None | Fault::Duplicate => self.inner.send_batch(destination, messages).await,
+            Fault::None | Fault::Duplicate | Fault::Busy => self.inner.send_batch(destination, messages).await,
             Fault::FirstEntryFails => {
                 let (first, rest) = messages.split_first().expect("batches are never empty");
                 let mut failures = self.inner.send_batch(destination, rest).await?;

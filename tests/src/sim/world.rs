@@ -1,5 +1,6 @@
 //! The simulated world and the scheduler that runs one schedule in it.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +13,8 @@ use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::poller::poll_once;
 use outbox::ports::{Clock, ExpectedVersion, IdSource, ItemKey};
 use outbox::protocol::{DestinationName, IdempotencyKey, IdempotencySlot, Message, StoredResponse, TxnId};
-use outbox::request::{Committed, Outbox, RequestPorts, TxnError};
+use outbox::publish::RetryPolicy;
+use outbox::request::{Committed, Outbox, RequestPorts, TxnError, COMMIT_ATTEMPTS};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
 use serde_json::json;
@@ -45,6 +47,11 @@ pub struct SimConfig {
     pub max_steps: usize,
     /// The protocol's timing.
     pub timing: Timing,
+    /// Requests begin with a deadline this long after they start, if set.
+    pub deadline: Option<Duration>,
+    /// Explore one retry loop to its end: faults only on this operation
+    /// ([`Op::retry_loop_faults`]), as many as the budget allows.
+    pub retry_loop: Option<Op>,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -78,6 +85,48 @@ pub struct Outcome {
     pub redrives: usize,
     /// The final state, for the invariant checks.
     pub observed: Observed,
+    /// The retry loops this schedule ran to their end.
+    pub loop_ends: LoopEnds,
+}
+
+/// Retry loops run to their end in a schedule: every attempt failed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoopEnds {
+    /// Commits whose every attempt had an unknown outcome.
+    pub commit_all_unknown: usize,
+    /// Commits whose every attempt was refused (unavailable or contention).
+    pub commit_all_refused: usize,
+    /// Commits whose attempts were first of unknown outcome, then refused.
+    pub commit_unknown_then_refused: usize,
+    /// Other mixes of failed attempts that used up a commit's attempts.
+    pub commit_other_mix: usize,
+    /// Publish passes in which an entry failed on every attempt.
+    pub publish_exhausted: usize,
+}
+
+impl LoopEnds {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &LoopEnds) {
+        self.commit_all_unknown += other.commit_all_unknown;
+        self.commit_all_refused += other.commit_all_refused;
+        self.commit_unknown_then_refused += other.commit_unknown_then_refused;
+        self.commit_other_mix += other.commit_other_mix;
+        self.publish_exhausted += other.publish_exhausted;
+    }
+
+    fn record_commit(&mut self, faults: &[Fault]) {
+        let unknown = |fault: &Fault| *fault == Fault::ReplyLost;
+        let refused = |fault: &Fault| matches!(fault, Fault::Fail | Fault::Busy);
+        if faults.iter().all(unknown) {
+            self.commit_all_unknown += 1;
+        } else if faults.iter().all(refused) {
+            self.commit_all_refused += 1;
+        } else if faults.iter().skip_while(|fault| unknown(fault)).all(refused) {
+            self.commit_unknown_then_refused += 1;
+        } else {
+            self.commit_other_mix += 1;
+        }
+    }
 }
 
 struct SimIds(AtomicU64);
@@ -146,7 +195,13 @@ impl World {
         })
     }
 
-    fn api(&mut self, index: usize, key: ItemKey, idempotency: Option<IdempotencySlot>) -> Actor {
+    fn api(
+        &mut self,
+        index: usize,
+        key: ItemKey,
+        idempotency: Option<IdempotencySlot>,
+        deadline: Option<Duration>,
+    ) -> Actor {
         let (id, gate) = self.gate();
         let outbox = Outbox::new(
             RequestPorts {
@@ -164,7 +219,7 @@ impl World {
             self.timing,
             TransactionLimits::default(),
         );
-        let future = Box::pin(async move { increment(&outbox, key, idempotency).await });
+        let future = Box::pin(async move { increment(&outbox, key, idempotency, deadline).await });
         Actor {
             id,
             kind: Kind::Api(index),
@@ -212,8 +267,16 @@ impl World {
 
 /// The business logic of every simulated request: read a counter, increment it, and
 /// emit one event and one FIFO audit entry about it.
-async fn increment(outbox: &Outbox, key: ItemKey, idempotency: Option<IdempotencySlot>) -> Result<Committed, TxnError> {
-    let mut txn = outbox.begin().await?;
+async fn increment(
+    outbox: &Outbox,
+    key: ItemKey,
+    idempotency: Option<IdempotencySlot>,
+    deadline: Option<Duration>,
+) -> Result<Committed, TxnError> {
+    let mut txn = match deadline {
+        Some(deadline) => outbox.begin_within(outbox.clock().now().plus(deadline)).await?,
+        None => outbox.begin().await?,
+    };
     let current = txn.get(&key).await?;
     let (count, expected) = match &current {
         Some(item) => (
@@ -279,7 +342,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             Some(IdempotencySlot::new("counters.increment", &key))
         };
         slots.push(slot.clone());
-        actors.push(world.api(index, key, slot));
+        actors.push(world.api(index, key, slot, config.deadline));
     }
     for _ in 0..config.workers {
         actors.push(world.worker());
@@ -310,6 +373,11 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     ];
     let mut jumps_left = if extras { 3 } else { 0 };
     let (mut steps, mut faults, mut redrives) = (0, 0, 0);
+    let mut loop_ends = LoopEnds::default();
+    // Per actor: the faults of its commit attempts since its last clean one, and how
+    // many publishes in a row failed.
+    let mut commit_faults: BTreeMap<ActorId, Vec<Fault>> = BTreeMap::new();
+    let mut publish_faults: BTreeMap<ActorId, u32> = BTreeMap::new();
     loop {
         steps += 1;
         if steps > config.max_steps {
@@ -358,7 +426,11 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             Action::Step(position) => {
                 let actor_id = actors[position].id;
                 let op = world.gates.lock().waiting.remove(&actor_id).expect("waiting");
-                let offered = op.faults(extras);
+                let offered = match config.retry_loop {
+                    Some(looped) if looped == op => op.retry_loop_faults(),
+                    Some(_) => Vec::new(),
+                    None => op.faults(extras),
+                };
                 let fault = match offered.len() {
                     n if n > 0 && faults_allowed => match chooser.fault(n) {
                         0 => Fault::None,
@@ -369,6 +441,29 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                     },
                     _ => Fault::None,
                 };
+                match op {
+                    Op::Commit => {
+                        let sequence = commit_faults.entry(actor_id).or_default();
+                        if fault == Fault::None {
+                            sequence.clear();
+                        } else {
+                            sequence.push(fault);
+                        }
+                        if sequence.len() == COMMIT_ATTEMPTS as usize {
+                            loop_ends.record_commit(sequence);
+                            sequence.clear();
+                        }
+                    }
+                    Op::Publish => {
+                        let failed = publish_faults.entry(actor_id).or_default();
+                        *failed = if fault == Fault::None { 0 } else { *failed + 1 };
+                        if *failed == RetryPolicy::default().attempts {
+                            loop_ends.publish_exhausted += 1;
+                            *failed = 0;
+                        }
+                    }
+                    _ => {}
+                }
                 world.gates.lock().granted.insert(actor_id, fault);
                 let polled = poll(&mut actors[position]);
                 let crashed = world.gates.lock().crashed.remove(&actor_id);
@@ -405,5 +500,6 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         faults,
         redrives,
         observed,
+        loop_ends,
     })
 }
