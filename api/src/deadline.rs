@@ -96,10 +96,22 @@ pub fn margin(timeout: Duration) -> Duration {
 
 /// The instant a request that arrived at `now` must be answered by: `timeout` after it,
 /// or the Lambda invocation's deadline (milliseconds since the epoch) if that is sooner.
+///
+/// A Lambda deadline that has already passed when the request arrives is not one: Lambda
+/// never hands out an invocation after its deadline, while `cargo lambda watch` sends its
+/// own timeout there (`600000`, a duration), which would make every request time out at
+/// once. Such a value is ignored and the local timeout holds.
 pub fn request_end(now: Timestamp, timeout: Duration, lambda_deadline_millis: Option<u64>) -> Timestamp {
     let local = now.plus(timeout);
-    match lambda_deadline_millis {
-        Some(millis) => local.min(Timestamp::from_millis(millis)),
+    match lambda_deadline_millis.map(Timestamp::from_millis) {
+        Some(deadline) if deadline > now => local.min(deadline),
+        Some(deadline) => {
+            tracing::debug!(
+                lambda_deadline_millis = deadline.as_millis(),
+                "the Lambda deadline had passed on arrival; using the API timeout"
+            );
+            local
+        }
         None => local,
     }
 }
@@ -146,6 +158,8 @@ mod tests {
         assert_eq!(request_end(now, timeout, None).as_millis(), 1_010_000);
         assert_eq!(request_end(now, timeout, Some(1_003_000)).as_millis(), 1_003_000);
         assert_eq!(request_end(now, timeout, Some(1_020_000)).as_millis(), 1_010_000);
+        // What `cargo lambda watch` sends: its timeout, not an instant.
+        assert_eq!(request_end(now, timeout, Some(600_000)).as_millis(), 1_010_000);
         assert_eq!(margin(timeout), ANSWER_MARGIN);
         assert_eq!(margin(Duration::from_secs(1)), Duration::from_millis(250));
     }
