@@ -104,7 +104,7 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
             }
         }
         Backend::Aws {
-            table_name,
+            layout,
             control_queue_url,
         } => {
             let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
@@ -112,7 +112,7 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                 RequestPorts {
                     store: Arc::new(DynamoStore::new(
                         clients.dynamodb.clone(),
-                        table_name.clone(),
+                        layout.clone(),
                         clock.clone(),
                     )),
                     control_queue: Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone())),

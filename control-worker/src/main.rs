@@ -8,7 +8,9 @@
 //! - `control-worker redrive DEAD_LETTER_QUEUE_URL`: moves the dead-letter queue's
 //!   messages back to the control queue.
 //! - `control-worker bootstrap [STACK]`: creates the table and queues of `template.yaml`
-//!   for stack STACK (default `outbox`) and prints the settings that point at them.
+//!   for stack STACK (default `outbox`) and prints the settings that point at them. The
+//!   table is `OUTBOX_TABLE_NAME` if set (an existing table must have the key schema the
+//!   layout variables name: `OUTBOX_PARTITION_KEY`, `OUTBOX_SORT_KEY`, ...).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,8 +19,9 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use control_worker::lambda::handle_event;
 use control_worker::setup::Worker;
 use lambda_runtime::{service_fn, LambdaEvent};
+use outbox::aws::SortKeyValue;
 use outbox::aws::{bootstrap, load_sdk_config, redrive, AwsClients, ResourceNames};
-use outbox::settings::{vars, Settings};
+use outbox::settings::{layout_from_env, vars, Settings};
 
 fn init_tracing(on_lambda: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -111,8 +114,13 @@ async fn run_worker(on_lambda: bool, redrive_from: Option<&str>) -> ExitCode {
 }
 
 async fn run_bootstrap(stack: &str) -> ExitCode {
+    let mut names = ResourceNames::for_stack(stack);
+    names.layout = match layout_from_env(&names.layout.table) {
+        Ok(layout) => layout,
+        Err(error) => return report(&error),
+    };
     let clients = AwsClients::new(&load_sdk_config(Duration::from_secs(10)).await);
-    match bootstrap(&clients, &ResourceNames::for_stack(stack)).await {
+    match bootstrap(&clients, &names).await {
         Ok(resources) => {
             let destinations: Vec<String> = resources
                 .destinations
@@ -120,7 +128,16 @@ async fn run_bootstrap(stack: &str) -> ExitCode {
                 .map(|(name, url)| format!("{name}={url}"))
                 .collect();
             println!("export {}=aws", vars::BACKEND);
-            println!("export {}={}", vars::TABLE_NAME, resources.table);
+            let layout = &resources.layout;
+            println!("export {}={}", vars::TABLE_NAME, layout.table);
+            println!("export {}={}", vars::PARTITION_KEY, layout.partition_key);
+            if let Some(sort_key) = &layout.sort_key {
+                println!("export {}={}", vars::SORT_KEY, sort_key.attribute);
+                if let SortKeyValue::Constant(value) = &sort_key.value {
+                    println!("export {}={value}", vars::SORT_KEY_VALUE);
+                }
+            }
+            println!("export {}={}", vars::TTL_ATTRIBUTE, layout.ttl_attribute);
             println!("export {}={}", vars::CONTROL_QUEUE_URL, resources.control_queue_url);
             println!("export {}={}", vars::DESTINATIONS, destinations.join(","));
             println!(

@@ -44,7 +44,7 @@ impl Worker {
     /// Builds the clients from `sdk_config` and the control path from `settings`.
     pub fn new(settings: &Settings, sdk_config: &SdkConfig) -> Result<Self, SetupError> {
         let Backend::Aws {
-            table_name,
+            layout,
             control_queue_url,
         } = &settings.backend
         else {
@@ -56,7 +56,7 @@ impl Worker {
         let ports = ControlPorts {
             store: Arc::new(DynamoStore::new(
                 clients.dynamodb.clone(),
-                table_name.clone(),
+                layout.clone(),
                 clock.clone(),
             )),
             control_queue: control_queue.clone(),

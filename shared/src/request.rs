@@ -426,6 +426,9 @@ impl Transaction<'_> {
                     last_refusal = Some(error)
                 }
                 CommitError::Ambiguous(_) => return Err(TxnError::Ambiguous { txn_id, source: error }),
+                CommitError::ActionCancelled { .. } | CommitError::NativeUnsupported => {
+                    return Err(TxnError::NotCommitted { txn_id, source: error })
+                }
                 CommitError::Contention(_) | CommitError::Unavailable(_) | CommitError::Invalid { .. } => {
                     return Err(match unknown {
                         Some(source) => TxnError::Ambiguous { txn_id, source },

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::aws::{SortKeyValue, TableLayout};
 use crate::protocol::DestinationName;
 
 /// Which adapters the process uses.
@@ -14,8 +15,9 @@ pub enum Backend {
     Embedded,
     /// DynamoDB and SQS (or an emulator, through `AWS_ENDPOINT_URL`).
     Aws {
-        /// The table of business items and protocol records.
-        table_name: String,
+        /// The table of the protocol's records (and of the portable form's business
+        /// items), and how they are keyed in it.
+        layout: TableLayout,
         /// The control queue's URL.
         control_queue_url: String,
     },
@@ -95,6 +97,15 @@ pub mod vars {
     pub const BACKEND: &str = "OUTBOX_BACKEND";
     /// Table name; required with the `aws` backend.
     pub const TABLE_NAME: &str = "OUTBOX_TABLE_NAME";
+    /// The table's partition key attribute (a string); default `pk`.
+    pub const PARTITION_KEY: &str = "OUTBOX_PARTITION_KEY";
+    /// The table's sort key attribute (a string), if it has one; unset by default.
+    pub const SORT_KEY: &str = "OUTBOX_SORT_KEY";
+    /// What the protocol's records write in the sort key: a constant, or (unset) the
+    /// same string as in the partition key. Only with a sort key.
+    pub const SORT_KEY_VALUE: &str = "OUTBOX_SORT_KEY_VALUE";
+    /// The table's TTL attribute (unix seconds); default `expires_at`.
+    pub const TTL_ATTRIBUTE: &str = "OUTBOX_TTL_ATTRIBUTE";
     /// Control queue URL; required with the `aws` backend.
     pub const CONTROL_QUEUE_URL: &str = "OUTBOX_CONTROL_QUEUE_URL";
     /// `name=url` pairs separated by commas.
@@ -170,11 +181,11 @@ impl Settings {
         let backend = match reader.text(vars::BACKEND).as_deref() {
             None | Some("embedded") => Some(Backend::Embedded),
             Some("aws") => {
-                let table_name = reader.required(vars::TABLE_NAME, "the DynamoDB table's name");
+                let layout = reader.layout(None);
                 let control_queue_url = reader.required(vars::CONTROL_QUEUE_URL, "the control queue's URL");
-                match (table_name, control_queue_url) {
-                    (Some(table_name), Some(control_queue_url)) => Some(Backend::Aws {
-                        table_name,
+                match (layout, control_queue_url) {
+                    (Some(layout), Some(control_queue_url)) => Some(Backend::Aws {
+                        layout,
                         control_queue_url,
                     }),
                     _ => None,
@@ -254,6 +265,27 @@ impl Settings {
     }
 }
 
+/// The protocol table's layout from the environment (`OUTBOX_TABLE_NAME`, defaulting to
+/// `default_table`, and the key and TTL attribute variables), for commands that create
+/// the table rather than use it.
+pub fn layout_from_env(default_table: &str) -> Result<TableLayout, SettingsError> {
+    layout_from_lookup(default_table, |name| std::env::var(name).ok())
+}
+
+/// [`layout_from_env`] through `lookup`.
+pub fn layout_from_lookup(
+    default_table: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<TableLayout, SettingsError> {
+    let mut reader = Reader {
+        lookup: &lookup,
+        errors: Vec::new(),
+    };
+    reader
+        .layout(Some(default_table))
+        .ok_or(SettingsError { errors: reader.errors })
+}
+
 struct Reader<'a, F: Fn(&str) -> Option<String>> {
     lookup: &'a F,
     errors: Vec<SettingError>,
@@ -280,6 +312,48 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
             self.fail(name, format!("is required with {}=aws: {what}", vars::BACKEND));
         }
         value
+    }
+
+    /// The table and its layout; `None` (with the errors recorded) when it is wrong. The
+    /// table name is required unless there is a `default_table`.
+    fn layout(&mut self, default_table: Option<&str>) -> Option<TableLayout> {
+        let table = match default_table {
+            Some(default) => self.text(vars::TABLE_NAME).unwrap_or_else(|| default.to_owned()),
+            None => self.required(vars::TABLE_NAME, "the DynamoDB table's name")?,
+        };
+        let mut layout = TableLayout::dedicated(table);
+        if let Some(name) = self.text(vars::PARTITION_KEY) {
+            layout = layout.with_partition_key(name);
+        }
+        if let Some(name) = self.text(vars::TTL_ATTRIBUTE) {
+            layout = layout.with_ttl_attribute(name);
+        }
+        match (self.text(vars::SORT_KEY), self.text(vars::SORT_KEY_VALUE)) {
+            (Some(name), None) => layout = layout.with_sort_key(name, SortKeyValue::SameAsPartitionKey),
+            (Some(name), Some(value)) => layout = layout.with_sort_key(name, SortKeyValue::Constant(value)),
+            (None, Some(_)) => {
+                self.fail(
+                    vars::SORT_KEY_VALUE,
+                    format!("is set, but {} is not: a value needs a sort key", vars::SORT_KEY),
+                );
+                return None;
+            }
+            (None, None) => {}
+        }
+        if let Err(error) = layout.validate() {
+            self.fail(
+                &format!(
+                    "{}, {}, {} and {}",
+                    vars::TABLE_NAME,
+                    vars::PARTITION_KEY,
+                    vars::SORT_KEY,
+                    vars::TTL_ATTRIBUTE
+                ),
+                error.0,
+            );
+            return None;
+        }
+        Some(layout)
     }
 
     fn count(&mut self, name: &str, default: usize, min: usize, max: usize) -> usize {
@@ -402,7 +476,7 @@ mod tests {
         assert_eq!(
             ok.backend,
             Backend::Aws {
-                table_name: "outbox".into(),
+                layout: TableLayout::dedicated("outbox"),
                 control_queue_url: "http://localhost/q".into()
             }
         );
@@ -411,6 +485,43 @@ mod tests {
             ok.destinations[&"audit".parse().unwrap()],
             "http://localhost/audit.fifo"
         );
+    }
+
+    #[test]
+    fn the_protocol_records_go_where_the_layout_says() {
+        let aws = [
+            (vars::BACKEND, "aws"),
+            (vars::TABLE_NAME, "shop"),
+            (vars::CONTROL_QUEUE_URL, "http://localhost/q"),
+        ];
+        let layout = |extra: &[(&str, &str)]| {
+            let pairs: Vec<(&str, &str)> = aws.iter().chain(extra).copied().collect();
+            settings(&pairs).map(|settings| match settings.backend {
+                Backend::Aws { layout, .. } => layout,
+                Backend::Embedded => unreachable!("the aws backend was asked for"),
+            })
+        };
+        assert_eq!(
+            layout(&[
+                (vars::PARTITION_KEY, "PK"),
+                (vars::SORT_KEY, "SK"),
+                (vars::TTL_ATTRIBUTE, "ttl")
+            ])
+            .unwrap(),
+            TableLayout::dedicated("shop")
+                .with_partition_key("PK")
+                .with_sort_key("SK", SortKeyValue::SameAsPartitionKey)
+                .with_ttl_attribute("ttl")
+        );
+        assert_eq!(
+            layout(&[(vars::SORT_KEY, "SK"), (vars::SORT_KEY_VALUE, "OUTBOX")]).unwrap(),
+            TableLayout::dedicated("shop").with_sort_key("SK", SortKeyValue::Constant("OUTBOX".into()))
+        );
+        let errors = layout(&[(vars::SORT_KEY_VALUE, "OUTBOX")]).unwrap_err().errors;
+        assert_eq!(errors[0].variable, vars::SORT_KEY_VALUE);
+        let errors = layout(&[(vars::PARTITION_KEY, "state")]).unwrap_err().errors;
+        assert!(errors[0].variable.contains(vars::PARTITION_KEY), "{errors:?}");
+        assert!(errors[0].problem.contains("\"state\""), "{errors:?}");
     }
 
     #[test]

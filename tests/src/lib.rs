@@ -9,3 +9,4 @@ pub mod conformance;
 pub mod emulator;
 pub mod odd_store;
 pub mod sim;
+pub mod single_table;

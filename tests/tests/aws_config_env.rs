@@ -40,7 +40,7 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
     let ttl = clients
         .dynamodb
         .describe_time_to_live()
-        .table_name(&names.table)
+        .table_name(&names.layout.table)
         .send()
         .await
         .unwrap();
@@ -60,7 +60,10 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
     let redrive = &attributes[&QueueAttributeName::RedrivePolicy];
     assert!(
         redrive.contains("\"maxReceiveCount\"")
-            && redrive.contains(&format!("{}-control-dlq", names.table.trim_end_matches("-table"))),
+            && redrive.contains(&format!(
+                "{}-control-dlq",
+                names.layout.table.trim_end_matches("-table")
+            )),
         "{redrive}"
     );
     assert_eq!(attributes[&QueueAttributeName::VisibilityTimeout], "60");

@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use aws_sdk_sqs::types::QueueAttributeName;
 use control_worker::lambda::handle_event;
-use outbox::aws::{bootstrap, redrive, AwsClients, DynamoStore, ResourceNames, SqsControlQueue, SqsPublisher};
+use outbox::aws::{
+    bootstrap, redrive, AwsClients, DynamoStore, ResourceNames, SqsControlQueue, SqsPublisher, TableLayout,
+};
 use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::poller;
@@ -240,7 +242,7 @@ async fn the_local_poller_finishes_the_batch_in_hand_before_shutting_down() {
 /// A control path on the emulator's resources, publishing to `destinations`.
 fn control_on(
     clients: &AwsClients,
-    table: &str,
+    table: TableLayout,
     control_url: &str,
     destinations: BTreeMap<DestinationName, String>,
 ) -> ControlPath {
@@ -292,7 +294,7 @@ async fn a_poison_message_reaches_the_dead_letter_queue_and_is_dispatched_after_
         RequestPorts {
             store: Arc::new(DynamoStore::new(
                 clients.dynamodb.clone(),
-                &resources.table,
+                resources.layout.clone(),
                 clock.clone(),
             )),
             control_queue: control_queue.clone(),
@@ -314,7 +316,7 @@ async fn a_poison_message_reaches_the_dead_letter_queue_and_is_dispatched_after_
     broken_destinations.remove(&"audit".parse().unwrap());
     let broken = control_on(
         &clients,
-        &resources.table,
+        resources.layout.clone(),
         &resources.control_queue_url,
         broken_destinations,
     );
@@ -336,7 +338,7 @@ async fn a_poison_message_reaches_the_dead_letter_queue_and_is_dispatched_after_
     // The fix: deploy with the destination, then redrive.
     let fixed = control_on(
         &clients,
-        &resources.table,
+        resources.layout.clone(),
         &resources.control_queue_url,
         resources.destinations.clone(),
     );
@@ -427,7 +429,7 @@ fn default_settings(resources: &outbox::aws::Resources) -> Settings {
         .collect();
     let values: BTreeMap<&str, String> = [
         (vars::BACKEND, "aws".to_owned()),
-        (vars::TABLE_NAME, resources.table.clone()),
+        (vars::TABLE_NAME, resources.layout.table.clone()),
         (vars::CONTROL_QUEUE_URL, resources.control_queue_url.clone()),
         (vars::DESTINATIONS, destinations.join(",")),
     ]
@@ -458,7 +460,7 @@ async fn the_local_worker_with_default_settings_dispatches_promptly_after_an_idl
         RequestPorts {
             store: Arc::new(DynamoStore::new(
                 worker.clients.dynamodb.clone(),
-                &resources.table,
+                resources.layout.clone(),
                 worker.clock.clone(),
             )),
             control_queue: worker.control_queue.clone(),

@@ -1,5 +1,7 @@
 //! Creates the table and queues that `template.yaml` declares, for local runs against an
-//! emulator (or an account without the stack). Idempotent: what exists is kept.
+//! emulator (or an account without the stack). Idempotent: what exists is kept, and an
+//! existing table (the application's own, in a single-table design) must have the key
+//! schema the [`TableLayout`] names.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -7,10 +9,11 @@ use std::time::Duration;
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TimeToLiveSpecification,
+    TimeToLiveStatus,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 
-use super::item::{EXPIRES_AT, PK};
+use super::layout::TableLayout;
 use super::AwsClients;
 use crate::ports::BoxError;
 use crate::protocol::DestinationName;
@@ -22,8 +25,8 @@ const DESTINATION_MAX_RECEIVE_COUNT: u32 = 5;
 /// The names of the resources, as `template.yaml` names them for a stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourceNames {
-    /// The table.
-    pub table: String,
+    /// The table of the protocol's records, and how they are keyed.
+    pub layout: TableLayout,
     /// The control queue.
     pub control_queue: String,
     /// The control queue's dead-letter queue.
@@ -42,7 +45,7 @@ impl ResourceNames {
     /// `{stack}-control-dlq`, and the destination `events` on `{stack}-events`.
     pub fn for_stack(stack: &str) -> Self {
         Self {
-            table: format!("{stack}-table"),
+            layout: TableLayout::dedicated(format!("{stack}-table")),
             control_queue: format!("{stack}-control"),
             control_dead_letter_queue: format!("{stack}-control-dlq"),
             destinations: vec![("events".parse().expect("valid name"), format!("{stack}-events"))],
@@ -55,8 +58,8 @@ impl ResourceNames {
 /// What exists after the bootstrap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resources {
-    /// The table's name.
-    pub table: String,
+    /// The table and how the protocol's records are keyed in it.
+    pub layout: TableLayout,
     /// The control queue's URL.
     pub control_queue_url: String,
     /// Its dead-letter queue's URL.
@@ -68,7 +71,18 @@ pub struct Resources {
 /// A resource that could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
-    /// Creating the table failed.
+    /// The layout names attributes that cannot work.
+    #[error(transparent)]
+    Layout(#[from] super::layout::LayoutError),
+    /// The table exists with another key schema or TTL attribute than the layout names.
+    #[error("table {table} does not fit the layout: {problem}")]
+    Mismatch {
+        /// Its name.
+        table: String,
+        /// What differs.
+        problem: String,
+    },
+    /// Creating or describing the table failed.
     #[error("creating table {table} failed")]
     Table {
         /// Its name.
@@ -90,7 +104,8 @@ pub enum BootstrapError {
 
 /// Creates what is missing and returns where everything is.
 pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Resources, BootstrapError> {
-    create_table(clients, &names.table).await?;
+    names.layout.validate()?;
+    create_table(clients, &names.layout).await?;
     let control_dead_letter_queue_url = create_queue(clients, &names.control_dead_letter_queue, None, None).await?;
     let control_queue_url = create_queue(
         clients,
@@ -116,37 +131,50 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
         destinations.insert(destination.clone(), url);
     }
     Ok(Resources {
-        table: names.table.clone(),
+        layout: names.layout.clone(),
         control_queue_url,
         control_dead_letter_queue_url,
         destinations,
     })
 }
 
-async fn create_table(clients: &AwsClients, table: &str) -> Result<(), BootstrapError> {
+fn key_element(name: &str, key_type: KeyType) -> Result<(KeySchemaElement, AttributeDefinition), BoxError> {
+    Ok((
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(key_type)
+            .build()?,
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(ScalarAttributeType::S)
+            .build()?,
+    ))
+}
+
+/// Creates the table as the layout keys it, or checks that the existing one fits; then
+/// makes sure TTL is on the layout's attribute.
+async fn create_table(clients: &AwsClients, layout: &TableLayout) -> Result<(), BootstrapError> {
+    let table = layout.table.as_str();
     let failed = |source: BoxError| BootstrapError::Table {
         table: table.to_owned(),
         source,
     };
+    let mismatch = |problem: String| BootstrapError::Mismatch {
+        table: table.to_owned(),
+        problem,
+    };
+    let mut keys = vec![key_element(&layout.partition_key, KeyType::Hash).map_err(failed)?];
+    if let Some(sort_key) = &layout.sort_key {
+        keys.push(key_element(&sort_key.attribute, KeyType::Range).map_err(failed)?);
+    }
+    let (schema, definitions): (Vec<_>, Vec<_>) = keys.into_iter().unzip();
     let result = clients
         .dynamodb
         .create_table()
         .table_name(table)
         .billing_mode(BillingMode::PayPerRequest)
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(PK)
-                .key_type(KeyType::Hash)
-                .build()
-                .map_err(|e| failed(Box::new(e)))?,
-        )
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(PK)
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .map_err(|e| failed(Box::new(e)))?,
-        )
+        .set_key_schema(Some(schema.clone()))
+        .set_attribute_definitions(Some(definitions))
         .send()
         .await;
     match result {
@@ -155,7 +183,32 @@ async fn create_table(clients: &AwsClients, table: &str) -> Result<(), Bootstrap
             if matches!(
                 error.as_service_error(),
                 Some(CreateTableError::ResourceInUseException(_))
-            ) => {}
+            ) =>
+        {
+            let described = clients
+                .dynamodb
+                .describe_table()
+                .table_name(table)
+                .send()
+                .await
+                .map_err(|e| failed(Box::new(e)))?;
+            let existing: Vec<(String, KeyType)> = described
+                .table()
+                .map(|t| t.key_schema())
+                .unwrap_or_default()
+                .iter()
+                .map(|key| (key.attribute_name().to_owned(), key.key_type().clone()))
+                .collect();
+            let wanted: Vec<(String, KeyType)> = schema
+                .iter()
+                .map(|key| (key.attribute_name().to_owned(), key.key_type().clone()))
+                .collect();
+            if existing != wanted {
+                return Err(mismatch(format!(
+                    "its key schema is {existing:?}, the layout names {wanted:?}"
+                )));
+            }
+        }
         Err(error) => return Err(failed(Box::new(error))),
     }
     let ttl = clients
@@ -165,22 +218,34 @@ async fn create_table(clients: &AwsClients, table: &str) -> Result<(), Bootstrap
         .send()
         .await
         .map_err(|e| failed(Box::new(e)))?;
-    let enabled = ttl.time_to_live_description().and_then(|d| d.attribute_name()) == Some(EXPIRES_AT);
-    if !enabled {
-        clients
-            .dynamodb
-            .update_time_to_live()
-            .table_name(table)
-            .time_to_live_specification(
-                TimeToLiveSpecification::builder()
-                    .attribute_name(EXPIRES_AT)
-                    .enabled(true)
-                    .build()
-                    .map_err(|e| failed(Box::new(e)))?,
-            )
-            .send()
-            .await
-            .map_err(|e| failed(Box::new(e)))?;
+    let description = ttl.time_to_live_description();
+    let status = description.and_then(|d| d.time_to_live_status());
+    let enabled = matches!(status, Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling));
+    match description.and_then(|d| d.attribute_name()) {
+        Some(name) if enabled && name == layout.ttl_attribute => {}
+        // A table has one TTL attribute: never move the application's own.
+        Some(name) if enabled => {
+            return Err(mismatch(format!(
+                "its TTL is on {name:?}, the layout names {:?}",
+                layout.ttl_attribute
+            )))
+        }
+        _ => {
+            clients
+                .dynamodb
+                .update_time_to_live()
+                .table_name(table)
+                .time_to_live_specification(
+                    TimeToLiveSpecification::builder()
+                        .attribute_name(&layout.ttl_attribute)
+                        .enabled(true)
+                        .build()
+                        .map_err(|e| failed(Box::new(e)))?,
+                )
+                .send()
+                .await
+                .map_err(|e| failed(Box::new(e)))?;
+        }
     }
     Ok(())
 }

@@ -1,17 +1,19 @@
 //! The store port on DynamoDB.
 //!
 //! The commit is one `TransactWriteItems` whose `ClientRequestToken` is the transaction
-//! id; a cancelled commit is explained item by item from `CancellationReasons` (never
-//! from message text), and the outbox put asks for `ALL_OLD` so that finding this
-//! transaction's own record means "already committed". Reads are consistent; items whose
-//! TTL has passed read as absent.
+//! id: the application's native actions first, in its order, then the portable business
+//! writes, then the protocol's records. A cancelled commit is explained item by item from
+//! `CancellationReasons` (never from message text), and the outbox put asks for `ALL_OLD`
+//! so that finding this transaction's own record means "already committed". Reads are
+//! consistent; items whose TTL has passed read as absent. Where the protocol's records
+//! live is the [`TableLayout`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
@@ -21,21 +23,23 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 
 use super::item::{
-    business_from_item, business_item, idempotency_from_item, idempotency_item, idempotency_pk, is_expired, n,
-    outbox_from_items, outbox_items, outbox_pk, part_count, part_pk, s, split_messages, ttl_seconds, Item, EXPIRES_AT,
-    PK,
+    business_from_item, business_item, dispatched_item, idempotency_from_item, idempotency_item, idempotency_pk, n,
+    outbox_from_items, outbox_items, outbox_pk, part_pk, split_messages, Item, Reader,
 };
+use super::layout::TableLayout;
+use super::size::{action_bytes, item_bytes};
 use crate::ports::{
-    BoxError, BusinessWrite, Clock, CommitError, CommitRequest, ExpectedVersion, ItemKey, Store, StoreError,
-    TombstoneOutcome, VersionedItem,
+    BoxError, BusinessWrite, Clock, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction, Store,
+    StoreError, TombstoneOutcome, VersionedItem,
 };
-use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::time::Timestamp;
 
 /// Most actions in one `TransactWriteItems`.
-const MAX_ACTIONS: usize = 100;
-/// Most bytes in one `TransactWriteItems` (4 MB), less a margin for names and overhead.
-const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
+pub const MAX_ACTIONS: usize = 100;
+/// Most bytes in one `TransactWriteItems` (4 MB), less a margin for the request's own
+/// overhead.
+pub const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
 /// Most keys in one `BatchGetItem`.
 const MAX_BATCH_GET: usize = 100;
 /// Most requests in one `BatchWriteItem`.
@@ -50,142 +54,198 @@ const PART_ORPHAN_GUARD: Duration = Duration::from_secs(30 * 24 * 3600);
 #[derive(Clone)]
 pub struct DynamoStore {
     client: Client,
-    table: String,
+    layout: TableLayout,
     clock: Arc<dyn Clock>,
 }
 
 /// What each action of a commit stands for, to read its cancellation reason.
 enum Role {
+    Native(usize),
     Business(ItemKey),
     Outbox,
     Part,
     Idempotency(IdempotencySlot),
 }
 
+/// The actions of one commit, what each stands for, and the budget they use.
+struct Actions {
+    items: Vec<TransactWriteItem>,
+    roles: Vec<Role>,
+}
+
 fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
     StoreError::Unavailable(Box::new(error))
 }
 
+/// The cancellation codes that mean "another request held an item, or capacity ran
+/// out": nothing was written, and trying again may succeed.
+const CONTENTION_CODES: &[&str] = &[
+    "TransactionConflict",
+    "ThrottlingError",
+    "ProvisionedThroughputExceeded",
+    "RequestLimitExceeded",
+];
+
 impl DynamoStore {
-    /// The store on `table`, reading TTLs against `clock`.
-    pub fn new(client: Client, table: impl Into<String>, clock: Arc<dyn Clock>) -> Self {
+    /// The store on the table `layout` describes (a table name alone means a dedicated
+    /// table with partition key `pk` and TTL attribute `expires_at`), reading TTLs
+    /// against `clock`.
+    pub fn new(client: Client, layout: impl Into<TableLayout>, clock: Arc<dyn Clock>) -> Self {
         Self {
             client,
-            table: table.into(),
+            layout: layout.into(),
             clock,
         }
     }
 
-    fn key(pk: &str) -> HashMap<String, AttributeValue> {
-        HashMap::from([(PK.to_owned(), s(pk))])
+    /// Where the protocol's records live.
+    pub fn layout(&self) -> &TableLayout {
+        &self.layout
     }
 
-    fn version_condition(expected: ExpectedVersion) -> (String, Option<(String, AttributeValue)>) {
+    fn key(&self, logical: &str) -> HashMap<String, AttributeValue> {
+        self.layout.key(logical)
+    }
+
+    /// The condition of a portable write expecting `expected`, with its names and values.
+    fn version_condition(&self, expected: ExpectedVersion) -> (&'static str, Option<HashMap<String, AttributeValue>>) {
         match expected {
-            ExpectedVersion::Absent => ("attribute_not_exists(pk)".into(), None),
-            ExpectedVersion::Exactly(version) => ("version = :expected".into(), Some((":expected".into(), n(version)))),
+            ExpectedVersion::Absent => (TableLayout::NOT_EXISTS, None),
+            ExpectedVersion::Exactly(version) => (
+                "attribute_exists(#pk) AND version = :expected",
+                Some(HashMap::from([(":expected".to_owned(), n(version))])),
+            ),
         }
     }
 
-    fn actions(&self, request: &CommitRequest) -> Result<(Vec<TransactWriteItem>, Vec<Role>), CommitError> {
-        let invalid = |_: aws_smithy_types::error::operation::BuildError| CommitError::Invalid {
-            reason: "a commit action misses a required field",
+    fn portable(&self, write: &BusinessWrite) -> Result<(TransactWriteItem, usize), CommitError> {
+        let table = &self.layout.table;
+        let names = Some(self.layout.key_names());
+        let action = match write {
+            BusinessWrite::Put { key, data, expected } => {
+                let (condition, values) = self.version_condition(*expected);
+                let item = business_item(&self.layout, key, expected.next(), data);
+                let bytes = item_bytes(&item);
+                let put = Put::builder()
+                    .table_name(table)
+                    .set_item(Some(item))
+                    .condition_expression(condition)
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
+                    .build()
+                    .map_err(invalid)?;
+                return Ok((TransactWriteItem::builder().put(put).build(), bytes));
+            }
+            BusinessWrite::Delete { key, version } => {
+                let (condition, values) = self.version_condition(ExpectedVersion::Exactly(*version));
+                let delete = Delete::builder()
+                    .table_name(table)
+                    .set_key(Some(self.key(key.as_str())))
+                    .condition_expression(condition)
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
+                    .build()
+                    .map_err(invalid)?;
+                TransactWriteItem::builder().delete(delete).build()
+            }
+            BusinessWrite::Check { key, expected } => {
+                let (condition, values) = self.version_condition(*expected);
+                let check = ConditionCheck::builder()
+                    .table_name(table)
+                    .set_key(Some(self.key(key.as_str())))
+                    .condition_expression(condition)
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
+                    .build()
+                    .map_err(invalid)?;
+                TransactWriteItem::builder().condition_check(check).build()
+            }
         };
+        let bytes = action_bytes(&action);
+        Ok((action, bytes))
+    }
+
+    /// Every action of a commit, checked against DynamoDB's budget before anything is
+    /// sent: the error says how much of it the protocol's own records took.
+    fn actions(&self, request: &CommitRequest, native: &[NativeAction]) -> Result<Actions, CommitError> {
         let now = self.clock.now();
-        let mut actions = Vec::new();
+        let mut items = Vec::new();
         let mut roles = Vec::new();
-        let mut bytes = 0;
+        let mut application_bytes = 0;
+        for (index, action) in native.iter().enumerate() {
+            application_bytes += action_bytes(action);
+            items.push(action.clone());
+            roles.push(Role::Native(index));
+        }
         for write in &request.writes {
-            let action = match write {
-                BusinessWrite::Put { key, data, expected } => {
-                    let (condition, value) = Self::version_condition(*expected);
-                    let item = business_item(key, expected.next(), data);
-                    bytes += data.to_string().len() + key.as_str().len();
-                    TransactWriteItem::builder()
-                        .put(
-                            Put::builder()
-                                .table_name(&self.table)
-                                .set_item(Some(item))
-                                .condition_expression(condition)
-                                .set_expression_attribute_values(value.map(|v| HashMap::from([v])))
-                                .build()
-                                .map_err(invalid)?,
-                        )
-                        .build()
-                }
-                BusinessWrite::Delete { key, version } => {
-                    let (condition, value) = Self::version_condition(ExpectedVersion::Exactly(*version));
-                    TransactWriteItem::builder()
-                        .delete(
-                            Delete::builder()
-                                .table_name(&self.table)
-                                .set_key(Some(Self::key(key.as_str())))
-                                .condition_expression(condition)
-                                .set_expression_attribute_values(value.map(|v| HashMap::from([v])))
-                                .build()
-                                .map_err(invalid)?,
-                        )
-                        .build()
-                }
-                BusinessWrite::Check { key, expected } => {
-                    let (condition, value) = Self::version_condition(*expected);
-                    TransactWriteItem::builder()
-                        .condition_check(
-                            ConditionCheck::builder()
-                                .table_name(&self.table)
-                                .set_key(Some(Self::key(key.as_str())))
-                                .condition_expression(condition)
-                                .set_expression_attribute_values(value.map(|v| HashMap::from([v])))
-                                .build()
-                                .map_err(invalid)?,
-                        )
-                        .build()
-                }
-            };
-            actions.push(action);
+            let (action, bytes) = self.portable(write)?;
+            application_bytes += bytes;
+            items.push(action);
             roles.push(Role::Business(write.key().clone()));
         }
+        let application_actions = items.len();
+
+        let mut protocol_bytes = 0;
         let part_expiry = now.plus(PART_ORPHAN_GUARD);
-        let outbox = outbox_items(&request.outbox, part_expiry).map_err(|reason| CommitError::TooLarge { reason })?;
+        let outbox = outbox_items(&self.layout, &request.outbox, part_expiry)
+            .map_err(|reason| CommitError::TooLarge { reason })?;
+        let record_items = outbox.len();
         for (index, item) in outbox.into_iter().enumerate() {
-            bytes += item.values().map(|v| v.as_s().map_or(16, String::len)).sum::<usize>();
+            protocol_bytes += item_bytes(&item);
             let mut put = Put::builder()
-                .table_name(&self.table)
+                .table_name(&self.layout.table)
                 .set_item(Some(item))
-                .condition_expression("attribute_not_exists(pk)");
+                .condition_expression(TableLayout::NOT_EXISTS)
+                .set_expression_attribute_names(Some(self.layout.key_names()));
             if index == 0 {
                 // What blocks the put, if anything: this transaction's own record
                 // (committed already) or a tombstone (never will).
                 put = put.return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
             }
-            actions.push(TransactWriteItem::builder().put(put.build().map_err(invalid)?).build());
+            items.push(TransactWriteItem::builder().put(put.build().map_err(invalid)?).build());
             roles.push(if index == 0 { Role::Outbox } else { Role::Part });
         }
         if let Some(record) = &request.idempotency {
-            bytes += record.response.body.len();
+            let item = idempotency_item(&self.layout, record);
+            protocol_bytes += item_bytes(&item);
             // An expired record may linger until TTL deletes it; it no longer counts.
             let put = Put::builder()
-                .table_name(&self.table)
-                .set_item(Some(idempotency_item(record)))
-                .condition_expression("attribute_not_exists(pk) OR #expires_at <= :now")
-                .expression_attribute_names("#expires_at", EXPIRES_AT)
+                .table_name(&self.layout.table)
+                .set_item(Some(item))
+                .condition_expression(format!("{} OR #ttl <= :now", TableLayout::NOT_EXISTS))
+                .set_expression_attribute_names(Some(self.layout.key_and_ttl_names()))
                 .expression_attribute_values(":now", n(now.as_unix_seconds()))
                 .build()
                 .map_err(invalid)?;
-            actions.push(TransactWriteItem::builder().put(put).build());
+            items.push(TransactWriteItem::builder().put(put).build());
             roles.push(Role::Idempotency(record.slot.clone()));
         }
-        if actions.len() > MAX_ACTIONS {
+        let protocol_actions = items.len() - application_actions;
+        let share = || {
+            format!(
+                "the outbox's records take {protocol_actions} action(s) ({record_items} for the outbox record, {} for the idempotency record) and about {protocol_bytes} bytes",
+                usize::from(request.idempotency.is_some())
+            )
+        };
+        if items.len() > MAX_ACTIONS {
             return Err(CommitError::TooLarge {
-                reason: format!("{} actions, at most {MAX_ACTIONS}", actions.len()),
+                reason: format!(
+                    "{} actions, at most {MAX_ACTIONS}: the application's {application_actions}; {}",
+                    items.len(),
+                    share()
+                ),
             });
         }
+        let bytes = application_bytes + protocol_bytes;
         if bytes > MAX_TRANSACTION_BYTES {
             return Err(CommitError::TooLarge {
-                reason: format!("about {bytes} bytes, at most {MAX_TRANSACTION_BYTES}"),
+                reason: format!(
+                    "about {bytes} bytes, at most {MAX_TRANSACTION_BYTES}: the application's about {application_bytes}; {}",
+                    share()
+                ),
             });
         }
-        Ok((actions, roles))
+        Ok(Actions { items, roles })
     }
 
     /// Explains a cancelled commit from its reasons, which come in request order.
@@ -195,11 +255,20 @@ impl DynamoStore {
         reasons: &[CancellationReason],
         source: BoxError,
     ) -> Result<(), CommitError> {
+        // Several conditions may fail at once; the one reported is the one that decides
+        // what the caller does: a used idempotency key (replay) before a tombstone
+        // (never commits) before a business condition (conflict).
         let mut failures = Vec::new();
         for (role, reason) in roles.iter().zip(reasons) {
-            match (role, reason.code()) {
-                (_, None | Some("None")) => {}
-                (Role::Outbox, Some("ConditionalCheckFailed")) => {
+            let code = match reason.code() {
+                None | Some("None") => continue,
+                Some(code) => code,
+            };
+            if CONTENTION_CODES.contains(&code) {
+                return Err(CommitError::Contention(source));
+            }
+            match (role, code) {
+                (Role::Outbox, "ConditionalCheckFailed") => {
                     let state = reason
                         .item()
                         .and_then(|item| item.get("state"))
@@ -215,35 +284,40 @@ impl DynamoStore {
                         _ => failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id })),
                     }
                 }
-                (Role::Part, Some("ConditionalCheckFailed")) => {
+                (Role::Part, "ConditionalCheckFailed") => {
                     failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id }))
                 }
-                (Role::Business(key), Some("ConditionalCheckFailed")) => {
+                (Role::Business(key), "ConditionalCheckFailed") => {
                     failures.push((2, CommitError::VersionConflict { key: key.clone() }))
                 }
-                (Role::Idempotency(slot), Some("ConditionalCheckFailed")) => {
+                (Role::Idempotency(slot), "ConditionalCheckFailed") => {
                     failures.push((0, CommitError::IdempotencyKeyUsed { slot: slot.clone() }))
                 }
-                (
-                    _,
-                    Some(
-                        "TransactionConflict"
-                        | "ThrottlingError"
-                        | "ProvisionedThroughputExceeded"
-                        | "RequestLimitExceeded",
-                    ),
-                ) => return Err(CommitError::Contention(source)),
-                (_, Some("ItemCollectionSizeLimitExceeded")) => {
+                // The application's own action: whatever DynamoDB says of it is the
+                // application's to read (its condition, its item collection, its
+                // expression).
+                (Role::Native(index), code) => failures.push((
+                    2,
+                    CommitError::ActionCancelled {
+                        index: *index,
+                        code: code.to_owned(),
+                        item: reason.item().cloned(),
+                    },
+                )),
+                (_, "ItemCollectionSizeLimitExceeded") => {
                     return Err(CommitError::TooLarge {
                         reason: "item collection size limit exceeded".into(),
                     })
                 }
-                (_, Some("ValidationError")) => {
+                (_, "ValidationError") => {
                     return Err(CommitError::Invalid {
-                        reason: "DynamoDB refused an action as invalid",
+                        reason: reason
+                            .message()
+                            .unwrap_or("DynamoDB refused an action of the outbox as invalid")
+                            .to_owned(),
                     })
                 }
-                (_, Some(_)) => return Err(CommitError::Ambiguous(source)),
+                (_, _) => return Err(CommitError::Ambiguous(source)),
             }
         }
         match failures.into_iter().min_by_key(|(rank, _)| *rank) {
@@ -252,11 +326,58 @@ impl DynamoStore {
         }
     }
 
+    async fn transact(&self, request: &CommitRequest, native: &[NativeAction]) -> Result<(), CommitError> {
+        let Actions { items, roles } = self.actions(request, native)?;
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(request.txn_id.to_string())
+            .send()
+            .await;
+        let error = match result {
+            Ok(_) => return Ok(()),
+            Err(error) => error,
+        };
+        match &error {
+            SdkError::ServiceError(service) => match service.err() {
+                TransactWriteItemsError::TransactionCanceledException(cancelled) => {
+                    let reasons = cancelled.cancellation_reasons().to_vec();
+                    Self::explain(request, &roles, &reasons, Box::new(error))
+                }
+                TransactWriteItemsError::ProvisionedThroughputExceededException(_)
+                | TransactWriteItemsError::RequestLimitExceeded(_)
+                | TransactWriteItemsError::ThrottlingException(_)
+                | TransactWriteItemsError::TransactionInProgressException(_) => {
+                    Err(CommitError::Contention(Box::new(error)))
+                }
+                TransactWriteItemsError::ResourceNotFoundException(_) => Err(CommitError::Unavailable(Box::new(error))),
+                TransactWriteItemsError::IdempotentParameterMismatchException(_) => Err(CommitError::Invalid {
+                    reason: "the transaction id was used for a different commit".into(),
+                }),
+                // A request DynamoDB refused before doing anything: a malformed
+                // expression, a key that does not match the table's schema, two actions
+                // on one item. Its message is for the developer who wrote the action.
+                other if other.code() == Some("ValidationException") => Err(CommitError::Invalid {
+                    reason: other.message().unwrap_or("DynamoDB refused the request").to_owned(),
+                }),
+                // An internal error may or may not have applied the commit.
+                _ => Err(CommitError::Ambiguous(Box::new(error))),
+            },
+            // Never sent.
+            SdkError::ConstructionFailure(_) => Err(CommitError::Invalid {
+                reason: "the request could not be built".into(),
+            }),
+            // Sent, or maybe sent: a timeout, a lost connection, an unreadable reply.
+            _ => Err(CommitError::Ambiguous(Box::new(error))),
+        }
+    }
+
     /// Consistent reads of `pks`, in batches of 100, retrying unprocessed keys.
     async fn batch_get(&self, pks: &[String]) -> Result<HashMap<String, Item>, StoreError> {
         let mut found = HashMap::new();
         for chunk in pks.chunks(MAX_BATCH_GET) {
-            let keys: Vec<_> = chunk.iter().map(|pk| Self::key(pk)).collect();
+            let keys: Vec<_> = chunk.iter().map(|pk| self.key(pk)).collect();
             let mut request = Some(
                 KeysAndAttributes::builder()
                     .set_keys(Some(keys))
@@ -269,23 +390,23 @@ impl DynamoStore {
                 let output = self
                     .client
                     .batch_get_item()
-                    .request_items(&self.table, keys)
+                    .request_items(&self.layout.table, keys)
                     .send()
                     .await
                     .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
                 for item in output
                     .responses()
-                    .and_then(|tables| tables.get(&self.table))
+                    .and_then(|tables| tables.get(&self.layout.table))
                     .into_iter()
                     .flatten()
                 {
-                    if let Some(pk) = item.get(PK).and_then(|v| v.as_s().ok()) {
-                        found.insert(pk.clone(), item.clone());
+                    if let Some(pk) = self.layout.logical_key(item) {
+                        found.insert(pk.to_owned(), item.clone());
                     }
                 }
                 request = output
                     .unprocessed_keys()
-                    .and_then(|tables| tables.get(&self.table))
+                    .and_then(|tables| tables.get(&self.layout.table))
                     .cloned();
                 if request.as_ref().is_some_and(|keys| !keys.keys().is_empty()) {
                     round += 1;
@@ -314,13 +435,13 @@ impl DynamoStore {
                 let output = self
                     .client
                     .batch_write_item()
-                    .request_items(&self.table, pending)
+                    .request_items(&self.layout.table, pending)
                     .send()
                     .await
                     .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
                 pending = output
                     .unprocessed_items()
-                    .and_then(|tables| tables.get(&self.table))
+                    .and_then(|tables| tables.get(&self.layout.table))
                     .cloned()
                     .unwrap_or_default();
                 if !pending.is_empty() {
@@ -336,14 +457,12 @@ impl DynamoStore {
         Ok(left_over)
     }
 
-    fn pk_of(request: &WriteRequest) -> Option<&str> {
+    fn pk_of<'a>(&self, request: &'a WriteRequest) -> Option<&'a str> {
         let item = request
             .put_request()
             .map(|put| put.item())
             .or_else(|| request.delete_request().map(|delete| delete.key()));
-        item.and_then(|item| item.get(PK))
-            .and_then(|v| v.as_s().ok())
-            .map(String::as_str)
+        item.and_then(|item| self.layout.logical_key(item))
     }
 }
 
@@ -351,44 +470,16 @@ impl DynamoStore {
 impl Store for DynamoStore {
     #[tracing::instrument(skip_all, fields(txn_id = %request.txn_id))]
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
-        let (actions, roles) = self.actions(request)?;
-        let result = self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(actions))
-            .client_request_token(request.txn_id.to_string())
-            .send()
-            .await;
-        let error = match result {
-            Ok(_) => return Ok(()),
-            Err(error) => error,
-        };
-        match &error {
-            SdkError::ServiceError(service) => match service.err() {
-                TransactWriteItemsError::TransactionCanceledException(cancelled) => {
-                    let reasons = cancelled.cancellation_reasons().to_vec();
-                    Self::explain(request, &roles, &reasons, Box::new(error))
-                }
-                TransactWriteItemsError::ProvisionedThroughputExceededException(_)
-                | TransactWriteItemsError::RequestLimitExceeded(_)
-                | TransactWriteItemsError::ThrottlingException(_)
-                | TransactWriteItemsError::TransactionInProgressException(_) => {
-                    Err(CommitError::Contention(Box::new(error)))
-                }
-                TransactWriteItemsError::ResourceNotFoundException(_) => Err(CommitError::Unavailable(Box::new(error))),
-                TransactWriteItemsError::IdempotentParameterMismatchException(_) => Err(CommitError::Invalid {
-                    reason: "the transaction id was used for a different commit",
-                }),
-                // An internal error may or may not have applied the commit.
-                _ => Err(CommitError::Ambiguous(Box::new(error))),
-            },
-            // Never sent.
-            SdkError::ConstructionFailure(_) => Err(CommitError::Invalid {
-                reason: "the request could not be built",
-            }),
-            // Sent, or maybe sent: a timeout, a lost connection, an unreadable reply.
-            _ => Err(CommitError::Ambiguous(Box::new(error))),
-        }
+        self.transact(request, &[]).await
+    }
+
+    fn runs_native_actions(&self) -> bool {
+        true
+    }
+
+    #[tracing::instrument(skip_all, fields(txn_id = %request.txn_id, native_actions = actions.len()))]
+    async fn commit_native(&self, request: &CommitRequest, actions: &[NativeAction]) -> Result<(), CommitError> {
+        self.transact(request, actions).await
     }
 
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
@@ -398,7 +489,7 @@ impl Store for DynamoStore {
             .filter_map(|key| {
                 found
                     .get(key.as_str())
-                    .map(|item| business_from_item(key, item).map(|v| (key.clone(), v)))
+                    .map(|item| business_from_item(&self.layout, key, item).map(|v| (key.clone(), v)))
             })
             .collect()
     }
@@ -413,10 +504,11 @@ impl Store for DynamoStore {
             let Some(main) = mains.get(&outbox_pk(*txn_id)) else {
                 continue;
             };
-            if is_expired(main, now)? {
+            let reader = Reader::new(&self.layout, main);
+            if reader.is_expired(now)? {
                 continue;
             }
-            let parts = part_count(main)?;
+            let parts = reader.part_count()?;
             part_pks.extend((1..=parts).map(|part| part_pk(*txn_id, part)));
             live.push((*txn_id, main, parts));
         }
@@ -435,7 +527,7 @@ impl Store for DynamoStore {
                     })
                 })
                 .collect::<Result<_, _>>()?;
-            records.insert(txn_id, outbox_from_items(main, &items)?);
+            records.insert(txn_id, outbox_from_items(&self.layout, main, &items)?);
         }
         Ok(records)
     }
@@ -444,14 +536,16 @@ impl Store for DynamoStore {
         let output = self
             .client
             .get_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(&idempotency_pk(slot))))
+            .table_name(&self.layout.table)
+            .set_key(Some(self.key(&idempotency_pk(slot))))
             .consistent_read(true)
             .send()
             .await
             .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
         match output.item() {
-            Some(item) if !is_expired(item, self.clock.now())? => Ok(Some(idempotency_from_item(item)?)),
+            Some(item) if !Reader::new(&self.layout, item).is_expired(self.clock.now())? => {
+                Ok(Some(idempotency_from_item(&self.layout, item)?))
+            }
             _ => Ok(None),
         }
     }
@@ -464,16 +558,17 @@ impl Store for DynamoStore {
         expires_at: Timestamp,
     ) -> Result<TombstoneOutcome, StoreError> {
         let record = OutboxRecord::tombstone(txn_id, now, expires_at);
-        let item = outbox_items(&record, expires_at).map_err(|reason| StoreError::Corrupt {
+        let item = outbox_items(&self.layout, &record, expires_at).map_err(|reason| StoreError::Corrupt {
             key: outbox_pk(txn_id),
             reason,
         })?;
         let result = self
             .client
             .put_item()
-            .table_name(&self.table)
+            .table_name(&self.layout.table)
             .set_item(item.into_iter().next())
-            .condition_expression("attribute_not_exists(pk)")
+            .condition_expression(TableLayout::NOT_EXISTS)
+            .set_expression_attribute_names(Some(self.layout.key_names()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
@@ -487,8 +582,8 @@ impl Store for DynamoStore {
                     _ => None,
                 };
                 match old {
-                    Some(main) if part_count(&main)? == 0 => {
-                        Ok(TombstoneOutcome::Exists(outbox_from_items(&main, &[])?))
+                    Some(main) if Reader::new(&self.layout, &main).part_count()? == 0 => {
+                        Ok(TombstoneOutcome::Exists(outbox_from_items(&self.layout, &main, &[])?))
                     }
                     // A split record: read it whole.
                     _ => match self.get_outboxes(&[txn_id]).await?.remove(&txn_id) {
@@ -512,15 +607,8 @@ impl Store for DynamoStore {
         let mut requests = Vec::new();
         let mut owners: HashMap<String, usize> = HashMap::new();
         for (index, record) in records.iter().enumerate() {
-            let pk = outbox_pk(record.txn_id);
-            let mut main = HashMap::from([
-                (PK.to_owned(), s(pk.clone())),
-                ("txn_id".to_owned(), s(record.txn_id.to_string())),
-                ("state".to_owned(), s(OutboxState::Dispatched.as_str())),
-                ("created_at".to_owned(), n(record.created_at.as_millis())),
-            ]);
-            main.insert(EXPIRES_AT.to_owned(), n(ttl_seconds(expires_at)));
-            owners.insert(pk, index);
+            let main = dispatched_item(&self.layout, record, expires_at);
+            owners.insert(outbox_pk(record.txn_id), index);
             requests.push(
                 WriteRequest::builder()
                     .put_request(PutRequest::builder().set_item(Some(main)).build().expect("item is set"))
@@ -530,7 +618,7 @@ impl Store for DynamoStore {
             for part in 1..parts {
                 let pk = part_pk(record.txn_id, part);
                 let delete = DeleteRequest::builder()
-                    .set_key(Some(Self::key(&pk)))
+                    .set_key(Some(self.key(&pk)))
                     .build()
                     .expect("key is set");
                 owners.insert(pk, index);
@@ -541,7 +629,7 @@ impl Store for DynamoStore {
             Ok(left_over) => {
                 let mut results: Vec<Result<(), StoreError>> = records.iter().map(|_| Ok(())).collect();
                 for request in &left_over {
-                    if let Some(index) = Self::pk_of(request).and_then(|pk| owners.get(pk)) {
+                    if let Some(index) = self.pk_of(request).and_then(|pk| owners.get(pk)) {
                         results[*index] = Err(StoreError::Unavailable(
                             "DynamoDB left the write unprocessed after retries".into(),
                         ));
@@ -557,6 +645,12 @@ impl Store for DynamoStore {
                     .collect()
             }
         }
+    }
+}
+
+fn invalid(_: aws_smithy_types::error::operation::BuildError) -> CommitError {
+    CommitError::Invalid {
+        reason: "a commit action misses a required field".into(),
     }
 }
 

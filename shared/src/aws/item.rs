@@ -1,19 +1,21 @@
 //! How records are laid out as DynamoDB items, and JSON to `AttributeValue` and back.
 //!
-//! One table, partition key `pk` (string), TTL attribute `expires_at` (unix seconds):
+//! Each record is keyed by its logical key as the [`TableLayout`] says (partition key
+//! `pk` and TTL attribute `expires_at` by default, in unix seconds):
 //!
-//! | item | `pk` | other attributes |
+//! | item | logical key | other attributes |
 //! |---|---|---|
-//! | business item | the application's key | `version` (N), `data` (M, the JSON object) |
-//! | outbox record | `TXN#{txn_id}` | `txn_id`, `state`, `created_at` (N, unix ms), `messages` (S, JSON array), `parts` (N, when split), `expires_at` |
-//! | outbox part | `TXN#{txn_id}#PART#{n}` | `messages` (S, JSON array), `expires_at` (an orphan guard) |
-//! | idempotency record | `IDEM#{scope}#{sha256(key)}` | `fingerprint`, `txn_id`, `status`, `headers` (S, JSON), `body`, `created_at`, `expires_at` |
+//! | business item (portable form) | the application's key | `version` (N), `data` (M, the JSON object) |
+//! | outbox record | `TXN#{txn_id}` | `txn_id`, `state`, `created_at` (N, unix ms), `messages` (S, JSON array), `parts` (N, when split), TTL |
+//! | outbox part | `TXN#{txn_id}#PART#{n}` | `messages` (S, JSON array), TTL (an orphan guard) |
+//! | idempotency record | `IDEM#{scope}#{sha256(key)}` | `scope`, `key_hash`, `fingerprint`, `txn_id`, `status`, `headers` (S, JSON), `body`, `created_at`, TTL |
 
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Map, Number, Value};
 
+use super::layout::TableLayout;
 use crate::ports::{ItemKey, StoreError, VersionedItem};
 use crate::protocol::{
     IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, OutgoingMessage, StoredResponse, TxnId,
@@ -23,10 +25,6 @@ use crate::time::Timestamp;
 /// An item as the SDK holds it.
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
-/// The partition key attribute.
-pub const PK: &str = "pk";
-/// The TTL attribute (unix seconds).
-pub const EXPIRES_AT: &str = "expires_at";
 /// Message bytes (as JSON) per outbox item: DynamoDB's 400 KB item limit, less room for
 /// the other attributes.
 pub const PART_BYTES: usize = 350_000;
@@ -99,61 +97,92 @@ fn parse_number(text: &str) -> Result<Number, String> {
         .ok_or_else(|| format!("number {text:?} does not fit JSON"))
 }
 
-fn corrupt(item: &Item, reason: impl Into<String>) -> StoreError {
-    let key = item.get(PK).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
-    StoreError::Corrupt {
-        key,
-        reason: reason.into(),
+/// Reads the attributes of one item, naming its logical key in every error.
+pub(crate) struct Reader<'a> {
+    layout: &'a TableLayout,
+    item: &'a Item,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(layout: &'a TableLayout, item: &'a Item) -> Self {
+        Self { layout, item }
+    }
+
+    pub(crate) fn corrupt(&self, reason: impl Into<String>) -> StoreError {
+        StoreError::Corrupt {
+            key: self.layout.logical_key(self.item).unwrap_or_default().to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    fn text(&self, name: &str) -> Result<&'a str, StoreError> {
+        self.item
+            .get(name)
+            .and_then(|v| v.as_s().ok())
+            .map(String::as_str)
+            .ok_or_else(|| self.corrupt(format!("no string {name}")))
+    }
+
+    fn number(&self, name: &str) -> Result<u64, StoreError> {
+        self.item
+            .get(name)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| self.corrupt(format!("no whole number {name}")))
+    }
+
+    fn optional_number(&self, name: &str) -> Result<Option<u64>, StoreError> {
+        if self.item.contains_key(name) {
+            self.number(name).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// The item's expiry, if it has one.
+    pub(crate) fn expires_at(&self) -> Result<Option<Timestamp>, StoreError> {
+        Ok(self
+            .optional_number(&self.layout.ttl_attribute)?
+            .map(|seconds| Timestamp::from_millis(seconds.saturating_mul(1000))))
+    }
+
+    /// Whether the item's TTL has passed at `now` (DynamoDB deletes it only eventually).
+    pub(crate) fn is_expired(&self, now: Timestamp) -> Result<bool, StoreError> {
+        Ok(self.expires_at()?.is_some_and(|at| at <= now))
+    }
+
+    /// How many parts beyond the main item an outbox item says it has.
+    pub(crate) fn part_count(&self) -> Result<usize, StoreError> {
+        Ok(self
+            .optional_number("parts")?
+            .map_or(0, |parts| parts.saturating_sub(1) as usize))
     }
 }
 
-fn text<'a>(item: &'a Item, name: &str) -> Result<&'a str, StoreError> {
-    item.get(name)
-        .and_then(|v| v.as_s().ok())
-        .map(String::as_str)
-        .ok_or_else(|| corrupt(item, format!("no string {name}")))
+/// A business item (portable form) as written by a put.
+pub(crate) fn business_item(layout: &TableLayout, key: &ItemKey, version: u64, data: &Value) -> Item {
+    layout.item(
+        key.as_str(),
+        [
+            ("version".to_owned(), n(version)),
+            ("data".to_owned(), to_attribute(data)),
+        ],
+    )
 }
 
-fn number(item: &Item, name: &str) -> Result<u64, StoreError> {
-    item.get(name)
-        .and_then(|v| v.as_n().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| corrupt(item, format!("no whole number {name}")))
-}
-
-fn optional_number(item: &Item, name: &str) -> Result<Option<u64>, StoreError> {
-    if item.contains_key(name) {
-        number(item, name).map(Some)
-    } else {
-        Ok(None)
-    }
-}
-
-/// The expiry of an item, in milliseconds, if it has one.
-pub(crate) fn expires_at(item: &Item) -> Result<Option<Timestamp>, StoreError> {
-    Ok(optional_number(item, EXPIRES_AT)?.map(|seconds| Timestamp::from_millis(seconds.saturating_mul(1000))))
-}
-
-/// Whether an item's TTL has passed at `now` (DynamoDB deletes it only eventually).
-pub(crate) fn is_expired(item: &Item, now: Timestamp) -> Result<bool, StoreError> {
-    Ok(expires_at(item)?.is_some_and(|at| at <= now))
-}
-
-/// A business item as written by a put.
-pub(crate) fn business_item(key: &ItemKey, version: u64, data: &Value) -> Item {
-    HashMap::from([
-        (PK.into(), s(key.as_str())),
-        ("version".into(), n(version)),
-        ("data".into(), to_attribute(data)),
-    ])
-}
-
-pub(crate) fn business_from_item(key: &ItemKey, item: &Item) -> Result<VersionedItem, StoreError> {
-    let data = item.get("data").ok_or_else(|| corrupt(item, "no data"))?;
+pub(crate) fn business_from_item(
+    layout: &TableLayout,
+    key: &ItemKey,
+    item: &Item,
+) -> Result<VersionedItem, StoreError> {
+    let reader = Reader::new(layout, item);
+    let data = item
+        .get("data")
+        .ok_or_else(|| reader.corrupt("no data: not an item of the portable form"))?;
     Ok(VersionedItem {
         key: key.clone(),
-        version: number(item, "version")?,
-        data: from_attribute(data).map_err(|reason| corrupt(item, reason))?,
+        version: reader.number("version")?,
+        data: from_attribute(data).map_err(|reason| reader.corrupt(reason))?,
     })
 }
 
@@ -187,45 +216,69 @@ pub(crate) fn split_messages(messages: &[OutgoingMessage]) -> Result<Vec<String>
 
 /// The items of an outbox record: the record itself and, when its messages do not fit
 /// one item, its parts.
-pub(crate) fn outbox_items(record: &OutboxRecord, part_expiry: Timestamp) -> Result<Vec<Item>, String> {
+pub(crate) fn outbox_items(
+    layout: &TableLayout,
+    record: &OutboxRecord,
+    part_expiry: Timestamp,
+) -> Result<Vec<Item>, String> {
     let groups = split_messages(&record.messages)?;
-    let mut main = HashMap::from([
-        (PK.to_owned(), s(outbox_pk(record.txn_id))),
-        ("txn_id".to_owned(), s(record.txn_id.to_string())),
-        ("state".to_owned(), s(record.state.as_str())),
-        ("created_at".to_owned(), n(record.created_at.as_millis())),
-        ("messages".to_owned(), s(groups[0].clone())),
-    ]);
+    let mut main = layout.item(
+        &outbox_pk(record.txn_id),
+        [
+            ("txn_id".to_owned(), s(record.txn_id.to_string())),
+            ("state".to_owned(), s(record.state.as_str())),
+            ("created_at".to_owned(), n(record.created_at.as_millis())),
+            ("messages".to_owned(), s(groups[0].clone())),
+        ],
+    );
     if let Some(at) = record.expires_at {
-        main.insert(EXPIRES_AT.into(), n(ttl_seconds(at)));
+        main.insert(layout.ttl_attribute.clone(), n(ttl_seconds(at)));
     }
     if groups.len() > 1 {
         main.insert("parts".into(), n(groups.len()));
     }
     let mut items = vec![main];
     for (index, group) in groups.into_iter().enumerate().skip(1) {
-        items.push(HashMap::from([
-            (PK.to_owned(), s(part_pk(record.txn_id, index))),
-            ("messages".to_owned(), s(group)),
-            (EXPIRES_AT.to_owned(), n(ttl_seconds(part_expiry))),
-        ]));
+        items.push(layout.item(
+            &part_pk(record.txn_id, index),
+            [
+                ("messages".to_owned(), s(group)),
+                (layout.ttl_attribute.clone(), n(ttl_seconds(part_expiry))),
+            ],
+        ));
     }
     Ok(items)
 }
 
-/// How many parts beyond the main item an outbox item says it has.
-pub(crate) fn part_count(item: &Item) -> Result<usize, StoreError> {
-    Ok(optional_number(item, "parts")?.map_or(0, |parts| parts.saturating_sub(1) as usize))
+/// The main item of a record marked dispatched: its messages dropped, its TTL set.
+pub(crate) fn dispatched_item(layout: &TableLayout, record: &OutboxRecord, expires_at: Timestamp) -> Item {
+    layout.item(
+        &outbox_pk(record.txn_id),
+        [
+            ("txn_id".to_owned(), s(record.txn_id.to_string())),
+            ("state".to_owned(), s(OutboxState::Dispatched.as_str())),
+            ("created_at".to_owned(), n(record.created_at.as_millis())),
+            (layout.ttl_attribute.clone(), n(ttl_seconds(expires_at))),
+        ],
+    )
 }
 
 /// An outbox record from its main item and its parts, in order.
-pub(crate) fn outbox_from_items(main: &Item, parts: &[&Item]) -> Result<OutboxRecord, StoreError> {
-    let txn_id: TxnId = text(main, "txn_id")?.parse().map_err(|_| corrupt(main, "bad txn_id"))?;
-    let state = match text(main, "state")? {
+pub(crate) fn outbox_from_items(
+    layout: &TableLayout,
+    main: &Item,
+    parts: &[&Item],
+) -> Result<OutboxRecord, StoreError> {
+    let reader = Reader::new(layout, main);
+    let txn_id: TxnId = reader
+        .text("txn_id")?
+        .parse()
+        .map_err(|_| reader.corrupt("bad txn_id"))?;
+    let state = match reader.text("state")? {
         "pending" => OutboxState::Pending,
         "dispatched" => OutboxState::Dispatched,
         "tombstone" => OutboxState::Tombstone,
-        other => return Err(corrupt(main, format!("unknown state {other:?}"))),
+        other => return Err(reader.corrupt(format!("unknown state {other:?}"))),
     };
     let mut messages = Vec::new();
     for item in std::iter::once(main).chain(parts.iter().copied()) {
@@ -234,51 +287,57 @@ pub(crate) fn outbox_from_items(main: &Item, parts: &[&Item]) -> Result<OutboxRe
             .and_then(|v| v.as_s().ok())
             .map_or("[]", String::as_str);
         let group: Vec<OutgoingMessage> =
-            serde_json::from_str(json).map_err(|error| corrupt(item, error.to_string()))?;
+            serde_json::from_str(json).map_err(|error| Reader::new(layout, item).corrupt(error.to_string()))?;
         messages.extend(group);
     }
     Ok(OutboxRecord {
         txn_id,
         state,
         messages,
-        created_at: Timestamp::from_millis(number(main, "created_at")?),
-        expires_at: expires_at(main)?,
+        created_at: Timestamp::from_millis(reader.number("created_at")?),
+        expires_at: reader.expires_at()?,
     })
 }
 
-pub(crate) fn idempotency_item(record: &IdempotencyRecord) -> Item {
+pub(crate) fn idempotency_item(layout: &TableLayout, record: &IdempotencyRecord) -> Item {
     let headers = serde_json::to_string(&record.response.headers).expect("string pairs serialise");
-    HashMap::from([
-        (PK.to_owned(), s(idempotency_pk(&record.slot))),
-        ("scope".to_owned(), s(record.slot.scope.clone())),
-        ("key_hash".to_owned(), s(record.slot.key_hash.clone())),
-        ("fingerprint".to_owned(), s(record.fingerprint.clone())),
-        ("txn_id".to_owned(), s(record.txn_id.to_string())),
-        ("status".to_owned(), n(record.response.status)),
-        ("headers".to_owned(), s(headers)),
-        ("body".to_owned(), s(record.response.body.clone())),
-        ("created_at".to_owned(), n(record.created_at.as_millis())),
-        (EXPIRES_AT.to_owned(), n(ttl_seconds(record.expires_at))),
-    ])
+    layout.item(
+        &idempotency_pk(&record.slot),
+        [
+            ("scope".to_owned(), s(record.slot.scope.clone())),
+            ("key_hash".to_owned(), s(record.slot.key_hash.clone())),
+            ("fingerprint".to_owned(), s(record.fingerprint.clone())),
+            ("txn_id".to_owned(), s(record.txn_id.to_string())),
+            ("status".to_owned(), n(record.response.status)),
+            ("headers".to_owned(), s(headers)),
+            ("body".to_owned(), s(record.response.body.clone())),
+            ("created_at".to_owned(), n(record.created_at.as_millis())),
+            (layout.ttl_attribute.clone(), n(ttl_seconds(record.expires_at))),
+        ],
+    )
 }
 
-pub(crate) fn idempotency_from_item(item: &Item) -> Result<IdempotencyRecord, StoreError> {
+pub(crate) fn idempotency_from_item(layout: &TableLayout, item: &Item) -> Result<IdempotencyRecord, StoreError> {
+    let reader = Reader::new(layout, item);
     let headers: Vec<(String, String)> =
-        serde_json::from_str(text(item, "headers")?).map_err(|error| corrupt(item, error.to_string()))?;
+        serde_json::from_str(reader.text("headers")?).map_err(|error| reader.corrupt(error.to_string()))?;
     Ok(IdempotencyRecord {
         slot: IdempotencySlot {
-            scope: text(item, "scope")?.to_owned(),
-            key_hash: text(item, "key_hash")?.to_owned(),
+            scope: reader.text("scope")?.to_owned(),
+            key_hash: reader.text("key_hash")?.to_owned(),
         },
-        fingerprint: text(item, "fingerprint")?.to_owned(),
-        txn_id: text(item, "txn_id")?.parse().map_err(|_| corrupt(item, "bad txn_id"))?,
+        fingerprint: reader.text("fingerprint")?.to_owned(),
+        txn_id: reader
+            .text("txn_id")?
+            .parse()
+            .map_err(|_| reader.corrupt("bad txn_id"))?,
         response: StoredResponse {
-            status: u16::try_from(number(item, "status")?).map_err(|_| corrupt(item, "bad status"))?,
+            status: u16::try_from(reader.number("status")?).map_err(|_| reader.corrupt("bad status"))?,
             headers,
-            body: text(item, "body")?.to_owned(),
+            body: reader.text("body")?.to_owned(),
         },
-        created_at: Timestamp::from_millis(number(item, "created_at")?),
-        expires_at: expires_at(item)?.ok_or_else(|| corrupt(item, "no expires_at"))?,
+        created_at: Timestamp::from_millis(reader.number("created_at")?),
+        expires_at: reader.expires_at()?.ok_or_else(|| reader.corrupt("no TTL"))?,
     })
 }
 
@@ -307,11 +366,12 @@ mod tests {
             Timestamp::from_millis(5_000),
             Timestamp::from_millis(9_000),
         );
-        let items = outbox_items(&record, Timestamp::from_millis(99_000)).unwrap();
+        let layout = TableLayout::dedicated("t");
+        let items = outbox_items(&layout, &record, Timestamp::from_millis(99_000)).unwrap();
         assert_eq!(items.len(), 3, "9 messages of 100 kB take three items of 350 kB");
-        assert_eq!(part_count(&items[0]).unwrap(), 2);
+        assert_eq!(Reader::new(&layout, &items[0]).part_count().unwrap(), 2);
         let parts: Vec<&Item> = items[1..].iter().collect();
-        assert_eq!(outbox_from_items(&items[0], &parts).unwrap(), record);
+        assert_eq!(outbox_from_items(&layout, &items[0], &parts).unwrap(), record);
 
         let small = OutboxRecord::committed(
             txn,
@@ -319,9 +379,9 @@ mod tests {
             Timestamp::from_millis(5_000),
             Timestamp::from_millis(9_500),
         );
-        let items = outbox_items(&small, Timestamp::from_millis(99_000)).unwrap();
+        let items = outbox_items(&layout, &small, Timestamp::from_millis(99_000)).unwrap();
         assert_eq!(items.len(), 1);
-        let back = outbox_from_items(&items[0], &[]).unwrap();
+        let back = outbox_from_items(&layout, &items[0], &[]).unwrap();
         assert_eq!(
             back.expires_at,
             Some(Timestamp::from_millis(10_000)),

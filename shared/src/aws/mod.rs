@@ -4,6 +4,8 @@
 mod bootstrap;
 mod dynamodb;
 pub mod item;
+mod layout;
+pub mod size;
 mod sqs;
 
 use std::time::Duration;
@@ -14,7 +16,10 @@ use aws_config::BehaviorVersion;
 pub use aws_config::SdkConfig;
 
 pub use bootstrap::{bootstrap, BootstrapError, ResourceNames, Resources};
-pub use dynamodb::DynamoStore;
+pub use dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
+pub use layout::{
+    LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
+};
 pub use sqs::{receive_timeouts, redrive, SqsControlQueue, SqsPublisher, RECEIVE_TIMEOUT_MARGIN};
 
 /// The SDK configuration for this process: the standard credential chain and region

@@ -188,7 +188,7 @@ impl Store for EmbeddedStore {
         keys.sort_unstable();
         if keys.windows(2).any(|pair| pair[0] == pair[1]) {
             return Err(CommitError::Invalid {
-                reason: "two actions on one item",
+                reason: "two actions on one item".into(),
             });
         }
 

@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::Value;
 
 use super::BoxError;
@@ -117,6 +118,15 @@ impl BusinessWrite {
     }
 }
 
+/// An action the application built for DynamoDB itself: a `Put`, `Update`, `Delete` or
+/// `ConditionCheck` on any table, with any key schema, expressions and conditions. Only a
+/// store whose [`Store::runs_native_actions`] is true (the DynamoDB store) can commit
+/// them; see [`Store::commit_native`].
+pub type NativeAction = aws_sdk_dynamodb::types::TransactWriteItem;
+
+/// A DynamoDB item: attribute name to value.
+pub type NativeItem = std::collections::HashMap<String, AttributeValue>;
+
 /// Everything one transaction commits, atomically.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommitRequest {
@@ -156,17 +166,34 @@ pub enum CommitError {
     /// trying again may succeed.
     #[error("the commit met contention or throttling")]
     Contention(#[source] BoxError),
+    /// One of the application's native actions was cancelled: its condition failed, or
+    /// DynamoDB refused it for its own reason. Nothing was written.
+    #[error("the application's action {index} was cancelled ({code})")]
+    ActionCancelled {
+        /// The action's position among the native actions, from 0.
+        index: usize,
+        /// DynamoDB's cancellation code (`ConditionalCheckFailed`, ...).
+        code: String,
+        /// The item as it was, when the action asked for it
+        /// (`ReturnValuesOnConditionCheckFailure::AllOld`).
+        item: Option<NativeItem>,
+    },
+    /// The store runs only the portable form of business writes; native actions need
+    /// the DynamoDB store. Nothing was written.
+    #[error("this store cannot run native DynamoDB actions")]
+    NativeUnsupported,
     /// The commit exceeds what one `TransactWriteItems` can carry. Nothing was written.
     #[error("the commit exceeds one transaction's limits: {reason}")]
     TooLarge {
-        /// Which limit.
+        /// Which limit, and how much of it the protocol's own records used.
         reason: String,
     },
-    /// The store refused the request as malformed. Nothing was written.
+    /// The store refused the request as malformed (a native action's expression, say).
+    /// Nothing was written.
     #[error("the store refused the commit as invalid: {reason}")]
     Invalid {
-        /// What was wrong.
-        reason: &'static str,
+        /// What was wrong, as the store said it.
+        reason: String,
     },
     /// The store could not be reached; nothing was written.
     #[error("the store is unavailable")]
@@ -217,6 +244,24 @@ pub trait Store: Send + Sync {
     /// first attempt applied), the commit has happened and this returns `Ok`, whatever the
     /// other conditions say.
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError>;
+
+    /// Whether [`Self::commit_native`] runs native actions. False unless a store says
+    /// otherwise.
+    fn runs_native_actions(&self) -> bool {
+        false
+    }
+
+    /// Applies the application's native `actions` (first, in order: a cancellation
+    /// names its index among them) and `request`, atomically, or nothing of them. A
+    /// store that cannot run native actions answers [`CommitError::NativeUnsupported`]
+    /// and writes nothing.
+    async fn commit_native(&self, request: &CommitRequest, actions: &[NativeAction]) -> Result<(), CommitError> {
+        if actions.is_empty() {
+            self.commit(request).await
+        } else {
+            Err(CommitError::NativeUnsupported)
+        }
+    }
 
     /// Reads business items; absent ones are missing from the map.
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError>;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use outbox::aws::{bootstrap, AwsClients, DynamoStore, ResourceNames, SqsControlQueue, SqsPublisher};
+use outbox::aws::{bootstrap, AwsClients, DynamoStore, ResourceNames, SqsControlQueue, SqsPublisher, TableLayout};
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock, CONTROL_VISIBILITY_TIMEOUT};
 use outbox::ports::{ControlInbox, ControlQueue, Publisher, RandomIds, Store};
@@ -16,6 +16,7 @@ use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
 
 use crate::emulator::{emulator, unique_name};
+use crate::single_table::{create_single_table, single_table_layout};
 
 /// A message as it reached a destination.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,11 +96,31 @@ impl Backend {
         Self::aws_with(clients).await
     }
 
+    /// The AWS adapters on the emulator, with fresh queues and the protocol's records in
+    /// a fresh single-table design (`PK` + `SK`, a GSI, TTL on `ttl`) made the way its
+    /// owners would make it.
+    pub async fn aws_single_table() -> Self {
+        let config = emulator().sdk_config().await;
+        let clients = AwsClients::new(&config);
+        let table = unique_name("single");
+        create_single_table(&clients.dynamodb, &table).await;
+        Self::aws_on(clients, Some(single_table_layout(&table))).await
+    }
+
     /// The AWS adapters over `clients` (which may carry interceptors), with a fresh table
     /// and queues.
     pub async fn aws_with(clients: AwsClients) -> Self {
+        Self::aws_on(clients, None).await
+    }
+
+    /// The AWS adapters over `clients`, with fresh queues and the protocol's records laid
+    /// out as `layout` says (by default a fresh dedicated table).
+    pub async fn aws_on(clients: AwsClients, layout: Option<TableLayout>) -> Self {
         let prefix = unique_name("conf");
         let mut names = ResourceNames::for_stack(&prefix);
+        if let Some(layout) = layout {
+            names.layout = layout;
+        }
         names.destinations.push((audit(), format!("{prefix}-audit.fifo")));
         names.control_visibility_timeout = Duration::from_secs(2);
         let resources = bootstrap(&clients, &names).await.expect("bootstrap on the emulator");
@@ -112,7 +133,7 @@ impl Backend {
             name: "aws",
             store: Arc::new(DynamoStore::new(
                 clients.dynamodb.clone(),
-                resources.table.clone(),
+                resources.layout.clone(),
                 clock.clone(),
             )),
             control_queue: control.clone(),
