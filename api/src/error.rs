@@ -289,6 +289,11 @@ impl ApiError {
                 with(S::SERVICE_UNAVAILABLE, "timeout", "Request timed out", "the request ran out of time before its change was committed; nothing was written; retry it"),
                 true,
             ),
+            // The orders API stages no native actions; a service that does maps its own.
+            TxnError::ActionCancelled { .. } => (
+                with(S::CONFLICT, "conflict", "Conflict", "the change conflicts with the resource's current state; nothing was written"),
+                false,
+            ),
             TxnError::VersionConflict { .. } => (
                 with(S::CONFLICT, "version-conflict", "Conflict", "the resource changed while the request ran; nothing was written"),
                 false,

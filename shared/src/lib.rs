@@ -11,8 +11,9 @@
 //! - [`protocol`]: ids, the control message and its encoding, outgoing messages, the
 //!   outbox and idempotency records. Pure data.
 //! - [`ports`]: the traits for the store, the control queue, the publisher and the clock.
-//! - [`request`]: the request path. [`control`]: the control path. [`publish`]: batching
-//!   and retrying sends, shared by every publisher.
+//! - [`request`]: the request path. [`native`]: the application's own DynamoDB actions
+//!   in its commits. [`control`]: the control path. [`publish`]: batching and retrying
+//!   sends, shared by every publisher.
 //! - [`settings`]: configuration from the environment, validated.
 //! - [`poller`]: receiving and acknowledging control messages outside Lambda.
 //!   [`redelivery`]: bringing failed control messages back in seconds.
@@ -23,6 +24,7 @@ pub mod aws;
 pub mod control;
 pub mod embedded;
 pub mod metrics;
+pub mod native;
 pub mod poller;
 pub mod ports;
 pub mod protocol;

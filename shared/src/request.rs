@@ -17,8 +17,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::ports::{
-    BusinessWrite, Clock, CommitError, CommitRequest, ControlQueue, ExpectedVersion, IdSource, ItemKey, QueueError,
-    Store, StoreError, VersionedItem,
+    BusinessWrite, Clock, CommitError, CommitRequest, ControlQueue, ExpectedVersion, IdSource, ItemKey, NativeAction,
+    QueueError, Store, StoreError, VersionedItem,
 };
 use crate::protocol::{
     ControlMessage, IdempotencyRecord, IdempotencySlot, Message, MessageId, OutboxRecord, OutboxState, OutgoingMessage,
@@ -115,6 +115,19 @@ pub enum TxnError {
         /// The item.
         key: ItemKey,
     },
+    /// One of the application's native actions was cancelled (its condition failed, or
+    /// DynamoDB refused it); nothing was written. See [`crate::native`].
+    #[error("transaction {txn_id}: the application's action {index} was cancelled ({code})")]
+    ActionCancelled {
+        /// The transaction.
+        txn_id: TxnId,
+        /// The action's index, as [`crate::native::NativeTransaction::action`] returned it.
+        index: usize,
+        /// DynamoDB's cancellation code (`ConditionalCheckFailed`, ...).
+        code: String,
+        /// The item as it was, when the action asked for it (`ALL_OLD`).
+        item: Option<crate::ports::NativeItem>,
+    },
     /// The idempotency key was used by a transaction that committed; nothing was written.
     /// Read its record and replay the stored response.
     #[error("transaction {txn_id}: idempotency key {slot} is already used")]
@@ -163,6 +176,7 @@ impl TxnError {
             | Self::CommitWindowExpired { txn_id }
             | Self::DeadlineExceeded { txn_id }
             | Self::VersionConflict { txn_id, .. }
+            | Self::ActionCancelled { txn_id, .. }
             | Self::IdempotencyKeyUsed { txn_id, .. }
             | Self::TooLarge { txn_id, .. }
             | Self::NotCommitted { txn_id, .. }
@@ -266,6 +280,7 @@ impl Outbox {
             first_sent_at: now,
             deadline,
             writes: BTreeMap::new(),
+            native: Vec::new(),
             messages: Vec::new(),
             idempotency: None,
         })
@@ -291,6 +306,8 @@ pub struct Transaction<'a> {
     first_sent_at: Timestamp,
     deadline: Option<Timestamp>,
     writes: BTreeMap<ItemKey, BusinessWrite>,
+    /// The application's native actions ([`crate::native`] stages them), in order.
+    pub(crate) native: Vec<NativeAction>,
     messages: Vec<OutgoingMessage>,
     idempotency: Option<(IdempotencySlot, String, StoredResponse)>,
 }
@@ -402,7 +419,8 @@ impl Transaction<'_> {
                 });
             }
             let request = request.get_or_insert_with(|| self.request(now));
-            let outcome = within(ports.clock.as_ref(), self.deadline, ports.store.commit(request)).await;
+            let commit = ports.store.commit_native(request, &self.native);
+            let outcome = within(ports.clock.as_ref(), self.deadline, commit).await;
             let error = match outcome {
                 Some(Ok(())) => {
                     tracing::info!(messages = message_ids.len(), "committed");
@@ -426,9 +444,15 @@ impl Transaction<'_> {
                     last_refusal = Some(error)
                 }
                 CommitError::Ambiguous(_) => return Err(TxnError::Ambiguous { txn_id, source: error }),
-                CommitError::ActionCancelled { .. } | CommitError::NativeUnsupported => {
-                    return Err(TxnError::NotCommitted { txn_id, source: error })
+                CommitError::ActionCancelled { index, code, item } => {
+                    return Err(TxnError::ActionCancelled {
+                        txn_id,
+                        index,
+                        code,
+                        item,
+                    })
                 }
+                CommitError::NativeUnsupported => return Err(TxnError::NotCommitted { txn_id, source: error }),
                 CommitError::Contention(_) | CommitError::Unavailable(_) | CommitError::Invalid { .. } => {
                     return Err(match unknown {
                         Some(source) => TxnError::Ambiguous { txn_id, source },
