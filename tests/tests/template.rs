@@ -50,9 +50,10 @@ fn strings(yaml: &Yaml) -> Vec<String> {
 /// The variables `Settings::from_env` reads, found by reading them through a recorder.
 fn variables_the_settings_read() -> BTreeSet<String> {
     let seen = Mutex::new(BTreeSet::new());
+    // With the aws backend, so that the variables only it reads are seen too.
     let _ = Settings::from_lookup(|name| {
         seen.lock().unwrap().insert(name.to_owned());
-        None
+        (name == outbox::settings::vars::BACKEND).then(|| "aws".to_owned())
     });
     seen.into_inner().unwrap()
 }
@@ -270,10 +271,31 @@ fn the_queues_and_the_event_source_follow_the_rules() {
     assert!(event["BatchSize"].as_i64().unwrap() <= 10);
     assert_eq!(strings(&event["FunctionResponseTypes"]), ["ReportBatchItemFailures"]);
     let table = &resources["Table"]["Properties"];
+    // The table's TTL, keys and the settings that name them come from the same parameters,
+    // whose defaults are the library's.
     assert_eq!(
         table["TimeToLiveSpecification"]["AttributeName"].as_str(),
-        Some("expires_at")
+        Some("TtlAttribute"),
+        "the TTL attribute is the parameter's"
     );
+    let parameter_default = |name: &str| template["Parameters"][name]["Default"].as_str().map(str::to_owned);
+    assert_eq!(
+        parameter_default("TtlAttribute").as_deref(),
+        Some(outbox::aws::DEFAULT_TTL_ATTRIBUTE)
+    );
+    assert_eq!(
+        parameter_default("PartitionKeyAttribute").as_deref(),
+        Some(outbox::aws::DEFAULT_PARTITION_KEY)
+    );
+    let variables = &template["Globals"]["Function"]["Environment"]["Variables"];
+    for (variable, parameter) in [
+        (outbox::settings::vars::PARTITION_KEY, "PartitionKeyAttribute"),
+        (outbox::settings::vars::SORT_KEY, "SortKeyAttribute"),
+        (outbox::settings::vars::SORT_KEY_VALUE, "SortKeyValue"),
+        (outbox::settings::vars::TTL_ATTRIBUTE, "TtlAttribute"),
+    ] {
+        assert_eq!(strings(&variables[variable]), [parameter], "{variable}");
+    }
     assert_eq!(table["BillingMode"].as_str(), Some("PAY_PER_REQUEST"));
     assert_eq!(
         table["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"].as_bool(),
