@@ -9,6 +9,7 @@
 //!   the outbox library the way a user's own handlers would be.
 //! - [`transactions`]: the status of a transaction, for ambiguous answers.
 //! - [`idempotency`]: `Idempotency-Key` replay. [`extract`]: input that fails cleanly.
+//! - [`rules`]: the input rules, written once for the checks and the document.
 //! - [`error`]: the one error type and its RFC 9457 mapping. [`openapi`]: the document.
 //! - [`runtime`]: from settings to a running service (embedded with its own worker, or
 //!   AWS).
@@ -20,6 +21,7 @@ pub mod extract;
 pub mod idempotency;
 pub mod openapi;
 pub mod orders;
+pub mod rules;
 pub mod runtime;
 pub mod state;
 pub mod transactions;
