@@ -3,6 +3,7 @@
 //! Every handler error ends here, so every failure has the same shape. A 5xx body never
 //! says more than its title: the cause is logged with the request id instead.
 
+use axum::extract::rejection::PathRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use outbox::request::TxnError;
@@ -67,6 +68,9 @@ pub enum ApiError {
     /// Fields are invalid.
     #[error("invalid fields")]
     Validation(Vec<FieldError>),
+    /// The path's parameters cannot be read (not UTF-8 once percent-decoded).
+    #[error("invalid path: {0}")]
+    InvalidPath(String),
     /// A header is invalid.
     #[error("invalid header {header}: {detail}")]
     InvalidHeader {
@@ -132,6 +136,18 @@ fn problem(status: StatusCode, kind: &str, title: &str) -> Problem {
     }
 }
 
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        // axum answers 500 for a route whose parameters do not fit the handler's type: a
+        // bug here, not the client's.
+        if rejection.status().is_server_error() {
+            Self::Internal(rejection.body_text())
+        } else {
+            Self::InvalidPath(rejection.body_text())
+        }
+    }
+}
+
 impl ApiError {
     /// This error, decided after transaction `txn_id` began.
     pub fn in_transaction(self, txn_id: outbox::protocol::TxnId) -> Self {
@@ -189,6 +205,10 @@ impl ApiError {
                 p.errors = errors.clone();
                 (p, false)
             }
+            Self::InvalidPath(detail) => (
+                with_detail(problem(S::BAD_REQUEST, "invalid-path", "Invalid path"), detail.clone()),
+                false,
+            ),
             Self::InvalidHeader { header, detail } => (
                 with_detail(
                     problem(S::BAD_REQUEST, "invalid-header", "Invalid header"),

@@ -1,5 +1,6 @@
-//! Extractors that turn bad input into the API's problem responses: a JSON body that
-//! names the failing field, and the `If-Match` and `Idempotency-Key` headers.
+//! Extractors that turn bad input into the API's problem responses: path parameters, a
+//! JSON body that names the failing field, and the `If-Match` and `Idempotency-Key`
+//! headers.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -11,6 +12,21 @@ use outbox::protocol::IdempotencyKey;
 use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, FieldError};
+
+/// A route's path parameters, as axum's `Path` reads them, except that a path it cannot
+/// read (a parameter that is not UTF-8 once percent-decoded, as in `/orders/%FF`) is a
+/// 400 problem like every other error, not axum's plain-text rejection.
+#[derive(Debug)]
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(value) = axum::extract::Path::<T>::from_request_parts(parts, state).await?;
+        Ok(Self(value))
+    }
+}
 
 /// A JSON body of type `T`, with its raw bytes (for the idempotency fingerprint).
 /// Not JSON → 400; JSON of the wrong shape or types → 422 naming the field; not

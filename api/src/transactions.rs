@@ -1,13 +1,14 @@
 //! `GET /transactions/{id}`: what became of a transaction, for clients that got an
 //! ambiguous 503 naming it.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use outbox::protocol::TxnId;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, FieldError, Problem};
+use crate::extract::Path;
 use crate::state::AppState;
 
 /// A transaction's status.

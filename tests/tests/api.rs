@@ -892,3 +892,26 @@ async fn refusals_decided_after_the_transaction_began_name_it_and_it_reads_tombs
         assert_eq!(app.transaction_status(txn).await, "tombstoned", "{txn}");
     }
 }
+
+
+#[tokio::test]
+async fn a_path_parameter_that_is_not_utf8_is_a_400_problem_on_every_route_that_takes_one() {
+    let app = app();
+    let id = app.create().await.body["id"].as_str().unwrap().to_owned();
+    let line = json!({"sku": "SKU-2", "quantity": 1, "unit_price_cents": 500});
+    let requests = [
+        empty(Method::GET, "/orders/%FF"),
+        json_request(Method::POST, "/orders/%FF/items", &line),
+        empty(Method::DELETE, "/orders/%FF/items/SKU-1"),
+        empty(Method::DELETE, &format!("/orders/{id}/items/%FF")),
+        empty(Method::POST, "/orders/%C3/cancel"),
+        empty(Method::GET, "/transactions/%C3"),
+    ];
+    for request in requests {
+        let uri = request.uri().clone();
+        let reply = app.send(request).await;
+        assert_problem(&reply, StatusCode::BAD_REQUEST, "/problems/invalid-path");
+        assert!(reply.body["detail"].as_str().is_some(), "{uri}: {:?}", reply.body);
+    }
+    assert_eq!(app.backend.store.outbox_records().len(), 1, "only the order's creation");
+}

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::{OriginalUri, State};
 use axum::http::header::{CONTENT_TYPE, ETAG, LOCATION};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::model::{self, CreateOrder, Event, LineItem, Order, OrderView};
 use crate::deadline::RequestScope;
 use crate::error::{ApiError, FieldError, Problem, TRANSACTION_ID_HEADER};
-use crate::extract::{etag, IdempotencyHeader, IfMatch, JsonBody};
+use crate::extract::{etag, IdempotencyHeader, IfMatch, JsonBody, Path};
 use crate::idempotency::{stored, Idempotency};
 use crate::state::AppState;
 
