@@ -1,5 +1,8 @@
 //! The OpenAPI 3.1 document, generated from the handlers' annotations and the types
-//! they take and return, so that it cannot drift from the code.
+//! they take and return, so that it cannot drift from the code. Request bodies are held to
+//! it by [`crate::extract::JsonBody`].
+
+use std::sync::OnceLock;
 
 use axum::Json;
 use utoipa::OpenApi;
@@ -36,7 +39,13 @@ use crate::transactions::{self, TransactionStatus};
 )]
 pub struct ApiDoc;
 
+/// The document, built once.
+pub fn document() -> &'static utoipa::openapi::OpenApi {
+    static DOCUMENT: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
+    DOCUMENT.get_or_init(ApiDoc::openapi)
+}
+
 /// `GET /openapi.json`.
-pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+pub async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
+    Json(document())
 }

@@ -915,3 +915,69 @@ async fn a_path_parameter_that_is_not_utf8_is_a_400_problem_on_every_route_that_
     }
     assert_eq!(app.backend.store.outbox_records().len(), 1, "only the order's creation");
 }
+
+#[tokio::test]
+async fn object_bodies_sent_as_json_arrays_are_refused_at_any_depth_and_write_nothing() {
+    let app = app();
+    let id = app.create().await.body["id"].as_str().unwrap().to_owned();
+    let cases = [
+        ("/orders".to_owned(), json!(["c-1", [["SKU-1", 2, 1299]]]), "body"),
+        (
+            "/orders".to_owned(),
+            json!({"customer_id": "c-1", "items": [["SKU-1", 2, 1299]]}),
+            "items[0]",
+        ),
+        (
+            "/orders".to_owned(),
+            json!({"customer_id": "c-1", "items": [{"sku": "SKU-1", "quantity": 2, "unit_price_cents": 1}, ["SKU-2", 1, 1]]}),
+            "items[1]",
+        ),
+        (format!("/orders/{id}/items"), json!(["SKU-2", 1, 500]), "body"),
+        (format!("/orders/{id}/items"), json!("SKU-2"), "body"),
+    ];
+    for (uri, body, field) in cases {
+        let reply = app.send(json_request(Method::POST, &uri, &body)).await;
+        assert_problem(&reply, StatusCode::UNPROCESSABLE_ENTITY, "/problems/validation");
+        assert_eq!(reply.body["errors"][0]["field"], field, "{body}");
+    }
+    assert_eq!(app.backend.store.outbox_records().len(), 1, "only the order's creation");
+    let order = app.send(empty(Method::GET, &format!("/orders/{id}"))).await;
+    assert_eq!(
+        (
+            order.body["version"].clone(),
+            order.body["items"].as_array().map(Vec::len)
+        ),
+        (json!(1), Some(1)),
+        "the order is as it was created"
+    );
+}
+
+#[tokio::test]
+async fn integers_written_with_a_zero_fraction_are_the_integers_the_document_allows() {
+    // JSON Schema's `integer` admits 2.0 and 1e3; serde's integers alone would not.
+    let app = app();
+    let reply = app
+        .send(json_request(
+            Method::POST,
+            "/orders",
+            &serde_json::from_str::<Value>(
+                r#"{"customer_id": "c-1", "items": [{"sku": "SKU-1", "quantity": 2.0, "unit_price_cents": 1e3}]}"#,
+            )
+            .unwrap(),
+        ))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+    assert_eq!(
+        reply.body["items"][0],
+        json!({"sku": "SKU-1", "quantity": 2, "unit_price_cents": 1000})
+    );
+    let fraction = app
+        .send(json_request(
+            Method::POST,
+            "/orders",
+            &json!({"customer_id": "c-1", "items": [{"sku": "SKU-1", "quantity": 2.5, "unit_price_cents": 1}]}),
+        ))
+        .await;
+    assert_problem(&fraction, StatusCode::UNPROCESSABLE_ENTITY, "/problems/validation");
+    assert_eq!(fraction.body["errors"][0]["field"], "items[0].quantity");
+}
