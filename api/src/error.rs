@@ -41,6 +41,7 @@ pub struct Problem {
     /// A short summary of the problem type.
     pub title: String,
     /// The HTTP status code.
+    #[schema(minimum = 400, maximum = 599)]
     pub status: u16,
     /// What happened this time.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -50,6 +51,7 @@ pub struct Problem {
     pub errors: Vec<FieldError>,
     /// The transaction concerned, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::rules::schema::transaction_id)]
     pub transaction_id: Option<String>,
 }
 
@@ -118,8 +120,6 @@ pub enum ApiError {
     #[error("internal error: {0}")]
     Internal(String),
 }
-
-const RETRY_AFTER_SECONDS: &str = "1";
 
 fn problem(status: StatusCode, kind: &str, title: &str) -> Problem {
     Problem {
@@ -352,7 +352,10 @@ impl IntoResponse for ApiError {
             HeaderValue::from_static("application/problem+json"),
         );
         if retry {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(crate::rules::RETRY_AFTER_SECONDS),
+            );
         }
         if let Some(txn) = problem
             .transaction_id

@@ -16,6 +16,7 @@ use utoipa::openapi::RefOr;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, FieldError};
+use crate::rules;
 
 /// A route's path parameters, as axum's `Path` reads them, except that a path it cannot
 /// read (a parameter that is not UTF-8 once percent-decoded, as in `/orders/%FF`) is a
@@ -216,16 +217,17 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
             header: "If-Match",
             detail: "must be * or an ETag such as \"3\"".into(),
         };
-        let text = value.to_str().map_err(|_| invalid())?.trim();
+        let text = value.to_str().map_err(|_| invalid())?;
+        if !rules::IF_MATCH.allows(text) {
+            return Err(invalid());
+        }
         if text == "*" {
             return Ok(Self::Any);
         }
         let tag = text.strip_prefix("W/").unwrap_or(text);
-        let version = tag
-            .strip_prefix('"')
-            .and_then(|t| t.strip_suffix('"'))
-            .and_then(|t| t.parse().ok());
-        version.map(Self::Version).ok_or_else(invalid)
+        // The rule leaves a quoted run of at most 19 digits, which always fits a u64.
+        let version = tag.trim_matches('"').parse().map_err(|_| invalid())?;
+        Ok(Self::Version(version))
     }
 }
 
@@ -246,14 +248,17 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
             header: "Idempotency-Key",
             detail,
         };
-        let text = value.to_str().map_err(|_| invalid("must be printable ASCII".into()))?;
+        let rule = || invalid("must be 1 to 255 printable ASCII characters, bare or in double quotes".into());
+        let text = value.to_str().map_err(|_| rule())?;
+        if !rules::IDEMPOTENCY_KEY.allows(text) {
+            return Err(rule());
+        }
         // The draft makes the key a structured-field string: accept it quoted or bare.
-        let text = text
-            .trim()
-            .strip_prefix('"')
-            .and_then(|t| t.strip_suffix('"'))
-            .unwrap_or(text.trim());
-        text.parse::<IdempotencyKey>()
+        let key = match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+            Some(quoted) if !quoted.is_empty() => quoted,
+            _ => text,
+        };
+        key.parse::<IdempotencyKey>()
             .map(|key| Self(Some(key)))
             .map_err(|error| invalid(error.to_string()))
     }

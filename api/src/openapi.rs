@@ -1,6 +1,7 @@
 //! The OpenAPI 3.1 document, generated from the handlers' annotations and the types
-//! they take and return, so that it cannot drift from the code. Request bodies are held to
-//! it by [`crate::extract::JsonBody`].
+//! they take and return, so that it cannot drift from the code. The input rules it states
+//! come from [`crate::rules`], which the handlers check; request bodies are held to it by
+//! [`crate::extract::JsonBody`].
 
 use std::sync::OnceLock;
 
@@ -10,7 +11,7 @@ use utoipa::OpenApi;
 use crate::error::{FieldError, Problem};
 use crate::orders::handlers;
 use crate::orders::model::{CreateOrder, LineItem, OrderStatus, OrderView};
-use crate::transactions::{self, TransactionStatus};
+use crate::transactions::{self, TransactionState, TransactionStatus};
 
 /// The API's description.
 #[derive(OpenApi)]
@@ -33,6 +34,7 @@ use crate::transactions::{self, TransactionStatus};
         OrderStatus,
         OrderView,
         TransactionStatus,
+        TransactionState,
         Problem,
         FieldError
     ))

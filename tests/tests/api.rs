@@ -893,7 +893,6 @@ async fn refusals_decided_after_the_transaction_began_name_it_and_it_reads_tombs
     }
 }
 
-
 #[tokio::test]
 async fn a_path_parameter_that_is_not_utf8_is_a_400_problem_on_every_route_that_takes_one() {
     let app = app();
@@ -980,4 +979,190 @@ async fn integers_written_with_a_zero_fraction_are_the_integers_the_document_all
         .await;
     assert_problem(&fraction, StatusCode::UNPROCESSABLE_ENTITY, "/problems/validation");
     assert_eq!(fraction.body["errors"][0]["field"], "items[0].quantity");
+}
+
+#[tokio::test]
+async fn headers_are_read_exactly_as_the_document_states_them() {
+    let app = app();
+    let id = app.create().await.body["id"].as_str().unwrap().to_owned();
+    let cancel = |name: &str, value: &str| {
+        Request::builder()
+            .method(Method::POST)
+            .uri(format!("/orders/{id}/cancel"))
+            .header(name, value)
+            .body(Body::empty())
+            .unwrap()
+    };
+    for refused in ["3", "\"+1\"", "\"1\" ", "W/1", "\"99999999999999999999\""] {
+        let reply = app.send(cancel("if-match", refused)).await;
+        assert_problem(&reply, StatusCode::BAD_REQUEST, "/problems/invalid-header");
+        assert!(!api::rules::IF_MATCH.allows(refused), "{refused}");
+    }
+    let long = "k".repeat(256);
+    for refused in [long.as_str(), "k\t", " k"] {
+        let reply = app.send(cancel("idempotency-key", refused)).await;
+        assert_problem(&reply, StatusCode::BAD_REQUEST, "/problems/invalid-header");
+        assert!(!api::rules::IDEMPOTENCY_KEY.allows(refused), "{refused:?}");
+    }
+    // `"k"` and `k` are one key: the second is a replay of the first.
+    let first = app.send(cancel("idempotency-key", "\"k-1\"")).await;
+    assert_eq!(first.status, StatusCode::OK, "{:?}", first.body);
+    let again = app.send(cancel("idempotency-key", "k-1")).await;
+    assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
+}
+
+/// The schema `reference` points to in `document`, or `schema` itself.
+fn resolved<'a>(document: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema["$ref"].as_str() {
+        Some(reference) => {
+            let name = reference.trim_start_matches("#/components/schemas/");
+            &document["components"]["schemas"][name]
+        }
+        None => schema,
+    }
+}
+
+#[tokio::test]
+async fn the_openapi_document_states_the_contract_the_code_enforces() {
+    use api::rules;
+    let app = app();
+    let document = app.send(empty(Method::GET, "/openapi.json")).await.body;
+    let operation = |path: &str, method: &str| document["paths"][path][method].clone();
+    let operations = [
+        ("/orders", "post", &[201, 400, 413, 415, 422, 503][..]),
+        ("/orders/{id}", "get", &[200, 400, 404, 422, 503]),
+        (
+            "/orders/{id}/items",
+            "post",
+            &[200, 400, 404, 409, 412, 413, 415, 422, 503],
+        ),
+        (
+            "/orders/{id}/items/{sku}",
+            "delete",
+            &[200, 400, 404, 409, 412, 422, 503],
+        ),
+        ("/orders/{id}/cancel", "post", &[200, 400, 404, 409, 412, 422, 503]),
+        ("/transactions/{id}", "get", &[200, 400, 422, 503]),
+    ];
+    for (path, method, statuses) in operations {
+        let responses = operation(path, method)["responses"].clone();
+        let listed: Vec<u16> = responses
+            .as_object()
+            .unwrap_or_else(|| panic!("{method} {path}: no responses"))
+            .keys()
+            .map(|status| status.parse().unwrap())
+            .collect();
+        for status in statuses {
+            assert!(
+                listed.contains(status),
+                "{method} {path} lists {listed:?}, not {status}"
+            );
+        }
+        for status in listed.iter().filter(|status| **status >= 400) {
+            let content = &responses[status.to_string()]["content"];
+            assert!(
+                content["application/problem+json"]["schema"]["$ref"]
+                    .as_str()
+                    .is_some_and(|r| r.ends_with("/Problem")),
+                "{method} {path} {status}: {content}"
+            );
+        }
+        assert!(
+            responses["503"]["headers"]["Retry-After"].is_object(),
+            "{method} {path}: 503 without Retry-After"
+        );
+        for parameter in operation(path, method)["parameters"].as_array().into_iter().flatten() {
+            if parameter["in"] == "path" && parameter["name"] == "id" {
+                assert_eq!(parameter["schema"]["format"], "uuid", "{method} {path}");
+                let rule = if path.starts_with("/transactions") {
+                    &rules::TRANSACTION_ID
+                } else {
+                    &rules::ORDER_ID
+                };
+                assert_eq!(parameter["schema"]["pattern"], rule.pattern(), "{method} {path}");
+            }
+        }
+        if method != "get" {
+            let headers: Vec<(String, String)> = operation(path, method)["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|parameter| parameter["in"] == "header")
+                .map(|parameter| {
+                    assert_eq!(parameter["required"], false, "{method} {path}: {parameter}");
+                    let name = parameter["name"].as_str().unwrap().to_owned();
+                    (name, parameter["schema"]["pattern"].as_str().unwrap().to_owned())
+                })
+                .collect();
+            let idempotency = (
+                "Idempotency-Key".to_owned(),
+                rules::IDEMPOTENCY_KEY.pattern().to_owned(),
+            );
+            assert!(headers.contains(&idempotency), "{method} {path}: {headers:?}");
+            if path != "/orders" {
+                let if_match = ("If-Match".to_owned(), rules::IF_MATCH.pattern().to_owned());
+                assert!(headers.contains(&if_match), "{method} {path}: {headers:?}");
+            }
+        }
+    }
+    let created = &operation("/orders", "post")["responses"]["201"]["headers"];
+    for name in ["Location", "ETag", "x-transaction-id"] {
+        assert!(created[name]["schema"].is_object(), "201 without {name}: {created}");
+    }
+    assert_eq!(created["x-transaction-id"]["schema"]["format"], "uuid");
+
+    let schemas = &document["components"]["schemas"];
+    let state = resolved(&document, &schemas["TransactionStatus"]["properties"]["status"]);
+    assert_eq!(state["enum"], json!(["pending", "dispatched", "tombstoned", "unknown"]));
+    assert_eq!(
+        schemas["TransactionStatus"]["properties"]["transaction_id"]["pattern"],
+        rules::TRANSACTION_ID.pattern()
+    );
+
+    let text = |schema: &Value, rule: &rules::Text| {
+        assert_eq!(schema["type"], "string", "{schema}");
+        assert_eq!(schema["pattern"], rule.pattern(), "{schema}");
+        assert_eq!(schema["minLength"], *rule.length().start(), "{schema}");
+        assert_eq!(schema["maxLength"], *rule.length().end(), "{schema}");
+    };
+    let create = &schemas["CreateOrder"];
+    text(&create["properties"]["customer_id"], &rules::CUSTOMER_ID);
+    let items = &create["properties"]["items"];
+    assert_eq!(
+        (items["minItems"].clone(), items["maxItems"].clone()),
+        (json!(rules::LINE_ITEMS.start()), json!(rules::LINE_ITEMS.end()))
+    );
+    assert_eq!(create["additionalProperties"], false);
+    let line = resolved(&document, &items["items"]);
+    assert_eq!(line, &schemas["LineItem"]);
+    text(&line["properties"]["sku"], &rules::SKU);
+    let bounds = |schema: &Value| {
+        (
+            schema["type"].clone(),
+            schema["minimum"].clone(),
+            schema["maximum"].clone(),
+        )
+    };
+    assert_eq!(
+        bounds(&line["properties"]["quantity"]),
+        (
+            json!("integer"),
+            json!(rules::QUANTITY.start()),
+            json!(rules::QUANTITY.end())
+        )
+    );
+    assert_eq!(
+        bounds(&line["properties"]["unit_price_cents"]),
+        (
+            json!("integer"),
+            json!(rules::UNIT_PRICE_CENTS.start()),
+            json!(rules::UNIT_PRICE_CENTS.end())
+        )
+    );
+    assert_eq!(line["additionalProperties"], false);
+    assert_eq!(
+        (rules::QUANTITY, rules::UNIT_PRICE_CENTS, rules::LINE_ITEMS),
+        (1..=999, 0..=10_000_000, 1..=50),
+        "the rules the issue names"
+    );
 }

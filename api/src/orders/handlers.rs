@@ -18,6 +18,7 @@ use crate::deadline::RequestScope;
 use crate::error::{ApiError, FieldError, Problem, TRANSACTION_ID_HEADER};
 use crate::extract::{etag, IdempotencyHeader, IfMatch, JsonBody, Path};
 use crate::idempotency::{stored, Idempotency};
+use crate::rules::{self, schema};
 use crate::state::AppState;
 
 fn order_key(id: Uuid) -> ItemKey {
@@ -25,7 +26,11 @@ fn order_key(id: Uuid) -> ItemKey {
 }
 
 fn parse_id(text: &str) -> Result<Uuid, ApiError> {
-    Uuid::try_parse(text).map_err(|_| ApiError::Validation(vec![FieldError::new("id", "must be a UUID")]))
+    let invalid = || ApiError::Validation(vec![FieldError::new("id", "must be a UUID")]);
+    if !rules::ORDER_ID.allows(text) {
+        return Err(invalid());
+    }
+    Uuid::try_parse(text).map_err(|_| invalid())
 }
 
 async fn load(state: &AppState, id: Uuid) -> Result<Option<(Order, u64)>, ApiError> {
@@ -157,14 +162,17 @@ async fn begin<'a>(state: &'a AppState, scope: &RequestScope) -> Result<Transact
 
 /// Places an order; emits `OrderPlaced`.
 #[utoipa::path(post, path = "/orders", tag = "orders", request_body = CreateOrder,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries of this request safe")),
+    params(schema::Idempotent),
     responses(
-        (status = 201, description = "Placed", body = OrderView, headers(("Location" = String), ("ETag" = String), ("x-transaction-id" = String))),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 201, description = "Placed", body = OrderView, headers(
+            ("Location" = inline(schema::Location)), ("ETag" = inline(schema::ETag)),
+            ("x-transaction-id" = inline(schema::TransactionId)), ("Idempotent-Replayed" = inline(schema::Replayed)))),
+        (status = 400, description = "Malformed JSON, or an invalid Idempotency-Key", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields, or an idempotency key reused", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Nothing written, or outcome unknown (see transaction_id)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Nothing written, or outcome unknown (see transaction_id)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = inline(schema::RetryAfter)), ("x-transaction-id" = inline(schema::TransactionId)))),
     ))]
 pub async fn orders_create(
     State(state): State<AppState>,
@@ -198,11 +206,15 @@ async fn replay(state: &AppState, idempotency: &Option<Idempotency>) -> Result<O
 }
 
 /// Reads an order.
-#[utoipa::path(get, path = "/orders/{id}", tag = "orders", params(("id" = String, Path, description = "The order's id (a UUID)")),
+#[utoipa::path(get, path = "/orders/{id}", tag = "orders",
+    params(("id" = inline(schema::OrderId), Path, description = "The order's id")),
     responses(
-        (status = 200, description = "The order", body = OrderView, headers(("ETag" = String))),
+        (status = 200, description = "The order", body = OrderView, headers(("ETag" = inline(schema::ETag)))),
+        (status = 400, description = "The path cannot be read (not UTF-8)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The order cannot be read now, or the request timed out", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = inline(schema::RetryAfter)))),
     ))]
 pub async fn orders_get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
@@ -271,13 +283,26 @@ async fn change_order(
 /// Adds a line, or changes the line of the same SKU; emits `ItemAdded` when the order
 /// changed.
 #[utoipa::path(post, path = "/orders/{id}/items", tag = "orders", request_body = LineItem,
-    params(("id" = String, Path), ("If-Match" = Option<String>, Header), ("Idempotency-Key" = Option<String>, Header)),
+    params(
+        ("id" = inline(schema::OrderId), Path, description = "The order's id"),
+        schema::Preconditions,
+    ),
     responses(
-        (status = 200, description = "The order after the change", body = OrderView),
-        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Cancelled, or changed concurrently", body = Problem, content_type = "application/problem+json"),
-        (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The order after the change (or as it was, when it already held the line)", body = OrderView, headers(
+            ("ETag" = inline(schema::ETag)), ("x-transaction-id" = inline(schema::TransactionId)), ("Idempotent-Replayed" = inline(schema::Replayed)))),
+        (status = 400, description = "The path cannot be read, malformed JSON, or an invalid header", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json",
+            headers(("x-transaction-id" = inline(schema::TransactionId)))),
+        (status = 409, description = "Cancelled, or changed concurrently", body = Problem, content_type = "application/problem+json",
+            headers(("x-transaction-id" = inline(schema::TransactionId)))),
+        (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json",
+            headers(("x-transaction-id" = inline(schema::TransactionId)))),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid id or fields, a full order, or an idempotency key reused", body = Problem, content_type = "application/problem+json",
+            headers(("x-transaction-id" = inline(schema::TransactionId)))),
+        (status = 503, description = "Nothing written, or outcome unknown (see transaction_id)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = inline(schema::RetryAfter)), ("x-transaction-id" = inline(schema::TransactionId)))),
     ))]
 // An axum handler takes one argument per extractor.
 #[allow(clippy::too_many_arguments)]
@@ -303,12 +328,24 @@ pub async fn orders_add_item(
 
 /// Removes the line of a SKU; emits `ItemRemoved` when there was one.
 #[utoipa::path(delete, path = "/orders/{id}/items/{sku}", tag = "orders",
-    params(("id" = String, Path), ("sku" = String, Path), ("If-Match" = Option<String>, Header), ("Idempotency-Key" = Option<String>, Header)),
+    params(
+        ("id" = inline(schema::OrderId), Path, description = "The order's id"),
+        ("sku" = inline(schema::Sku), Path, description = "The line's SKU"),
+        schema::Preconditions,
+    ),
     responses(
-        (status = 200, description = "The order after the change", body = OrderView),
-        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Cancelled, or changed concurrently", body = Problem, content_type = "application/problem+json"),
-        (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The order after the change (or as it was, when it had no such line)", body = OrderView, headers(
+            ("ETag" = inline(schema::ETag)), ("x-transaction-id" = inline(schema::TransactionId)), ("Idempotent-Replayed" = inline(schema::Replayed)))),
+        (status = 400, description = "The path cannot be read, or an invalid header", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json",
+            headers(("x-transaction-id" = inline(schema::TransactionId)))),
+        (status = 409, description = "Cancelled, or changed concurrently", body = Problem, content_type = "application/problem+json",
+            headers(("x-transaction-id" = inline(schema::TransactionId)))),
+        (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json",
+            headers(("x-transaction-id" = inline(schema::TransactionId)))),
+        (status = 422, description = "Invalid id or SKU, or an idempotency key reused", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Nothing written, or outcome unknown (see transaction_id)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = inline(schema::RetryAfter)), ("x-transaction-id" = inline(schema::TransactionId)))),
     ))]
 pub async fn orders_remove_item(
     State(state): State<AppState>,
@@ -330,11 +367,23 @@ pub async fn orders_remove_item(
 
 /// Cancels an order; emits `OrderCancelled` unless it already was.
 #[utoipa::path(post, path = "/orders/{id}/cancel", tag = "orders",
-    params(("id" = String, Path), ("If-Match" = Option<String>, Header), ("Idempotency-Key" = Option<String>, Header)),
+    params(
+        ("id" = inline(schema::OrderId), Path, description = "The order's id"),
+        schema::Preconditions,
+    ),
     responses(
-        (status = 200, description = "The cancelled order", body = OrderView),
-        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
-        (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The cancelled order", body = OrderView, headers(
+            ("ETag" = inline(schema::ETag)), ("x-transaction-id" = inline(schema::TransactionId)), ("Idempotent-Replayed" = inline(schema::Replayed)))),
+        (status = 400, description = "The path cannot be read, or an invalid header", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json",
+            headers(("x-transaction-id" = inline(schema::TransactionId)))),
+        (status = 409, description = "Changed concurrently", body = Problem, content_type = "application/problem+json",
+            headers(("x-transaction-id" = inline(schema::TransactionId)))),
+        (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json",
+            headers(("x-transaction-id" = inline(schema::TransactionId)))),
+        (status = 422, description = "Invalid id, or an idempotency key reused", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Nothing written, or outcome unknown (see transaction_id)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = inline(schema::RetryAfter)), ("x-transaction-id" = inline(schema::TransactionId)))),
     ))]
 pub async fn orders_cancel(
     State(state): State<AppState>,

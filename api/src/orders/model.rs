@@ -6,26 +6,29 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use utoipa::openapi::schema::ArrayBuilder;
+use utoipa::openapi::Ref;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::error::{ApiError, FieldError};
+use crate::rules::{self, schema};
 
 /// Most line items an order may hold.
-pub const MAX_ITEMS: usize = 50;
+pub const MAX_ITEMS: usize = *rules::LINE_ITEMS.end();
 
 /// One line of an order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LineItem {
     /// Stock keeping unit: 1 to 32 characters from `A-Z 0-9 -`.
-    #[schema(example = "SKU-1")]
+    #[schema(schema_with = schema::sku)]
     pub sku: String,
     /// 1 to 999.
-    #[schema(example = 2)]
+    #[schema(schema_with = schema::quantity)]
     pub quantity: u32,
     /// Price of one unit in cents, 0 to 10,000,000.
-    #[schema(example = 1299)]
+    #[schema(schema_with = schema::unit_price_cents)]
     pub unit_price_cents: u64,
 }
 
@@ -56,8 +59,10 @@ pub struct Order {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct OrderView {
     /// Its id.
+    #[schema(schema_with = schema::order_id)]
     pub id: Uuid,
     /// Who placed it.
+    #[schema(schema_with = schema::customer_id)]
     pub customer_id: String,
     /// Its lines.
     pub items: Vec<LineItem>,
@@ -92,10 +97,23 @@ impl Order {
 #[serde(deny_unknown_fields)]
 pub struct CreateOrder {
     /// 1 to 64 characters from `A-Z a-z 0-9 - _`.
-    #[schema(example = "c-1")]
+    #[schema(schema_with = schema::customer_id)]
     pub customer_id: String,
     /// 1 to 50 lines with distinct SKUs.
+    #[schema(schema_with = line_items)]
     pub items: Vec<LineItem>,
+}
+
+/// `CreateOrder.items` in the document: the count comes from the rule. That the SKUs are
+/// distinct is in the description only (JSON Schema cannot say it); `uniqueItems`, which
+/// follows from it, is what it can say.
+fn line_items() -> ArrayBuilder {
+    ArrayBuilder::new()
+        .items(Ref::from_schema_name(LineItem::name()))
+        .min_items(Some(*rules::LINE_ITEMS.start()))
+        .max_items(Some(*rules::LINE_ITEMS.end()))
+        .unique_items(true)
+        .description(Some("1 to 50 lines with distinct SKUs"))
 }
 
 /// A domain event, the body of an outgoing message.
@@ -108,11 +126,7 @@ pub struct Event {
 }
 
 fn check_customer(customer_id: &str, errors: &mut Vec<FieldError>) {
-    let valid = (1..=64).contains(&customer_id.len())
-        && customer_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if !valid {
+    if !rules::CUSTOMER_ID.allows(customer_id) {
         errors.push(FieldError::new(
             "customer_id",
             "must be 1 to 64 characters from A-Z a-z 0-9 - _",
@@ -122,11 +136,7 @@ fn check_customer(customer_id: &str, errors: &mut Vec<FieldError>) {
 
 /// Checks a SKU as it appears at `field`.
 pub fn check_sku(sku: &str, field: &str) -> Result<(), FieldError> {
-    let valid = (1..=32).contains(&sku.len())
-        && sku
-            .bytes()
-            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'-');
-    if valid {
+    if rules::SKU.allows(sku) {
         Ok(())
     } else {
         Err(FieldError::new(field, "must be 1 to 32 characters from A-Z 0-9 -"))
@@ -137,13 +147,20 @@ fn check_item(item: &LineItem, prefix: &str, errors: &mut Vec<FieldError>) {
     if let Err(error) = check_sku(&item.sku, &format!("{prefix}sku")) {
         errors.push(error);
     }
-    if !(1..=999).contains(&item.quantity) {
-        errors.push(FieldError::new(format!("{prefix}quantity"), "must be from 1 to 999"));
+    if !rules::QUANTITY.contains(&item.quantity) {
+        errors.push(FieldError::new(
+            format!("{prefix}quantity"),
+            format!("must be from {} to {}", rules::QUANTITY.start(), rules::QUANTITY.end()),
+        ));
     }
-    if item.unit_price_cents > 10_000_000 {
+    if !rules::UNIT_PRICE_CENTS.contains(&item.unit_price_cents) {
         errors.push(FieldError::new(
             format!("{prefix}unit_price_cents"),
-            "must be from 0 to 10000000",
+            format!(
+                "must be from {} to {}",
+                rules::UNIT_PRICE_CENTS.start(),
+                rules::UNIT_PRICE_CENTS.end()
+            ),
         ));
     }
 }
@@ -153,8 +170,15 @@ impl CreateOrder {
     pub fn validate(&self) -> Result<(), ApiError> {
         let mut errors = Vec::new();
         check_customer(&self.customer_id, &mut errors);
-        if self.items.is_empty() || self.items.len() > MAX_ITEMS {
-            errors.push(FieldError::new("items", format!("must hold 1 to {MAX_ITEMS} lines")));
+        if !rules::LINE_ITEMS.contains(&self.items.len()) {
+            errors.push(FieldError::new(
+                "items",
+                format!(
+                    "must hold {} to {} lines",
+                    rules::LINE_ITEMS.start(),
+                    rules::LINE_ITEMS.end()
+                ),
+            ));
         }
         for (index, item) in self.items.iter().enumerate() {
             check_item(item, &format!("items[{index}]."), &mut errors);
