@@ -1,7 +1,7 @@
 //! One transaction that commits and is dispatched, and one that never commits and is
 //! tombstoned, on the embedded backend with a clock this example moves by hand.
 //!
-//! `cargo run -p outbox-shared --example walkthrough`
+//! `cargo run -p outbox --example walkthrough`
 
 use std::sync::Arc;
 use std::time::Duration;

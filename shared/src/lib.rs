@@ -20,6 +20,8 @@
 //! - [`embedded`]: the in-process backend. [`aws`]: the DynamoDB and SQS adapters.
 //! - [`time`]: the protocol's timestamps.
 
+#![warn(missing_docs)]
+
 pub mod aws;
 pub mod control;
 pub mod embedded;
