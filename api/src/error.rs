@@ -332,6 +332,21 @@ impl ApiError {
                 with(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable", "nothing was written; retry the request"),
                 true,
             ),
+            // A kind of failure this API does not know yet: say only what the library
+            // says of it, whether it is definite.
+            other if other.is_definite() => (
+                with(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable", "nothing was written; retry the request"),
+                true,
+            ),
+            _ => (
+                with(
+                    S::SERVICE_UNAVAILABLE,
+                    "outcome-unknown",
+                    "Outcome unknown",
+                    "the change may or may not have happened; GET /transactions/{transaction_id} tells which once it is settled",
+                ),
+                true,
+            ),
         }
     }
 }

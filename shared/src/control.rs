@@ -45,6 +45,7 @@ pub struct ControlPath {
 
 /// What handling one control message did. Logs, metrics and tests use these words.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ControlOutcome {
     /// The transaction's messages were published and its record marked dispatched.
     Dispatched {
@@ -89,6 +90,7 @@ impl ControlOutcome {
 /// Why a control message must be retried (it goes back to the queue, and after the
 /// redrive policy's receive count to the dead-letter queue).
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum ControlError {
     /// The body is not a control message this worker understands.
     #[error("undecodable control message")]

@@ -49,6 +49,7 @@ impl RetryPolicy {
 
 /// Why one message could not be published.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PublishFailure {
     /// The destination kept failing the entry (or the whole call) until retries ran out.
     Exhausted {

@@ -74,6 +74,7 @@ pub struct Outbox {
 
 /// Why a transaction did not commit, or that its outcome is unknown.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TxnError {
     /// The control message could not be sent; nothing was written.
     #[error("transaction {txn_id}: the control message could not be sent")]

@@ -12,6 +12,7 @@ use crate::protocol::ControlMessage;
 /// "not sent" and writes nothing, which is safe whether or not the message got through:
 /// a control message for a transaction that never commits only writes a tombstone.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum QueueError {
     /// The queue service could not be reached or refused the call.
     #[error("the control queue is unavailable")]

@@ -18,6 +18,7 @@ pub struct EntryFailure {
 
 /// A whole batch call that failed: no entry can be assumed sent, nor assumed unsent.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PublishError {
     /// The service could not be reached or failed the call.
     #[error("destination {destination} is unavailable")]

@@ -142,6 +142,7 @@ pub struct CommitRequest {
 
 /// Why a commit did not apply, per failed condition; or that nobody knows whether it did.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CommitError {
     /// A tombstone holds the outbox record's key: the transaction can never commit.
     /// Nothing was written.
@@ -206,6 +207,7 @@ pub enum CommitError {
 
 /// A read or a protocol write that failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The store could not be reached or failed the call; a write may or may not have
     /// been applied.
