@@ -13,16 +13,18 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+use outbox::http::{enforce_deadline, Deadlines};
+
 use crate::error::ApiError;
 use crate::orders::handlers;
 use crate::state::AppState;
-use crate::{deadline, openapi, transactions};
+use crate::{openapi, transactions};
 
 /// How the HTTP layer behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
     /// How long a request may take (keep it below the commit window); on Lambda the
-    /// invocation's deadline may end it sooner. See [`crate::deadline`].
+    /// invocation's deadline may end it sooner. See [`outbox::http::scope`].
     pub timeout: Duration,
     /// Largest request body.
     pub max_body_bytes: usize,
@@ -89,8 +91,8 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(axum::middleware::from_fn_with_state(
-            (state.clone(), config.timeout),
-            deadline::enforce,
+            Deadlines::new(state.outbox.clock().clone(), config.timeout),
+            enforce_deadline,
         ))
         .with_state(state);
     routes.layer(

@@ -1,14 +1,13 @@
-//! Extractors that turn bad input into the API's problem responses: path parameters, a
-//! JSON body that names the failing field, and the `If-Match` and `Idempotency-Key`
-//! headers.
+//! Extractors that turn bad input into the API's problem responses: path parameters, and
+//! a JSON body that names the failing field. (`If-Match` and `Idempotency-Key` come from
+//! [`outbox::http::headers`].)
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::header::{CONTENT_TYPE, IF_MATCH};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use outbox::protocol::IdempotencyKey;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::openapi::schema::{ArrayItems, Schema, SchemaType, Type};
@@ -16,7 +15,6 @@ use utoipa::openapi::RefOr;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, FieldError};
-use crate::rules;
 
 /// A route's path parameters, as axum's `Path` reads them, except that a path it cannot
 /// read (a parameter that is not UTF-8 once percent-decoded, as in `/orders/%FF`) is a
@@ -173,93 +171,4 @@ fn integer(number: f64) -> Option<Value> {
 /// serde_json's messages end in " at line L column C": useful, but only after the text.
 fn strip_position(message: &str) -> String {
     message.split(" at line ").next().unwrap_or(message).to_owned()
-}
-
-/// The `If-Match` header's version, when the client sent one (`"3"`, `W/"3"` or `*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IfMatch {
-    /// No header.
-    Absent,
-    /// `*`: any existing version.
-    Any,
-    /// One version.
-    Version(u64),
-}
-
-impl IfMatch {
-    /// Whether `version` satisfies the precondition.
-    pub fn allows(self, version: u64) -> bool {
-        match self {
-            Self::Absent | Self::Any => true,
-            Self::Version(expected) => expected == version,
-        }
-    }
-
-    /// Whether the client asked for a precondition.
-    pub fn is_present(self) -> bool {
-        self != Self::Absent
-    }
-}
-
-/// The ETag of a version.
-pub fn etag(version: u64) -> String {
-    format!("\"{version}\"")
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let Some(value) = parts.headers.get(IF_MATCH) else {
-            return Ok(Self::Absent);
-        };
-        let invalid = || ApiError::InvalidHeader {
-            header: "If-Match",
-            detail: "must be * or an ETag such as \"3\"".into(),
-        };
-        let text = value.to_str().map_err(|_| invalid())?;
-        if !rules::IF_MATCH.allows(text) {
-            return Err(invalid());
-        }
-        if text == "*" {
-            return Ok(Self::Any);
-        }
-        let tag = text.strip_prefix("W/").unwrap_or(text);
-        // The rule leaves a quoted run of at most 19 digits, which always fits a u64.
-        let version = tag.trim_matches('"').parse().map_err(|_| invalid())?;
-        Ok(Self::Version(version))
-    }
-}
-
-/// The `Idempotency-Key` header, when sent.
-pub struct IdempotencyHeader(pub Option<IdempotencyKey>);
-
-/// The header's name.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-
-impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let Some(value) = parts.headers.get(IDEMPOTENCY_KEY) else {
-            return Ok(Self(None));
-        };
-        let invalid = |detail: String| ApiError::InvalidHeader {
-            header: "Idempotency-Key",
-            detail,
-        };
-        let rule = || invalid("must be 1 to 255 printable ASCII characters, bare or in double quotes".into());
-        let text = value.to_str().map_err(|_| rule())?;
-        if !rules::IDEMPOTENCY_KEY.allows(text) {
-            return Err(rule());
-        }
-        // The draft makes the key a structured-field string: accept it quoted or bare.
-        let key = match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
-            Some(quoted) if !quoted.is_empty() => quoted,
-            _ => text,
-        };
-        key.parse::<IdempotencyKey>()
-            .map(|key| Self(Some(key)))
-            .map_err(|error| invalid(error.to_string()))
-    }
 }

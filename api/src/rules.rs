@@ -83,11 +83,11 @@ pub static SKU: Text = Text::new(1..=32, "^[A-Z0-9-]+$");
 /// The `Idempotency-Key` header: a key of 1 to 255 printable ASCII characters, bare or as
 /// a structured-field string (in double quotes, which are not part of the key). A bare
 /// key neither starts nor ends with a space: HTTP would strip it.
-pub static IDEMPOTENCY_KEY: Text = Text::new(1..=257, "^(\"[ -~]{1,255}\"|[!-~]([ -~]{0,253}[!-~])?)$");
+pub static IDEMPOTENCY_KEY: Text = Text::new(1..=257, outbox::http::headers::IDEMPOTENCY_KEY_PATTERN);
 
 /// The `If-Match` header: `*`, or one ETag, strong or weak. Versions have at most 19
 /// digits, so that every one the header can name fits a `u64`.
-pub static IF_MATCH: Text = Text::new(1..=23, "^(\\*|(W/)?\"[0-9]{1,19}\")$");
+pub static IF_MATCH: Text = Text::new(1..=23, outbox::http::headers::IF_MATCH_PATTERN);
 
 /// How many of an item an order line may hold.
 pub const QUANTITY: RangeInclusive<u32> = 1..=999;
@@ -99,7 +99,7 @@ pub const UNIT_PRICE_CENTS: RangeInclusive<u64> = 0..=10_000_000;
 pub const LINE_ITEMS: RangeInclusive<usize> = 1..=50;
 
 /// How many seconds `Retry-After` asks a client to wait.
-pub const RETRY_AFTER_SECONDS: u32 = 1;
+pub const RETRY_AFTER_SECONDS: u32 = outbox::http::problem::RETRY_AFTER_SECONDS;
 
 /// The rules' schemas, for the document: functions for fields
 /// (`#[schema(schema_with = ...)]`), and types for parameters and headers of
@@ -294,6 +294,61 @@ mod tests {
                 TRANSACTION_ID.allows(&sample),
                 sample.parse::<TxnId>().is_ok(),
                 "{sample}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_librarys_header_checks_accept_exactly_what_the_documented_patterns_do() {
+        use outbox::http::headers::parse_idempotency_key;
+        use outbox::http::IfMatch;
+        let long = "k".repeat(255);
+        let samples: Vec<String> = [
+            "k",
+            "a b",
+            " k",
+            "k ",
+            "\"k\"",
+            "\" k \"",
+            "\"\"",
+            "\"",
+            "\"k",
+            "k\"",
+            "é",
+            "k\t",
+            "*",
+            "**",
+            "\"3\"",
+            "W/\"3\"",
+            "w/\"3\"",
+            "\"+3\"",
+            "\"-1\"",
+            "3",
+            "\"3\", \"4\"",
+            "W/*",
+            "\"0\"",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain([
+            long.clone(),
+            format!("{long}k"),
+            format!("\"{long}\""),
+            format!("\"{long}k\""),
+            format!("\"{}\"", "9".repeat(19)),
+            format!("\"{}\"", "9".repeat(20)),
+        ])
+        .collect();
+        for sample in &samples {
+            assert_eq!(
+                IDEMPOTENCY_KEY.allows(sample),
+                parse_idempotency_key(sample.as_bytes()).is_some(),
+                "Idempotency-Key {sample:?}"
+            );
+            assert_eq!(
+                IF_MATCH.allows(sample),
+                IfMatch::parse(sample.as_bytes()).is_some(),
+                "If-Match {sample:?}"
             );
         }
     }

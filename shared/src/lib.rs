@@ -19,12 +19,17 @@
 //!   [`redelivery`]: bringing failed control messages back in seconds.
 //! - [`embedded`]: the in-process backend. [`aws`]: the DynamoDB and SQS adapters.
 //! - [`time`]: the protocol's timestamps.
+//! - `http` (feature `axum`): the glue for axum handlers: problem+json answers,
+//!   `Idempotency-Key`, `If-Match`, each request's deadline (from the Lambda context with
+//!   feature `lambda`).
 
 #![warn(missing_docs)]
 
 pub mod aws;
 pub mod control;
 pub mod embedded;
+#[cfg(feature = "axum")]
+pub mod http;
 pub mod metrics;
 pub mod native;
 pub mod poller;

@@ -39,7 +39,8 @@
 use std::ops::{Deref, DerefMut};
 
 use crate::ports::NativeAction;
-use crate::request::{Committed, Outbox, Transaction, TxnError};
+use crate::protocol::{IdempotencySlot, StoredResponse, TxnId};
+use crate::request::{Committable, Committed, Outbox, Transaction, TxnError};
 use crate::time::Timestamp;
 
 /// The store under an outbox cannot run native actions (it is not the DynamoDB store).
@@ -129,5 +130,19 @@ impl NativeTransaction<'_> {
     /// the outbox record (see [`Transaction::commit`]).
     pub async fn commit(self) -> Result<Committed, TxnError> {
         self.inner.commit().await
+    }
+}
+
+impl Committable for NativeTransaction<'_> {
+    fn id(&self) -> TxnId {
+        self.inner.id()
+    }
+
+    fn remember_response(&mut self, slot: IdempotencySlot, fingerprint: String, response: StoredResponse) {
+        self.inner.remember_response(slot, fingerprint, response);
+    }
+
+    fn commit(self) -> impl std::future::Future<Output = Result<Committed, TxnError>> + Send {
+        NativeTransaction::commit(self)
     }
 }

@@ -191,6 +191,34 @@ impl TxnError {
     }
 }
 
+/// A transaction that can be committed: a [`Transaction`], or a
+/// [`crate::native::NativeTransaction`]. Lets code that finishes requests (the HTTP glue)
+/// take either.
+pub trait Committable: Send {
+    /// The transaction's id.
+    fn id(&self) -> TxnId;
+
+    /// See [`Transaction::remember_response`].
+    fn remember_response(&mut self, slot: IdempotencySlot, fingerprint: String, response: StoredResponse);
+
+    /// See [`Transaction::commit`].
+    fn commit(self) -> impl std::future::Future<Output = Result<Committed, TxnError>> + Send;
+}
+
+impl Committable for Transaction<'_> {
+    fn id(&self) -> TxnId {
+        Transaction::id(self)
+    }
+
+    fn remember_response(&mut self, slot: IdempotencySlot, fingerprint: String, response: StoredResponse) {
+        Transaction::remember_response(self, slot, fingerprint, response);
+    }
+
+    fn commit(self) -> impl std::future::Future<Output = Result<Committed, TxnError>> + Send {
+        Transaction::commit(self)
+    }
+}
+
 /// A committed transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Committed {

@@ -1166,3 +1166,50 @@ async fn the_openapi_document_states_the_contract_the_code_enforces() {
         "the rules the issue names"
     );
 }
+
+/// The library's glue on its own, in a handler that begins its transaction without the
+/// request's deadline (so nothing cuts its commit short): the deadline middleware still
+/// answers in time, and since the scope recorded that the commit was tried, it answers
+/// "outcome unknown", naming the transaction.
+#[tokio::test(start_paused = true)]
+async fn the_deadline_middleware_answers_for_a_stalled_commit_with_outcome_unknown_naming_it() {
+    use axum::extract::State;
+    use axum::response::Response;
+    use outbox::http::{enforce_deadline, Answer, Deadlines, HttpError, RequestScope};
+
+    async fn handler(State(outbox): State<Arc<Outbox>>, scope: RequestScope) -> Result<Response, HttpError> {
+        let txn = outbox.begin().await?;
+        scope.begun(txn.id());
+        let answer = Answer::json(StatusCode::CREATED, &json!({"ok": true}));
+        scope.commit(txn, &outbox, None, answer).await
+    }
+
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    let ports = RequestPorts {
+        store: Arc::new(OddStore {
+            commit: CommitStall::Forever,
+            ..OddStore::around(backend.store.clone())
+        }),
+        ..backend.request_ports(clock.clone())
+    };
+    let outbox = Arc::new(Outbox::new(ports, Timing::default(), TransactionLimits::default()));
+    let app = Router::new()
+        .route("/", axum::routing::post(handler))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Deadlines::new(clock.clone(), Duration::from_secs(2)),
+            enforce_deadline,
+        ))
+        .with_state(outbox.clone());
+    let started = clock.now();
+    let response = app.oneshot(empty(Method::POST, "/")).await.unwrap();
+    assert!(
+        clock.now().since(started) < Duration::from_secs(2),
+        "answered before the request's end"
+    );
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let txn = response.headers()["x-transaction-id"].to_str().unwrap().to_owned();
+    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["type"], "/problems/outcome-unknown");
+    assert_eq!(body["transaction_id"], txn.as_str());
+}

@@ -4,22 +4,26 @@
 use std::time::Instant;
 
 use axum::extract::{OriginalUri, State};
-use axum::http::header::{CONTENT_TYPE, ETAG, LOCATION};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::header::{ETAG, LOCATION};
+use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
+use outbox::http::HttpError;
 use outbox::metrics::{MetricRecord, Unit};
 use outbox::ports::{ExpectedVersion, ItemKey};
 use outbox::protocol::Message;
 use outbox::request::{Transaction, TxnError};
 use uuid::Uuid;
 
+use outbox::http::{etag, Answer, Idempotency, IdempotencyKeyHeader, IfMatch, RequestScope};
+
 use super::model::{self, CreateOrder, Event, LineItem, Order, OrderView};
-use crate::deadline::RequestScope;
 use crate::error::{ApiError, FieldError, Problem, TRANSACTION_ID_HEADER};
-use crate::extract::{etag, IdempotencyHeader, IfMatch, JsonBody, Path};
-use crate::idempotency::{stored, Idempotency};
+use crate::extract::{JsonBody, Path};
 use crate::rules::{self, schema};
 use crate::state::AppState;
+
+/// The scope of this API's idempotency keys: one key serves one request of this API.
+const IDEMPOTENCY_SCOPE: &str = "orders-api";
 
 fn order_key(id: Uuid) -> ItemKey {
     format!("ORDER#{id}").parse().expect("a UUID makes a valid key")
@@ -51,20 +55,13 @@ async fn load(state: &AppState, id: Uuid) -> Result<Option<(Order, u64)>, ApiErr
     }
 }
 
-fn order_response(status: StatusCode, view: &OrderView, location: bool) -> (StatusCode, HeaderMap, String) {
-    let mut headers = HeaderMap::new();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(
-        ETAG,
-        HeaderValue::from_str(&etag(view.version)).expect("an ETag is ASCII"),
-    );
+fn order_response(status: StatusCode, view: &OrderView, location: bool) -> Answer {
+    let answer = Answer::json(status, view).header(ETAG, &etag(view.version));
     if location {
-        headers.insert(
-            LOCATION,
-            HeaderValue::from_str(&format!("/orders/{}", view.id)).expect("a path is ASCII"),
-        );
+        answer.header(LOCATION, &format!("/orders/{}", view.id))
+    } else {
+        answer
     }
-    (status, headers, serde_json::to_string(view).expect("views serialise"))
 }
 
 /// What a request decided to commit.
@@ -75,7 +72,7 @@ struct Change {
     write: Option<(Order, ExpectedVersion, Event)>,
 }
 
-/// Stages the change and its event, commits them (with the response, under an
+/// Stages the change and its event, commits them (with the answer, under an
 /// idempotency key), and answers.
 async fn commit(
     state: &AppState,
@@ -85,12 +82,7 @@ async fn commit(
     idempotency: Option<Idempotency>,
     precondition: bool,
 ) -> Result<Response, ApiError> {
-    let txn_id = txn.id();
-    let (status, mut headers, body) = order_response(change.status, &change.view, change.created);
-    headers.insert(
-        TRANSACTION_ID_HEADER,
-        HeaderValue::from_str(&txn_id.to_string()).expect("ids are ASCII"),
-    );
+    let answer = order_response(change.status, &change.view, change.created).under_precondition(precondition);
     if let Some((order, expected, event)) = change.write {
         txn.put(
             order_key(order.id),
@@ -103,53 +95,30 @@ async fn commit(
             .with_group_id(order.id.to_string());
         txn.emit(message);
     }
-    if let Some(idempotency) = &idempotency {
-        txn.remember_response(
-            idempotency.slot.clone(),
-            idempotency.fingerprint.clone(),
-            stored(status, &headers, &body),
-        );
-    }
     let started = Instant::now();
-    scope.committing(txn_id);
-    let result = txn.commit().await;
-    let metrics = MetricRecord::new("api", state.outbox.clock().now())
+    let result = scope.commit(txn, &state.outbox, idempotency.as_ref(), answer).await;
+    let refused_late = matches!(
+        &result,
+        Err(HttpError::Transaction(TxnError::CommitWindowExpired { .. })
+            | HttpError::Precondition(TxnError::CommitWindowExpired { .. }))
+    );
+    MetricRecord::new("api", state.outbox.clock().now())
         .add(
             "CommitLatency",
             Unit::Milliseconds,
             [started.elapsed().as_secs_f64() * 1000.0],
         )
         .count("Commits", usize::from(result.is_ok()))
-        .count(
-            "CommitWindowRejections",
-            usize::from(matches!(result, Err(TxnError::CommitWindowExpired { .. }))),
-        );
-    metrics.emit();
-    match result {
-        Ok(_) => Ok((status, headers, body).into_response()),
-        // A concurrent request with the same key committed first: answer as it did.
-        Err(TxnError::IdempotencyKeyUsed { .. }) => match &idempotency {
-            Some(idempotency) => idempotency
-                .replay(&state.outbox)
-                .await?
-                .ok_or_else(|| ApiError::Internal("idempotency record vanished".into())),
-            None => Err(ApiError::Internal("idempotency conflict without a key".into())),
-        },
-        Err(error) => Err(ApiError::from(error).with_precondition(precondition)),
-    }
+        .count("CommitWindowRejections", usize::from(refused_late))
+        .emit();
+    Ok(result?)
 }
 
-/// Begins a transaction within the request's deadline, and records it in the request's
-/// scope so that even a timeout names it.
+/// Begins a transaction within the request's deadline (recorded in the request's scope,
+/// so that even a timeout names it).
 async fn begin<'a>(state: &'a AppState, scope: &RequestScope) -> Result<Transaction<'a>, ApiError> {
     let started = Instant::now();
-    let result = match scope.deadline {
-        Some(deadline) => state.outbox.begin_within(deadline).await,
-        None => state.outbox.begin().await,
-    };
-    if let Ok(txn) = &result {
-        scope.begun(txn.id());
-    }
+    let result = scope.begin(&state.outbox).await;
     MetricRecord::new("api", state.outbox.clock().now())
         .add(
             "ControlSendLatency",
@@ -177,14 +146,14 @@ async fn begin<'a>(state: &'a AppState, scope: &RequestScope) -> Result<Transact
 pub async fn orders_create(
     State(state): State<AppState>,
     scope: RequestScope,
-    IdempotencyHeader(key): IdempotencyHeader,
+    key: IdempotencyKeyHeader,
     method: Method,
     OriginalUri(uri): OriginalUri,
     body: JsonBody<CreateOrder>,
 ) -> Result<Response, ApiError> {
     body.value.validate()?;
-    let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), &body.raw));
-    if let Some(replay) = replay(&state, &idempotency).await? {
+    let idempotency = key.for_request(IDEMPOTENCY_SCOPE, &method, uri.path(), &body.raw);
+    if let Some(replay) = scope.replay(&state.outbox, idempotency.as_ref()).await? {
         return Ok(replay);
     }
     let txn = begin(&state, &scope).await?;
@@ -196,13 +165,6 @@ pub async fn orders_create(
         write: Some((order, ExpectedVersion::Absent, event)),
     };
     commit(&state, &scope, txn, change, idempotency, false).await
-}
-
-async fn replay(state: &AppState, idempotency: &Option<Idempotency>) -> Result<Option<Response>, ApiError> {
-    match idempotency {
-        Some(idempotency) => idempotency.replay(&state.outbox).await,
-        None => Ok(None),
-    }
 }
 
 /// Reads an order.
@@ -233,7 +195,7 @@ async fn change_order(
     idempotency: Option<Idempotency>,
     decide: impl FnOnce(&Order) -> Result<Option<(Order, Event)>, ApiError>,
 ) -> Result<Response, ApiError> {
-    if let Some(replay) = replay(state, &idempotency).await? {
+    if let Some(replay) = scope.replay(&state.outbox, idempotency.as_ref()).await? {
         return Ok(replay);
     }
     // The control message goes out while the order is read; the commit waits for both.
@@ -263,7 +225,12 @@ async fn change_order(
         // (the control message will find no record and tombstone it, harmlessly); with
         // one, the answer is committed so that repeats replay it.
         None if idempotency.is_none() => {
-            let (status, mut headers, body) = order_response(StatusCode::OK, &order.view(version), false);
+            let Answer {
+                status,
+                mut headers,
+                body,
+                ..
+            } = order_response(StatusCode::OK, &order.view(version), false);
             headers.insert(
                 TRANSACTION_ID_HEADER,
                 HeaderValue::from_str(&txn.id().to_string()).expect("ids are ASCII"),
@@ -311,14 +278,14 @@ pub async fn orders_add_item(
     scope: RequestScope,
     Path(id): Path<String>,
     if_match: IfMatch,
-    IdempotencyHeader(key): IdempotencyHeader,
+    key: IdempotencyKeyHeader,
     method: Method,
     OriginalUri(uri): OriginalUri,
     body: JsonBody<LineItem>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     body.value.validate()?;
-    let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), &body.raw));
+    let idempotency = key.for_request(IDEMPOTENCY_SCOPE, &method, uri.path(), &body.raw);
     let item = body.value;
     change_order(&state, &scope, id, if_match, idempotency, move |order| {
         model::add_item(order, item)
@@ -352,13 +319,13 @@ pub async fn orders_remove_item(
     scope: RequestScope,
     Path((id, sku)): Path<(String, String)>,
     if_match: IfMatch,
-    IdempotencyHeader(key): IdempotencyHeader,
+    key: IdempotencyKeyHeader,
     method: Method,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     model::check_sku(&sku, "sku").map_err(|error| ApiError::Validation(vec![error]))?;
-    let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), b""));
+    let idempotency = key.for_request(IDEMPOTENCY_SCOPE, &method, uri.path(), b"");
     change_order(&state, &scope, id, if_match, idempotency, move |order| {
         model::remove_item(order, &sku)
     })
@@ -390,12 +357,12 @@ pub async fn orders_cancel(
     scope: RequestScope,
     Path(id): Path<String>,
     if_match: IfMatch,
-    IdempotencyHeader(key): IdempotencyHeader,
+    key: IdempotencyKeyHeader,
     method: Method,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let idempotency = key.map(|key| Idempotency::new(&key, &method, uri.path(), b""));
+    let idempotency = key.for_request(IDEMPOTENCY_SCOPE, &method, uri.path(), b"");
     change_order(&state, &scope, id, if_match, idempotency, |order| {
         Ok(model::cancel(order))
     })

@@ -1,58 +1,56 @@
-//! `Idempotency-Key` on the mutating routes, as the IETF httpapi draft describes it.
+//! `Idempotency-Key` on mutating routes, as the IETF httpapi draft describes it.
 //!
 //! The first request with a key runs and commits, in the same transaction as its change,
-//! the response it answers with. A repeat of the same request gets that response again
-//! with `Idempotent-Replayed: true`; the same key on a different request is a 422. Two
-//! concurrent requests with one key both run, but only one can commit its record: the
-//! other's commit fails on the key, and it replays the winner's response.
+//! the answer it gives ([`crate::request::Transaction::remember_response`]). A repeat of
+//! the same request gets that answer again with `Idempotent-Replayed: true`; the same key
+//! on a different request is a 422. Two concurrent requests with one key both run, but
+//! only one can commit its record: the other's commit fails on the key, and it replays
+//! the winner's answer ([`super::RequestScope::commit`] does that).
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use outbox::protocol::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, StoredResponse};
-use outbox::request::Outbox;
 
-use crate::error::ApiError;
+use super::error::HttpError;
+use crate::ports::Store;
+use crate::protocol::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, StoredResponse};
 
-/// The scope of every key of this API.
-const SCOPE: &str = "orders-api";
-/// The header on replayed responses.
+/// The header on replayed answers.
 pub const REPLAYED: &str = "idempotent-replayed";
 
 /// A request's key and fingerprint.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Idempotency {
     /// Where the key's record lives.
     pub slot: IdempotencySlot,
-    /// What the request was.
+    /// What the request was: its method, path and body.
     pub fingerprint: String,
 }
 
 impl Idempotency {
-    /// The key's context for a request of `method` on `path` with `body`.
-    pub fn new(key: &IdempotencyKey, method: &Method, path: &str, body: &[u8]) -> Self {
+    /// The key's context for a request of `method` on `path` with `body`, within `scope`.
+    pub fn new(scope: &str, key: &IdempotencyKey, method: &Method, path: &str, body: &[u8]) -> Self {
         Self {
-            slot: IdempotencySlot::new(SCOPE, key),
+            slot: IdempotencySlot::new(scope, key),
             fingerprint: IdempotencyRecord::fingerprint_of(&[method.as_str().as_bytes(), path.as_bytes(), body]),
         }
     }
 
     /// The stored answer for this key: a replay when the request is the same, an error
     /// when it is not, nothing when the key is new.
-    pub async fn replay(&self, outbox: &Outbox) -> Result<Option<Response>, ApiError> {
-        let record = outbox
-            .store()
+    pub async fn replay(&self, store: &dyn Store) -> Result<Option<Response>, HttpError> {
+        let record = store
             .get_idempotency(&self.slot)
             .await
-            .map_err(ApiError::Unavailable)?;
+            .map_err(HttpError::Unavailable)?;
         match record {
             None => Ok(None),
             Some(record) if record.fingerprint == self.fingerprint => Ok(Some(replayed(&record.response))),
-            Some(_) => Err(ApiError::IdempotencyKeyReused),
+            Some(_) => Err(HttpError::IdempotencyKeyReused),
         }
     }
 }
 
-/// What to store of a response for replay: status, the headers that matter, body.
+/// What to store of an answer for replay: status, headers (those with text values), body.
 pub fn stored(status: StatusCode, headers: &HeaderMap, body: &str) -> StoredResponse {
     StoredResponse {
         status: status.as_u16(),
@@ -64,7 +62,8 @@ pub fn stored(status: StatusCode, headers: &HeaderMap, body: &str) -> StoredResp
     }
 }
 
-fn replayed(response: &StoredResponse) -> Response {
+/// A stored answer, replayed.
+pub fn replayed(response: &StoredResponse) -> Response {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::OK);
     let mut reply = (status, response.body.clone()).into_response();
     for (name, value) in &response.headers {

@@ -1,0 +1,93 @@
+//! What the HTTP glue fails with, and its answer.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::problem::{respond, transaction_problem, Problem, OUTCOME_UNKNOWN};
+use super::scope::Progress;
+use crate::ports::StoreError;
+use crate::request::TxnError;
+
+/// Why the glue could not answer a request as asked. Answered as problem+json; a service
+/// with its own error type converts from it and keeps [`HttpError::problem`] as the
+/// answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpError {
+    /// The transaction failed, or its outcome is unknown.
+    #[error(transparent)]
+    Transaction(#[from] TxnError),
+    /// The transaction failed, and the client had sent `If-Match`: a failed business
+    /// condition is answered 412 instead of 409.
+    #[error("{0} (under If-Match)")]
+    Precondition(#[source] TxnError),
+    /// A header is malformed (400).
+    #[error("invalid header {header}: {detail}")]
+    InvalidHeader {
+        /// Which header.
+        header: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The idempotency key was used for a different request (422).
+    #[error("idempotency key reused for a different request")]
+    IdempotencyKeyReused,
+    /// Reading the stored answer of an idempotency key failed (503, nothing written).
+    #[error("the idempotency record could not be read")]
+    Unavailable(#[source] StoreError),
+    /// The handler overran the request's deadline and the deadline middleware answered
+    /// for it, from how far its transaction got (503).
+    #[error("the request timed out ({0:?})")]
+    Timeout(Progress),
+}
+
+impl HttpError {
+    /// The answer.
+    pub fn problem(&self) -> Problem {
+        use StatusCode as S;
+        match self {
+            Self::Transaction(error) => transaction_problem(error, false),
+            Self::Precondition(error) => transaction_problem(error, true),
+            Self::InvalidHeader { header, detail } => Problem::new(S::BAD_REQUEST, "invalid-header", "Invalid header")
+                .with_detail(format!("{header}: {detail}")),
+            Self::IdempotencyKeyReused => Problem::new(
+                S::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                "Idempotency key reused",
+            )
+            .with_detail("this Idempotency-Key was used for a different request"),
+            Self::Unavailable(_) => Problem::new(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable")
+                .with_detail("nothing was written; retry the request")
+                .retryable(),
+            Self::Timeout(progress) => timeout_problem(*progress),
+        }
+    }
+}
+
+/// The answer the deadline middleware gives for a handler that overran, by how far its
+/// transaction got: a plain timeout before it began; a timeout naming it (nothing
+/// written, it can no longer commit) once it began; "outcome unknown" naming it once its
+/// commit was tried.
+pub fn timeout_problem(progress: Progress) -> Problem {
+    let problem = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", "Request timed out").retryable();
+    match progress {
+        Progress::NotBegun => problem.with_detail("nothing was written; retry the request"),
+        Progress::Begun(txn) => problem
+            .with_detail("nothing was written, and this transaction can no longer commit; retry the request")
+            .naming(txn),
+        Progress::Committing(txn) => {
+            Problem::new(StatusCode::SERVICE_UNAVAILABLE, "outcome-unknown", "Outcome unknown")
+                .with_detail(format!(
+                    "the request ran out of time while its change was being committed; {OUTCOME_UNKNOWN}"
+                ))
+                .retryable()
+                .naming(txn)
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        respond(&self, self.problem())
+    }
+}

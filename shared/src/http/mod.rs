@@ -1,0 +1,58 @@
+//! The HTTP glue every service on the outbox needs, for axum handlers (feature `axum`;
+//! the Lambda deadline needs feature `lambda`, the OpenAPI schemas feature `openapi`):
+//!
+//! - [`problem`]: RFC 9457 `application/problem+json` answers, and the one mapping from a
+//!   [`TxnError`](crate::request::TxnError) to its status (409, 412, 422, 503 with
+//!   `Retry-After`), always naming the transaction once one began.
+//! - [`headers`]: the `Idempotency-Key` and `If-Match` extractors, and ETags.
+//! - [`idempotency`]: a request's key and fingerprint, the stored answer's replay.
+//! - [`scope`]: each request's deadline (the Lambda invocation's, or a timeout) as a
+//!   middleware, and the request's transaction from `begin` to the answer, so that even a
+//!   timeout names it.
+//! - [`HttpError`]: what these pieces fail with, answered as problem+json.
+//!
+//! A handler with native DynamoDB actions, from request to answer:
+//!
+//! ```no_run
+//! use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+//! use axum::extract::{OriginalUri, State};
+//! use axum::http::{Method, StatusCode};
+//! use axum::response::Response;
+//! use outbox::http::{Answer, HttpError, IdempotencyKeyHeader, RequestScope};
+//! use outbox::native::NativeOutbox;
+//! use outbox::protocol::Message;
+//!
+//! #[derive(Clone)]
+//! struct App { outbox: NativeOutbox }
+//!
+//! async fn reserve(State(app): State<App>, scope: RequestScope, key: IdempotencyKeyHeader,
+//!     method: Method, OriginalUri(uri): OriginalUri, body: axum::body::Bytes) -> Result<Response, HttpError> {
+//!     let idempotency = key.for_request("shop", &method, uri.path(), &body);
+//!     if let Some(replay) = scope.replay(app.outbox.outbox(), idempotency.as_ref()).await? {
+//!         return Ok(replay);
+//!     }
+//!     let mut txn = scope.begin_native(&app.outbox).await?;
+//!     let sku = AttributeValue::S("PRODUCT#1".into());
+//!     let update = Update::builder().table_name("shop").key("PK", sku.clone()).key("SK", sku)
+//!         .update_expression("ADD reserved :one").condition_expression("attribute_exists(PK)")
+//!         .expression_attribute_values(":one", AttributeValue::N("1".into()))
+//!         .build().expect("a complete update");
+//!     txn.action(TransactWriteItem::builder().update(update).build());
+//!     let event = serde_json::json!({"type": "Reserved", "sku": "PRODUCT#1"});
+//!     txn.emit(Message::json("events".parse().expect("a destination"), &event).expect("JSON"));
+//!     let answer = Answer::json(StatusCode::CREATED, &serde_json::json!({"reserved": 1}));
+//!     scope.commit(txn, app.outbox.outbox(), idempotency.as_ref(), answer).await
+//! }
+//! ```
+
+mod error;
+pub mod headers;
+pub mod idempotency;
+pub mod problem;
+pub mod scope;
+
+pub use error::HttpError;
+pub use headers::{etag, IdempotencyKeyHeader, IfMatch};
+pub use idempotency::Idempotency;
+pub use problem::{FieldError, Problem, TRANSACTION_ID_HEADER};
+pub use scope::{enforce_deadline, Answer, Deadlines, Progress, RequestScope};

@@ -1,0 +1,329 @@
+//! Every request's deadline, and its transaction from `begin` to the answer, so that an
+//! answer names the transaction even when time runs out.
+//!
+//! A request must be answered before its end: on Lambda the invocation's deadline (after
+//! it the function is frozen and the client gets a gateway error, not an answer), locally
+//! a timeout. [`enforce_deadline`] computes that end once per request and gives the
+//! handler a deadline a margin before it ([`RequestScope::deadline`]), which the outbox's
+//! commit and its retries keep to. If the handler still has not answered half a margin
+//! before the end (a stalled read, say), the middleware answers instead, from the
+//! progress the scope recorded: before the transaction began, a plain timeout; after it
+//! began but before its commit was tried, a timeout that names it and says nothing was
+//! written; once its commit was in flight, "outcome unknown" naming it. A 503 that cannot
+//! name its transaction is thus given only before one began.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::error::{timeout_problem, HttpError};
+use super::idempotency::{stored, Idempotency};
+use super::problem::TRANSACTION_ID_HEADER;
+use crate::native::{NativeOutbox, NativeTransaction};
+use crate::ports::Clock;
+use crate::protocol::TxnId;
+use crate::request::{Committable, Outbox, Transaction, TxnError};
+use crate::time::Timestamp;
+
+/// How long before a request's end the handler must stop working, to answer in time.
+pub const ANSWER_MARGIN: Duration = Duration::from_millis(500);
+
+/// How far a request's transaction got, for answering when time runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Progress {
+    /// No transaction yet: nothing can have been written.
+    #[default]
+    NotBegun,
+    /// The transaction began (its control message was sent) and its commit was not
+    /// tried: nothing was written, and its control message will tombstone it.
+    Begun(TxnId),
+    /// Its commit was tried: it may have applied.
+    Committing(TxnId),
+}
+
+/// What a handler learns of its request's time, and where its transaction's progress is
+/// recorded. An extractor: the scope [`enforce_deadline`] gave the request, or one without
+/// a deadline where the middleware is not installed.
+#[derive(Debug, Clone, Default)]
+pub struct RequestScope {
+    /// When the handler must have finished, if the request has a deadline.
+    pub deadline: Option<Timestamp>,
+    progress: Arc<Mutex<Progress>>,
+}
+
+/// An answer to commit with a transaction: its status, headers and body. The transaction
+/// id header is added, and under an idempotency key it is stored for replays.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: HeaderMap,
+    /// The body.
+    pub body: String,
+    /// Whether the client sent `If-Match`: a business condition that fails is then a 412.
+    pub precondition: bool,
+}
+
+impl Answer {
+    /// A JSON answer.
+    pub fn json(status: StatusCode, body: &impl Serialize) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Self {
+            status,
+            headers,
+            body: serde_json::to_string(body).unwrap_or_default(),
+            precondition: false,
+        }
+    }
+
+    /// This answer with header `name: value` (a value that is not a valid header value is
+    /// left out).
+    pub fn header(mut self, name: HeaderName, value: &str) -> Self {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            self.headers.insert(name, value);
+        }
+        self
+    }
+
+    /// This answer, for a request that sent `If-Match` when `sent` is true.
+    pub fn under_precondition(mut self, sent: bool) -> Self {
+        self.precondition = sent;
+        self
+    }
+}
+
+/// The answer as it is, for reads and other answers that commit nothing.
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        (self.status, self.headers, self.body).into_response()
+    }
+}
+
+impl RequestScope {
+    /// A scope with `deadline`.
+    pub fn new(deadline: Option<Timestamp>) -> Self {
+        Self {
+            deadline,
+            progress: Arc::default(),
+        }
+    }
+
+    /// Records that transaction `txn_id` began.
+    pub fn begun(&self, txn_id: TxnId) {
+        self.set(Progress::Begun(txn_id));
+    }
+
+    /// Records that transaction `txn_id`'s commit is about to be tried.
+    pub fn committing(&self, txn_id: TxnId) {
+        self.set(Progress::Committing(txn_id));
+    }
+
+    /// How far the transaction got.
+    pub fn progress(&self) -> Progress {
+        *self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn set(&self, progress: Progress) {
+        *self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = progress;
+    }
+
+    /// Begins a transaction within this request's deadline, and records it.
+    pub async fn begin<'a>(&self, outbox: &'a Outbox) -> Result<Transaction<'a>, TxnError> {
+        let txn = match self.deadline {
+            Some(deadline) => outbox.begin_within(deadline).await?,
+            None => outbox.begin().await?,
+        };
+        self.begun(txn.id());
+        Ok(txn)
+    }
+
+    /// Begins a transaction with native actions within this request's deadline, and
+    /// records it.
+    pub async fn begin_native<'a>(&self, outbox: &'a NativeOutbox) -> Result<NativeTransaction<'a>, TxnError> {
+        let txn = match self.deadline {
+            Some(deadline) => outbox.begin_within(deadline).await?,
+            None => outbox.begin().await?,
+        };
+        self.begun(txn.id());
+        Ok(txn)
+    }
+
+    /// The stored answer of a repeated request (see [`Idempotency::replay`]); `None`
+    /// without a key, or for a new one.
+    pub async fn replay(
+        &self,
+        outbox: &Outbox,
+        idempotency: Option<&Idempotency>,
+    ) -> Result<Option<Response>, HttpError> {
+        match idempotency {
+            Some(idempotency) => idempotency.replay(outbox.store().as_ref()).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Commits `txn` with `answer` (stored for replays under `idempotency`) and answers
+    /// with it, naming the transaction. When a concurrent request with the same key
+    /// committed first, answers as it did. A failure names the transaction; under
+    /// `If-Match` ([`Answer::under_precondition`]) a failed business condition is a 412.
+    pub async fn commit<T: Committable>(
+        &self,
+        mut txn: T,
+        outbox: &Outbox,
+        idempotency: Option<&Idempotency>,
+        answer: Answer,
+    ) -> Result<Response, HttpError> {
+        let txn_id = txn.id();
+        let Answer {
+            status,
+            mut headers,
+            body,
+            precondition,
+        } = answer;
+        headers.insert(
+            TRANSACTION_ID_HEADER,
+            HeaderValue::from_str(&txn_id.to_string()).expect("transaction ids are ASCII"),
+        );
+        if let Some(idempotency) = idempotency {
+            txn.remember_response(
+                idempotency.slot.clone(),
+                idempotency.fingerprint.clone(),
+                stored(status, &headers, &body),
+            );
+        }
+        self.committing(txn_id);
+        match txn.commit().await {
+            Ok(_) => Ok((status, headers, body).into_response()),
+            // A concurrent request with the same key committed first: answer as it did.
+            Err(TxnError::IdempotencyKeyUsed { .. }) if idempotency.is_some() => {
+                let idempotency = idempotency.expect("checked");
+                match idempotency.replay(outbox.store().as_ref()).await? {
+                    Some(replay) => Ok(replay),
+                    // Its record expired in between: nothing of this request was written.
+                    None => Err(HttpError::Unavailable(crate::ports::StoreError::Unavailable(
+                        "the idempotency record that refused the commit is gone".into(),
+                    ))),
+                }
+            }
+            Err(error) if precondition => Err(HttpError::Precondition(error)),
+            Err(error) => Err(HttpError::Transaction(error)),
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RequestScope {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<RequestScope>().cloned().unwrap_or_default())
+    }
+}
+
+/// The margin for a request that may last `timeout`: [`ANSWER_MARGIN`], or a quarter of
+/// a shorter timeout.
+pub fn margin(timeout: Duration) -> Duration {
+    ANSWER_MARGIN.min(timeout / 4)
+}
+
+/// The instant a request that arrived at `now` must be answered by: `timeout` after it,
+/// or the Lambda invocation's deadline (milliseconds since the epoch) if that is sooner.
+///
+/// A Lambda deadline that has already passed when the request arrives is not one: Lambda
+/// never hands out an invocation after its deadline, while `cargo lambda watch` sends its
+/// own timeout there (`600000`, a duration), which would make every request time out at
+/// once. Such a value is ignored and the local timeout holds.
+pub fn request_end(now: Timestamp, timeout: Duration, lambda_deadline_millis: Option<u64>) -> Timestamp {
+    let local = now.plus(timeout);
+    match lambda_deadline_millis.map(Timestamp::from_millis) {
+        Some(deadline) if deadline > now => local.min(deadline),
+        Some(deadline) => {
+            tracing::debug!(
+                lambda_deadline_millis = deadline.as_millis(),
+                "the Lambda deadline had passed on arrival; using the timeout"
+            );
+            local
+        }
+        None => local,
+    }
+}
+
+fn before(instant: Timestamp, duration: Duration) -> Timestamp {
+    Timestamp::from_millis(instant.as_millis().saturating_sub(duration.as_millis() as u64))
+}
+
+/// The state of [`enforce_deadline`]: the clock, and how long a request may take
+/// (locally; on Lambda the invocation's deadline may end it sooner).
+#[derive(Clone)]
+pub struct Deadlines {
+    clock: Arc<dyn Clock>,
+    timeout: Duration,
+}
+
+impl Deadlines {
+    /// Requests of at most `timeout`, timed by `clock`.
+    pub fn new(clock: Arc<dyn Clock>, timeout: Duration) -> Self {
+        Self { clock, timeout }
+    }
+}
+
+/// The Lambda invocation's deadline, when the request came through `lambda_http`.
+fn lambda_deadline(request: &Request) -> Option<u64> {
+    #[cfg(feature = "lambda")]
+    {
+        request
+            .extensions()
+            .get::<lambda_http::Context>()
+            .map(|context| context.deadline)
+    }
+    #[cfg(not(feature = "lambda"))]
+    {
+        let _ = request;
+        None
+    }
+}
+
+/// The middleware: gives each request its [`RequestScope`] and answers for a handler
+/// that overruns. Install it with
+/// `axum::middleware::from_fn_with_state(Deadlines::new(clock, timeout), enforce_deadline)`.
+pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: Request, next: Next) -> Response {
+    let clock = deadlines.clock.clone();
+    let now = clock.now();
+    let end = request_end(now, deadlines.timeout, lambda_deadline(&request));
+    let margin = margin(deadlines.timeout);
+    let scope = RequestScope::new(Some(before(end, margin)));
+    request.extensions_mut().insert(scope.clone());
+    let backstop = before(end, margin / 2).since(now);
+    tokio::select! {
+        response = next.run(request) => response,
+        () = clock.timer(backstop) => {
+            tracing::warn!(progress = ?scope.progress(), "the handler overran its deadline; answering for it");
+            timeout_problem(scope.progress()).into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_end_is_the_sooner_of_the_timeout_and_the_lambda_deadline() {
+        let now = Timestamp::from_millis(1_000_000);
+        let timeout = Duration::from_secs(10);
+        assert_eq!(request_end(now, timeout, None).as_millis(), 1_010_000);
+        assert_eq!(request_end(now, timeout, Some(1_003_000)).as_millis(), 1_003_000);
+        assert_eq!(request_end(now, timeout, Some(1_020_000)).as_millis(), 1_010_000);
+        // What `cargo lambda watch` sends: its timeout, not an instant.
+        assert_eq!(request_end(now, timeout, Some(600_000)).as_millis(), 1_010_000);
+        assert_eq!(margin(timeout), ANSWER_MARGIN);
+        assert_eq!(margin(Duration::from_secs(1)), Duration::from_millis(250));
+    }
+}
