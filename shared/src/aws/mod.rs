@@ -43,6 +43,45 @@ pub fn timeouts(operation_timeout: Duration) -> TimeoutConfig {
         .build()
 }
 
+/// The settings name the embedded backend, where a service needs DynamoDB and SQS.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{} must be aws: native DynamoDB actions need the DynamoDB store",
+    crate::settings::vars::BACKEND
+)]
+pub struct NotOnAws;
+
+/// The request path with native actions on the table and control queue `settings` name
+/// (the layout of the protocol's records included), with clients from `config`: what a
+/// service's `main` builds once.
+pub fn native_outbox(
+    settings: &crate::settings::Settings,
+    config: &SdkConfig,
+) -> Result<crate::native::NativeOutbox, NotOnAws> {
+    use std::sync::Arc;
+
+    use crate::ports::{Clock, RandomIds, SystemClock};
+    use crate::request::{Outbox, RequestPorts};
+    use crate::settings::Backend;
+
+    let Backend::Aws {
+        layout,
+        control_queue_url,
+    } = &settings.backend
+    else {
+        return Err(NotOnAws);
+    };
+    let clients = AwsClients::new(config);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let ports = RequestPorts {
+        store: Arc::new(DynamoStore::new(clients.dynamodb, layout.clone(), clock.clone())),
+        control_queue: Arc::new(SqsControlQueue::new(clients.sqs, control_queue_url.clone())),
+        clock,
+        ids: Arc::new(RandomIds),
+    };
+    crate::native::NativeOutbox::new(Outbox::new(ports, settings.timing, settings.limits)).map_err(|_| NotOnAws)
+}
+
 /// The two clients, built once per process from one [`SdkConfig`].
 #[derive(Clone, Debug)]
 pub struct AwsClients {
