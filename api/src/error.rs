@@ -86,7 +86,8 @@ impl ApiError {
     /// This error, decided after transaction `txn_id` began.
     pub fn in_transaction(self, txn_id: outbox::protocol::TxnId) -> Self {
         match self {
-            Self::Http(HttpError::Transaction(_) | HttpError::Precondition(_)) | Self::InTransaction { .. } => self,
+            Self::Http(HttpError::Transaction(_) | HttpError::Precondition(_) | HttpError::InTransaction { .. })
+            | Self::InTransaction { .. } => self,
             error => Self::InTransaction {
                 txn_id,
                 error: Box::new(error),

@@ -310,6 +310,7 @@ impl Outbox {
             deadline,
             writes: BTreeMap::new(),
             native: Vec::new(),
+            on_commit: None,
             messages: Vec::new(),
             idempotency: None,
         })
@@ -337,14 +338,24 @@ pub struct Transaction<'a> {
     writes: BTreeMap<ItemKey, BusinessWrite>,
     /// The application's native actions ([`crate::native`] stages them), in order.
     pub(crate) native: Vec<NativeAction>,
+    /// Told once, just before the first commit attempt reaches the store.
+    on_commit: Option<Box<dyn FnOnce(TxnId) + Send + Sync + 'a>>,
     messages: Vec<OutgoingMessage>,
     idempotency: Option<(IdempotencySlot, String, StoredResponse)>,
 }
 
-impl Transaction<'_> {
+impl<'a> Transaction<'a> {
     /// The transaction's id.
     pub fn id(&self) -> TxnId {
         self.txn_id
+    }
+
+    /// Has `hook` told, once, just before the first commit attempt reaches the store:
+    /// from then on the transaction may have committed (the HTTP glue records it, so that
+    /// an answer given for an overrunning handler says "outcome unknown", not "nothing
+    /// written").
+    pub fn on_commit_attempt(&mut self, hook: impl FnOnce(TxnId) + Send + Sync + 'a) {
+        self.on_commit = Some(Box::new(hook));
     }
 
     /// The deadline it was begun with, if any.
@@ -414,7 +425,7 @@ impl Transaction<'_> {
 
     /// Commits everything staged atomically with the outbox record.
     #[tracing::instrument(skip_all, fields(txn_id = %self.txn_id))]
-    pub async fn commit(self) -> Result<Committed, TxnError> {
+    pub async fn commit(mut self) -> Result<Committed, TxnError> {
         let txn_id = self.txn_id;
         self.check_limits()?;
         let ports = &self.outbox.ports;
@@ -448,6 +459,9 @@ impl Transaction<'_> {
                 });
             }
             let request = request.get_or_insert_with(|| self.request(now));
+            if let Some(hook) = self.on_commit.take() {
+                hook(txn_id);
+            }
             let commit = ports.store.commit_native(request, &self.native);
             let outcome = within(ports.clock.as_ref(), self.deadline, commit).await;
             let error = match outcome {

@@ -1167,23 +1167,14 @@ async fn the_openapi_document_states_the_contract_the_code_enforces() {
     );
 }
 
-/// The library's glue on its own, in a handler that begins its transaction without the
-/// request's deadline (so nothing cuts its commit short): the deadline middleware still
-/// answers in time, and since the scope recorded that the commit was tried, it answers
-/// "outcome unknown", naming the transaction.
-#[tokio::test(start_paused = true)]
-async fn the_deadline_middleware_answers_for_a_stalled_commit_with_outcome_unknown_naming_it() {
-    use axum::extract::State;
-    use axum::response::Response;
-    use outbox::http::{enforce_deadline, Answer, Deadlines, HttpError, RequestScope};
-
-    async fn handler(State(outbox): State<Arc<Outbox>>, scope: RequestScope) -> Result<Response, HttpError> {
-        let txn = outbox.begin().await?;
-        scope.begun(txn.id());
-        let answer = Answer::json(StatusCode::CREATED, &json!({"ok": true}));
-        scope.commit(txn, &outbox, None, answer).await
-    }
-
+/// A router with only the library's deadline middleware around `handler`, over a store
+/// whose commits never answer, with a 2 s timeout.
+fn stalled_commit_app<H, T>(handler: H) -> Router
+where
+    H: axum::handler::Handler<T, Arc<Outbox>>,
+    T: 'static,
+{
+    use outbox::http::{enforce_deadline, Deadlines};
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
     let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
     let ports = RequestPorts {
@@ -1194,17 +1185,23 @@ async fn the_deadline_middleware_answers_for_a_stalled_commit_with_outcome_unkno
         ..backend.request_ports(clock.clone())
     };
     let outbox = Arc::new(Outbox::new(ports, Timing::default(), TransactionLimits::default()));
-    let app = Router::new()
+    Router::new()
         .route("/", axum::routing::post(handler))
         .route_layer(axum::middleware::from_fn_with_state(
-            Deadlines::new(clock.clone(), Duration::from_secs(2)),
+            Deadlines::new(clock, Duration::from_secs(2)),
             enforce_deadline,
         ))
-        .with_state(outbox.clone());
-    let started = clock.now();
+        .with_state(outbox)
+}
+
+/// Sends a request to a [`stalled_commit_app`] and checks the middleware's answer: in
+/// time, 503 outcome unknown, naming the transaction.
+async fn assert_answered_outcome_unknown(app: Router) {
+    // Tokio's (paused) time: the manual clock moves by each timer that fires.
+    let started = tokio::time::Instant::now();
     let response = app.oneshot(empty(Method::POST, "/")).await.unwrap();
     assert!(
-        clock.now().since(started) < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(2),
         "answered before the request's end"
     );
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -1212,4 +1209,43 @@ async fn the_deadline_middleware_answers_for_a_stalled_commit_with_outcome_unkno
     let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(body["type"], "/problems/outcome-unknown");
     assert_eq!(body["transaction_id"], txn.as_str());
+}
+
+/// The library's glue on its own, in a handler that begins its transaction without the
+/// request's deadline (so nothing cuts its commit short): the deadline middleware still
+/// answers in time, and since the scope recorded that the commit was tried, it answers
+/// "outcome unknown", naming the transaction.
+#[tokio::test(start_paused = true)]
+async fn the_deadline_middleware_answers_for_a_stalled_commit_with_outcome_unknown_naming_it() {
+    use axum::extract::State;
+    use axum::response::Response;
+    use outbox::http::{Answer, HttpError, RequestScope};
+
+    async fn handler(State(outbox): State<Arc<Outbox>>, scope: RequestScope) -> Result<Response, HttpError> {
+        let txn = outbox.begin().await?;
+        scope.begun(txn.id());
+        let answer = Answer::json(StatusCode::CREATED, &json!({"ok": true}));
+        scope.commit(txn, &outbox, None, answer).await
+    }
+    assert_answered_outcome_unknown(stalled_commit_app(handler)).await;
+}
+
+/// A transaction begun through the scope and committed directly (not through
+/// `scope.commit`) tells the scope itself when its commit is tried: a handler that then
+/// overruns (here, slow work after a commit the deadline cut short) is answered "outcome
+/// unknown", never "nothing was written".
+#[tokio::test(start_paused = true)]
+async fn a_transaction_begun_through_the_scope_records_its_commit_however_it_is_committed() {
+    use axum::extract::State;
+    use outbox::http::{HttpError, RequestScope};
+
+    async fn handler(State(outbox): State<Arc<Outbox>>, scope: RequestScope) -> Result<StatusCode, HttpError> {
+        let txn = scope.begin(&outbox).await?;
+        let committed = txn.commit().await;
+        // Whatever the handler does next takes longer than the request may.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        committed?;
+        Ok(StatusCode::CREATED)
+    }
+    assert_answered_outcome_unknown(stalled_commit_app(handler)).await;
 }

@@ -110,18 +110,20 @@ impl DynamoCatalog {
         }
     }
 
-    /// The update that reserves `quantity` units of `sku`, provided no more than `limit`
-    /// are reserved when it commits (`stock - quantity`, from the read): DynamoDB
+    /// The update that reserves `quantity` units of `sku`, provided the stock is still
+    /// `stock` and no more than `stock - quantity` are reserved when it commits: DynamoDB
     /// conditions have no arithmetic, so the read's arithmetic becomes a bound.
-    pub fn reserve_stock(&self, sku: &str, quantity: u64, limit: u64) -> TransactWriteItem {
+    pub fn reserve_stock(&self, sku: &str, quantity: u64, stock: u64) -> TransactWriteItem {
+        let limit = stock.saturating_sub(quantity);
         let key = product_key(sku);
         let update = Update::builder()
             .table_name(&self.table)
             .key("PK", s(&key))
             .key("SK", s(&key))
             .update_expression("ADD reserved :quantity")
-            .condition_expression("attribute_exists(PK) AND reserved <= :limit")
+            .condition_expression("attribute_exists(PK) AND stock = :stock AND reserved <= :limit")
             .expression_attribute_values(":quantity", n(quantity))
+            .expression_attribute_values(":stock", n(stock))
             .expression_attribute_values(":limit", n(limit))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()

@@ -5,6 +5,7 @@
 //! reads the stock.
 
 use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{OriginalUri, Path, State};
 use axum::http::header::LOCATION;
 use axum::http::{Method, StatusCode};
@@ -97,14 +98,25 @@ impl ShopError {
         use StatusCode as S;
         match self {
             // The shop's own conditions, read from the action that failed.
-            Self::Http(HttpError::Transaction(TxnError::ActionCancelled { txn_id, index, .. })) => match *index {
-                RESERVE_STOCK => Problem::new(S::CONFLICT, "out-of-stock", "Out of stock")
-                    .with_detail("the stock was reserved by another request meanwhile; nothing was written"),
-                NEW_RESERVATION => Problem::new(S::CONFLICT, "reservation-exists", "Reservation exists")
-                    .with_detail("a reservation with this id exists; nothing was written"),
-                _ => Problem::new(S::CONFLICT, "conflict", "Conflict"),
+            Self::Http(HttpError::Transaction(TxnError::ActionCancelled {
+                txn_id,
+                index,
+                code,
+                item,
+            })) => {
+                let condition_failed = code == "ConditionalCheckFailed";
+                match (*index, condition_failed, item) {
+                    // The product's ALL_OLD is absent: it was removed meanwhile.
+                    (RESERVE_STOCK, true, None) => Problem::new(S::NOT_FOUND, "not-found", "Not found")
+                        .with_detail("the product was removed meanwhile; nothing was written"),
+                    (RESERVE_STOCK, true, Some(_)) => Problem::new(S::CONFLICT, "out-of-stock", "Out of stock")
+                        .with_detail("the stock changed meanwhile; nothing was written"),
+                    (NEW_RESERVATION, true, _) => Problem::new(S::CONFLICT, "reservation-exists", "Reservation exists")
+                        .with_detail("a reservation with this id exists; nothing was written"),
+                    _ => Problem::new(S::CONFLICT, "conflict", "Conflict").with_detail("nothing was written"),
+                }
+                .naming(*txn_id)
             }
-            .naming(*txn_id),
             Self::Http(error) => error.problem(),
             Self::Malformed(detail) => {
                 Problem::new(S::BAD_REQUEST, "malformed-body", "Malformed request body").with_detail(detail.clone())
@@ -174,9 +186,10 @@ pub async fn reserve(
     key: IdempotencyKeyHeader,
     method: Method,
     OriginalUri(uri): OriginalUri,
-    Path(sku): Path<String>,
+    sku: Result<Path<String>, PathRejection>,
     body: Bytes,
 ) -> Result<Response, ShopError> {
+    let Path(sku) = sku.map_err(|rejection| ShopError::Malformed(rejection.body_text()))?;
     let request = parse(&sku, &body)?;
     let idempotency = key.for_request("shop", &method, uri.path(), &body);
     if let Some(replay) = scope.replay(shop.outbox.outbox(), idempotency.as_ref()).await? {
@@ -194,8 +207,7 @@ pub async fn reserve(
         let available = product.available();
         return Err(ShopError::OutOfStock { available }.in_transaction(txn_id));
     }
-    let limit = product.stock - request.quantity;
-    txn.action(shop.writes.reserve_stock(&sku, request.quantity, limit));
+    txn.action(shop.writes.reserve_stock(&sku, request.quantity, product.stock));
     txn.action(
         shop.writes
             .new_reservation(&request.reservation_id, &sku, request.quantity),
@@ -233,7 +245,11 @@ pub struct Stock {
 }
 
 /// Reads a product's stock.
-pub async fn product_get(State(shop): State<Shop>, Path(sku): Path<String>) -> Result<Json<Stock>, ShopError> {
+pub async fn product_get(
+    State(shop): State<Shop>,
+    sku: Result<Path<String>, PathRejection>,
+) -> Result<Json<Stock>, ShopError> {
+    let Path(sku) = sku.map_err(|rejection| ShopError::Malformed(rejection.body_text()))?;
     let product = shop
         .catalog
         .product(&sku)

@@ -208,6 +208,18 @@ async fn create_table(clients: &AwsClients, layout: &TableLayout) -> Result<(), 
                     "its key schema is {existing:?}, the layout names {wanted:?}"
                 )));
             }
+            let not_strings: Vec<&str> = described
+                .table()
+                .map(|t| t.attribute_definitions())
+                .unwrap_or_default()
+                .iter()
+                .filter(|definition| wanted.iter().any(|(name, _)| name == definition.attribute_name()))
+                .filter(|definition| definition.attribute_type() != &ScalarAttributeType::S)
+                .map(|definition| definition.attribute_name())
+                .collect();
+            if !not_strings.is_empty() {
+                return Err(mismatch(format!("its keys {not_strings:?} are not strings (S)")));
+            }
         }
         Err(error) => return Err(failed(Box::new(error))),
     }

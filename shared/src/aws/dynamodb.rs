@@ -168,7 +168,10 @@ impl DynamoStore {
     /// Every action of a commit, checked against DynamoDB's budget before anything is
     /// sent: the error says how much of it the protocol's own records took.
     fn actions(&self, request: &CommitRequest, native: &[NativeAction]) -> Result<Actions, CommitError> {
-        let now = self.clock.now();
+        // Every attempt of one commit must send the same request under its token (else
+        // DynamoDB answers IdempotentParameterMismatch): times come from the request,
+        // built once, never from the clock of the attempt.
+        let now = request.outbox.created_at;
         let mut items = Vec::new();
         let mut roles = Vec::new();
         let mut application_bytes = 0;
@@ -347,14 +350,23 @@ impl DynamoStore {
                 }
                 TransactWriteItemsError::ProvisionedThroughputExceededException(_)
                 | TransactWriteItemsError::RequestLimitExceeded(_)
-                | TransactWriteItemsError::ThrottlingException(_)
-                | TransactWriteItemsError::TransactionInProgressException(_) => {
-                    Err(CommitError::Contention(Box::new(error)))
+                | TransactWriteItemsError::ThrottlingException(_) => Err(CommitError::Contention(Box::new(error))),
+                // An earlier attempt under this token is still running, or one with other
+                // parameters ran: either may have committed. Trying again settles it.
+                TransactWriteItemsError::TransactionInProgressException(_)
+                | TransactWriteItemsError::IdempotentParameterMismatchException(_) => {
+                    Err(CommitError::Ambiguous(Box::new(error)))
                 }
                 TransactWriteItemsError::ResourceNotFoundException(_) => Err(CommitError::Unavailable(Box::new(error))),
-                TransactWriteItemsError::IdempotentParameterMismatchException(_) => Err(CommitError::Invalid {
-                    reason: "the transaction id was used for a different commit".into(),
-                }),
+                // Refused before anything ran: the function may not write there.
+                other
+                    if matches!(
+                        other.code(),
+                        Some("AccessDeniedException" | "UnrecognizedClientException")
+                    ) =>
+                {
+                    Err(CommitError::Unavailable(Box::new(error)))
+                }
                 // A request DynamoDB refused before doing anything: a malformed
                 // expression, a key that does not match the table's schema, two actions
                 // on one item. Its message is for the developer who wrote the action.

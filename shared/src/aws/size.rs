@@ -1,9 +1,11 @@
 //! How many bytes an item or a transaction action takes, by DynamoDB's rules for item
 //! size (attribute names plus values; numbers about one byte per two digits), so that a
-//! commit over the 4 MB transaction limit is refused before it is sent.
+//! commit whose request is over the 4 MB transaction limit is refused before it is sent.
 //!
-//! An estimate that errs on the large side: expressions, names and values of an action
-//! count in full, as they travel in the request.
+//! An estimate of what the request carries: a `Put`'s item, an action's key, expressions,
+//! names and values. What an `Update`, `Delete` or `ConditionCheck` touches beyond that
+//! (the stored item) is DynamoDB's to count; a transaction it finds too large is refused
+//! as invalid, with nothing written.
 
 use std::collections::HashMap;
 

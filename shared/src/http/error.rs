@@ -39,9 +39,25 @@ pub enum HttpError {
     /// for it, from how far its transaction got (503).
     #[error("the request timed out ({0:?})")]
     Timeout(Progress),
+    /// `error`, met after transaction `txn_id` began: answered naming it.
+    #[error("{error} (transaction {txn_id})")]
+    InTransaction {
+        /// The transaction.
+        txn_id: crate::protocol::TxnId,
+        /// What failed.
+        error: Box<HttpError>,
+    },
 }
 
 impl HttpError {
+    /// This error, met after transaction `txn_id` began.
+    pub fn in_transaction(self, txn_id: crate::protocol::TxnId) -> Self {
+        Self::InTransaction {
+            txn_id,
+            error: Box::new(self),
+        }
+    }
+
     /// The answer.
     pub fn problem(&self) -> Problem {
         use StatusCode as S;
@@ -60,6 +76,7 @@ impl HttpError {
                 .with_detail("nothing was written; retry the request")
                 .retryable(),
             Self::Timeout(progress) => timeout_problem(*progress),
+            Self::InTransaction { txn_id, error } => error.problem().naming(*txn_id),
         }
     }
 }

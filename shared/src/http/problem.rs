@@ -9,6 +9,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::ports::CommitError;
 use crate::protocol::TxnId;
 use crate::request::TxnError;
 
@@ -176,7 +177,9 @@ pub fn transaction_problem(error: &TxnError, precondition: bool) -> Problem {
         TxnError::DeadlineExceeded { .. } => Problem::new(S::SERVICE_UNAVAILABLE, "timeout", "Request timed out")
             .with_detail("the request ran out of time before its change was committed; nothing was written; retry it")
             .retryable(),
-        TxnError::VersionConflict { .. } | TxnError::ActionCancelled { .. } if precondition => {
+        // Under If-Match, the version that moved is the one the client named; a condition
+        // of the application's own stays a conflict the application maps.
+        TxnError::VersionConflict { .. } if precondition => {
             Problem::new(S::PRECONDITION_FAILED, "precondition-failed", "Precondition failed")
                 .with_detail("the resource's version differs from If-Match; nothing was written")
         }
@@ -188,6 +191,13 @@ pub fn transaction_problem(error: &TxnError, precondition: bool) -> Problem {
             Problem::new(S::PAYLOAD_TOO_LARGE, "transaction-too-large", "Transaction too large")
                 .with_detail(reason.clone())
         }
+        // Refused as malformed (an action's expression, two actions on one item): a bug
+        // that retrying cannot fix, whose details stay in the log.
+        TxnError::NotCommitted {
+            source: CommitError::Invalid { .. } | CommitError::NativeUnsupported,
+            ..
+        } => Problem::new(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error")
+            .with_detail("nothing was written"),
         TxnError::Ambiguous { .. } => Problem::new(S::SERVICE_UNAVAILABLE, "outcome-unknown", "Outcome unknown")
             .with_detail(OUTCOME_UNKNOWN)
             .retryable(),
@@ -249,7 +259,7 @@ mod tests {
             },
             TxnError::Ambiguous {
                 txn_id,
-                source: crate::ports::CommitError::Ambiguous("timeout".into()),
+                source: CommitError::Ambiguous("timeout".into()),
             },
         ];
         let statuses: Vec<u16> = errors.iter().map(|e| Problem::from(e).status).collect();
@@ -260,7 +270,20 @@ mod tests {
             assert_eq!(problem.retry_after.is_some(), problem.status == 503, "{error}");
         }
         assert_eq!(transaction_problem(&errors[3], true).status, 412);
-        assert_eq!(transaction_problem(&errors[4], true).status, 412);
+        assert_eq!(
+            transaction_problem(&errors[4], true).status,
+            409,
+            "the application's own condition is no If-Match"
+        );
+        let invalid = TxnError::NotCommitted {
+            txn_id,
+            source: CommitError::Invalid {
+                reason: "Invalid UpdateExpression".into(),
+            },
+        };
+        let problem = Problem::from(&invalid);
+        assert_eq!((problem.status, problem.retry_after), (500, None));
+        assert!(!problem.detail.unwrap().contains("UpdateExpression"), "no internals");
         let unknown = Problem::from(&errors[6]);
         assert_eq!(unknown.problem_type, "/problems/outcome-unknown");
     }

@@ -3,7 +3,9 @@
 //!
 //! A request must be answered before its end: on Lambda the invocation's deadline (after
 //! it the function is frozen and the client gets a gateway error, not an answer), locally
-//! a timeout. [`enforce_deadline`] computes that end once per request and gives the
+//! a timeout. The invocation's deadline is read from `lambda_http`'s context with feature
+//! `lambda` (the service must use the same `lambda_http` as this crate); without it, the
+//! timeout alone holds. [`enforce_deadline`] computes that end once per request and gives the
 //! handler a deadline a margin before it ([`RequestScope::deadline`]), which the outbox's
 //! commit and its retries keep to. If the handler still has not answered half a margin
 //! before the end (a stalled read, say), the middleware answers instead, from the
@@ -74,13 +76,19 @@ pub struct Answer {
 
 impl Answer {
     /// A JSON answer.
+    ///
+    /// # Panics
+    ///
+    /// If `body`'s `Serialize` fails (a map whose keys are not strings).
     pub fn json(status: StatusCode, body: &impl Serialize) -> Self {
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         Self {
             status,
             headers,
-            body: serde_json::to_string(body).unwrap_or_default(),
+            // Only a map with keys that are not strings fails here: a bug in the answer's
+            // type, never the request's input.
+            body: serde_json::to_string(body).expect("the answer's type serialises to JSON"),
             precondition: false,
         }
     }
@@ -136,24 +144,34 @@ impl RequestScope {
         *self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = progress;
     }
 
-    /// Begins a transaction within this request's deadline, and records it.
+    /// Records that `txn` began, and has it record when its commit is tried, however it
+    /// is committed.
+    fn watch(&self, txn: &mut Transaction<'_>) {
+        self.begun(txn.id());
+        let progress = self.progress.clone();
+        txn.on_commit_attempt(move |txn_id| {
+            *progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Progress::Committing(txn_id);
+        });
+    }
+
+    /// Begins a transaction within this request's deadline, and records its progress.
     pub async fn begin<'a>(&self, outbox: &'a Outbox) -> Result<Transaction<'a>, TxnError> {
-        let txn = match self.deadline {
+        let mut txn = match self.deadline {
             Some(deadline) => outbox.begin_within(deadline).await?,
             None => outbox.begin().await?,
         };
-        self.begun(txn.id());
+        self.watch(&mut txn);
         Ok(txn)
     }
 
     /// Begins a transaction with native actions within this request's deadline, and
-    /// records it.
+    /// records its progress.
     pub async fn begin_native<'a>(&self, outbox: &'a NativeOutbox) -> Result<NativeTransaction<'a>, TxnError> {
-        let txn = match self.deadline {
+        let mut txn = match self.deadline {
             Some(deadline) => outbox.begin_within(deadline).await?,
             None => outbox.begin().await?,
         };
-        self.begun(txn.id());
+        self.watch(&mut txn);
         Ok(txn)
     }
 
@@ -199,19 +217,24 @@ impl RequestScope {
                 stored(status, &headers, &body),
             );
         }
+        // For a transaction begun without this scope: from here on it may commit.
         self.committing(txn_id);
         match txn.commit().await {
             Ok(_) => Ok((status, headers, body).into_response()),
             // A concurrent request with the same key committed first: answer as it did.
             Err(TxnError::IdempotencyKeyUsed { .. }) if idempotency.is_some() => {
                 let idempotency = idempotency.expect("checked");
-                match idempotency.replay(outbox.store().as_ref()).await? {
-                    Some(replay) => Ok(replay),
-                    // Its record expired in between: nothing of this request was written.
-                    None => Err(HttpError::Unavailable(crate::ports::StoreError::Unavailable(
+                let replay = idempotency
+                    .replay(outbox.store().as_ref())
+                    .await
+                    .map_err(|error| error.in_transaction(txn_id))?;
+                // Its record expired in between: nothing of this request was written.
+                replay.ok_or_else(|| {
+                    HttpError::Unavailable(crate::ports::StoreError::Unavailable(
                         "the idempotency record that refused the commit is gone".into(),
-                    ))),
-                }
+                    ))
+                    .in_transaction(txn_id)
+                })
             }
             Err(error) if precondition => Err(HttpError::Precondition(error)),
             Err(error) => Err(HttpError::Transaction(error)),
