@@ -1,4 +1,5 @@
-//! The control worker's binary.
+//! The control worker's binary: thin, over [`outbox::worker`] (deploy it unchanged; it
+//! reads the `OUTBOX_*` settings).
 //!
 //! - Inside Lambda (the runtime API is in the environment): handles the control queue's
 //!   SQS events and answers with partial batch responses.
@@ -16,12 +17,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsEvent;
-use control_worker::lambda::handle_event;
-use control_worker::setup::Worker;
 use lambda_runtime::{service_fn, LambdaEvent};
 use outbox::aws::SortKeyValue;
 use outbox::aws::{bootstrap, load_sdk_config, redrive, AwsClients, ResourceNames};
 use outbox::settings::{layout_from_env, vars, Settings};
+use outbox::worker::lambda::handle_event;
+use outbox::worker::setup::Worker;
 
 fn init_tracing(on_lambda: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -109,7 +110,7 @@ async fn run_worker(on_lambda: bool, redrive_from: Option<&str>) -> ExitCode {
             Err(error) => report(error.as_ref()),
         };
     }
-    control_worker::poll::run(&worker, shutdown_signal()).await;
+    outbox::worker::poll::run(&worker, shutdown_signal()).await;
     ExitCode::SUCCESS
 }
 

@@ -19,6 +19,8 @@
 //!   [`redelivery`]: bringing failed control messages back in seconds.
 //! - [`embedded`]: the in-process backend. [`aws`]: the DynamoDB and SQS adapters.
 //! - [`time`]: the protocol's timestamps.
+//! - `worker` (feature `worker`): the control worker as a Lambda SQS handler and a local
+//!   poller, set up from the settings.
 //! - `http` (feature `axum`): the glue for axum handlers: problem+json answers,
 //!   `Idempotency-Key`, `If-Match`, each request's deadline (from the Lambda context with
 //!   feature `lambda`).
@@ -40,6 +42,8 @@ pub mod redelivery;
 pub mod request;
 pub mod settings;
 pub mod time;
+#[cfg(feature = "worker")]
+pub mod worker;
 
 /// The README's examples, compiled as doc tests so that they cannot rot (with the HTTP
 /// glue, which they use).

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use outbox::aws::SdkConfig;
-use outbox::aws::{load_sdk_config, AwsClients, DynamoStore, SqsControlQueue, SqsPublisher};
-use outbox::control::{ControlPath, ControlPorts};
-use outbox::ports::{Clock, SystemClock};
-use outbox::settings::{vars, Backend, Settings};
+use crate::aws::SdkConfig;
+use crate::aws::{load_sdk_config, AwsClients, DynamoStore, SqsControlQueue, SqsPublisher};
+use crate::control::{ControlPath, ControlPorts};
+use crate::ports::{Clock, SystemClock};
+use crate::settings::{vars, Backend, Settings};
 
 /// What the worker runs with.
 pub struct Worker {

@@ -4,14 +4,14 @@
 use std::future::Future;
 use std::time::Duration;
 
-use outbox::poller::{self, PollerStats};
+use crate::poller::{self, PollerStats};
 
-use crate::batch_metrics;
-use crate::setup::Worker;
+use super::batch_metrics;
+use super::setup::Worker;
 
 /// How long one receive waits for messages: SQS's longest long poll, so that an idle
 /// queue costs three receives a minute. The receive's own timeout outlasts it
-/// ([`outbox::aws::receive_timeouts`]).
+/// ([`crate::aws::receive_timeouts`]).
 pub const LONG_POLL_WAIT: Duration = Duration::from_secs(20);
 
 /// Polls `worker`'s control queue until `shutdown` completes; returns what it did.

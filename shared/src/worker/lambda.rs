@@ -4,16 +4,16 @@
 //! messages that must be retried are listed, so one bad message never sends its
 //! neighbours round again, and a message that keeps failing reaches the dead-letter
 //! queue after the redrive policy's receive count. Before answering, it shortens the
-//! failed messages' visibility ([`outbox::redelivery`]): the event source mapping
+//! failed messages' visibility ([`crate::redelivery`]): the event source mapping
 //! leaves them in the queue, and they come back in seconds instead of after the
 //! queue's visibility timeout.
 
+use crate::control::{BatchReport, ControlPath};
+use crate::ports::{Clock, ControlDelivery, ControlInbox};
+use crate::redelivery::retry_failed_soon;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
-use outbox::control::{BatchReport, ControlPath};
-use outbox::ports::{Clock, ControlDelivery, ControlInbox};
-use outbox::redelivery::retry_failed_soon;
 
-use crate::batch_metrics;
+use super::batch_metrics;
 
 /// The control messages of an SQS event, as the control path takes them.
 pub fn deliveries(event: SqsEvent) -> Vec<ControlDelivery> {

@@ -1,5 +1,7 @@
-//! The control worker: the control path of the outbox as a Lambda handler for the
-//! control queue's SQS events, and as a local poller for running without Lambda.
+//! The control worker (feature `worker`): the control path of the outbox as a Lambda
+//! handler for the control queue's SQS events, and as a local poller for running without
+//! Lambda. The `control-worker` binary runs these with the `OUTBOX_*` settings; a service
+//! that wants the worker inside its own binary calls them the same way.
 //!
 //! # Layout
 //!

@@ -1,9 +1,9 @@
 //! A batch's report as metrics: what was dispatched, tombstoned, deferred, how late
 //! dispatch came after the commit, and how many checks transactions needed.
 
-use outbox::control::{BatchReport, ControlOutcome};
-use outbox::metrics::{MetricRecord, Unit};
-use outbox::time::Timestamp;
+use crate::control::{BatchReport, ControlOutcome};
+use crate::metrics::{MetricRecord, Unit};
+use crate::time::Timestamp;
 
 /// The metrics of one batch, as of `now`.
 pub fn for_batch(report: &BatchReport, now: Timestamp) -> MetricRecord {
