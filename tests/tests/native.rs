@@ -8,7 +8,6 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
 use outbox::aws::AwsClients;
 use outbox::native::{NativeOutbox, NativeUnsupported};
-use outbox::poller::poll_once;
 use outbox::ports::{Clock, CommitError, CommitRequest, TombstoneOutcome};
 use outbox::protocol::{IdempotencyKey, IdempotencySlot, Message, OutboxRecord, StoredResponse};
 use outbox::request::{TxnError, TxnStatus};
@@ -124,20 +123,6 @@ impl Shop {
             .item()
             .is_some()
     }
-
-    /// Runs the control worker until the control queue is empty.
-    async fn settle(&self) {
-        let control = self.backend.control(timing());
-        for _ in 0..10 {
-            let report = poll_once(self.backend.inbox.as_ref(), &control, Duration::from_secs(1))
-                .await
-                .expect("poll the control queue");
-            if report.items.is_empty() {
-                return;
-            }
-        }
-        panic!("the control queue never emptied");
-    }
 }
 
 fn reserved_event(id: &str) -> Message {
@@ -159,7 +144,7 @@ async fn a_native_update_and_conditional_put_commit_with_the_outbox_and_their_ev
         shop.outbox.outbox().status(committed.txn_id).await.unwrap(),
         TxnStatus::Pending
     );
-    shop.settle().await;
+    shop.backend.settle(timing()).await;
     let delivered = shop.backend.drain(&events()).await;
     assert_eq!(delivered.len(), 1, "{delivered:?}");
     assert_eq!(delivered[0].message_id.as_deref(), Some(message_id.as_str()));
@@ -200,7 +185,7 @@ async fn the_applications_condition_failing_is_reported_with_its_index_and_nothi
         TxnStatus::Unknown,
         "no outbox record"
     );
-    shop.settle().await;
+    shop.backend.settle(timing()).await;
     assert!(shop.backend.drain(&events()).await.is_empty(), "nothing published");
 }
 

@@ -89,20 +89,6 @@ impl World {
     async fn stock(&self) -> Product {
         self.catalog.product(SKU).await.unwrap().expect("the product")
     }
-
-    /// Runs the control path until the control queue is empty.
-    async fn settle(&self) {
-        let control = self.backend.control(timing());
-        for _ in 0..10 {
-            let report = poll_once(self.backend.inbox.as_ref(), &control, Duration::from_secs(1))
-                .await
-                .expect("poll");
-            if report.items.is_empty() {
-                return;
-            }
-        }
-        panic!("the control queue never emptied");
-    }
 }
 
 fn reserve(id: &str, quantity: u64, key: Option<&str>) -> Request<Body> {
@@ -135,7 +121,7 @@ async fn a_reservation_commits_the_counter_and_the_item_and_its_event_is_dispatc
     assert_eq!(world.stock().await.reserved, 3);
     assert!(world.catalog.reservation_exists("r-1", SKU).await.unwrap());
 
-    world.settle().await;
+    world.backend.settle(timing()).await;
     let delivered = world.backend.drain(&events()).await;
     assert_eq!(delivered.len(), 1, "{delivered:?}");
     assert_eq!(delivered[0].message_id.as_deref(), Some(format!("{txn}:0").as_str()));
@@ -188,7 +174,7 @@ async fn the_shops_own_condition_failing_is_a_409_naming_its_action_and_nothing_
     assert_eq!(world.stock().await.reserved, 2);
     assert!(!world.catalog.reservation_exists("r-2", SKU).await.unwrap());
 
-    world.settle().await;
+    world.backend.settle(timing()).await;
     assert_eq!(
         world.backend.drain(&events()).await.len(),
         1,
@@ -265,7 +251,7 @@ async fn a_commit_that_comes_after_its_tombstone_is_refused_and_writes_nothing()
     );
     assert_eq!(world.stock().await.reserved, 0);
     assert!(!world.catalog.reservation_exists("r-late", SKU).await.unwrap());
-    world.settle().await;
+    world.backend.settle(timing()).await;
     assert!(world.backend.drain(&events()).await.is_empty());
 }
 
@@ -284,6 +270,6 @@ async fn a_repeated_request_with_its_idempotency_key_is_replayed_and_reserves_on
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(other.body["type"], "/problems/idempotency-key-reused");
     assert_eq!(world.stock().await.reserved, 4, "reserved once");
-    world.settle().await;
+    world.backend.settle(timing()).await;
     assert_eq!(world.backend.drain(&events()).await.len(), 1);
 }

@@ -170,6 +170,20 @@ impl Backend {
         ControlPath::new(ports, timing)
     }
 
+    /// Runs the control path (with `timing`) over the control queue until it is empty.
+    pub async fn settle(&self, timing: Timing) {
+        let control = self.control(timing);
+        for _ in 0..10 {
+            let report = outbox::poller::poll_once(self.inbox.as_ref(), &control, Duration::from_secs(1))
+                .await
+                .expect("poll the control queue");
+            if report.items.is_empty() {
+                return;
+            }
+        }
+        panic!("the control queue never emptied");
+    }
+
     /// Lets `duration` pass: the manual clock moves, and on AWS real time passes too,
     /// since the emulator's queues keep their own time.
     pub async fn wait(&self, duration: Duration) {
