@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox::aws::{load_sdk_config, AwsClients, DynamoStore, SqsControlQueue};
+use outbox::aws::{load_sdk_config, AwsClients, DynamoStore, SqsControlQueue, SqsPublisher};
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::EmbeddedBackend;
 use outbox::poller;
@@ -74,11 +74,15 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                 destinations.push((events.clone(), false));
             }
             let backend = EmbeddedBackend::new(clock.clone(), destinations);
-            let outbox = Outbox::new(backend.request_ports(clock.clone()), settings.timing, settings.limits);
+            let publisher: Arc<dyn Publisher> = Arc::new(LoggingPublisher {
+                inner: backend.publisher.clone(),
+            });
+            let mut outbox = Outbox::new(backend.request_ports(clock.clone()), settings.timing, settings.limits);
+            if settings.inline_publish {
+                outbox = outbox.with_inline_publisher(publisher.clone());
+            }
             let ports = ControlPorts {
-                publisher: Arc::new(LoggingPublisher {
-                    inner: backend.publisher.clone(),
-                }),
+                publisher,
                 ..backend.control_ports(clock.clone())
             };
             let control = ControlPath::new(ports, settings.timing);
@@ -108,7 +112,8 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
             control_queue_url,
         } => {
             let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
-            let outbox = Outbox::new(
+            let publisher = Arc::new(SqsPublisher::new(clients.sqs.clone(), settings.destinations.clone()));
+            let mut outbox = Outbox::new(
                 RequestPorts {
                     store: Arc::new(DynamoStore::new(
                         clients.dynamodb.clone(),
@@ -122,6 +127,9 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                 settings.timing,
                 settings.limits,
             );
+            if settings.inline_publish {
+                outbox = outbox.with_inline_publisher(publisher);
+            }
             Parts {
                 state: AppState {
                     outbox: Arc::new(outbox),

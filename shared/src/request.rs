@@ -18,12 +18,13 @@ use serde_json::Value;
 
 use crate::ports::{
     BusinessWrite, Clock, CommitError, CommitRequest, ControlQueue, ExpectedVersion, IdSource, ItemKey, NativeAction,
-    QueueError, Store, StoreError, VersionedItem,
+    Publisher, QueueError, Store, StoreError, VersionedItem,
 };
 use crate::protocol::{
     ControlMessage, IdempotencyRecord, IdempotencySlot, Message, MessageId, OutboxRecord, OutboxState, OutgoingMessage,
     StoredResponse, TxnId,
 };
+use crate::publish::{publish_all, RetryPolicy};
 use crate::settings::{Timing, TransactionLimits};
 use crate::time::Timestamp;
 
@@ -70,7 +71,16 @@ pub struct Outbox {
     ports: RequestPorts,
     timing: Timing,
     limits: TransactionLimits,
+    inline: Option<Arc<dyn Publisher>>,
 }
+
+/// Sends of one message the request path tries inline: fewer than the worker's, since a
+/// client waits and the worker is the safety net.
+const INLINE_RETRY: RetryPolicy = RetryPolicy {
+    attempts: 2,
+    base_delay: Duration::from_millis(25),
+    max_delay: Duration::from_millis(100),
+};
 
 /// Why a transaction did not commit, or that its outcome is unknown.
 #[derive(Debug, thiserror::Error)]
@@ -226,6 +236,35 @@ pub struct Committed {
     pub txn_id: TxnId,
     /// The ids of the messages it will publish, in order.
     pub message_ids: Vec<MessageId>,
+    /// Whether the request path published them itself.
+    pub inline: InlineDispatch,
+}
+
+/// What the request path did with a committed transaction's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InlineDispatch {
+    /// Inline publishing is off: the control worker publishes them.
+    Off,
+    /// The transaction emitted nothing: its record was committed `dispatched`.
+    NothingToPublish,
+    /// Published and the record marked `dispatched`: the control message finds it done.
+    Dispatched,
+    /// Publishing or marking failed, or the deadline came first: the control worker
+    /// publishes them (again, under the same ids), as without inline publishing.
+    LeftToWorker,
+}
+
+impl InlineDispatch {
+    /// A short name for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::NothingToPublish => "nothing_to_publish",
+            Self::Dispatched => "dispatched",
+            Self::LeftToWorker => "left_to_worker",
+        }
+    }
 }
 
 /// What is known of a transaction, for clients that got an ambiguous answer.
@@ -256,7 +295,71 @@ impl TxnStatus {
 impl Outbox {
     /// The request path over `ports`, with `timing` and `limits` from the settings.
     pub fn new(ports: RequestPorts, timing: Timing, limits: TransactionLimits) -> Self {
-        Self { ports, timing, limits }
+        Self {
+            ports,
+            timing,
+            limits,
+            inline: None,
+        }
+    }
+
+    /// This request path, publishing each committed transaction's messages itself through
+    /// `publisher` and marking its record `dispatched` before answering (DESIGN.md
+    /// section 3, "Settling in the request path"). A failure there is logged and left to
+    /// the control worker, whose control message stays the guarantee; the answer is the
+    /// commit's either way.
+    pub fn with_inline_publisher(mut self, publisher: Arc<dyn Publisher>) -> Self {
+        self.inline = Some(publisher);
+        self
+    }
+
+    /// Publishes a committed record's messages and marks it dispatched, within
+    /// `deadline`. Never fails: what it cannot do, the control worker does.
+    async fn dispatch_inline(&self, record: &OutboxRecord, deadline: Option<Timestamp>) -> InlineDispatch {
+        let Some(publisher) = &self.inline else {
+            return InlineDispatch::Off;
+        };
+        if record.state != OutboxState::Pending {
+            return InlineDispatch::NothingToPublish;
+        }
+        let clock = self.ports.clock.as_ref();
+        let settle = async {
+            let messages: Vec<&OutgoingMessage> = record.messages.iter().collect();
+            let report = publish_all(publisher.as_ref(), clock, &messages, INLINE_RETRY).await;
+            if !report.failed.is_empty() {
+                tracing::warn!(
+                    failed = report.failed.len(),
+                    "inline publishing failed; the control worker will publish"
+                );
+                return InlineDispatch::LeftToWorker;
+            }
+            // Only after every message went out: a record marked first and a crash before
+            // publishing would lose them (I1).
+            let expires_at = clock.now().plus(self.timing.retention);
+            match self
+                .ports
+                .store
+                .mark_dispatched(std::slice::from_ref(record), expires_at)
+                .await
+                .pop()
+            {
+                Some(Ok(())) => InlineDispatch::Dispatched,
+                other => {
+                    tracing::warn!(error = ?other.and_then(Result::err).map(|e| e.to_string()), "marking the record dispatched failed; the control worker will");
+                    InlineDispatch::LeftToWorker
+                }
+            }
+        };
+        let outcome = within(clock, deadline, settle).await.unwrap_or_else(|| {
+            tracing::warn!("the deadline came during inline publishing; the control worker will publish");
+            InlineDispatch::LeftToWorker
+        });
+        // Which path dispatched the transaction: the worker counts its own dispatches.
+        crate::metrics::MetricRecord::new("api", clock.now())
+            .count("InlineDispatches", usize::from(outcome == InlineDispatch::Dispatched))
+            .count("InlineFailures", usize::from(outcome == InlineDispatch::LeftToWorker))
+            .emit();
+        outcome
     }
 
     /// The table, for reads outside a transaction (idempotency look-ups, queries).
@@ -467,7 +570,12 @@ impl<'a> Transaction<'a> {
             let error = match outcome {
                 Some(Ok(())) => {
                     tracing::info!(messages = message_ids.len(), "committed");
-                    return Ok(Committed { txn_id, message_ids });
+                    let inline = self.outbox.dispatch_inline(&request.outbox, self.deadline).await;
+                    return Ok(Committed {
+                        txn_id,
+                        message_ids,
+                        inline,
+                    });
                 }
                 Some(Err(error)) => error,
                 // Cut short in flight: the request may still reach the table.

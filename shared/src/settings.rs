@@ -89,6 +89,10 @@ pub struct Settings {
     pub cors_allowed_origins: Vec<String>,
     /// The largest request body the API takes.
     pub max_request_bytes: usize,
+    /// Whether the request path publishes a committed transaction's messages itself
+    /// (and marks its record dispatched) before answering; the control worker remains
+    /// the guarantee either way.
+    pub inline_publish: bool,
 }
 
 /// The variables, by the names `template.yaml` uses.
@@ -130,6 +134,8 @@ pub mod vars {
     pub const CORS_ALLOWED_ORIGINS: &str = "OUTBOX_CORS_ALLOWED_ORIGINS";
     /// Bytes, 1024 to 1048576, default 65536.
     pub const MAX_REQUEST_BYTES: &str = "OUTBOX_MAX_REQUEST_BYTES";
+    /// `true` or `false` (default): the request path publishes committed messages itself.
+    pub const INLINE_PUBLISH: &str = "OUTBOX_INLINE_PUBLISH";
 }
 
 /// One setting that is wrong.
@@ -216,6 +222,7 @@ impl Settings {
         let sdk_operation_timeout = reader.seconds(vars::SDK_OPERATION_TIMEOUT_SECONDS, Duration::from_secs(5), 1, 300);
         let cors_allowed_origins = reader.origins();
         let max_request_bytes = reader.count(vars::MAX_REQUEST_BYTES, 64 * 1024, 1024, 1024 * 1024);
+        let inline_publish = reader.flag(vars::INLINE_PUBLISH, false);
 
         // A commit can reach the table as late as the API's timeout plus one SDK operation
         // after the first control message. The window must outlast that, or the worker
@@ -259,6 +266,7 @@ impl Settings {
                 sdk_operation_timeout,
                 cors_allowed_origins,
                 max_request_bytes,
+                inline_publish,
             }),
             _ => Err(SettingsError { errors: reader.errors }),
         }
@@ -354,6 +362,18 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
             return None;
         }
         Some(layout)
+    }
+
+    fn flag(&mut self, name: &str, default: bool) -> bool {
+        match self.text(name).as_deref() {
+            None => default,
+            Some("true") => true,
+            Some("false") => false,
+            Some(other) => {
+                self.fail(name, format!("must be true or false, not {other:?}"));
+                default
+            }
+        }
     }
 
     fn count(&mut self, name: &str, default: usize, min: usize, max: usize) -> usize {

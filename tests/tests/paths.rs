@@ -372,3 +372,65 @@ async fn a_commit_that_lands_after_its_deadline_was_reported_ambiguous_not_faile
         "it did commit"
     );
 }
+
+/// With inline publishing the request path publishes the committed messages and marks
+/// the record itself: the event is out before the answer, and the control message finds
+/// the transaction done.
+#[tokio::test]
+async fn inline_publishing_sends_the_events_before_answering_and_leaves_the_worker_nothing() {
+    let f = fixture();
+    let publisher: Arc<dyn outbox::ports::Publisher> = f.backend.publisher.clone();
+    let outbox = f.outbox.clone().with_inline_publisher(publisher);
+    let mut txn = outbox.begin().await.unwrap();
+    txn.put(key("ORDER#1"), json!({"n": 1}), ExpectedVersion::Absent);
+    let id = txn.emit(Message::json(events(), &json!({"type": "Placed"})).unwrap());
+    let committed = txn.commit().await.unwrap();
+    assert_eq!(committed.inline, outbox::request::InlineDispatch::Dispatched);
+    let sent = f.backend.publisher.queue(&events()).unwrap().sent();
+    assert_eq!(sent.len(), 1, "published before the answer");
+    assert_eq!(outbox.status(committed.txn_id).await.unwrap(), TxnStatus::Dispatched);
+    assert!(sent[0].request.attributes.values().any(|value| value == id.as_str()));
+
+    let report = f
+        .control
+        .handle(&delivery(
+            "m-1",
+            ControlMessage::first(committed.txn_id, f.clock.now()).encode(),
+        ))
+        .await;
+    assert_eq!(
+        report.result.unwrap(),
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Dispatched
+        }
+    );
+    assert_eq!(
+        f.backend.publisher.queue(&events()).unwrap().sent().len(),
+        1,
+        "published once"
+    );
+}
+
+/// Inline publishing that fails leaves the record pending for the worker, and the
+/// answer is the commit's.
+#[tokio::test]
+async fn inline_publishing_that_fails_is_left_to_the_worker() {
+    let f = fixture();
+    // A publisher with no such destination refuses every message.
+    let nowhere = Arc::new(outbox::embedded::EmbeddedPublisher::new(Default::default()));
+    let outbox = f.outbox.clone().with_inline_publisher(nowhere);
+    let mut txn = outbox.begin().await.unwrap();
+    txn.emit(Message::json(events(), &json!({"type": "Placed"})).unwrap());
+    let committed = txn.commit().await.expect("the commit happened");
+    assert_eq!(committed.inline, outbox::request::InlineDispatch::LeftToWorker);
+    assert_eq!(outbox.status(committed.txn_id).await.unwrap(), TxnStatus::Pending);
+    let report = f
+        .control
+        .handle(&delivery(
+            "m-1",
+            ControlMessage::first(committed.txn_id, f.clock.now()).encode(),
+        ))
+        .await;
+    assert!(matches!(report.result.unwrap(), ControlOutcome::Dispatched { .. }));
+    assert_eq!(f.backend.publisher.queue(&events()).unwrap().sent().len(), 1);
+}

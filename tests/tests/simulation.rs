@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use outbox::request::TxnError;
+use outbox::request::{InlineDispatch, TxnError};
 use outbox_tests::sim::{
     run_schedule, sim_timing, ApiResult, DepthFirst, FaultsDepthFirst, LoopEnds, Op, Outcome, Seeded, SimConfig,
 };
@@ -22,7 +22,11 @@ fn ending(outcome: &Outcome) -> &'static str {
 
 fn result_name(result: &ApiResult) -> &'static str {
     match result {
-        ApiResult::Answered(Ok(_)) => "committed",
+        ApiResult::Answered(Ok(committed)) => match committed.inline {
+            InlineDispatch::Dispatched => "committed, dispatched inline",
+            InlineDispatch::LeftToWorker => "committed, left to the worker",
+            _ => "committed",
+        },
         ApiResult::Answered(Err(TxnError::DeadlineExceeded { .. })) => "deadline exceeded",
         ApiResult::Answered(Err(TxnError::NotCommitted { .. })) => "not committed",
         ApiResult::Answered(Err(TxnError::CommitWindowExpired { .. })) => "commit window expired",
@@ -33,8 +37,9 @@ fn result_name(result: &ApiResult) -> &'static str {
     }
 }
 
-#[test]
-fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() {
+/// One transaction, every interleaving and every crash point or fault (one per
+/// schedule): the invariants and liveness hold in each. Returns how schedules ended.
+fn explore_one_transaction(name: &str, inline: bool) -> BTreeMap<&'static str, usize> {
     // A 3 s window: the first check at 1 s defers once (2 s), the second tombstones.
     let config = SimConfig {
         transactions: 1,
@@ -46,6 +51,7 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
         timing: sim_timing(3),
         deadline: None,
         retry_loop: None,
+        inline,
     };
     let started = Instant::now();
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
@@ -55,10 +61,10 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
     while let Some(choices) = prefix {
         let mut chooser = DepthFirst::new(choices.clone());
         let outcome =
-            run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("schedule {choices:?}: {error}"));
+            run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("{name}: schedule {choices:?}: {error}"));
         if let Err(violation) = outcome.observed.check() {
             panic!(
-                "schedule {choices:?}: {violation}\n{:#?}\nrerun it with SIM_CHOICES={}",
+                "{name}: schedule {choices:?}: {violation}\n{:#?}\nrerun it with SIM_CHOICES={}",
                 outcome.observed,
                 replay_arg(&choices)
             );
@@ -67,7 +73,7 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
         // reaches the dead-letter queue and every schedule settles in a few steps.
         if outcome.redrives > 0 || outcome.steps >= 100 {
             panic!(
-                "schedule {choices:?} took {} steps and {} dead-letter redrives to settle; rerun it with SIM_CHOICES={}",
+                "{name}: schedule {choices:?} took {} steps and {} dead-letter redrives to settle; rerun it with SIM_CHOICES={}",
                 outcome.steps,
                 outcome.redrives,
                 replay_arg(&choices)
@@ -82,25 +88,97 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
         prefix = chooser.next_prefix();
     }
     println!(
-        "exhaustive: {schedules} schedules of one transaction ({with_fault} with a fault, {tombstoned} ending in a tombstone, {redrives} redrives, longest {longest} steps) in {:.2?}; endings: {endings:?}",
+        "{name}: {schedules} schedules of one transaction ({with_fault} with a fault, {tombstoned} ending in a tombstone, {redrives} redrives, longest {longest} steps) in {:.2?}; endings: {endings:?}",
         started.elapsed()
     );
-    // The exploration must really branch: every kind of ending is reached.
-    for expected in [
-        "committed",
-        "commit window expired",
-        "control send failed",
-        "ambiguous",
-        "api crashed",
-    ] {
+    assert!(
+        tombstoned > 0 && with_fault > schedules / 2,
+        "{name}: the tree is too shallow: {schedules} schedules"
+    );
+    endings
+}
+
+fn assert_reached(endings: &BTreeMap<&str, usize>, expected: &[&str]) {
+    for expected in expected {
         assert!(
             endings.get(expected).copied().unwrap_or(0) > 0,
             "no schedule ended with {expected:?}: {endings:?}"
         );
     }
-    assert!(
-        tombstoned > 0 && with_fault > schedules / 2,
-        "the tree is too shallow: {schedules} schedules"
+}
+
+#[test]
+fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() {
+    let endings = explore_one_transaction("exhaustive", false);
+    // The exploration must really branch: every kind of ending is reached.
+    assert_reached(
+        &endings,
+        &[
+            "committed",
+            "commit window expired",
+            "control send failed",
+            "ambiguous",
+            "api crashed",
+        ],
+    );
+}
+
+/// The same with inline publishing: the request path's publish and mark are steps of its
+/// own, with a crash point and a fault before and after each (crash after the commit
+/// before publishing, after publishing before marking), racing the worker's publish of
+/// the same transaction. Every interleaving of the longer request path is too many
+/// schedules for the test command (minutes), so every placement of one fault is run under
+/// the request-first order and 40 seeded random interleavings.
+#[test]
+fn inline_publishing_keeps_the_invariants_at_every_crash_point() {
+    let config = SimConfig {
+        transactions: 1,
+        items: 1,
+        workers: 1,
+        fault_budget: 1,
+        random_extras: false,
+        max_steps: 1_000,
+        timing: sim_timing(3),
+        deadline: None,
+        retry_loop: None,
+        inline: true,
+    };
+    let started = Instant::now();
+    let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut schedules = 0;
+    for seed in std::iter::once(None).chain((1..=40).map(Some)) {
+        let mut prefix = Some(Vec::new());
+        while let Some(choices) = prefix {
+            let mut chooser = FaultsDepthFirst::new(choices.clone(), seed);
+            let outcome = run_schedule(&mut chooser, &config)
+                .unwrap_or_else(|error| panic!("inline, seed {seed:?}, faults {choices:?}: {error}"));
+            if let Err(violation) = outcome.observed.check() {
+                panic!(
+                    "inline, seed {seed:?}, faults {choices:?}: {violation}\n{:#?}",
+                    outcome.observed
+                );
+            }
+            assert_eq!(
+                outcome.redrives, 0,
+                "inline, seed {seed:?}, faults {choices:?} needed a redrive"
+            );
+            schedules += 1;
+            *endings.entry(ending(&outcome)).or_default() += 1;
+            prefix = chooser.next_prefix();
+        }
+    }
+    println!(
+        "inline publishing: {schedules} schedules (every fault placement, 41 orders) in {:.2?}; endings: {endings:?}",
+        started.elapsed()
+    );
+    assert_reached(
+        &endings,
+        &[
+            "committed, dispatched inline",
+            "committed, left to the worker",
+            "api crashed",
+            "ambiguous",
+        ],
     );
 }
 
@@ -135,6 +213,8 @@ fn random_config(seed: u64) -> SimConfig {
         // Half the requests have a deadline that clock jumps can overtake.
         deadline: rng.bool().then(|| Duration::from_secs(2)),
         retry_loop: None,
+        // Half the schedules publish inline, racing the workers.
+        inline: rng.bool(),
     }
 }
 
@@ -168,11 +248,17 @@ fn thousands_of_random_schedules_keep_the_invariants() {
     let started = Instant::now();
     let (mut faults, mut commits, mut tombstones, mut steps) = (0, 0, 0, 0);
     let mut deadline_endings: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut inline_endings: BTreeMap<&str, usize> = BTreeMap::new();
     for seed in 0..count {
         let outcome = run_seed(seed).unwrap_or_else(|error| {
             panic!("seed {seed}: {error}\nrerun it with SIM_SEED={seed} cargo test -p outbox-tests --test simulation -- --nocapture")
         });
         faults += outcome.faults;
+        if random_config(seed).inline {
+            for result in &outcome.observed.api_results {
+                *inline_endings.entry(result_name(result)).or_default() += 1;
+            }
+        }
         if random_config(seed).deadline.is_some() {
             for result in &outcome.observed.api_results {
                 *deadline_endings.entry(result_name(result)).or_default() += 1;
@@ -183,7 +269,7 @@ fn thousands_of_random_schedules_keep_the_invariants() {
         steps += outcome.steps;
     }
     println!(
-        "random: {count} schedules ({commits} commits, {tombstones} tombstones, {faults} faults, {steps} steps) in {:.2?}; requests with a deadline ended: {deadline_endings:?}",
+        "random: {count} schedules ({commits} commits, {tombstones} tombstones, {faults} faults, {steps} steps) in {:.2?}; requests with a deadline ended: {deadline_endings:?}; requests publishing inline ended: {inline_endings:?}",
         started.elapsed()
     );
     assert!(
@@ -220,6 +306,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             timing: sim_timing(if seed % 4 == 1 { 3 } else { 60 }),
             deadline: (seed % 2 == 1).then(|| Duration::from_secs(2)),
             retry_loop: Some(op),
+            inline: false,
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {

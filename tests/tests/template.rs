@@ -240,7 +240,11 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
         "the worker sends to the control queue (deferrals) and the events queue: {targets:?}"
     );
     let api = grants(&template, "ApiFunction");
-    assert_eq!(api["sqs:SendMessage"].len(), 1, "the API sends only control messages");
+    assert_eq!(
+        api["sqs:SendMessage"].len(),
+        2,
+        "the API sends control messages, and with inline publishing the events"
+    );
 }
 
 #[test]

@@ -75,11 +75,15 @@ pub fn native_outbox(
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let ports = RequestPorts {
         store: Arc::new(DynamoStore::new(clients.dynamodb, layout.clone(), clock.clone())),
-        control_queue: Arc::new(SqsControlQueue::new(clients.sqs, control_queue_url.clone())),
+        control_queue: Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone())),
         clock,
         ids: Arc::new(RandomIds),
     };
-    crate::native::NativeOutbox::new(Outbox::new(ports, settings.timing, settings.limits)).map_err(|_| NotOnAws)
+    let mut outbox = Outbox::new(ports, settings.timing, settings.limits);
+    if settings.inline_publish {
+        outbox = outbox.with_inline_publisher(Arc::new(SqsPublisher::new(clients.sqs, settings.destinations.clone())));
+    }
+    crate::native::NativeOutbox::new(outbox).map_err(|_| NotOnAws)
 }
 
 /// The two clients, built once per process from one [`SdkConfig`].

@@ -52,6 +52,10 @@ pub struct SimConfig {
     /// Explore one retry loop to its end: faults only on this operation
     /// ([`Op::retry_loop_faults`]), as many as the budget allows.
     pub retry_loop: Option<Op>,
+    /// The request path publishes committed messages itself and marks the record
+    /// dispatched (through its own gates: its publishes and its mark can fail or crash
+    /// it, and race the worker's).
+    pub inline: bool,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -201,9 +205,10 @@ impl World {
         key: ItemKey,
         idempotency: Option<IdempotencySlot>,
         deadline: Option<Duration>,
+        inline: bool,
     ) -> Actor {
         let (id, gate) = self.gate();
-        let outbox = Outbox::new(
+        let mut outbox = Outbox::new(
             RequestPorts {
                 store: Arc::new(GatedStore {
                     inner: self.backend.store.clone(),
@@ -219,6 +224,12 @@ impl World {
             self.timing,
             TransactionLimits::default(),
         );
+        if inline {
+            outbox = outbox.with_inline_publisher(Arc::new(GatedPublisher {
+                inner: self.backend.publisher.clone(),
+                gate: gate.clone(),
+            }));
+        }
         let future = Box::pin(async move { increment(&outbox, key, idempotency, deadline).await });
         Actor {
             id,
@@ -342,7 +353,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             Some(IdempotencySlot::new("counters.increment", &key))
         };
         slots.push(slot.clone());
-        actors.push(world.api(index, key, slot, config.deadline));
+        actors.push(world.api(index, key, slot, config.deadline, config.inline));
     }
     for _ in 0..config.workers {
         actors.push(world.worker());
