@@ -21,6 +21,14 @@ struct Fixture {
     timing: Timing,
 }
 
+impl Fixture {
+    /// The control path handling transaction `txn_id`'s first control message.
+    async fn first_check(&self, txn_id: TxnId) -> outbox::control::ItemReport {
+        let message = ControlMessage::first(txn_id, self.clock.now());
+        self.control.handle(&delivery("m-1", message.encode())).await
+    }
+}
+
 fn fixture() -> Fixture {
     fixture_with_limits(TransactionLimits::default())
 }
@@ -391,13 +399,7 @@ async fn inline_publishing_sends_the_events_before_answering_and_leaves_the_work
     assert_eq!(outbox.status(committed.txn_id).await.unwrap(), TxnStatus::Dispatched);
     assert!(sent[0].request.attributes.values().any(|value| value == id.as_str()));
 
-    let report = f
-        .control
-        .handle(&delivery(
-            "m-1",
-            ControlMessage::first(committed.txn_id, f.clock.now()).encode(),
-        ))
-        .await;
+    let report = f.first_check(committed.txn_id).await;
     assert_eq!(
         report.result.unwrap(),
         ControlOutcome::AlreadyDone {
@@ -424,13 +426,7 @@ async fn inline_publishing_that_fails_is_left_to_the_worker() {
     let committed = txn.commit().await.expect("the commit happened");
     assert_eq!(committed.inline, outbox::request::InlineDispatch::LeftToWorker);
     assert_eq!(outbox.status(committed.txn_id).await.unwrap(), TxnStatus::Pending);
-    let report = f
-        .control
-        .handle(&delivery(
-            "m-1",
-            ControlMessage::first(committed.txn_id, f.clock.now()).encode(),
-        ))
-        .await;
+    let report = f.first_check(committed.txn_id).await;
     assert!(matches!(report.result.unwrap(), ControlOutcome::Dispatched { .. }));
     assert_eq!(f.backend.publisher.queue(&events()).unwrap().sent().len(), 1);
 }

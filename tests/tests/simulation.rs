@@ -37,11 +37,10 @@ fn result_name(result: &ApiResult) -> &'static str {
     }
 }
 
-/// One transaction, every interleaving and every crash point or fault (one per
-/// schedule): the invariants and liveness hold in each. Returns how schedules ended.
-fn explore_one_transaction(name: &str, inline: bool) -> BTreeMap<&'static str, usize> {
-    // A 3 s window: the first check at 1 s defers once (2 s), the second tombstones.
-    let config = SimConfig {
+/// One transaction, one worker, one fault at most. A 3 s window: the first check at 1 s
+/// defers once (2 s), the second tombstones.
+fn one_transaction(inline: bool) -> SimConfig {
+    SimConfig {
         transactions: 1,
         items: 1,
         workers: 1,
@@ -52,7 +51,13 @@ fn explore_one_transaction(name: &str, inline: bool) -> BTreeMap<&'static str, u
         deadline: None,
         retry_loop: None,
         inline,
-    };
+    }
+}
+
+/// One transaction, every interleaving and every crash point or fault (one per
+/// schedule): the invariants and liveness hold in each. Returns how schedules ended.
+fn explore_one_transaction(name: &str, inline: bool) -> BTreeMap<&'static str, usize> {
+    let config = one_transaction(inline);
     let started = Instant::now();
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
     let (mut schedules, mut with_fault, mut tombstoned, mut redrives, mut longest) = (0, 0, 0, 0, 0);
@@ -131,18 +136,7 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
 /// the request-first order and 40 seeded random interleavings.
 #[test]
 fn inline_publishing_keeps_the_invariants_at_every_crash_point() {
-    let config = SimConfig {
-        transactions: 1,
-        items: 1,
-        workers: 1,
-        fault_budget: 1,
-        random_extras: false,
-        max_steps: 1_000,
-        timing: sim_timing(3),
-        deadline: None,
-        retry_loop: None,
-        inline: true,
-    };
+    let config = one_transaction(true);
     let started = Instant::now();
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
     let mut schedules = 0;
