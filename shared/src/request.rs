@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::ports::{
     BusinessWrite, Clock, CommitError, CommitRequest, ControlQueue, ExpectedVersion, IdSource, ItemKey, NativeAction,
-    Publisher, QueueError, Store, StoreError, VersionedItem,
+    Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{
     ControlMessage, IdempotencyRecord, IdempotencySlot, Message, MessageId, OutboxRecord, OutboxState, OutgoingMessage,
@@ -32,6 +32,9 @@ use crate::time::Timestamp;
 pub const COMMIT_ATTEMPTS: u32 = 3;
 /// Wait before the first commit retry; doubled for the next.
 const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(25);
+/// Time kept before a request's deadline for settling a failed commit with a tombstone
+/// (one conditional put): commit attempts stop this long before the deadline.
+pub const SETTLE_RESERVE: Duration = Duration::from_millis(200);
 
 /// Runs `operation`, cut short at `deadline` (by `clock`'s timer) if there is one:
 /// `None` when the deadline came first.
@@ -166,8 +169,21 @@ pub enum TxnError {
         #[source]
         source: CommitError,
     },
-    /// Nobody knows whether the commit applied. The control worker settles it; the
-    /// transaction's status tells the outcome later.
+    /// The commit's outcome was unknown (`source` says why), and the request path then
+    /// settled it: it wrote the transaction's tombstone (or found the control worker's),
+    /// so no attempt applied and none still in flight ever can. Nothing was written;
+    /// starting again is safe.
+    #[error("transaction {txn_id}: the commit's outcome was unknown; its tombstone now stops it")]
+    Fenced {
+        /// The transaction.
+        txn_id: TxnId,
+        /// The error of the attempt whose outcome was unknown.
+        #[source]
+        source: CommitError,
+    },
+    /// Nobody knows whether the commit applied: it could not be settled before the
+    /// deadline. The control worker settles it; the transaction's status tells the
+    /// outcome later.
     #[error("transaction {txn_id}: the commit's outcome is unknown")]
     Ambiguous {
         /// The transaction.
@@ -191,6 +207,7 @@ impl TxnError {
             | Self::IdempotencyKeyUsed { txn_id, .. }
             | Self::TooLarge { txn_id, .. }
             | Self::NotCommitted { txn_id, .. }
+            | Self::Fenced { txn_id, .. }
             | Self::Ambiguous { txn_id, .. } => *txn_id,
         }
     }
@@ -292,6 +309,40 @@ impl TxnStatus {
     }
 }
 
+/// What the request path's tombstone write for a transaction found (DESIGN.md section 3,
+/// "Settling in the request path").
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settlement {
+    /// The tombstone is written: the transaction never committed and never can; its
+    /// control message finds it settled.
+    Tombstoned,
+    /// A tombstone was there already (the control worker's): the same.
+    AlreadyTombstoned,
+    /// The transaction's own record: it committed.
+    Committed(OutboxRecord),
+    /// The write failed, or the deadline came first: the control message settles it, as
+    /// it would have without this write.
+    LeftToWorker,
+}
+
+impl Settlement {
+    /// Whether the transaction certainly never committed.
+    pub fn never_committed(&self) -> bool {
+        matches!(self, Self::Tombstoned | Self::AlreadyTombstoned)
+    }
+
+    /// A short name for logs and metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Tombstoned => "tombstoned",
+            Self::AlreadyTombstoned => "already_tombstoned",
+            Self::Committed(_) => "committed",
+            Self::LeftToWorker => "left_to_worker",
+        }
+    }
+}
+
 impl Outbox {
     /// The request path over `ports`, with `timing` and `limits` from the settings.
     pub fn new(ports: RequestPorts, timing: Timing, limits: TransactionLimits) -> Self {
@@ -360,6 +411,47 @@ impl Outbox {
             .count("InlineFailures", usize::from(outcome == InlineDispatch::LeftToWorker))
             .emit();
         outcome
+    }
+
+    /// Abandons transaction `txn_id`: writes its tombstone (the same conditional put the
+    /// control worker writes, `attribute_not_exists`), by `deadline` if there is one, so
+    /// that its control message finds it settled at the first check instead of deferring
+    /// until the window ends. A commit of it that is still in flight, or tried later,
+    /// then fails. Never fails itself: what it cannot write, the control message settles.
+    ///
+    /// [`Transaction::abandon`] does this for a transaction in hand; the HTTP glue does
+    /// it for a request whose handler began a transaction and answered without
+    /// committing it.
+    pub async fn abandon(&self, txn_id: TxnId, deadline: Option<Timestamp>) -> Settlement {
+        let clock = self.ports.clock.as_ref();
+        let now = clock.now();
+        let settlement = if deadline.is_some_and(|deadline| now >= deadline) {
+            Settlement::LeftToWorker
+        } else {
+            let expires_at = now.plus(self.timing.retention);
+            let write = self.ports.store.put_tombstone(txn_id, now, expires_at);
+            match within(clock, deadline, write).await {
+                Some(Ok(TombstoneOutcome::Written)) => Settlement::Tombstoned,
+                Some(Ok(TombstoneOutcome::Exists(record))) if record.state == OutboxState::Tombstone => {
+                    Settlement::AlreadyTombstoned
+                }
+                Some(Ok(TombstoneOutcome::Exists(record))) => Settlement::Committed(record),
+                Some(Err(error)) => {
+                    tracing::warn!(%txn_id, error = %error, "writing the tombstone failed; the control message will settle the transaction");
+                    Settlement::LeftToWorker
+                }
+                None => {
+                    tracing::warn!(%txn_id, "the deadline came while writing the tombstone; the control message will settle the transaction");
+                    Settlement::LeftToWorker
+                }
+            }
+        };
+        tracing::info!(%txn_id, settlement = settlement.as_str(), "transaction settled in the request path");
+        crate::metrics::MetricRecord::new("api", clock.now())
+            .count("RequestTombstones", usize::from(settlement == Settlement::Tombstoned))
+            .count("RequestSettleFailures", usize::from(settlement == Settlement::LeftToWorker))
+            .emit();
+        settlement
     }
 
     /// The table, for reads outside a transaction (idempotency look-ups, queries).
@@ -431,8 +523,10 @@ impl Outbox {
     }
 }
 
-/// One transaction of the request path, from `begin` to `commit`. Dropping it without
-/// committing abandons it: its control message will tombstone it.
+/// One transaction of the request path, from `begin` to `commit`. To give it up, call
+/// [`Transaction::abandon`]: it writes the tombstone at once. Dropping it without
+/// committing is safe too (a crash does that): its control message tombstones it, after
+/// deferring until the commit window ends.
 pub struct Transaction<'a> {
     outbox: &'a Outbox,
     txn_id: TxnId,
@@ -526,17 +620,77 @@ impl<'a> Transaction<'a> {
         self.idempotency = Some((slot, fingerprint, response));
     }
 
+    /// Abandons the transaction: writes its tombstone now, within its deadline (see
+    /// [`Outbox::abandon`]). For a handler that decided, after `begin`, not to commit (a
+    /// no-op, a 404 or 409 found by its reads).
+    pub async fn abandon(self) -> Settlement {
+        self.outbox.abandon(self.txn_id, self.deadline).await
+    }
+
     /// Commits everything staged atomically with the outbox record.
+    ///
+    /// A commit that fails is settled before this returns (DESIGN.md section 3): the
+    /// request path writes the transaction's tombstone, so its control message finds it
+    /// settled. When the outcome was unknown (a timeout, a lost reply), that write
+    /// decides it: written, the commit never applied and never can
+    /// ([`TxnError::Fenced`], safe to retry); finding the transaction's own record, it
+    /// committed (`Ok`). Only when the write cannot be made before the deadline is the
+    /// answer [`TxnError::Ambiguous`]. Commit attempts stop [`SETTLE_RESERVE`] before the
+    /// deadline to leave time for it.
     #[tracing::instrument(skip_all, fields(txn_id = %self.txn_id))]
     pub async fn commit(mut self) -> Result<Committed, TxnError> {
+        let txn_id = self.txn_id;
+        let message_ids: Vec<MessageId> = self.messages.iter().map(|message| message.id.clone()).collect();
+        let mut request: Option<CommitRequest> = None;
+        let error = match self.attempt(&mut request).await {
+            Ok(()) => {
+                let record = &request.as_ref().expect("a commit that applied was sent").outbox;
+                let inline = self.outbox.dispatch_inline(record, self.deadline).await;
+                return Ok(Committed {
+                    txn_id,
+                    message_ids,
+                    inline,
+                });
+            }
+            // A tombstone holds the key already, or the window has passed and the
+            // control worker writes it at its next check: nothing to settle.
+            Err(error @ TxnError::CommitWindowExpired { .. }) => return Err(error),
+            Err(error) => error,
+        };
+        match self.outbox.abandon(txn_id, self.deadline).await {
+            Settlement::Committed(found) => {
+                // An attempt whose outcome was unknown applied after all.
+                tracing::info!(error = %error, "the commit applied after all");
+                let committed = match request {
+                    Some(request) if found.state == OutboxState::Pending => request.outbox,
+                    _ => found,
+                };
+                let inline = self.outbox.dispatch_inline(&committed, self.deadline).await;
+                Ok(Committed {
+                    txn_id,
+                    message_ids,
+                    inline,
+                })
+            }
+            settlement if settlement.never_committed() => Err(match error {
+                TxnError::Ambiguous { txn_id, source } => TxnError::Fenced { txn_id, source },
+                definite => definite,
+            }),
+            _ => Err(error),
+        }
+    }
+
+    /// Tries the commit until it applies, is refused definitely, or its attempts, the
+    /// window or the time before the deadline's reserve run out. `request` keeps what
+    /// was sent.
+    async fn attempt(&mut self, request: &mut Option<CommitRequest>) -> Result<(), TxnError> {
         let txn_id = self.txn_id;
         self.check_limits()?;
         let ports = &self.outbox.ports;
         let timing = &self.outbox.timing;
         let window_end = self.first_sent_at.plus(timing.max_commit_duration);
-        let message_ids: Vec<MessageId> = self.messages.iter().map(|message| message.id.clone()).collect();
+        let attempts_until = self.deadline.map(|deadline| deadline.minus(SETTLE_RESERVE));
 
-        let mut request: Option<CommitRequest> = None;
         // The error of an earlier attempt whose outcome is unknown: from then on, no
         // failure short of a definite refusal can say "nothing was written".
         let mut unknown: Option<CommitError> = None;
@@ -553,29 +707,28 @@ impl<'a> Transaction<'a> {
                     None => TxnError::CommitWindowExpired { txn_id },
                 });
             }
-            // Past the request's deadline nobody waits for the answer any more.
-            if self.deadline.is_some_and(|deadline| now >= deadline) {
+            // Past the request's deadline (less the time settling needs) nobody waits
+            // for the answer any more.
+            if attempts_until.is_some_and(|until| now >= until) {
                 return Err(match (unknown, last_refusal) {
                     (Some(source), _) => TxnError::Ambiguous { txn_id, source },
                     (None, Some(source)) => TxnError::NotCommitted { txn_id, source },
                     (None, None) => TxnError::DeadlineExceeded { txn_id },
                 });
             }
-            let request = request.get_or_insert_with(|| self.request(now));
+            if request.is_none() {
+                *request = Some(self.request(now));
+            }
+            let sent = request.as_ref().expect("just built");
             if let Some(hook) = self.on_commit.take() {
                 hook(txn_id);
             }
-            let commit = ports.store.commit_native(request, &self.native);
-            let outcome = within(ports.clock.as_ref(), self.deadline, commit).await;
+            let commit = ports.store.commit_native(sent, &self.native);
+            let outcome = within(ports.clock.as_ref(), attempts_until, commit).await;
             let error = match outcome {
                 Some(Ok(())) => {
-                    tracing::info!(messages = message_ids.len(), "committed");
-                    let inline = self.outbox.dispatch_inline(&request.outbox, self.deadline).await;
-                    return Ok(Committed {
-                        txn_id,
-                        message_ids,
-                        inline,
-                    });
+                    tracing::info!(messages = sent.outbox.messages.len(), "committed");
+                    return Ok(());
                 }
                 Some(Err(error)) => error,
                 // Cut short in flight: the request may still reach the table.

@@ -43,6 +43,12 @@ impl Timestamp {
         Self(self.0.saturating_add(millis))
     }
 
+    /// This instant moved back by `duration`, saturating at the epoch.
+    pub fn minus(self, duration: Duration) -> Self {
+        let millis = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        Self(self.0.saturating_sub(millis))
+    }
+
     /// How long after `earlier` this instant is; zero when it is not after it.
     pub fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(self.0.saturating_sub(earlier.0))

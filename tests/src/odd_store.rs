@@ -1,6 +1,7 @@
 //! A store that misbehaves on purpose around a real one: business reads that lag a
 //! version behind or take their time, and commits that stall, never to apply or to
-//! apply late (a request that reaches the table after its caller gave up).
+//! apply late (a request that reaches the table after its caller gave up) or whose reply
+//! is lost, and tombstone writes that stall.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,6 +22,8 @@ pub enum CommitStall {
     Forever,
     /// Applies after this long (tokio time), whether or not its caller still waits.
     AppliesAfter(Duration),
+    /// Applies, but the reply is lost: the caller gets "outcome unknown".
+    ReplyLost,
 }
 
 /// The misbehaving store.
@@ -33,6 +36,8 @@ pub struct OddStore {
     pub read_delay: Duration,
     /// What commits do.
     pub commit: CommitStall,
+    /// Tombstone writes never answer and never apply.
+    pub tombstones_stall: bool,
 }
 
 impl OddStore {
@@ -43,6 +48,7 @@ impl OddStore {
             stale: false,
             read_delay: Duration::ZERO,
             commit: CommitStall::None,
+            tombstones_stall: false,
         }
     }
 }
@@ -61,6 +67,10 @@ impl Store for OddStore {
                     inner.commit(&request).await
                 });
                 applied.await.expect("the late commit ran")
+            }
+            CommitStall::ReplyLost => {
+                self.inner.commit(request).await?;
+                Err(CommitError::Ambiguous("injected: the reply was lost".into()))
             }
         }
     }
@@ -88,6 +98,9 @@ impl Store for OddStore {
         now: Timestamp,
         expires_at: Timestamp,
     ) -> Result<TombstoneOutcome, StoreError> {
+        if self.tombstones_stall {
+            return std::future::pending().await;
+        }
         self.inner.put_tombstone(id, now, expires_at).await
     }
 

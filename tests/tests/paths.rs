@@ -159,7 +159,11 @@ async fn a_transaction_beyond_its_limits_is_refused_before_anything_is_written()
     }
     let txn_id = txn.id();
     assert!(matches!(txn.commit().await, Err(TxnError::TooLarge { .. })));
-    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Unknown);
+    assert_eq!(
+        f.outbox.status(txn_id).await.unwrap(),
+        TxnStatus::Tombstoned,
+        "nothing but its tombstone written"
+    );
 
     let mut txn = f.outbox.begin().await.unwrap();
     txn.emit(Message::json(events(), &"x".repeat(1_001)).unwrap());
@@ -302,13 +306,20 @@ async fn a_control_send_failure_writes_nothing() {
 
 /// The request path over a store whose commits stall as `stall` says.
 fn outbox_with_stalled_commits(f: &Fixture, stall: CommitStall) -> Outbox {
-    let store = OddStore {
-        commit: stall,
-        ..OddStore::around(f.backend.store.clone())
-    };
+    outbox_over(
+        f,
+        OddStore {
+            commit: stall,
+            ..OddStore::around(f.backend.store.clone())
+        },
+    )
+}
+
+/// The request path over a store that misbehaves as `odd` says.
+fn outbox_over(f: &Fixture, odd: OddStore) -> Outbox {
     Outbox::new(
         outbox::request::RequestPorts {
-            store: Arc::new(store),
+            store: Arc::new(odd),
             ..f.backend.request_ports(f.clock.clone())
         },
         f.timing,
@@ -316,10 +327,47 @@ fn outbox_with_stalled_commits(f: &Fixture, stall: CommitStall) -> Outbox {
     )
 }
 
+/// A commit cut short in flight is settled by the tombstone: a definite answer, and the
+/// attempt in flight can never apply.
 #[tokio::test(start_paused = true)]
-async fn a_commit_in_flight_at_the_deadline_is_cut_short_as_ambiguous_naming_its_transaction() {
+async fn a_commit_in_flight_at_the_deadline_is_fenced_by_its_tombstone_and_answered_definitely() {
     let f = fixture();
     let outbox = outbox_with_stalled_commits(&f, CommitStall::Forever);
+    let deadline = f.clock.now().plus(Duration::from_secs(2));
+    let mut txn = outbox.begin_within(deadline).await.unwrap();
+    let txn_id = txn.id();
+    txn.emit(Message::json(events(), &json!({"n": 1})).unwrap());
+    let started = tokio::time::Instant::now();
+    let error = tokio::time::timeout(Duration::from_secs(60), txn.commit())
+        .await
+        .expect("the commit kept to its deadline")
+        .unwrap_err();
+    assert!(
+        matches!(error, TxnError::Fenced { txn_id: id, .. } if id == txn_id),
+        "{error:?}"
+    );
+    assert!(error.is_definite());
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(2) - outbox::request::SETTLE_RESERVE,
+        "one attempt, cut short before the deadline's reserve, and no retry after it"
+    );
+    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Tombstoned);
+}
+
+/// When even the tombstone cannot be written before the deadline, the answer is
+/// "outcome unknown", naming the transaction, at the deadline.
+#[tokio::test(start_paused = true)]
+async fn a_commit_that_cannot_be_settled_by_the_deadline_is_ambiguous_naming_its_transaction() {
+    let f = fixture();
+    let outbox = outbox_over(
+        &f,
+        OddStore {
+            commit: CommitStall::Forever,
+            tombstones_stall: true,
+            ..OddStore::around(f.backend.store.clone())
+        },
+    );
     let deadline = f.clock.now().plus(Duration::from_secs(2));
     let mut txn = outbox.begin_within(deadline).await.unwrap();
     let txn_id = txn.id();
@@ -333,11 +381,26 @@ async fn a_commit_in_flight_at_the_deadline_is_cut_short_as_ambiguous_naming_its
         matches!(error, TxnError::Ambiguous { txn_id: id, .. } if id == txn_id),
         "{error:?}"
     );
-    assert_eq!(
-        started.elapsed(),
-        Duration::from_secs(2),
-        "one attempt, cut short at the deadline, and no retry after it"
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed > Duration::from_secs(2) - outbox::request::SETTLE_RESERVE && elapsed <= Duration::from_secs(2),
+        "tried to settle until the deadline, and answered by it: {elapsed:?}"
     );
+}
+
+/// A commit that applied but whose every reply was lost: the tombstone write finds the
+/// transaction's own record, and the answer is success.
+#[tokio::test]
+async fn a_commit_whose_replies_were_lost_is_found_committed_by_the_settling_write() {
+    let f = fixture();
+    let outbox = outbox_with_stalled_commits(&f, CommitStall::ReplyLost);
+    let mut txn = outbox.begin().await.unwrap();
+    let txn_id = txn.id();
+    txn.put(key("ORDER#1"), json!({"n": 1}), ExpectedVersion::Absent);
+    let id = txn.emit(Message::json(events(), &json!({"n": 1})).unwrap());
+    let committed = txn.commit().await.expect("it committed");
+    assert_eq!((committed.txn_id, committed.message_ids), (txn_id, vec![id]));
+    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Pending);
 }
 
 #[tokio::test]
@@ -361,10 +424,41 @@ async fn a_deadline_passed_before_the_commit_is_definite_and_the_transaction_is_
     );
 }
 
+/// A commit still on its way when the deadline came is fenced: the answer says nothing
+/// was written, and when the late request reaches the table it is refused.
 #[tokio::test(start_paused = true)]
-async fn a_commit_that_lands_after_its_deadline_was_reported_ambiguous_not_failed() {
+async fn a_commit_that_would_land_after_its_deadline_is_refused_by_the_tombstone_it_was_answered_with() {
     let f = fixture();
     let outbox = outbox_with_stalled_commits(&f, CommitStall::AppliesAfter(Duration::from_secs(3)));
+    let mut txn = outbox
+        .begin_within(f.clock.now().plus(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let txn_id = txn.id();
+    txn.emit(Message::json(events(), &json!({"n": 1})).unwrap());
+    let error = txn.commit().await.unwrap_err();
+    assert!(matches!(error, TxnError::Fenced { .. }), "{error:?}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        f.outbox.status(txn_id).await.unwrap(),
+        TxnStatus::Tombstoned,
+        "the late commit was refused"
+    );
+}
+
+/// Without the tombstone (its write stalls too), the same late commit is answered
+/// "outcome unknown", and it does commit.
+#[tokio::test(start_paused = true)]
+async fn a_commit_that_lands_after_an_unsettled_deadline_was_reported_ambiguous_not_failed() {
+    let f = fixture();
+    let outbox = outbox_over(
+        &f,
+        OddStore {
+            commit: CommitStall::AppliesAfter(Duration::from_secs(3)),
+            tombstones_stall: true,
+            ..OddStore::around(f.backend.store.clone())
+        },
+    );
     let mut txn = outbox
         .begin_within(f.clock.now().plus(Duration::from_secs(1)))
         .await
@@ -379,6 +473,37 @@ async fn a_commit_that_lands_after_its_deadline_was_reported_ambiguous_not_faile
         TxnStatus::Pending,
         "it did commit"
     );
+}
+
+/// An abandoned transaction is tombstoned by the request path: its control message finds
+/// it settled at the first check, with no deferral.
+#[tokio::test]
+async fn an_abandoned_transaction_is_tombstoned_at_once_and_its_first_check_finds_it_settled() {
+    let f = fixture();
+    let txn = f.outbox.begin().await.unwrap();
+    let txn_id = txn.id();
+    assert_eq!(txn.abandon().await, outbox::request::Settlement::Tombstoned);
+    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Tombstoned);
+    let report = f.first_check(txn_id).await;
+    assert_eq!(
+        report.result.unwrap(),
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Tombstone
+        }
+    );
+}
+
+/// A definite commit failure settles the transaction the same way.
+#[tokio::test]
+async fn a_definite_commit_failure_tombstones_the_transaction() {
+    let f = fixture();
+    let mut txn = f.outbox.begin().await.unwrap();
+    let txn_id = txn.id();
+    // The item does not exist at version 3.
+    txn.put(key("ORDER#9"), json!({"n": 1}), ExpectedVersion::Exactly(3));
+    let error = txn.commit().await.unwrap_err();
+    assert!(matches!(error, TxnError::VersionConflict { .. }), "{error:?}");
+    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Tombstoned);
 }
 
 /// With inline publishing the request path publishes the committed messages and marks

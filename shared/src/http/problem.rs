@@ -198,6 +198,9 @@ pub fn transaction_problem(error: &TxnError, precondition: bool) -> Problem {
             ..
         } => Problem::new(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error")
             .with_detail("nothing was written"),
+        TxnError::Fenced { .. } => Problem::new(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable")
+            .with_detail("the store did not confirm the change in time, so it was cancelled: nothing was written; retry the request")
+            .retryable(),
         TxnError::Ambiguous { .. } => Problem::new(S::SERVICE_UNAVAILABLE, "outcome-unknown", "Outcome unknown")
             .with_detail(OUTCOME_UNKNOWN)
             .retryable(),
