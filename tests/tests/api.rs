@@ -794,8 +794,10 @@ fn transaction_of(reply: &Reply) -> String {
     header
 }
 
+/// A commit stalled past the deadline is settled by its tombstone before the answer: a
+/// 503 that says nothing was written, naming the transaction, already tombstoned.
 #[tokio::test(start_paused = true)]
-async fn a_commit_stalled_past_the_deadline_is_a_503_naming_its_transaction_which_later_reads_tombstoned() {
+async fn a_commit_stalled_past_the_deadline_is_fenced_a_503_naming_its_transaction_which_reads_tombstoned() {
     let app = app_with_odd_store(|odd| OddStore {
         commit: CommitStall::Forever,
         ..odd
@@ -808,26 +810,63 @@ async fn a_commit_stalled_past_the_deadline_is_a_503_naming_its_transaction_whic
         started.elapsed()
     );
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(reply.body["type"], "/problems/outcome-unknown");
+    assert_eq!(reply.body["type"], "/problems/unavailable");
+    assert!(reply.body["detail"].as_str().unwrap().contains("nothing was written"));
     assert_eq!(reply.headers["retry-after"], "1");
     let txn = transaction_of(&reply);
-    assert_eq!(app.transaction_status(&txn).await, "unknown", "not settled yet");
+    assert_eq!(app.transaction_status(&txn).await, "tombstoned", "settled before the answer");
     app.settle().await;
-    assert_eq!(app.transaction_status(&txn).await, "tombstoned");
     assert!(app.published().is_empty());
 }
 
+/// When the tombstone cannot be written either, the answer is "outcome unknown", and the
+/// control worker settles the transaction later.
 #[tokio::test(start_paused = true)]
-async fn a_commit_that_lands_after_the_deadline_is_a_503_naming_its_transaction_which_later_reads_dispatched() {
+async fn a_commit_that_cannot_be_settled_in_time_is_a_503_outcome_unknown() {
     let app = app_with_odd_store(|odd| OddStore {
-        commit: CommitStall::AppliesAfter(Duration::from_secs(5)),
+        commit: CommitStall::Forever,
+        tombstones_stall: true,
         ..odd
     });
     let reply = app.create().await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(reply.body["type"], "/problems/outcome-unknown");
     let txn = transaction_of(&reply);
-    // The request reaches the table after its answer was sent.
+    assert_eq!(app.transaction_status(&txn).await, "unknown", "not settled yet");
+}
+
+/// A commit still on its way at the deadline is fenced: when it reaches the table it is
+/// refused, and nothing is ever published.
+#[tokio::test(start_paused = true)]
+async fn a_commit_that_would_land_after_the_deadline_is_fenced_and_refused_when_it_lands() {
+    let app = app_with_odd_store(|odd| OddStore {
+        commit: CommitStall::AppliesAfter(Duration::from_secs(5)),
+        ..odd
+    });
+    let reply = app.create().await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.body["type"], "/problems/unavailable");
+    let txn = transaction_of(&reply);
+    // The request reaches the table after its answer was sent, and is refused.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(app.transaction_status(&txn).await, "tombstoned");
+    app.settle().await;
+    assert!(app.published().is_empty());
+}
+
+/// Without the tombstone (its write stalls), the same late commit was answered "outcome
+/// unknown", and it does commit and publish.
+#[tokio::test(start_paused = true)]
+async fn a_commit_that_lands_after_an_unsettled_deadline_is_a_503_outcome_unknown_which_later_reads_dispatched() {
+    let app = app_with_odd_store(|odd| OddStore {
+        commit: CommitStall::AppliesAfter(Duration::from_secs(5)),
+        tombstones_stall: true,
+        ..odd
+    });
+    let reply = app.create().await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.body["type"], "/problems/outcome-unknown");
+    let txn = transaction_of(&reply);
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(app.transaction_status(&txn).await, "pending", "it did commit");
     app.settle().await;
@@ -887,9 +926,27 @@ async fn refusals_decided_after_the_transaction_began_name_it_and_it_reads_tombs
         transaction_of(&precondition),
         header(&unchanged, "x-transaction-id").unwrap().to_owned(),
     ];
-    app.settle().await;
+    // The deadline middleware tombstoned each before answering.
     for txn in &txns {
         assert_eq!(app.transaction_status(txn).await, "tombstoned", "{txn}");
+    }
+    // So each cost one control message, found settled at its first check: no deferral.
+    app.settle().await;
+    let sent: Vec<ControlMessage> = app
+        .backend
+        .control_queue
+        .queue()
+        .sent()
+        .iter()
+        .map(|sent| ControlMessage::decode(&sent.request.body).unwrap())
+        .collect();
+    for txn in &txns {
+        let attempts: Vec<u32> = sent
+            .iter()
+            .filter(|message| message.txn_id.to_string() == *txn)
+            .map(|message| message.attempt)
+            .collect();
+        assert_eq!(attempts, [1], "{txn}: control messages sent (their attempt numbers)");
     }
 }
 

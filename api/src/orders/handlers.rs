@@ -222,8 +222,9 @@ async fn change_order(
             write: Some((next, ExpectedVersion::Exactly(version), event)),
         },
         // Nothing changes, nothing is emitted. Without a key there is nothing to commit
-        // (the control message will find no record and tombstone it, harmlessly); with
-        // one, the answer is committed so that repeats replay it.
+        // (the deadline middleware tombstones the transaction before answering, and its
+        // control message finds it settled); with one, the answer is committed so that
+        // repeats replay it.
         None if idempotency.is_none() => {
             let Answer {
                 status,

@@ -11,8 +11,14 @@
 //! before the end (a stalled read, say), the middleware answers instead, from the
 //! progress the scope recorded: before the transaction began, a plain timeout; after it
 //! began but before its commit was tried, a timeout that names it and says nothing was
-//! written; once its commit was in flight, "outcome unknown" naming it. A 503 that cannot
-//! name its transaction is thus given only before one began.
+//! written; once its commit was in flight, "outcome unknown" naming it, unless the
+//! transaction's tombstone can still be written, which makes it "nothing written". A 503
+//! that cannot name its transaction is thus given only before one began.
+//!
+//! A transaction the handler began and did not commit (it answered 404, or found nothing
+//! to change) is settled by the middleware before the answer goes out: it writes the
+//! transaction's tombstone ([`Outbox::abandon`]), so that the control message finds it
+//! settled at its first check instead of deferring until the commit window ends.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,7 +37,7 @@ use super::problem::TRANSACTION_ID_HEADER;
 use crate::native::{NativeOutbox, NativeTransaction};
 use crate::ports::Clock;
 use crate::protocol::TxnId;
-use crate::request::{Committable, Outbox, Transaction, TxnError};
+use crate::request::{Committable, Outbox, Settlement, Transaction, TxnError};
 use crate::time::Timestamp;
 
 /// How long before a request's end the handler must stop working, to answer in time.
@@ -44,7 +50,8 @@ pub enum Progress {
     #[default]
     NotBegun,
     /// The transaction began (its control message was sent) and its commit was not
-    /// tried: nothing was written, and its control message will tombstone it.
+    /// tried: nothing was written; the middleware tombstones it before answering (or, if
+    /// that fails, its control message does).
     Begun(TxnId),
     /// Its commit was tried: it may have applied.
     Committing(TxnId),
@@ -53,11 +60,22 @@ pub enum Progress {
 /// What a handler learns of its request's time, and where its transaction's progress is
 /// recorded. An extractor: the scope [`enforce_deadline`] gave the request, or one without
 /// a deadline where the middleware is not installed.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RequestScope {
     /// When the handler must have finished, if the request has a deadline.
     pub deadline: Option<Timestamp>,
     progress: Arc<Mutex<Progress>>,
+    /// The request path the transaction was begun on, to abandon it through.
+    outbox: Arc<Mutex<Option<Outbox>>>,
+}
+
+impl std::fmt::Debug for RequestScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestScope")
+            .field("deadline", &self.deadline)
+            .field("progress", &self.progress())
+            .finish_non_exhaustive()
+    }
 }
 
 /// An answer to commit with a transaction: its status, headers and body. The transaction
@@ -122,6 +140,7 @@ impl RequestScope {
         Self {
             deadline,
             progress: Arc::default(),
+            outbox: Arc::default(),
         }
     }
 
@@ -144,9 +163,10 @@ impl RequestScope {
         *self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = progress;
     }
 
-    /// Records that `txn` began, and has it record when its commit is tried, however it
-    /// is committed.
-    fn watch(&self, txn: &mut Transaction<'_>) {
+    /// Records that `txn` began on `outbox`, and has it record when its commit is tried,
+    /// however it is committed.
+    fn watch(&self, outbox: &Outbox, txn: &mut Transaction<'_>) {
+        *self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(outbox.clone());
         self.begun(txn.id());
         let progress = self.progress.clone();
         txn.on_commit_attempt(move |txn_id| {
@@ -160,7 +180,7 @@ impl RequestScope {
             Some(deadline) => outbox.begin_within(deadline).await?,
             None => outbox.begin().await?,
         };
-        self.watch(&mut txn);
+        self.watch(outbox, &mut txn);
         Ok(txn)
     }
 
@@ -171,8 +191,16 @@ impl RequestScope {
             Some(deadline) => outbox.begin_within(deadline).await?,
             None => outbox.begin().await?,
         };
-        self.watch(&mut txn);
+        self.watch(outbox.outbox(), &mut txn);
         Ok(txn)
+    }
+
+    /// Settles transaction `txn_id`, begun through this scope, with its tombstone by
+    /// `deadline` (see [`Outbox::abandon`]); `None` when no transaction was begun through
+    /// it.
+    async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> Option<Settlement> {
+        let outbox = self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()?;
+        Some(outbox.abandon(txn_id, Some(deadline)).await)
     }
 
     /// The stored answer of a repeated request (see [`Idempotency::replay`]); `None`
@@ -278,10 +306,6 @@ pub fn request_end(now: Timestamp, timeout: Duration, lambda_deadline_millis: Op
     }
 }
 
-fn before(instant: Timestamp, duration: Duration) -> Timestamp {
-    Timestamp::from_millis(instant.as_millis().saturating_sub(duration.as_millis() as u64))
-}
-
 /// The state of [`enforce_deadline`]: the clock, and how long a request may take
 /// (locally; on Lambda the invocation's deadline may end it sooner).
 #[derive(Clone)]
@@ -313,22 +337,48 @@ fn lambda_deadline(request: &Request) -> Option<u64> {
     }
 }
 
-/// The middleware: gives each request its [`RequestScope`] and answers for a handler
-/// that overruns. Install it with
+/// The middleware: gives each request its [`RequestScope`], answers for a handler that
+/// overruns, and settles a transaction the handler began and left without committing
+/// (a 404, a no-op, an early return on an error): it writes the transaction's tombstone
+/// before answering, so that its control message finds it settled. Install it with
 /// `axum::middleware::from_fn_with_state(Deadlines::new(clock, timeout), enforce_deadline)`.
 pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: Request, next: Next) -> Response {
     let clock = deadlines.clock.clone();
     let now = clock.now();
     let end = request_end(now, deadlines.timeout, lambda_deadline(&request));
     let margin = margin(deadlines.timeout);
-    let scope = RequestScope::new(Some(before(end, margin)));
+    let scope = RequestScope::new(Some(end.minus(margin)));
     request.extensions_mut().insert(scope.clone());
-    let backstop = before(end, margin / 2).since(now);
-    tokio::select! {
-        response = next.run(request) => response,
-        () = clock.timer(backstop) => {
-            tracing::warn!(progress = ?scope.progress(), "the handler overran its deadline; answering for it");
-            timeout_problem(scope.progress()).into_response()
+    let backstop = end.minus(margin / 2).since(now);
+    // Settling writes by then, leaving the rest of the margin to answer.
+    let settle_by = end.minus(margin / 4);
+    // The handler's future is dropped when the backstop wins: its transaction is then
+    // in nobody's hands.
+    let answered = tokio::select! {
+        response = next.run(request) => Some(response),
+        () = clock.timer(backstop) => None,
+    };
+    let progress = scope.progress();
+    match answered {
+        Some(response) => {
+            if let Progress::Begun(txn_id) = progress {
+                scope.abandon(txn_id, settle_by).await;
+            }
+            response
+        }
+        None => {
+            tracing::warn!(?progress, "the handler overran its deadline; answering for it");
+            let answer = match progress {
+                Progress::Begun(txn_id) | Progress::Committing(txn_id) => {
+                    match scope.abandon(txn_id, settle_by).await {
+                        // Settled now: nothing was written and nothing can be.
+                        Some(settlement) if settlement.never_committed() => Progress::Begun(txn_id),
+                        _ => progress,
+                    }
+                }
+                Progress::NotBegun => progress,
+            };
+            timeout_problem(answer).into_response()
         }
     }
 }
