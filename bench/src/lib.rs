@@ -1,0 +1,127 @@
+//! Measures the latency the outbox adds to a request: the request path on the embedded
+//! backend, each port call slowed by the latency of the AWS call it stands for
+//! (DESIGN.md section 3), with inline publishing off and on, next to baselines that
+//! write without an outbox.
+//!
+//! The embedded backend does the real work of every call (conditions, versions, queues),
+//! so the numbers include the request path's own code; the AWS latencies are a model,
+//! round published figures by default, and the report prints the ones used.
+//!
+//! # Layout
+//!
+//! - [`config`]: the command line and its environment variables.
+//! - [`latency`]: the modelled call latencies, their jitter, and waiting them.
+//! - [`ports`]: the latency-injecting wrappers around the store, queue and publisher ports.
+//! - [`variants`]: what one request does in each variant, over a fresh backend.
+//! - [`measure`]: timing requests one at a time and C at a time; percentiles.
+//! - [`report`]: the printed table.
+
+pub mod config;
+pub mod latency;
+pub mod measure;
+pub mod ports;
+pub mod report;
+pub mod variants;
+
+use std::sync::Arc;
+
+use outbox::embedded::QueueFault;
+use outbox::ports::{ItemKey, StoreError};
+use outbox::request::TxnError;
+
+use crate::config::Config;
+use crate::latency::{Delays, Latencies, Timer};
+use crate::measure::Summary;
+use crate::report::{Report, Row};
+use crate::variants::{Rig, Variant};
+
+/// Why a run stopped: any failed request makes the numbers meaningless.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A transaction failed.
+    #[error("a transaction failed")]
+    Txn(#[from] TxnError),
+    /// A baseline's read failed.
+    #[error("a read failed")]
+    Read(#[from] StoreError),
+    /// The dual write's send was refused.
+    #[error("the event could not be sent")]
+    Send(#[from] QueueFault),
+    /// An event could not be encoded.
+    #[error("an event could not be encoded")]
+    Encode(#[from] serde_json::Error),
+    /// A seeded item was not found.
+    #[error("item {0} is missing")]
+    Missing(ItemKey),
+    /// A commit was not dispatched as its variant requires.
+    #[error("variant {variant}: a commit's inline dispatch was {got}")]
+    UnexpectedDispatch {
+        /// The variant.
+        variant: Variant,
+        /// What the commit said.
+        got: &'static str,
+    },
+    /// A request task panicked.
+    #[error("a request task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// Requests made, unmeasured, before each variant's measured ones: the first requests
+/// on a fresh runtime and backend pay for allocations the later ones do not.
+const WARM_UP: usize = 20;
+
+/// Requests timed to see how late the timer wakes.
+const TIMER_PROBES: usize = 50;
+
+/// Runs every variant of `config` and reports. Progress goes to standard error.
+pub async fn run(config: &Config) -> Result<Report, BenchError> {
+    let probe = std::time::Duration::from_millis(5);
+    let lateness = [
+        (
+            Timer::Tokio,
+            measure::timer_lateness(Timer::Tokio, probe, TIMER_PROBES).await,
+        ),
+        (
+            Timer::Precise,
+            measure::timer_lateness(Timer::Precise, probe, TIMER_PROBES).await,
+        ),
+    ];
+    let warm_up = WARM_UP.min(config.requests);
+    let mut rows = Vec::new();
+    for (position, variant) in config.variants.iter().copied().enumerate() {
+        // The embedded backend alone: every latency zero.
+        let bare = Rig::new(variant, Arc::new(Delays::new(Latencies::zero(), 0)), config.requests).await?;
+        let bare = Summary::of(measure::sequential(&bare, 0, config.requests).await?);
+
+        // Each variant's own seed, so that its sequential draws repeat run to run
+        // whichever other variants are chosen.
+        let delays = Arc::new(Delays::new(
+            config.latencies.clone(),
+            config.seed.wrapping_add(position as u64),
+        ));
+        let rig = Arc::new(Rig::new(variant, delays, warm_up + 2 * config.requests).await?);
+        eprintln!("request-path: {variant}: {} requests one at a time", config.requests);
+        measure::sequential(&rig, 0, warm_up).await?;
+        let sequential = measure::sequential(&rig, warm_up, config.requests).await?;
+        eprintln!(
+            "request-path: {variant}: {} requests, {} in flight",
+            config.requests, config.concurrency
+        );
+        let concurrent =
+            measure::concurrent(rig, warm_up + config.requests, config.requests, config.concurrency).await?;
+        rows.push(Row {
+            variant,
+            model: config.latencies.model(variant.calls()),
+            sequential: Summary::of(sequential),
+            throughput: concurrent.throughput(),
+            concurrent: Summary::of(concurrent.samples),
+            bare,
+        });
+    }
+    Ok(Report {
+        config: config.clone(),
+        workers: tokio::runtime::Handle::current().metrics().num_workers(),
+        lateness,
+        rows,
+    })
+}
