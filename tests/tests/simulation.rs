@@ -9,9 +9,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use outbox::request::{InlineDispatch, TxnError};
+use outbox::request::{InlineDispatch, Settlement, TxnError};
 use outbox_tests::sim::{
     run_schedule, sim_timing, ApiResult, DepthFirst, FaultsDepthFirst, LoopEnds, Op, Outcome, Seeded, SimConfig,
+    UnknownCommits,
 };
 
 /// A coarse name for how a schedule's requests ended, to show the exploration reached
@@ -32,7 +33,14 @@ fn result_name(result: &ApiResult) -> &'static str {
         ApiResult::Answered(Err(TxnError::CommitWindowExpired { .. })) => "commit window expired",
         ApiResult::Answered(Err(TxnError::ControlSend { .. })) => "control send failed",
         ApiResult::Answered(Err(TxnError::Ambiguous { .. })) => "ambiguous",
+        ApiResult::Answered(Err(TxnError::Fenced { .. })) => "fenced (unknown, settled by its tombstone)",
         ApiResult::Answered(Err(_)) => "other failure",
+        ApiResult::Abandoned { settlement, .. } => match settlement {
+            Settlement::Tombstoned => "abandoned, tombstoned",
+            Settlement::AlreadyTombstoned => "abandoned, already tombstoned",
+            Settlement::LeftToWorker => "abandoned, left to the worker",
+            _ => "abandoned, other",
+        },
         ApiResult::Crashed => "api crashed",
     }
 }
@@ -51,6 +59,7 @@ fn one_transaction(inline: bool) -> SimConfig {
         deadline: None,
         retry_loop: None,
         inline,
+        abandon_every: 0,
     }
 }
 
@@ -122,58 +131,122 @@ fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() 
             "committed",
             "commit window expired",
             "control send failed",
-            "ambiguous",
             "api crashed",
         ],
     );
 }
 
-/// The same with inline publishing: the request path's publish and mark are steps of its
-/// own, with a crash point and a fault before and after each (crash after the commit
-/// before publishing, after publishing before marking), racing the worker's publish of
-/// the same transaction. Every interleaving of the longer request path is too many
-/// schedules for the test command (minutes), so every placement of one fault is run under
-/// the request-first order and 40 seeded random interleavings.
+/// One transaction that its request abandons after its read (a no-op, a 404): every
+/// interleaving with the worker and every crash point or fault, the request path's
+/// tombstone write included. Without a fault it costs one control message (no deferral);
+/// the invariants hold in every schedule, the abandoned transaction never commits, and a
+/// request told "tombstoned" left a tombstone.
 #[test]
-fn inline_publishing_keeps_the_invariants_at_every_crash_point() {
-    let config = one_transaction(true);
+fn an_abandoned_transaction_is_settled_by_its_tombstone_at_every_crash_point() {
+    let config = SimConfig {
+        abandon_every: 1,
+        ..one_transaction(false)
+    };
     let started = Instant::now();
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
     let mut schedules = 0;
-    for seed in std::iter::once(None).chain((1..=40).map(Some)) {
-        let mut prefix = Some(Vec::new());
-        while let Some(choices) = prefix {
-            let mut chooser = FaultsDepthFirst::new(choices.clone(), seed);
-            let outcome = run_schedule(&mut chooser, &config)
-                .unwrap_or_else(|error| panic!("inline, seed {seed:?}, faults {choices:?}: {error}"));
-            if let Err(violation) = outcome.observed.check() {
-                panic!(
-                    "inline, seed {seed:?}, faults {choices:?}: {violation}\n{:#?}",
-                    outcome.observed
-                );
-            }
-            assert_eq!(
-                outcome.redrives, 0,
-                "inline, seed {seed:?}, faults {choices:?} needed a redrive"
-            );
-            schedules += 1;
-            *endings.entry(ending(&outcome)).or_default() += 1;
-            prefix = chooser.next_prefix();
+    // Control messages sent for the transaction: how many schedules sent each number,
+    // without a fault and with one.
+    let (mut clean, mut faulty): (BTreeMap<usize, usize>, BTreeMap<usize, usize>) = Default::default();
+    let mut prefix = Some(Vec::new());
+    while let Some(choices) = prefix {
+        let mut chooser = DepthFirst::new(choices.clone());
+        let outcome = run_schedule(&mut chooser, &config)
+            .unwrap_or_else(|error| panic!("abandon: schedule {choices:?}: {error}"));
+        if let Err(violation) = outcome.observed.check() {
+            panic!("abandon: schedule {choices:?}: {violation}\n{:#?}", outcome.observed);
         }
+        assert_eq!(outcome.redrives, 0, "abandon: schedule {choices:?} needed a redrive");
+        let sent: usize = outcome.observed.control_sent.values().sum();
+        let histogram = if outcome.faults == 0 { &mut clean } else { &mut faulty };
+        *histogram.entry(sent).or_default() += 1;
+        schedules += 1;
+        *endings.entry(ending(&outcome)).or_default() += 1;
+        prefix = chooser.next_prefix();
     }
     println!(
-        "inline publishing: {schedules} schedules (every fault placement, 41 orders) in {:.2?}; endings: {endings:?}",
+        "abandon: {schedules} schedules of one abandoned transaction in {:.2?}; control messages sent (number: schedules) without a fault {clean:?}, with one {faulty:?}; endings: {endings:?}",
         started.elapsed()
     );
+    // The request-first order settles it at once: one control message. Only a handler
+    // slower than the first check delay (the clock moved on before its tombstone) costs
+    // one deferral more.
+    assert_eq!(clean.first_key_value().map(|(sent, _)| *sent), Some(1), "{clean:?}");
+    assert!(clean.keys().all(|sent| *sent <= 2), "{clean:?}");
     assert_reached(
         &endings,
         &[
-            "committed, dispatched inline",
-            "committed, left to the worker",
+            "abandoned, tombstoned",
+            "abandoned, already tombstoned",
+            "abandoned, left to the worker",
             "api crashed",
-            "ambiguous",
         ],
     );
+}
+
+/// A commit that times out with its request still on the way, racing the tombstone its
+/// request path writes to settle it (and the worker's): one transaction, faults only on
+/// its commit, the late request's ghost interleaved with the request path and the worker.
+/// By default every sequence of up to two commit faults (a late one, then another: the
+/// commit's outcome stays unknown and the request path settles it) under the
+/// request-first order and 60 seeded random orders; `SIM_LATE_EXHAUSTIVE=1` runs every
+/// interleaving of one fault instead (about 330,000 schedules, 100 s).
+#[test]
+fn a_late_commit_racing_its_settlement_keeps_the_invariants() {
+    let exhaustive = std::env::var("SIM_LATE_EXHAUSTIVE").is_ok_and(|value| value == "1");
+    let config = SimConfig {
+        fault_budget: if exhaustive { 1 } else { 2 },
+        retry_loop: Some(Op::Commit),
+        ..one_transaction(false)
+    };
+    let started = Instant::now();
+    let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut unknown = UnknownCommits::default();
+    let mut schedules = 0;
+    let orders: Vec<Option<u64>> = if exhaustive {
+        vec![None]
+    } else {
+        std::iter::once(None).chain((1..=60).map(Some)).collect()
+    };
+    for seed in orders {
+        let mut prefix = Some(Vec::new());
+        while let Some(choices) = prefix {
+            let (outcome, next) = if exhaustive {
+                let mut chooser = DepthFirst::new(choices.clone());
+                (run_schedule(&mut chooser, &config), chooser.next_prefix())
+            } else {
+                let mut chooser = FaultsDepthFirst::new(choices.clone(), seed);
+                (run_schedule(&mut chooser, &config), chooser.next_prefix())
+            };
+            let outcome =
+                outcome.unwrap_or_else(|error| panic!("late commit, seed {seed:?}, choices {choices:?}: {error}"));
+            if let Err(violation) = outcome.observed.check() {
+                panic!(
+                    "late commit, seed {seed:?}, choices {choices:?}: {violation}\n{:#?}",
+                    outcome.observed
+                );
+            }
+            schedules += 1;
+            unknown.add(&outcome.unknown_commits);
+            *endings.entry(ending(&outcome)).or_default() += 1;
+            prefix = next;
+        }
+    }
+    let (definite, answered) = unknown.definite_share();
+    println!(
+        "late commit: {schedules} schedules in {:.2?}; requests with a commit of unknown outcome: {unknown:?}; {definite} of {answered} answered definitely; endings: {endings:?}",
+        started.elapsed()
+    );
+    assert_reached(&endings, &["committed", "fenced (unknown, settled by its tombstone)"]);
+    // Faults fall on the commit only, so the settling write always succeeds: every
+    // request whose commit's outcome was unknown is answered definitely.
+    assert_eq!(unknown.ambiguous, 0, "{unknown:?}");
+    assert!(unknown.committed > 0 && unknown.definite_failure > 0, "{unknown:?}");
 }
 
 fn replay_arg(choices: &[usize]) -> String {
@@ -209,6 +282,8 @@ fn random_config(seed: u64) -> SimConfig {
         retry_loop: None,
         // Half the schedules publish inline, racing the workers.
         inline: rng.bool(),
+        // A third abandon none, a third every second request, a third every third.
+        abandon_every: [0, 2, 3][rng.usize(0..3)],
     }
 }
 
@@ -243,11 +318,13 @@ fn thousands_of_random_schedules_keep_the_invariants() {
     let (mut faults, mut commits, mut tombstones, mut steps) = (0, 0, 0, 0);
     let mut deadline_endings: BTreeMap<&str, usize> = BTreeMap::new();
     let mut inline_endings: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut unknown = UnknownCommits::default();
     for seed in 0..count {
         let outcome = run_seed(seed).unwrap_or_else(|error| {
             panic!("seed {seed}: {error}\nrerun it with SIM_SEED={seed} cargo test -p outbox-tests --test simulation -- --nocapture")
         });
         faults += outcome.faults;
+        unknown.add(&outcome.unknown_commits);
         if random_config(seed).inline {
             for result in &outcome.observed.api_results {
                 *inline_endings.entry(result_name(result)).or_default() += 1;
@@ -262,8 +339,9 @@ fn thousands_of_random_schedules_keep_the_invariants() {
         tombstones += outcome.observed.tombstones.len();
         steps += outcome.steps;
     }
+    let (definite, answered) = unknown.definite_share();
     println!(
-        "random: {count} schedules ({commits} commits, {tombstones} tombstones, {faults} faults, {steps} steps) in {:.2?}; requests with a deadline ended: {deadline_endings:?}; requests publishing inline ended: {inline_endings:?}",
+        "random: {count} schedules ({commits} commits, {tombstones} tombstones, {faults} faults, {steps} steps) in {:.2?}; requests with a deadline ended: {deadline_endings:?}; requests publishing inline ended: {inline_endings:?}; requests with a commit of unknown outcome: {unknown:?}, {definite} of {answered} answered before their deadline answered definitely (the rest: the settling write itself met a fault)",
         started.elapsed()
     );
     assert!(
@@ -286,6 +364,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
     let started = Instant::now();
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
     let mut ends = LoopEnds::default();
+    let mut unknown = UnknownCommits::default();
     let (mut schedules, mut reached) = (0, 0);
     for (seed, op) in (0..seeds).flat_map(|seed| [(seed, Op::Commit), (seed, Op::Publish)]) {
         let config = SimConfig {
@@ -301,6 +380,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             deadline: (seed % 2 == 1).then(|| Duration::from_secs(2)),
             retry_loop: Some(op),
             inline: false,
+            abandon_every: 0,
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {
@@ -320,16 +400,21 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             schedules += 1;
             reached += usize::from(outcome.loop_ends != LoopEnds::default());
             ends.add(&outcome.loop_ends);
+            unknown.add(&outcome.unknown_commits);
             for result in &outcome.observed.api_results {
                 *endings.entry(result_name(result)).or_default() += 1;
             }
             prefix = chooser.next_prefix();
         }
     }
+    let (definite, answered) = unknown.definite_share();
     println!(
-        "retry loops: {schedules} schedules ({seeds} seeds) in {:.2?}, {reached} ran a loop to its end: {ends:?}; endings: {endings:?}",
+        "retry loops: {schedules} schedules ({seeds} seeds) in {:.2?}, {reached} ran a loop to its end: {ends:?}; endings: {endings:?}; requests with a commit of unknown outcome: {unknown:?}, {definite} of {answered} answered before their deadline answered definitely",
         started.elapsed()
     );
+    // The settling write meets no fault here: only a deadline already passed (the clock
+    // moved on past it) leaves an outcome unknown.
+    assert_eq!(unknown.ambiguous, 0, "{unknown:?}");
     assert!(ends.commit_all_unknown > 0, "{ends:?}");
     assert!(ends.commit_all_refused > 0, "{ends:?}");
     assert!(ends.commit_unknown_then_refused > 0, "{ends:?}");

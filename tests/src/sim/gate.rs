@@ -22,6 +22,9 @@ pub enum Op {
     Read,
     /// The atomic commit.
     Commit,
+    /// A commit request still on its way to the table after its caller stopped waiting
+    /// (a ghost actor of [`Fault::Late`]): it applies when it passes, or is lost.
+    LateCommit,
     /// The conditional tombstone put.
     Tombstone,
     /// Marking records dispatched.
@@ -52,6 +55,9 @@ pub enum Fault {
     /// Commits: refused for contention (another transaction held an item, throttling);
     /// nothing applied.
     Busy,
+    /// Commits: the caller times out with the request still on its way (outcome
+    /// unknown); the request applies later, at a step the scheduler picks, or is lost.
+    Late,
 }
 
 impl Op {
@@ -62,17 +68,21 @@ impl Op {
     pub fn retry_loop_faults(self) -> Vec<Fault> {
         use Fault::*;
         match self {
-            Op::Commit => vec![ReplyLost, Fail, Busy],
+            Op::Commit => vec![ReplyLost, Late, Fail, Busy],
             Op::Publish => vec![Fail, FirstEntryFails],
             _ => vec![],
         }
     }
 
-    /// The faults this operation can meet, beyond `None`.
+    /// The faults this operation can meet, beyond `None`. A commit's [`Fault::Late`] is
+    /// left to retry-loop runs ([`Op::retry_loop_faults`]): its ghost doubles the
+    /// interleavings of every schedule it is in.
     pub fn faults(self, random: bool) -> Vec<Fault> {
         use Fault::*;
         match self {
             Op::Sleep => vec![],
+            // The late request is lost on its way and never applies.
+            Op::LateCommit => vec![Fail],
             Op::Read | Op::Receive => vec![CrashBefore, Fail],
             Op::ControlSend if random => vec![CrashBefore, CrashAfter, ReplyLost, Fail, Duplicate],
             Op::Publish => vec![CrashBefore, CrashAfter, ReplyLost, Fail, FirstEntryFails],

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use outbox::embedded::{EmbeddedBackend, SentMessage, StoreEvent, DEDUPLICATION_WINDOW};
 use outbox::ports::{BusinessWrite, CommitRequest, ItemKey};
 use outbox::protocol::{DestinationName, OutboxRecord, OutboxState, TxnId, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use outbox::request::Settlement;
 use outbox::time::Timestamp;
 
 use super::world::ApiResult;
@@ -27,6 +28,9 @@ pub struct Observed {
     pub api_results: Vec<ApiResult>,
     /// Control messages left in the queue and its dead-letter queue.
     pub control_left: usize,
+    /// Control messages sent (and accepted) per transaction: its first and every
+    /// deferral, duplicates included.
+    pub control_sent: BTreeMap<TxnId, usize>,
     /// The clock at the end.
     pub now: Timestamp,
 }
@@ -77,6 +81,12 @@ impl Observed {
             .collect();
         let control = backend.control_queue.queue();
         let control_left = control.len() + control.dead_letter_queue().map_or(0, |dlq| dlq.len());
+        let mut control_sent: BTreeMap<TxnId, usize> = BTreeMap::new();
+        for sent in control.sent() {
+            if let Ok(message) = outbox::protocol::ControlMessage::decode(&sent.request.body) {
+                *control_sent.entry(message.txn_id).or_default() += 1;
+            }
+        }
         Self {
             commits,
             tombstones,
@@ -85,6 +95,7 @@ impl Observed {
             items,
             api_results,
             control_left,
+            control_sent,
             now,
         }
     }
@@ -278,6 +289,21 @@ impl Observed {
                         "request {index} was told {error}; transaction {} committed",
                         error.txn_id()
                     ));
+                }
+                ApiResult::Abandoned { txn_id, settlement } => {
+                    if self.commits.contains_key(txn_id) {
+                        return fail(format!("request {index} abandoned {txn_id}, yet it committed"));
+                    }
+                    if matches!(settlement, Settlement::Committed(_)) {
+                        return fail(format!(
+                            "request {index} abandoned {txn_id} and was told it committed"
+                        ));
+                    }
+                    if *settlement == Settlement::Tombstoned && !self.tombstones.contains(txn_id) {
+                        return fail(format!(
+                            "request {index} was told {txn_id} was tombstoned; no tombstone was written"
+                        ));
+                    }
                 }
                 ApiResult::Answered(Err(_)) | ApiResult::Crashed => {}
             }

@@ -5,7 +5,8 @@
 //! to a port goes through a *gate*: the actor parks there, and the scheduler decides
 //! which parked actor moves next, whether the clock moves instead, and which fault the
 //! operation meets (none, a crash before it, a crash after it, applied with the reply
-//! lost, refused). A [`Chooser`] makes every decision, so the same choices replay the
+//! lost, refused, or, for a commit, timed out with the request still on its way: a
+//! *ghost* actor then applies it at a later step, racing whatever settles it). A [`Chooser`] makes every decision, so the same choices replay the
 //! same schedule: exhaustively (depth-first over all choices) or from a seed.
 //!
 //! After the chaotic phase, recovery runs with no faults: crashed workers are replaced,
@@ -20,4 +21,4 @@ mod world;
 
 pub use chooser::{Chooser, DepthFirst, FaultsDepthFirst, Seeded};
 pub use gate::{Fault, Op};
-pub use world::{run_schedule, sim_timing, ApiResult, LoopEnds, Outcome, SimConfig};
+pub use world::{run_schedule, sim_timing, ApiResult, LoopEnds, Outcome, SimConfig, UnknownCommits};

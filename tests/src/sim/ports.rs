@@ -26,7 +26,7 @@ fn injected(what: &str) -> Box<dyn std::error::Error + Send + Sync> {
 macro_rules! gated {
     ($gate:expr, $op:expr, $apply:expr, failed => $failed:expr, lost => $lost:expr) => {
         match $gate.pass($op).await {
-            Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => $apply,
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy | Fault::Late => $apply,
             Fault::CrashBefore => $gate.crash().await,
             Fault::CrashAfter => {
                 let _ = $apply;
@@ -41,10 +41,26 @@ macro_rules! gated {
     };
 }
 
+/// Commit requests still on their way to the table ([`Fault::Late`]); the scheduler
+/// turns each into a ghost actor that applies it later.
+pub(crate) type InFlight = Arc<std::sync::Mutex<Vec<CommitRequest>>>;
+
 /// A gated store.
 pub(crate) struct GatedStore {
     pub inner: Arc<dyn Store>,
     pub gate: Gate,
+    pub in_flight: InFlight,
+}
+
+/// The ghost of a [`Fault::Late`] commit: it reaches the table when the scheduler lets
+/// it, unless it is lost on its way.
+pub(crate) async fn late_commit(inner: Arc<dyn Store>, gate: Gate, request: CommitRequest) {
+    match gate.pass(Op::LateCommit).await {
+        Fault::Fail => {}
+        _ => {
+            let _ = inner.commit(&request).await;
+        }
+    }
 }
 
 #[async_trait]
@@ -63,6 +79,10 @@ impl Store for GatedStore {
             }
             Fault::Fail => Err(CommitError::Unavailable(injected("commit refused"))),
             Fault::Busy => Err(CommitError::Contention(injected("commit met contention"))),
+            Fault::Late => {
+                self.in_flight.lock().expect("in-flight lock").push(request.clone());
+                Err(CommitError::Ambiguous(injected("commit timed out on its way")))
+            }
         }
     }
 
@@ -120,7 +140,7 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlQueue for GatedControlQueu
         let fault = self.gate.pass(Op::ControlSend).await;
         let send = || self.inner.send(message, delay);
         match fault {
-            Fault::None | Fault::FirstEntryFails | Fault::Busy => send().await,
+            Fault::None | Fault::FirstEntryFails | Fault::Busy | Fault::Late => send().await,
             Fault::Duplicate => {
                 send().await?;
                 send().await
@@ -180,7 +200,7 @@ impl Publisher for GatedPublisher {
             })
         };
         match self.gate.pass(Op::Publish).await {
-            Fault::None | Fault::Duplicate | Fault::Busy => self.inner.send_batch(destination, messages).await,
+            Fault::None | Fault::Duplicate | Fault::Busy | Fault::Late => self.inner.send_batch(destination, messages).await,
             Fault::FirstEntryFails => {
                 let (first, rest) = messages.split_first().expect("batches are never empty");
                 let mut failures = self.inner.send_batch(destination, rest).await?;

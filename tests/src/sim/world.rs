@@ -14,7 +14,7 @@ use outbox::poller::poll_once;
 use outbox::ports::{Clock, ExpectedVersion, IdSource, ItemKey};
 use outbox::protocol::{DestinationName, IdempotencyKey, IdempotencySlot, Message, StoredResponse, TxnId};
 use outbox::publish::RetryPolicy;
-use outbox::request::{Committed, Outbox, RequestPorts, TxnError, COMMIT_ATTEMPTS};
+use outbox::request::{Committed, Outbox, RequestPorts, Settlement, TxnError, COMMIT_ATTEMPTS};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
 use serde_json::json;
@@ -22,7 +22,7 @@ use serde_json::json;
 use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
 use super::invariants::Observed;
-use super::ports::{GatedClock, GatedControlQueue, GatedPublisher, GatedStore};
+use super::ports::{late_commit, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight};
 
 /// The standard destination every transaction emits an event to.
 pub const EVENTS: &str = "events";
@@ -56,6 +56,10 @@ pub struct SimConfig {
     /// dispatched (through its own gates: its publishes and its mark can fail or crash
     /// it, and race the worker's).
     pub inline: bool,
+    /// Every this many requests, one abandons its transaction after its read (a no-op
+    /// or a 404 decided after begin) instead of committing: requests `n-1`, `2n-1`, ...;
+    /// 0 for none, 1 for all.
+    pub abandon_every: usize,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -74,6 +78,14 @@ pub fn sim_timing(window_seconds: u64) -> Timing {
 pub enum ApiResult {
     /// The request path answered.
     Answered(Result<Committed, TxnError>),
+    /// The request abandoned its transaction after its read, and the request path's
+    /// tombstone write found this.
+    Abandoned {
+        /// The transaction.
+        txn_id: TxnId,
+        /// What the tombstone write found.
+        settlement: Settlement,
+    },
     /// The API crashed before answering.
     Crashed,
 }
@@ -91,6 +103,54 @@ pub struct Outcome {
     pub observed: Observed,
     /// The retry loops this schedule ran to their end.
     pub loop_ends: LoopEnds,
+    /// How requests whose commit met an unknown outcome were answered.
+    pub unknown_commits: UnknownCommits,
+}
+
+/// Requests whose commit had an attempt of unknown outcome (its reply lost, or timed out
+/// with the request on its way), by how they were answered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnknownCommits {
+    /// Answered "committed" (the settling write found the transaction's own record, or a
+    /// retry did).
+    pub committed: usize,
+    /// Answered with a definite failure (the settling write's tombstone, or a definite
+    /// refusal).
+    pub definite_failure: usize,
+    /// Answered "outcome unknown" before their deadline (the settling write failed).
+    pub ambiguous: usize,
+    /// Answered "outcome unknown" after their deadline had passed (no time to settle).
+    pub ambiguous_after_deadline: usize,
+    /// The API crashed before answering.
+    pub crashed: usize,
+}
+
+impl UnknownCommits {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &UnknownCommits) {
+        self.committed += other.committed;
+        self.definite_failure += other.definite_failure;
+        self.ambiguous += other.ambiguous;
+        self.ambiguous_after_deadline += other.ambiguous_after_deadline;
+        self.crashed += other.crashed;
+    }
+
+    /// Those answered definitely, of those answered before their deadline.
+    pub fn definite_share(&self) -> (usize, usize) {
+        let definite = self.committed + self.definite_failure;
+        (definite, definite + self.ambiguous)
+    }
+
+    fn record(&mut self, result: &ApiResult, before_deadline: bool) {
+        match result {
+            ApiResult::Answered(Ok(_)) => self.committed += 1,
+            ApiResult::Answered(Err(error)) if error.is_definite() => self.definite_failure += 1,
+            ApiResult::Answered(Err(_)) if before_deadline => self.ambiguous += 1,
+            ApiResult::Answered(Err(_)) => self.ambiguous_after_deadline += 1,
+            ApiResult::Crashed => self.crashed += 1,
+            ApiResult::Abandoned { .. } => {}
+        }
+    }
 }
 
 /// Retry loops run to their end in a schedule: every attempt failed.
@@ -147,9 +207,17 @@ impl IdSource for SimIds {
 enum Kind {
     Api(usize),
     Worker,
+    /// A commit request on its way after its caller stopped waiting.
+    Ghost,
 }
 
-type ActorFuture = Pin<Box<dyn Future<Output = Result<Committed, TxnError>>>>;
+/// How an actor's future ends.
+enum End {
+    Request(ApiResult),
+    Ghost,
+}
+
+type ActorFuture = Pin<Box<dyn Future<Output = End>>>;
 
 struct Actor {
     id: ActorId,
@@ -165,6 +233,7 @@ struct World {
     next_actor: ActorId,
     worker_skew: i64,
     timing: Timing,
+    in_flight: InFlight,
 }
 
 impl World {
@@ -182,7 +251,37 @@ impl World {
             next_actor: 0,
             worker_skew,
             timing,
+            in_flight: InFlight::default(),
         }
+    }
+
+    fn store(&self, gate: &Gate) -> Arc<GatedStore> {
+        Arc::new(GatedStore {
+            inner: self.backend.store.clone(),
+            gate: gate.clone(),
+            in_flight: self.in_flight.clone(),
+        })
+    }
+
+    /// Ghost actors for the commit requests that went on their way since the last call.
+    fn ghosts(&mut self) -> Vec<Actor> {
+        let requests = std::mem::take(&mut *self.in_flight.lock().expect("in-flight lock"));
+        requests
+            .into_iter()
+            .map(|request| {
+                let (id, gate) = self.gate();
+                let store: Arc<dyn outbox::ports::Store> = self.backend.store.clone();
+                let future: ActorFuture = Box::pin(async move {
+                    late_commit(store, gate, request).await;
+                    End::Ghost
+                });
+                Actor {
+                    id,
+                    kind: Kind::Ghost,
+                    future,
+                }
+            })
+            .collect()
     }
 
     fn gate(&mut self) -> (ActorId, Gate) {
@@ -206,14 +305,12 @@ impl World {
         idempotency: Option<IdempotencySlot>,
         deadline: Option<Duration>,
         inline: bool,
+        abandons: bool,
     ) -> Actor {
         let (id, gate) = self.gate();
         let mut outbox = Outbox::new(
             RequestPorts {
-                store: Arc::new(GatedStore {
-                    inner: self.backend.store.clone(),
-                    gate: gate.clone(),
-                }),
+                store: self.store(&gate),
                 control_queue: Arc::new(GatedControlQueue {
                     inner: self.backend.control_queue.clone(),
                     gate: gate.clone(),
@@ -230,7 +327,7 @@ impl World {
                 gate: gate.clone(),
             }));
         }
-        let future = Box::pin(async move { increment(&outbox, key, idempotency, deadline).await });
+        let future = Box::pin(async move { End::Request(increment(&outbox, key, idempotency, deadline, abandons).await) });
         Actor {
             id,
             kind: Kind::Api(index),
@@ -246,10 +343,7 @@ impl World {
         };
         let control = ControlPath::new(
             ControlPorts {
-                store: Arc::new(GatedStore {
-                    inner: self.backend.store.clone(),
-                    gate: gate.clone(),
-                }),
+                store: self.store(&gate),
                 control_queue: Arc::new(GatedControlQueue {
                     inner: self.backend.control_queue.clone(),
                     gate: gate.clone(),
@@ -277,18 +371,41 @@ impl World {
 }
 
 /// The business logic of every simulated request: read a counter, increment it, and
-/// emit one event and one FIFO audit entry about it.
+/// emit one event and one FIFO audit entry about it; or, when it `abandons`, give up the
+/// transaction after the read (a no-op, a 404).
 async fn increment(
     outbox: &Outbox,
     key: ItemKey,
     idempotency: Option<IdempotencySlot>,
     deadline: Option<Duration>,
-) -> Result<Committed, TxnError> {
-    let mut txn = match deadline {
-        Some(deadline) => outbox.begin_within(outbox.clock().now().plus(deadline)).await?,
-        None => outbox.begin().await?,
+    abandons: bool,
+) -> ApiResult {
+    let result = async {
+        let txn = match deadline {
+            Some(deadline) => outbox.begin_within(outbox.clock().now().plus(deadline)).await?,
+            None => outbox.begin().await?,
+        };
+        let current = txn.get(&key).await?;
+        if abandons {
+            let txn_id = txn.id();
+            return Ok(Err((txn_id, txn.abandon().await)));
+        }
+        Ok::<_, TxnError>(Ok(stage_increment(txn, key, current, idempotency).await?))
     };
-    let current = txn.get(&key).await?;
+    match result.await {
+        Ok(Ok(committed)) => ApiResult::Answered(Ok(committed)),
+        Ok(Err((txn_id, settlement))) => ApiResult::Abandoned { txn_id, settlement },
+        Err(error) => ApiResult::Answered(Err(error)),
+    }
+}
+
+/// Stages the increment of `current` and commits it.
+async fn stage_increment(
+    mut txn: outbox::request::Transaction<'_>,
+    key: ItemKey,
+    current: Option<outbox::ports::VersionedItem>,
+    idempotency: Option<IdempotencySlot>,
+) -> Result<Committed, TxnError> {
     let (count, expected) = match &current {
         Some(item) => (
             item.data["count"].as_u64().expect("counters hold a count") + 1,
@@ -323,7 +440,7 @@ enum Action {
 }
 
 /// Polls `actor` once; `Some` when it finished.
-fn poll(actor: &mut Actor) -> Poll<Result<Committed, TxnError>> {
+fn poll(actor: &mut Actor) -> Poll<End> {
     let mut context = Context::from_waker(Waker::noop());
     actor.future.as_mut().poll(&mut context)
 }
@@ -353,7 +470,8 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             Some(IdempotencySlot::new("counters.increment", &key))
         };
         slots.push(slot.clone());
-        actors.push(world.api(index, key, slot, config.deadline, config.inline));
+        let abandons = config.abandon_every > 0 && index % config.abandon_every == config.abandon_every - 1;
+        actors.push(world.api(index, key, slot, config.deadline, config.inline, abandons));
     }
     for _ in 0..config.workers {
         actors.push(world.worker());
@@ -361,15 +479,16 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     // Run every actor to its first gate.
     let mut finished = Vec::new();
     for (position, actor) in actors.iter_mut().enumerate() {
-        if let Poll::Ready(result) = poll(actor) {
+        if let Poll::Ready(End::Request(result)) = poll(actor) {
             finished.push((position, result));
         }
     }
     for (position, result) in finished.into_iter().rev() {
         if let Kind::Api(index) = actors.remove(position).kind {
-            api_results[index] = Some(ApiResult::Answered(result));
+            api_results[index] = Some(result);
         }
     }
+    let deadline = config.deadline.map(|deadline| world.clock.now().plus(deadline));
 
     let control = world.backend.control_queue.queue().clone();
     let dead_letters = control
@@ -385,6 +504,9 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     let mut jumps_left = if extras { 3 } else { 0 };
     let (mut steps, mut faults, mut redrives) = (0, 0, 0);
     let mut loop_ends = LoopEnds::default();
+    let mut unknown_commits = UnknownCommits::default();
+    // API actors with a commit attempt of unknown outcome.
+    let mut unknown: std::collections::BTreeSet<ActorId> = std::collections::BTreeSet::new();
     // Per actor: the faults of its commit attempts since its last clean one, and how
     // many publishes in a row failed.
     let mut commit_faults: BTreeMap<ActorId, Vec<Fault>> = BTreeMap::new();
@@ -452,6 +574,9 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                     },
                     _ => Fault::None,
                 };
+                if op == Op::Commit && matches!(fault, Fault::ReplyLost | Fault::Late) {
+                    unknown.insert(actor_id);
+                }
                 match op {
                     Op::Commit => {
                         let sequence = commit_faults.entry(actor_id).or_default();
@@ -478,25 +603,38 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                 world.gates.lock().granted.insert(actor_id, fault);
                 let polled = poll(&mut actors[position]);
                 let crashed = world.gates.lock().crashed.remove(&actor_id);
-                match polled {
-                    Poll::Ready(result) => {
-                        if let Kind::Api(index) = actors.swap_remove(position).kind {
-                            api_results[index] = Some(ApiResult::Answered(result));
-                        }
+                let ended = match polled {
+                    Poll::Ready(End::Request(result)) => Some(result),
+                    Poll::Ready(End::Ghost) => {
+                        actors.swap_remove(position);
+                        None
                     }
                     Poll::Pending if crashed => {
                         world.gates.lock().waiting.remove(&actor_id);
-                        match actors.swap_remove(position).kind {
-                            Kind::Api(index) => api_results[index] = Some(ApiResult::Crashed),
-                            Kind::Worker => {
-                                // Lambda runs the next batch in a fresh instance.
-                                let mut replacement = world.worker();
-                                let _ = poll(&mut replacement);
-                                actors.push(replacement);
-                            }
+                        if let Kind::Worker = actors[position].kind {
+                            // Lambda runs the next batch in a fresh instance.
+                            let mut replacement = world.worker();
+                            let _ = poll(&mut replacement);
+                            actors.push(replacement);
                         }
+                        Some(ApiResult::Crashed)
                     }
-                    Poll::Pending => {}
+                    Poll::Pending => None,
+                };
+                if let Some(result) = ended {
+                    if let Kind::Api(index) = actors.swap_remove(position).kind {
+                        if unknown.contains(&actor_id) {
+                            let before_deadline = deadline.is_none_or(|deadline| world.clock.now() < deadline);
+                            unknown_commits.record(&result, before_deadline);
+                        }
+                        api_results[index] = Some(result);
+                    }
+                }
+                // Commit requests that went on their way become actors of their own.
+                for mut ghost in world.ghosts() {
+                    if !matches!(poll(&mut ghost), Poll::Ready(_)) {
+                        actors.push(ghost);
+                    }
                 }
             }
         }
@@ -512,5 +650,6 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         redrives,
         observed,
         loop_ends,
+        unknown_commits,
     })
 }
