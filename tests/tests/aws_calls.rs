@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use outbox::control::ControlOutcome;
+use outbox::control::{ControlOutcome, ControlPath};
 use outbox::ports::ExpectedVersion;
-use outbox::protocol::{ControlMessage, Message};
+use outbox::protocol::{ControlMessage, Message, TxnId};
+use outbox::request::{InlineDispatch, Settlement};
 use outbox::settings::Timing;
 use outbox_tests::calls::CallCounter;
 use outbox_tests::conformance::Backend;
@@ -37,6 +38,42 @@ async fn the_request_path_makes_one_send_and_one_transaction_beyond_its_reads() 
         seen,
         counts(&[("BatchGetItem", 1), ("SendMessage", 1), ("TransactWriteItems", 1)])
     );
+}
+
+/// With inline publishing the request path also publishes and marks the record, and the
+/// control message then costs one read that finds it dispatched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_inline_publishing_a_commit_adds_one_batch_send_and_one_write_and_its_check_one_read() {
+    let counter = CallCounter::default();
+    let backend = Backend::aws_with(counter.clients(&emulator().sdk_config().await)).await;
+    let timing = Timing::default();
+    let outbox = backend.outbox(timing).with_inline_publisher(backend.publisher.clone());
+    let control = backend.control(timing);
+    counter.reset();
+
+    let mut txn = outbox.begin().await.expect("begin");
+    let key = "ORDER#1".parse().unwrap();
+    assert!(txn.get(&key).await.expect("read").is_none());
+    txn.put(key, json!({"status": "placed"}), ExpectedVersion::Absent);
+    txn.emit(Message::json("events".parse().unwrap(), &json!({"type": "OrderPlaced"})).unwrap());
+    let committed = txn.commit().await.expect("commit");
+    assert_eq!(committed.inline, InlineDispatch::Dispatched);
+    let request = counter.counts();
+    let (worker, checks) =
+        settle_on_the_wire(&backend, &control, &counter, committed.txn_id, timing.first_check_delay).await;
+    println!("committed with inline publishing: request path {request:?}, control path {worker:?} over {checks} control message(s)");
+    assert_eq!(
+        request,
+        counts(&[
+            ("BatchGetItem", 1),
+            ("BatchWriteItem", 1),
+            ("SendMessage", 1),
+            ("SendMessageBatch", 1),
+            ("TransactWriteItems", 1)
+        ])
+    );
+    assert_eq!((worker, checks), (counts(&[("BatchGetItem", 1)]), 1));
+    assert_eq!(backend.drain(&"events".parse().unwrap()).await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,4 +116,85 @@ async fn dispatching_a_transaction_of_ten_messages_takes_one_read_one_send_and_o
         counts(&[("BatchGetItem", 1), ("BatchWriteItem", 1), ("SendMessageBatch", 1)])
     );
     assert_eq!(backend.drain(&"events".parse().unwrap()).await.len(), 10);
+}
+
+/// Runs the control path on transaction `txn_id`'s control messages as they come due,
+/// until it is settled; returns the AWS calls the control path made for it (receives and
+/// deletes, which the Lambda event source mapping makes, are left out) and how many
+/// control messages it handled.
+async fn settle_on_the_wire(
+    backend: &Backend,
+    control: &ControlPath,
+    counter: &CallCounter,
+    txn_id: TxnId,
+    first_check: Duration,
+) -> (BTreeMap<String, usize>, usize) {
+    let mut calls: BTreeMap<String, usize> = BTreeMap::new();
+    let mut handled = 0;
+    let mut due = first_check;
+    for _ in 0..10 {
+        backend.wait(due).await;
+        let deliveries = backend
+            .inbox
+            .receive(10, Duration::from_secs(2))
+            .await
+            .expect("receive");
+        assert_eq!(deliveries.len(), 1, "one control message at a time");
+        assert_eq!(ControlMessage::decode(&deliveries[0].body).unwrap().txn_id, txn_id);
+        counter.reset();
+        let report = control.handle_batch(&deliveries).await;
+        for (operation, count) in counter.counts() {
+            *calls.entry(operation).or_default() += count;
+        }
+        handled += 1;
+        let receipts: Vec<String> = deliveries.iter().map(|delivery| delivery.receipt.clone()).collect();
+        backend.inbox.ack(&receipts).await.expect("ack");
+        match report.items[0].result.as_ref().expect("handled") {
+            ControlOutcome::Deferred { delay, .. } => due = *delay,
+            ControlOutcome::Tombstoned | ControlOutcome::AlreadyDone { .. } => return (calls, handled),
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    panic!("transaction {txn_id} was not settled after 10 control messages")
+}
+
+/// An abandoned transaction costs its one control message and one tombstone write in the
+/// request path, and one read when the control message comes; one left to its control
+/// message (dropped, as a crash leaves it) costs a read per check, a deferral per check
+/// within the window, and the tombstone. Counted on the wire; printed for the note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_transaction_costs_one_control_message_and_one_tombstone_write() {
+    let counter = CallCounter::default();
+    let backend = Backend::aws_with(counter.clients(&emulator().sdk_config().await)).await;
+    // A 3 s window: a transaction left to its control message is checked at 1 s,
+    // deferred once, and tombstoned at 3 s (at the default 30 s window: 6 checks).
+    let timing = Timing {
+        max_commit_duration: Duration::from_secs(3),
+        ..Timing::default()
+    };
+    let outbox = backend.outbox(timing);
+    let control = backend.control(timing);
+
+    counter.reset();
+    let txn = outbox.begin().await.expect("begin");
+    let abandoned = txn.id();
+    assert_eq!(txn.abandon().await, Settlement::Tombstoned);
+    let request = counter.counts();
+    let (worker, checks) = settle_on_the_wire(&backend, &control, &counter, abandoned, timing.first_check_delay).await;
+    println!("abandoned in the request path: request path {request:?}, control path {worker:?} over {checks} control message(s)");
+    assert_eq!(request, counts(&[("PutItem", 1), ("SendMessage", 1)]));
+    assert_eq!(worker, counts(&[("BatchGetItem", 1)]));
+    assert_eq!(checks, 1);
+
+    counter.reset();
+    let dropped = outbox.begin().await.expect("begin").id();
+    let request = counter.counts();
+    let (worker, checks) = settle_on_the_wire(&backend, &control, &counter, dropped, timing.first_check_delay).await;
+    println!("dropped, left to its control message: request path {request:?}, control path {worker:?} over {checks} control message(s)");
+    assert_eq!(request, counts(&[("SendMessage", 1)]));
+    assert_eq!(
+        worker,
+        counts(&[("BatchGetItem", 2), ("PutItem", 1), ("SendMessage", 1)])
+    );
+    assert_eq!(checks, 2);
 }
