@@ -449,7 +449,10 @@ impl Outbox {
         tracing::info!(%txn_id, settlement = settlement.as_str(), "transaction settled in the request path");
         crate::metrics::MetricRecord::new("api", clock.now())
             .count("RequestTombstones", usize::from(settlement == Settlement::Tombstoned))
-            .count("RequestSettleFailures", usize::from(settlement == Settlement::LeftToWorker))
+            .count(
+                "RequestSettleFailures",
+                usize::from(settlement == Settlement::LeftToWorker),
+            )
             .emit();
         settlement
     }

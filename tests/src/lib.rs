@@ -7,6 +7,7 @@
 pub mod calls;
 pub mod conformance;
 pub mod emulator;
+pub mod fault_proxy;
 pub mod odd_store;
 pub mod sim;
 pub mod single_table;

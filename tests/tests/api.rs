@@ -814,7 +814,11 @@ async fn a_commit_stalled_past_the_deadline_is_fenced_a_503_naming_its_transacti
     assert!(reply.body["detail"].as_str().unwrap().contains("nothing was written"));
     assert_eq!(reply.headers["retry-after"], "1");
     let txn = transaction_of(&reply);
-    assert_eq!(app.transaction_status(&txn).await, "tombstoned", "settled before the answer");
+    assert_eq!(
+        app.transaction_status(&txn).await,
+        "tombstoned",
+        "settled before the answer"
+    );
     app.settle().await;
     assert!(app.published().is_empty());
 }

@@ -199,7 +199,11 @@ impl RequestScope {
     /// `deadline` (see [`Outbox::abandon`]); `None` when no transaction was begun through
     /// it.
     async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> Option<Settlement> {
-        let outbox = self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()?;
+        let outbox = self
+            .outbox
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()?;
         Some(outbox.abandon(txn_id, Some(deadline)).await)
     }
 

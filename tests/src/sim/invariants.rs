@@ -295,9 +295,7 @@ impl Observed {
                         return fail(format!("request {index} abandoned {txn_id}, yet it committed"));
                     }
                     if matches!(settlement, Settlement::Committed(_)) {
-                        return fail(format!(
-                            "request {index} abandoned {txn_id} and was told it committed"
-                        ));
+                        return fail(format!("request {index} abandoned {txn_id} and was told it committed"));
                     }
                     if *settlement == Settlement::Tombstoned && !self.tombstones.contains(txn_id) {
                         return fail(format!(

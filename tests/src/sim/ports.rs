@@ -200,7 +200,9 @@ impl Publisher for GatedPublisher {
             })
         };
         match self.gate.pass(Op::Publish).await {
-            Fault::None | Fault::Duplicate | Fault::Busy | Fault::Late => self.inner.send_batch(destination, messages).await,
+            Fault::None | Fault::Duplicate | Fault::Busy | Fault::Late => {
+                self.inner.send_batch(destination, messages).await
+            }
             Fault::FirstEntryFails => {
                 let (first, rest) = messages.split_first().expect("batches are never empty");
                 let mut failures = self.inner.send_batch(destination, rest).await?;

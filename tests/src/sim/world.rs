@@ -327,7 +327,8 @@ impl World {
                 gate: gate.clone(),
             }));
         }
-        let future = Box::pin(async move { End::Request(increment(&outbox, key, idempotency, deadline, abandons).await) });
+        let future =
+            Box::pin(async move { End::Request(increment(&outbox, key, idempotency, deadline, abandons).await) });
         Actor {
             id,
             kind: Kind::Api(index),
