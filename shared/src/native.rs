@@ -131,6 +131,11 @@ impl NativeTransaction<'_> {
     pub async fn commit(self) -> Result<Committed, TxnError> {
         self.inner.commit().await
     }
+
+    /// See [`Transaction::abandon`].
+    pub async fn abandon(self) -> crate::request::Settlement {
+        self.inner.abandon().await
+    }
 }
 
 impl Committable for NativeTransaction<'_> {

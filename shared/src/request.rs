@@ -8,6 +8,9 @@
 //!   ├── reads (strongly consistent), business logic: put / delete / check / emit
 //!   ▼
 //! commit ── one atomic write: business writes (versioned) + outbox record + idempotency record
+//!   ├── applied: publish the messages, mark the record dispatched (inline publishing)
+//!   └── refused, or outcome unknown: write the tombstone (settles it; decides an unknown)
+//! abandon (no commit) ── write the tombstone
 //! ```
 
 use std::collections::BTreeMap;
@@ -32,9 +35,20 @@ use crate::time::Timestamp;
 pub const COMMIT_ATTEMPTS: u32 = 3;
 /// Wait before the first commit retry; doubled for the next.
 const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(25);
-/// Time kept before a request's deadline for settling a failed commit with a tombstone
-/// (one conditional put): commit attempts stop this long before the deadline.
+/// Time kept before a request's deadline for settling a commit of unknown outcome with a
+/// tombstone (a conditional put, tried again if it fails): commit attempts stop this long
+/// before the deadline. Also the most a settling write may add to an answer that is
+/// already definite (a refusal, an abandoned transaction).
 pub const SETTLE_RESERVE: Duration = Duration::from_millis(200);
+/// Tombstone writes tried at most when settling a transaction in the request path.
+const SETTLE_ATTEMPTS: u32 = 3;
+
+/// How long a settling write that only spares the control worker work may take: until
+/// [`SETTLE_RESERVE`] from `now`, or the deadline if that is sooner.
+pub fn settle_bound(now: Timestamp, deadline: Option<Timestamp>) -> Timestamp {
+    let quick = now.plus(SETTLE_RESERVE);
+    deadline.map_or(quick, |deadline| deadline.min(quick))
+}
 
 /// Runs `operation`, cut short at `deadline` (by `clock`'s timer) if there is one:
 /// `None` when the deadline came first.
@@ -115,7 +129,8 @@ pub enum TxnError {
         txn_id: TxnId,
     },
     /// The request's deadline came before the commit was tried; nothing was written,
-    /// and this transaction can never commit now (its control message tombstones it).
+    /// and this transaction can never commit now (the request path or its control
+    /// message tombstones it).
     #[error("transaction {txn_id}: the request's deadline passed before the commit")]
     DeadlineExceeded {
         /// The transaction.
@@ -424,28 +439,38 @@ impl Outbox {
     /// committing it.
     pub async fn abandon(&self, txn_id: TxnId, deadline: Option<Timestamp>) -> Settlement {
         let clock = self.ports.clock.as_ref();
-        let now = clock.now();
-        let settlement = if deadline.is_some_and(|deadline| now >= deadline) {
-            Settlement::LeftToWorker
-        } else {
+        let mut settlement = Settlement::LeftToWorker;
+        // A failed write is tried again while time remains: DynamoDB refuses a put on an
+        // item that a transaction still in flight holds (TransactionConflict), which is
+        // exactly the race this write settles. Trying again is safe: every outcome of
+        // the conditional put means the same thing however many times it ran.
+        for attempt in 1..=SETTLE_ATTEMPTS {
+            let now = clock.now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                break;
+            }
             let expires_at = now.plus(self.timing.retention);
             let write = self.ports.store.put_tombstone(txn_id, now, expires_at);
             match within(clock, deadline, write).await {
-                Some(Ok(TombstoneOutcome::Written)) => Settlement::Tombstoned,
+                Some(Ok(TombstoneOutcome::Written)) => settlement = Settlement::Tombstoned,
                 Some(Ok(TombstoneOutcome::Exists(record))) if record.state == OutboxState::Tombstone => {
-                    Settlement::AlreadyTombstoned
+                    settlement = Settlement::AlreadyTombstoned
                 }
-                Some(Ok(TombstoneOutcome::Exists(record))) => Settlement::Committed(record),
+                Some(Ok(TombstoneOutcome::Exists(record))) => settlement = Settlement::Committed(record),
                 Some(Err(error)) => {
-                    tracing::warn!(%txn_id, error = %error, "writing the tombstone failed; the control message will settle the transaction");
-                    Settlement::LeftToWorker
+                    tracing::warn!(%txn_id, attempt, error = %error, "writing the tombstone failed");
+                    if attempt < SETTLE_ATTEMPTS {
+                        clock.sleep(COMMIT_RETRY_DELAY * attempt).await;
+                    }
+                    continue;
                 }
-                None => {
-                    tracing::warn!(%txn_id, "the deadline came while writing the tombstone; the control message will settle the transaction");
-                    Settlement::LeftToWorker
-                }
+                None => tracing::warn!(%txn_id, "the deadline came while writing the tombstone"),
             }
-        };
+            break;
+        }
+        if settlement == Settlement::LeftToWorker {
+            tracing::warn!(%txn_id, "the transaction is left to its control message");
+        }
         tracing::info!(%txn_id, settlement = settlement.as_str(), "transaction settled in the request path");
         crate::metrics::MetricRecord::new("api", clock.now())
             .count("RequestTombstones", usize::from(settlement == Settlement::Tombstoned))
@@ -475,10 +500,13 @@ impl Outbox {
     }
 
     /// Begins a transaction that must be answered by `deadline` (an HTTP request's
-    /// deadline, less a margin to answer): the control send and every commit attempt
-    /// are cut short there, and no retry starts after it. A commit cut short in flight
-    /// is [`TxnError::Ambiguous`]; a deadline that passes before the commit is tried is
-    /// [`TxnError::DeadlineExceeded`] (nothing written). Either names the transaction.
+    /// deadline, less a margin to answer): the control send is cut short there, commit
+    /// attempts [`SETTLE_RESERVE`] before it (no retry starts after that), and the
+    /// tombstone that settles a failed commit is written by it. A commit cut short in
+    /// flight is then [`TxnError::Fenced`] (nothing written), `Ok` (it had applied), or
+    /// [`TxnError::Ambiguous`] if the tombstone could not be written in time; a deadline
+    /// that passes before the commit is tried is [`TxnError::DeadlineExceeded`] (nothing
+    /// written). Each names the transaction.
     pub async fn begin_within(&self, deadline: Timestamp) -> Result<Transaction<'_>, TxnError> {
         self.begin_with(Some(deadline)).await
     }
@@ -550,10 +578,10 @@ impl<'a> Transaction<'a> {
         self.txn_id
     }
 
-    /// Has `hook` told, once, just before the first commit attempt reaches the store:
-    /// from then on the transaction may have committed (the HTTP glue records it, so that
-    /// an answer given for an overrunning handler says "outcome unknown", not "nothing
-    /// written").
+    /// Has `hook` told, once, when the commit begins: from then on the transaction may
+    /// have committed, and the commit settles it whatever happens (the HTTP glue records
+    /// it, so that an answer given for an overrunning handler says "outcome unknown", not
+    /// "nothing written", and so that it does not abandon the transaction itself).
     pub fn on_commit_attempt(&mut self, hook: impl FnOnce(TxnId) + Send + Sync + 'a) {
         self.on_commit = Some(Box::new(hook));
     }
@@ -627,7 +655,8 @@ impl<'a> Transaction<'a> {
     /// [`Outbox::abandon`]). For a handler that decided, after `begin`, not to commit (a
     /// no-op, a 404 or 409 found by its reads).
     pub async fn abandon(self) -> Settlement {
-        self.outbox.abandon(self.txn_id, self.deadline).await
+        let by = settle_bound(self.outbox.ports.clock.now(), self.deadline);
+        self.outbox.abandon(self.txn_id, Some(by)).await
     }
 
     /// Commits everything staged atomically with the outbox record.
@@ -645,7 +674,13 @@ impl<'a> Transaction<'a> {
         let txn_id = self.txn_id;
         let message_ids: Vec<MessageId> = self.messages.iter().map(|message| message.id.clone()).collect();
         let mut request: Option<CommitRequest> = None;
-        let error = match self.attempt(&mut request).await {
+        // The error of an attempt whose outcome was unknown, when a definite refusal
+        // came after it.
+        let mut unknown: Option<CommitError> = None;
+        if let Some(hook) = self.on_commit.take() {
+            hook(txn_id);
+        }
+        let error = match self.attempt(&mut request, &mut unknown).await {
             Ok(()) => {
                 let record = &request.as_ref().expect("a commit that applied was sent").outbox;
                 let inline = self.outbox.dispatch_inline(record, self.deadline).await;
@@ -660,10 +695,19 @@ impl<'a> Transaction<'a> {
             Err(error @ TxnError::CommitWindowExpired { .. }) => return Err(error),
             Err(error) => error,
         };
-        match self.outbox.abandon(txn_id, self.deadline).await {
+        // The settling write decides the answer only when an attempt's outcome was
+        // unknown; it may take until the deadline then. Otherwise the answer is definite
+        // already, and the write only spares the control worker its deferrals.
+        let uncertain = !error.is_definite() || unknown.is_some();
+        let settle_by = if uncertain {
+            self.deadline
+        } else {
+            Some(settle_bound(self.outbox.ports.clock.now(), self.deadline))
+        };
+        match self.outbox.abandon(txn_id, settle_by).await {
             Settlement::Committed(found) => {
                 // An attempt whose outcome was unknown applied after all.
-                tracing::info!(error = %error, "the commit applied after all");
+                tracing::warn!(error = %error, "the commit applied after all");
                 let committed = match request {
                     Some(request) if found.state == OutboxState::Pending => request.outbox,
                     _ => found,
@@ -679,14 +723,23 @@ impl<'a> Transaction<'a> {
                 TxnError::Ambiguous { txn_id, source } => TxnError::Fenced { txn_id, source },
                 definite => definite,
             }),
-            _ => Err(error),
+            // Unsettled: a refusal that came after an attempt of unknown outcome is not
+            // the last word, since that attempt may still be on its way to the table.
+            _ => Err(match unknown {
+                Some(source) if error.is_definite() => TxnError::Ambiguous { txn_id, source },
+                _ => error,
+            }),
         }
     }
 
     /// Tries the commit until it applies, is refused definitely, or its attempts, the
     /// window or the time before the deadline's reserve run out. `request` keeps what
     /// was sent.
-    async fn attempt(&mut self, request: &mut Option<CommitRequest>) -> Result<(), TxnError> {
+    async fn attempt(
+        &mut self,
+        request: &mut Option<CommitRequest>,
+        unknown: &mut Option<CommitError>,
+    ) -> Result<(), TxnError> {
         let txn_id = self.txn_id;
         self.check_limits()?;
         let ports = &self.outbox.ports;
@@ -694,9 +747,8 @@ impl<'a> Transaction<'a> {
         let window_end = self.first_sent_at.plus(timing.max_commit_duration);
         let attempts_until = self.deadline.map(|deadline| deadline.minus(SETTLE_RESERVE));
 
-        // The error of an earlier attempt whose outcome is unknown: from then on, no
-        // failure short of a definite refusal can say "nothing was written".
-        let mut unknown: Option<CommitError> = None;
+        // `unknown` holds the error of an earlier attempt whose outcome is unknown: from
+        // then on, no failure short of a definite refusal can say "nothing was written".
         // The error of the last attempt that was definitely refused, for when the
         // deadline stops the retries.
         let mut last_refusal: Option<CommitError> = None;
@@ -705,7 +757,7 @@ impl<'a> Transaction<'a> {
             // Past the window the worker may tombstone at any moment; trying anyway is
             // safe (the tombstone would block it) but pointless.
             if now >= window_end {
-                return Err(match unknown {
+                return Err(match unknown.take() {
                     Some(source) => TxnError::Ambiguous { txn_id, source },
                     None => TxnError::CommitWindowExpired { txn_id },
                 });
@@ -713,7 +765,7 @@ impl<'a> Transaction<'a> {
             // Past the request's deadline (less the time settling needs) nobody waits
             // for the answer any more.
             if attempts_until.is_some_and(|until| now >= until) {
-                return Err(match (unknown, last_refusal) {
+                return Err(match (unknown.take(), last_refusal) {
                     (Some(source), _) => TxnError::Ambiguous { txn_id, source },
                     (None, Some(source)) => TxnError::NotCommitted { txn_id, source },
                     (None, None) => TxnError::DeadlineExceeded { txn_id },
@@ -723,9 +775,6 @@ impl<'a> Transaction<'a> {
                 *request = Some(self.request(now));
             }
             let sent = request.as_ref().expect("just built");
-            if let Some(hook) = self.on_commit.take() {
-                hook(txn_id);
-            }
             let commit = ports.store.commit_native(sent, &self.native);
             let outcome = within(ports.clock.as_ref(), attempts_until, commit).await;
             let error = match outcome {
@@ -746,7 +795,7 @@ impl<'a> Transaction<'a> {
                 CommitError::VersionConflict { key } => return Err(TxnError::VersionConflict { txn_id, key }),
                 CommitError::IdempotencyKeyUsed { slot } => return Err(TxnError::IdempotencyKeyUsed { txn_id, slot }),
                 CommitError::TooLarge { reason } => return Err(TxnError::TooLarge { txn_id, reason }),
-                CommitError::Ambiguous(_) if attempt < COMMIT_ATTEMPTS => unknown = Some(error),
+                CommitError::Ambiguous(_) if attempt < COMMIT_ATTEMPTS => *unknown = Some(error),
                 CommitError::Contention(_) | CommitError::Unavailable(_) if attempt < COMMIT_ATTEMPTS => {
                     last_refusal = Some(error)
                 }
@@ -761,7 +810,7 @@ impl<'a> Transaction<'a> {
                 }
                 CommitError::NativeUnsupported => return Err(TxnError::NotCommitted { txn_id, source: error }),
                 CommitError::Contention(_) | CommitError::Unavailable(_) | CommitError::Invalid { .. } => {
-                    return Err(match unknown {
+                    return Err(match unknown.take() {
                         Some(source) => TxnError::Ambiguous { txn_id, source },
                         None => TxnError::NotCommitted { txn_id, source: error },
                     })

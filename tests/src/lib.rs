@@ -6,6 +6,7 @@
 
 pub mod calls;
 pub mod conformance;
+pub mod cost;
 pub mod emulator;
 pub mod fault_proxy;
 pub mod odd_store;

@@ -249,6 +249,53 @@ fn a_late_commit_racing_its_settlement_keeps_the_invariants() {
     assert!(unknown.committed > 0 && unknown.definite_failure > 0, "{unknown:?}");
 }
 
+/// The same with inline publishing: the request path's publish and mark are steps of its
+/// own, with a crash point and a fault before and after each (crash after the commit
+/// before publishing, after publishing before marking), racing the worker's publish of
+/// the same transaction. Every interleaving of the longer request path is too many
+/// schedules for the test command (minutes), so every placement of one fault is run under
+/// the request-first order and 40 seeded random interleavings.
+#[test]
+fn inline_publishing_keeps_the_invariants_at_every_crash_point() {
+    let config = one_transaction(true);
+    let started = Instant::now();
+    let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut schedules = 0;
+    for seed in std::iter::once(None).chain((1..=40).map(Some)) {
+        let mut prefix = Some(Vec::new());
+        while let Some(choices) = prefix {
+            let mut chooser = FaultsDepthFirst::new(choices.clone(), seed);
+            let outcome = run_schedule(&mut chooser, &config)
+                .unwrap_or_else(|error| panic!("inline, seed {seed:?}, faults {choices:?}: {error}"));
+            if let Err(violation) = outcome.observed.check() {
+                panic!(
+                    "inline, seed {seed:?}, faults {choices:?}: {violation}\n{:#?}",
+                    outcome.observed
+                );
+            }
+            assert_eq!(
+                outcome.redrives, 0,
+                "inline, seed {seed:?}, faults {choices:?} needed a redrive"
+            );
+            schedules += 1;
+            *endings.entry(ending(&outcome)).or_default() += 1;
+            prefix = chooser.next_prefix();
+        }
+    }
+    println!(
+        "inline publishing: {schedules} schedules (every fault placement, 41 orders) in {:.2?}; endings: {endings:?}",
+        started.elapsed()
+    );
+    assert_reached(
+        &endings,
+        &[
+            "committed, dispatched inline",
+            "committed, left to the worker",
+            "api crashed",
+        ],
+    );
+}
+
 fn replay_arg(choices: &[usize]) -> String {
     choices.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }

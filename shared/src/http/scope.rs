@@ -366,7 +366,10 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
     match answered {
         Some(response) => {
             if let Progress::Begun(txn_id) = progress {
-                scope.abandon(txn_id, settle_by).await;
+                // This write only spares the control worker its deferrals: it may delay
+                // the answer by a moment, no more.
+                let by = crate::request::settle_bound(clock.now(), Some(settle_by));
+                scope.abandon(txn_id, by).await;
             }
             response
         }
@@ -377,6 +380,8 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
                     match scope.abandon(txn_id, settle_by).await {
                         // Settled now: nothing was written and nothing can be.
                         Some(settlement) if settlement.never_committed() => Progress::Begun(txn_id),
+                        // It committed, but the handler's answer is lost with it.
+                        Some(Settlement::Committed(_)) => Progress::Committing(txn_id),
                         _ => progress,
                     }
                 }
