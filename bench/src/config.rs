@@ -1,6 +1,8 @@
 //! The command line and its environment variables: how many requests, how many at a
 //! time, the latencies and their jitter, the seed, the variants.
 
+use std::path::PathBuf;
+
 use crate::latency::Latencies;
 use crate::variants::Variant;
 
@@ -19,7 +21,9 @@ OPTIONS (each also read from the environment variable shown; a flag wins):
   --seed S            seed of the jitter [OUTBOX_BENCH_SEED, 1]
   --timer T           how latencies are waited: precise (tokio sleep to 2 ms before the end, then
                       yield until it) or tokio (sleep alone, ~1 ms late per call) [OUTBOX_BENCH_TIMER, precise]
-  --variants LIST     which variants, e.g. off,inline [OUTBOX_BENCH_VARIANTS, all]
+  --variants LIST     which variants, e.g. dual-write,outbox [OUTBOX_BENCH_VARIANTS, all]
+  --json PATH         also write each variant's samples (ms, one at a time) and the summary
+                      to PATH as JSON (scripts/plot-benchmarks reads it) [OUTBOX_BENCH_JSON]
   -h, --help          this text
 
 CALLS and their default latencies (round figures from AWS's published numbers for calls
@@ -32,10 +36,15 @@ within one region, not measurements; set your own with --latency):
   batch=10ms    SQS SendMessageBatch
 
 VARIANTS (one request each: read one item, write it under its version, publish one event):
-  plain-put     GetItem + conditional PutItem, no event (the PutItem is its latency only)
-  dual-write    plain-put + SendMessage of the event: not atomic, the cost floor
-  off           the outbox, inline publishing off: SendMessage (control) + GetItem + TransactWriteItems
-  inline        off + SendMessageBatch + BatchWriteItem (publish and mark dispatched before answering)
+  (a) plain-put          GetItem + conditional PutItem, no event (the PutItem is its latency only)
+  (b) dual-write         plain-put + SendMessage of the event: not atomic, the cost floor
+  (c) outbox-sequential  the outbox, control send before the read: SendMessage (control), then
+                         GetItem, then TransactWriteItems; inline publishing off
+  (d) outbox             the outbox as the orders API uses it: SendMessage (control) overlapped
+                         with GetItem, then TransactWriteItems; inline publishing off
+  (e) outbox-inline      (d) + SendMessageBatch + BatchWriteItem (publish and mark dispatched
+                         before answering; inline publishing is the library's default)
+The report prints each variant's p50 over (a)'s and (b)'s, and whether (d)/(b) <= 1.5.
 ";
 
 /// What the command line asks for.
@@ -60,6 +69,8 @@ pub struct Config {
     pub seed: u64,
     /// Variants, in the order run and reported.
     pub variants: Vec<Variant>,
+    /// Where to write the samples and the summary as JSON, if anywhere.
+    pub json: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -70,12 +81,13 @@ impl Default for Config {
             latencies: Latencies::default(),
             seed: 1,
             variants: Variant::ALL.to_vec(),
+            json: None,
         }
     }
 }
 
 /// The options, each with its environment variable.
-const OPTIONS: [(&str, &str); 7] = [
+const OPTIONS: [(&str, &str); 8] = [
     ("--requests", "OUTBOX_BENCH_REQUESTS"),
     ("--concurrency", "OUTBOX_BENCH_CONCURRENCY"),
     ("--latency", "OUTBOX_BENCH_LATENCY"),
@@ -83,6 +95,7 @@ const OPTIONS: [(&str, &str); 7] = [
     ("--seed", "OUTBOX_BENCH_SEED"),
     ("--timer", "OUTBOX_BENCH_TIMER"),
     ("--variants", "OUTBOX_BENCH_VARIANTS"),
+    ("--json", "OUTBOX_BENCH_JSON"),
 ];
 
 impl Command {
@@ -143,6 +156,12 @@ impl Config {
             "--jitter" => self.latencies.jitter = parse_fraction(value)?,
             "--timer" => self.latencies.timer = value.parse()?,
             "--seed" => self.seed = value.parse().map_err(|_| format!("{value:?} is not a whole number"))?,
+            "--json" => {
+                if value.is_empty() {
+                    return Err("an empty path".into());
+                }
+                self.json = Some(PathBuf::from(value));
+            }
             "--variants" => {
                 self.variants = value
                     .split(',')
@@ -219,9 +238,34 @@ mod tests {
 
     #[test]
     fn variants_are_chosen_by_name() {
-        let config = config(&["--variants", "off,inline"], &[]);
-        assert_eq!(config.variants, vec![Variant::OutboxOff, Variant::OutboxInline]);
+        let config = config(&["--variants", "dual-write, outbox,outbox-inline"], &[]);
+        assert_eq!(
+            config.variants,
+            vec![Variant::DualWrite, Variant::Outbox, Variant::OutboxInline]
+        );
         assert!(parse(&["--variants", "fast"], &[]).is_err());
+        assert!(parse(&["--variants", "off"], &[]).is_err());
+        let names: Vec<String> = Variant::ALL.iter().map(|variant| variant.label()).collect();
+        assert_eq!(
+            names,
+            [
+                "(a) plain-put",
+                "(b) dual-write",
+                "(c) outbox-sequential",
+                "(d) outbox",
+                "(e) outbox-inline"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_json_path_comes_from_the_flag_or_the_environment() {
+        assert_eq!(config(&[], &[]).json, None);
+        let from_env = config(&[], &[("OUTBOX_BENCH_JSON", "/tmp/a.json")]);
+        assert_eq!(from_env.json, Some(PathBuf::from("/tmp/a.json")));
+        let from_flag = config(&["--json", "b.json"], &[("OUTBOX_BENCH_JSON", "/tmp/a.json")]);
+        assert_eq!(from_flag.json, Some(PathBuf::from("b.json")));
+        assert!(parse(&["--json", ""], &[]).is_err());
     }
 
     #[test]

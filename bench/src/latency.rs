@@ -193,6 +193,15 @@ impl Latencies {
     pub fn model(&self, calls: &[Call]) -> Duration {
         calls.iter().map(|call| self.nominal(*call)).sum()
     }
+
+    /// What a path of `stages` costs in the model: the stages one after another, the
+    /// calls of one stage overlapped (the slowest one's latency).
+    pub fn staged_model(&self, stages: &[&[Call]]) -> Duration {
+        stages
+            .iter()
+            .map(|stage| stage.iter().map(|call| self.nominal(*call)).max().unwrap_or_default())
+            .sum()
+    }
 }
 
 impl fmt::Display for Latencies {
@@ -350,6 +359,18 @@ mod tests {
         }
         assert_eq!("tokio".parse::<Timer>().unwrap(), Timer::Tokio);
         assert!("fast".parse::<Timer>().is_err());
+    }
+
+    #[test]
+    fn overlapped_calls_cost_the_slowest_one() {
+        let latencies = Latencies::default();
+        let ms = Duration::from_millis;
+        assert_eq!(latencies.model(&[Call::Get, Call::Put, Call::Send]), ms(21));
+        assert_eq!(
+            latencies.staged_model(&[&[Call::Send, Call::Get], &[Call::Transact]]),
+            ms(33)
+        );
+        assert_eq!(latencies.staged_model(&[&[], &[Call::Get]]), ms(5));
     }
 
     #[test]

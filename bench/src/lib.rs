@@ -1,7 +1,7 @@
 //! Measures the latency the outbox adds to a request: the request path on the embedded
 //! backend, each port call slowed by the latency of the AWS call it stands for
-//! (DESIGN.md section 3), with inline publishing off and on, next to baselines that
-//! write without an outbox.
+//! (DESIGN.md section 3): the control send before the read or overlapped with it, inline
+//! publishing off and on, next to baselines that write without an outbox.
 //!
 //! The embedded backend does the real work of every call (conditions, versions, queues),
 //! so the numbers include the request path's own code; the AWS latencies are a model,
@@ -14,9 +14,10 @@
 //! - [`ports`]: the latency-injecting wrappers around the store, queue and publisher ports.
 //! - [`variants`]: what one request does in each variant, over a fresh backend.
 //! - [`measure`]: timing requests one at a time and C at a time; percentiles.
-//! - [`report`]: the printed table.
+//! - [`report`]: the printed table, the ratios to the baselines, and the JSON of the samples.
 
 pub mod config;
+pub mod lag;
 pub mod latency;
 pub mod measure;
 pub mod ports;
@@ -111,10 +112,12 @@ pub async fn run(config: &Config) -> Result<Report, BenchError> {
             measure::concurrent(rig, warm_up + config.requests, config.requests, config.concurrency).await?;
         rows.push(Row {
             variant,
-            model: config.latencies.model(variant.calls()),
-            sequential: Summary::of(sequential),
+            model: config.latencies.staged_model(variant.stages()),
+            sequential: Summary::of(sequential.clone()),
+            samples: sequential,
             throughput: concurrent.throughput(),
-            concurrent: Summary::of(concurrent.samples),
+            concurrent: Summary::of(concurrent.samples.clone()),
+            concurrent_samples: concurrent.samples,
             bare,
         });
     }

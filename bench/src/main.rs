@@ -1,5 +1,6 @@
 //! `request-path`: reads the options, starts a multi-threaded tokio runtime and prints
-//! what `outbox_bench::run` measured. `request-path --help` lists the options.
+//! what `outbox_bench::run` measured, and with `--json PATH` writes the samples and the
+//! summary there. `request-path --help` lists the options.
 
 use std::process::ExitCode;
 
@@ -27,6 +28,14 @@ fn main() -> ExitCode {
     match runtime.block_on(outbox_bench::run(&config)) {
         Ok(report) => {
             print!("{report}");
+            if let Some(path) = &config.json {
+                let text = serde_json::to_string_pretty(&report.to_json()).expect("a JSON value serialises");
+                if let Err(error) = std::fs::write(path, text + "\n") {
+                    eprintln!("request-path: cannot write {}: {error}", path.display());
+                    return ExitCode::FAILURE;
+                }
+                eprintln!("request-path: samples and summary written to {}", path.display());
+            }
             ExitCode::SUCCESS
         }
         Err(error) => {

@@ -1,13 +1,21 @@
-//! The printed report: the settings used, one row per variant, the added latency of
-//! inline publishing, and the two calibrations (timer lateness, backend alone).
+//! The printed report: the settings used, one row per variant with its p50 over the
+//! baselines' (a) and (b), the goal (d)/(b) <= 1.5 and where the gap between (d) and (b)
+//! comes from, the two calibrations (timer lateness, backend alone); and the same figures
+//! with every sample as JSON, for the plots.
 
 use std::fmt::{self, Write as _};
 use std::time::Duration;
 
+use serde_json::{json, Value};
+
 use crate::config::Config;
-use crate::latency::{Call, Timer};
+use crate::latency::{format_duration, Call, Latencies, Timer};
 use crate::measure::Summary;
 use crate::variants::Variant;
+
+/// The issue's goal: the outbox as built, (d), at most this many times the naive dual
+/// write's p50, (b), with the default latencies.
+pub const GOAL_D_OVER_B: f64 = 1.5;
 
 /// What a run measured.
 #[derive(Debug, Clone)]
@@ -27,12 +35,17 @@ pub struct Report {
 pub struct Row {
     /// Which.
     pub variant: Variant,
-    /// The sum of its calls' nominal latencies.
+    /// Its calls' nominal latencies, added up stage by stage (the slowest of overlapped
+    /// calls).
     pub model: Duration,
     /// Requests one at a time.
     pub sequential: Summary,
+    /// Each request's latency, one at a time, in the order made.
+    pub samples: Vec<Duration>,
     /// Requests `concurrency` at a time.
     pub concurrent: Summary,
+    /// Each request's latency, `concurrency` at a time, in completion order per task.
+    pub concurrent_samples: Vec<Duration>,
     /// Requests per second with `concurrency` in flight.
     pub throughput: f64,
     /// Requests one at a time with every latency zero: the embedded backend alone.
@@ -40,18 +53,172 @@ pub struct Row {
 }
 
 fn ms(duration: Duration) -> String {
-    format!("{:.2}", duration.as_secs_f64() * 1000.0)
+    format!("{:.2}", millis(duration))
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+/// Milliseconds to the microsecond, for the JSON.
+fn json_ms(duration: Duration) -> f64 {
+    duration.as_micros() as f64 / 1000.0
+}
+
+/// `a / b` of two durations, to the nanosecond; `None` if `b` is zero.
+fn ratio(a: Duration, b: Duration) -> Option<f64> {
+    (!b.is_zero()).then(|| a.as_nanos() as f64 / b.as_nanos() as f64)
+}
+
+fn show_ratio(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |r| format!("{r:.2}x"))
+}
+
+/// The (d)/(b) goal, measured and in the model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Goal {
+    /// (d)'s p50 over (b)'s, one at a time.
+    pub measured: f64,
+    /// (d)'s model over (b)'s.
+    pub model: f64,
+}
+
+impl Goal {
+    /// Whether the measured ratio is within [`GOAL_D_OVER_B`] (to rounding).
+    pub fn met(&self) -> bool {
+        self.measured <= GOAL_D_OVER_B + 1e-9
+    }
+}
+
+/// Where the model's gap between (d) and (b) comes from, term by term, for `latencies`:
+/// (d) = max(send, get) + transact; (b) = get + put + send.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gap {
+    /// TransactWriteItems instead of PutItem: transact - put, in ms (signed).
+    pub transact_over_put: f64,
+    /// The control send overlapped with the read: what it takes beyond the read,
+    /// max(send, get) - get, in ms.
+    pub control_send_beyond_read: f64,
+    /// The event's SendMessage, which (b) makes in the request and (d) leaves to the
+    /// control worker, in ms: subtracted.
+    pub event_send: f64,
+    /// The TransactWriteItems latency at which the model's (d)/(b) is exactly
+    /// [`GOAL_D_OVER_B`]: 1.5 (get + put + send) - max(send, get). `None` if even a free
+    /// transaction would not do.
+    pub transact_break_even: Option<Duration>,
+}
+
+impl Gap {
+    /// The terms for `latencies`.
+    pub fn of(latencies: &Latencies) -> Self {
+        let n = |call| latencies.nominal(call);
+        let overlapped = n(Call::Send).max(n(Call::Get));
+        let dual = latencies.staged_model(Variant::DualWrite.stages());
+        let budget = dual.mul_f64(GOAL_D_OVER_B);
+        Self {
+            transact_over_put: millis(n(Call::Transact)) - millis(n(Call::Put)),
+            control_send_beyond_read: millis(overlapped) - millis(n(Call::Get)),
+            event_send: millis(n(Call::Send)),
+            transact_break_even: budget.checked_sub(overlapped),
+        }
+    }
+
+    /// (d) - (b) in the model, in ms (signed).
+    pub fn total_ms(&self, latencies: &Latencies) -> f64 {
+        millis(latencies.staged_model(Variant::Outbox.stages()))
+            - millis(latencies.staged_model(Variant::DualWrite.stages()))
+    }
 }
 
 impl Report {
     fn row(&self, variant: Variant) -> Option<&Row> {
         self.rows.iter().find(|row| row.variant == variant)
     }
+
+    /// `row`'s p50 over `base`'s, one at a time; `None` if `base` did not run.
+    pub fn p50_ratio(&self, row: &Row, base: Variant) -> Option<f64> {
+        ratio(row.sequential.p50, self.row(base)?.sequential.p50)
+    }
+
+    /// (d)/(b), if both ran.
+    pub fn goal(&self) -> Option<Goal> {
+        let (d, b) = (self.row(Variant::Outbox)?, self.row(Variant::DualWrite)?);
+        Some(Goal {
+            measured: ratio(d.sequential.p50, b.sequential.p50)?,
+            model: ratio(d.model, b.model)?,
+        })
+    }
+
+    /// The settings, each variant's samples (ms) and summary, the ratios and the goal.
+    pub fn to_json(&self) -> Value {
+        let config = &self.config;
+        let latencies: serde_json::Map<String, Value> = Call::ALL
+            .iter()
+            .map(|call| {
+                (
+                    call.key().to_owned(),
+                    json!({ "aws": call.aws_name(), "ms": json_ms(config.latencies.nominal(*call)) }),
+                )
+            })
+            .collect();
+        let variants: Vec<Value> = self
+            .rows
+            .iter()
+            .map(|row| {
+                json!({
+                    "name": row.variant.name(),
+                    "letter": row.variant.letter().to_string(),
+                    "label": row.variant.label(),
+                    "calls": calls(row.variant),
+                    "model_ms": json_ms(row.model),
+                    "summary": {
+                        "count": row.sequential.count,
+                        "p50_ms": json_ms(row.sequential.p50),
+                        "p90_ms": json_ms(row.sequential.p90),
+                        "p99_ms": json_ms(row.sequential.p99),
+                        "concurrent_p50_ms": json_ms(row.concurrent.p50),
+                        "concurrent_p99_ms": json_ms(row.concurrent.p99),
+                        "throughput_per_s": row.throughput,
+                        "bare_p50_us": row.bare.p50.as_secs_f64() * 1e6,
+                        "p50_over_a": self.p50_ratio(row, Variant::PlainPut),
+                        "p50_over_b": self.p50_ratio(row, Variant::DualWrite),
+                    },
+                    "samples_ms": row.samples.iter().copied().map(json_ms).collect::<Vec<_>>(),
+                    "concurrent_samples_ms": row.concurrent_samples.iter().copied().map(json_ms).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let goal = self.goal().map(|goal| {
+            json!({
+                "ratio": "(d)/(b) p50",
+                "measured": goal.measured,
+                "model": goal.model,
+                "limit": GOAL_D_OVER_B,
+                "met": goal.met(),
+            })
+        });
+        json!({
+            "benchmark": "request-path",
+            "backend": "embedded, AWS-modelled call latencies",
+            "config": {
+                "requests": config.requests,
+                "concurrency": config.concurrency,
+                "latencies": latencies,
+                "jitter": config.latencies.jitter,
+                "seed": config.seed,
+                "timer": config.latencies.timer.name(),
+                "workers": self.workers,
+            },
+            "variants": variants,
+            "goal": goal,
+        })
+    }
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let config = &self.config;
+        let latencies = &config.latencies;
         let c = config.concurrency;
         let mut out = String::new();
         writeln!(
@@ -61,10 +228,10 @@ impl fmt::Display for Report {
         writeln!(
             out,
             "latencies: {} (jitter: uniform +-{:.0}%, seed {}; timer {})",
-            config.latencies,
-            config.latencies.jitter * 100.0,
+            latencies,
+            latencies.jitter * 100.0,
             config.seed,
-            config.latencies.timer.name(),
+            latencies.timer.name(),
         )?;
         writeln!(
             out,
@@ -93,6 +260,13 @@ impl fmt::Display for Report {
         )?;
         writeln!(out)?;
 
+        let label_width = self
+            .rows
+            .iter()
+            .map(|row| row.variant.label().len())
+            .max()
+            .unwrap_or(0)
+            .max("variant".len());
         let calls_width = self
             .rows
             .iter()
@@ -103,7 +277,7 @@ impl fmt::Display for Report {
         let heading = |name: &str| format!("{name:>8}");
         writeln!(
             out,
-            "{:<11} {:<calls_width$} {}{}{}{}{}{}{}",
+            "{:<label_width$} {:<calls_width$} {}{}{}{}{}{}{}{}{}",
             "variant",
             "calls",
             heading("model"),
@@ -113,12 +287,14 @@ impl fmt::Display for Report {
             heading(&format!("p50@{c}")),
             heading(&format!("p99@{c}")),
             format_args!("{:>10}", format!("req/s@{c}")),
+            heading("/(a)"),
+            heading("/(b)"),
         )?;
         for row in &self.rows {
             writeln!(
                 out,
-                "{:<11} {:<calls_width$} {:>8}{:>8}{:>8}{:>8}{:>8}{:>8}{:>10.1}",
-                row.variant.name(),
+                "{:<label_width$} {:<calls_width$} {:>8}{:>8}{:>8}{:>8}{:>8}{:>8}{:>10.1}{:>8}{:>8}",
+                row.variant.label(),
                 calls(row.variant),
                 ms(row.model),
                 ms(row.sequential.p50),
@@ -127,32 +303,24 @@ impl fmt::Display for Report {
                 ms(row.concurrent.p50),
                 ms(row.concurrent.p99),
                 row.throughput,
+                show_ratio(self.p50_ratio(row, Variant::PlainPut)),
+                show_ratio(self.p50_ratio(row, Variant::DualWrite)),
             )?;
         }
         writeln!(
             out,
-            "(ms; model = sum of the calls' nominal latencies; p50/p90/p99 one at a time; @{c} = {c} in flight)"
+            "(ms; model = the calls' nominal latencies added, max() where they overlap; p50/p90/p99 one at a time;"
+        )?;
+        writeln!(
+            out,
+            " @{c} = {c} in flight; /(a), /(b) = the variant's p50 over (a)'s and (b)'s, one at a time)"
         )?;
         writeln!(out)?;
 
-        if let (Some(off), Some(inline)) = (self.row(Variant::OutboxOff), self.row(Variant::OutboxInline)) {
-            let added = inline.sequential.p50.as_secs_f64() - off.sequential.p50.as_secs_f64();
-            writeln!(
-                out,
-                "inline over off: p50 {:+.2} ms, ratio {:.2}x (model {:+.2} ms: SendMessageBatch + BatchWriteItem)",
-                added * 1000.0,
-                inline.sequential.p50.as_secs_f64() / off.sequential.p50.as_secs_f64(),
-                (inline.model.as_secs_f64() - off.model.as_secs_f64()) * 1000.0,
-            )?;
-        }
-        if let (Some(dual), Some(off)) = (self.row(Variant::DualWrite), self.row(Variant::OutboxOff)) {
-            writeln!(
-                out,
-                "off over dual-write: p50 {:+.2} ms, ratio {:.2}x",
-                (off.sequential.p50.as_secs_f64() - dual.sequential.p50.as_secs_f64()) * 1000.0,
-                off.sequential.p50.as_secs_f64() / dual.sequential.p50.as_secs_f64(),
-            )?;
-        }
+        self.goal_lines(&mut out)?;
+        self.differences(&mut out)?;
+        writeln!(out)?;
+
         let lateness: Vec<String> = self
             .lateness
             .iter()
@@ -163,12 +331,12 @@ impl fmt::Display for Report {
             "timer: waits of 5 ms end late by {}; every modelled call pays the lateness of the timer used \
              ({}, --timer)",
             lateness.join("; "),
-            config.latencies.timer.name(),
+            latencies.timer.name(),
         )?;
         let bare: Vec<String> = self
             .rows
             .iter()
-            .map(|row| format!("{} {:.1}", row.variant.name(), row.bare.p50.as_secs_f64() * 1e6))
+            .map(|row| format!("({}) {:.1}", row.variant.letter(), row.bare.p50.as_secs_f64() * 1e6))
             .collect();
         writeln!(
             out,
@@ -179,12 +347,231 @@ impl fmt::Display for Report {
     }
 }
 
-/// `send+get+transact`: the variant's calls by their `--latency` names.
-fn calls(variant: Variant) -> String {
+impl Report {
+    /// The goal line, (d)/(a), and where the gap between (d) and (b) comes from.
+    fn goal_lines(&self, out: &mut String) -> fmt::Result {
+        let latencies = &self.config.latencies;
+        if let Some(d) = self.row(Variant::Outbox) {
+            if let Some(over_a) = self.p50_ratio(d, Variant::PlainPut) {
+                let model_a = latencies.staged_model(Variant::PlainPut.stages());
+                writeln!(
+                    out,
+                    "(d)/(a) p50 = {over_a:.2} (model {:.2})",
+                    ratio(d.model, model_a).unwrap_or(f64::NAN)
+                )?;
+            }
+        }
+        let Some(goal) = self.goal() else {
+            writeln!(
+                out,
+                "(d)/(b) p50: not measured (the goal needs the variants dual-write and outbox)"
+            )?;
+            return Ok(());
+        };
+        writeln!(
+            out,
+            "(d)/(b) p50 = {:.2} (goal <= {GOAL_D_OVER_B}): {} (model {:.2})",
+            goal.measured,
+            if goal.met() { "met" } else { "not met" },
+            goal.model,
+        )?;
+        let (d, b) = (
+            self.row(Variant::Outbox).expect("the goal needs it"),
+            self.row(Variant::DualWrite).expect("the goal needs it"),
+        );
+        let gap = Gap::of(latencies);
+        let n = |call| format_duration(latencies.nominal(call));
+        writeln!(
+            out,
+            "where the gap between (d) and (b) comes from: (d) - (b) = {:+.2} ms measured (p50), {:+.2} ms in the model:",
+            millis(d.sequential.p50) - millis(b.sequential.p50),
+            gap.total_ms(latencies),
+        )?;
+        writeln!(
+            out,
+            "  {:>+8.2} ms  the commit is a TransactWriteItems ({}: item and outbox record, prepare and commit)",
+            gap.transact_over_put,
+            n(Call::Transact),
+        )?;
+        writeln!(
+            out,
+            "               where (b) makes one conditional PutItem ({})",
+            n(Call::Put)
+        )?;
+        writeln!(
+            out,
+            "  {:>+8.2} ms  the control SendMessage ({}) is overlapped with the GetItem ({}): only what it takes",
+            gap.control_send_beyond_read,
+            n(Call::Send),
+            n(Call::Get),
+        )?;
+        writeln!(
+            out,
+            "               beyond the read is paid (sequential, (c), it would be all of it)"
+        )?;
+        writeln!(
+            out,
+            "  {:>+8.2} ms  (d) makes no SendMessage of the event in the request (the control worker publishes it);",
+            -gap.event_send,
+        )?;
+        writeln!(out, "               (b) does, after its write")?;
+        match gap.transact_break_even {
+            Some(limit) => writeln!(
+                out,
+                "  the model meets the goal iff TransactWriteItems <= {} ({GOAL_D_OVER_B} x (b) {} - max(send, get) {});",
+                format_duration(limit),
+                format_duration(b.model),
+                format_duration(latencies.nominal(Call::Send).max(latencies.nominal(Call::Get))),
+            )?,
+            None => writeln!(
+                out,
+                "  the model cannot meet the goal with these latencies, whatever TransactWriteItems takes;"
+            )?,
+        }
+        writeln!(
+            out,
+            "  the TransactWriteItems latency is the lever: measure it in your region (--latency transact=..). Closing"
+        )?;
+        writeln!(
+            out,
+            "  the gap otherwise takes a commit without a transaction (e.g. a one-item change as one conditional"
+        )?;
+        writeln!(
+            out,
+            "  PutItem carrying its outbox record inside the item), which this library does not do."
+        )
+    }
+
+    /// What the overlap and inline publishing cost: (c) - (d) and (e) - (d).
+    fn differences(&self, out: &mut String) -> fmt::Result {
+        let Some(d) = self.row(Variant::Outbox) else {
+            return Ok(());
+        };
+        let between = |other: &Row| {
+            (
+                millis(other.sequential.p50) - millis(d.sequential.p50),
+                millis(other.model) - millis(d.model),
+            )
+        };
+        if let Some(c) = self.row(Variant::OutboxSequential) {
+            let (measured, model) = between(c);
+            writeln!(
+                out,
+                "(c) - (d): p50 {measured:+.2} ms (model {model:+.2} ms): what overlapping the control send with the read saves"
+            )?;
+        }
+        if let Some(e) = self.row(Variant::OutboxInline) {
+            let (measured, model) = between(e);
+            writeln!(
+                out,
+                "(e) - (d): p50 {measured:+.2} ms (model {model:+.2} ms: SendMessageBatch + BatchWriteItem): inline publishing,"
+            )?;
+            writeln!(
+                out,
+                "           the event out before the answer instead of after the first check's delay (~1 s by default)"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `max(send,get)+transact`: the variant's calls by their `--latency` names, stage by
+/// stage.
+pub fn calls(variant: Variant) -> String {
     variant
-        .calls()
+        .stages()
         .iter()
-        .map(|call| call.key())
+        .map(|stage| {
+            let names: Vec<&str> = stage.iter().map(|call| call.key()).collect();
+            match names.as_slice() {
+                [one] => (*one).to_owned(),
+                many => format!("max({})", many.join(",")),
+            }
+        })
         .collect::<Vec<_>>()
         .join("+")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(variant: Variant, p50_ms: u64) -> Row {
+        let p50 = Duration::from_millis(p50_ms);
+        let summary = Summary::of(vec![p50]);
+        Row {
+            variant,
+            model: Latencies::default().staged_model(variant.stages()),
+            sequential: summary,
+            samples: vec![p50],
+            concurrent: summary,
+            concurrent_samples: vec![p50],
+            throughput: 100.0,
+            bare: Summary::of(vec![Duration::from_micros(30)]),
+        }
+    }
+
+    fn report(rows: Vec<Row>) -> Report {
+        let probe = Summary::of(vec![Duration::from_micros(10)]);
+        Report {
+            config: Config::default(),
+            workers: 4,
+            lateness: [(Timer::Tokio, probe), (Timer::Precise, probe)],
+            rows,
+        }
+    }
+
+    #[test]
+    fn calls_show_the_overlap() {
+        assert_eq!(calls(Variant::DualWrite), "get+put+send");
+        assert_eq!(calls(Variant::OutboxSequential), "send+get+transact");
+        assert_eq!(calls(Variant::Outbox), "max(send,get)+transact");
+        assert_eq!(calls(Variant::OutboxInline), "max(send,get)+transact+batch+update");
+    }
+
+    #[test]
+    fn the_gap_adds_up_to_the_models_difference() {
+        let latencies = Latencies::default();
+        let gap = Gap::of(&latencies);
+        let terms = gap.transact_over_put + gap.control_send_beyond_read - gap.event_send;
+        assert!((terms - gap.total_ms(&latencies)).abs() < 1e-9);
+        assert!((terms - 12.0).abs() < 1e-9, "{terms}");
+        // 1.5 x 21 ms - 8 ms.
+        assert_eq!(gap.transact_break_even, Some(Duration::from_micros(23_500)));
+    }
+
+    #[test]
+    fn the_goal_is_d_over_b() {
+        let met = report(vec![
+            row(Variant::PlainPut, 14),
+            row(Variant::DualWrite, 22),
+            row(Variant::Outbox, 33),
+        ]);
+        let goal = met.goal().unwrap();
+        assert!((goal.measured - 1.5).abs() < 1e-12 && goal.met());
+        assert!((goal.model - 33.0 / 21.0).abs() < 1e-12);
+        let text = met.to_string();
+        assert!(text.contains("(d)/(b) p50 = 1.50 (goal <= 1.5): met"), "{text}");
+        assert!(text.contains("(d)/(a) p50 = 2.36"), "{text}");
+
+        let missed = report(vec![row(Variant::DualWrite, 22), row(Variant::Outbox, 34)]);
+        assert!(missed.to_string().contains("(goal <= 1.5): not met"));
+        let without = report(vec![row(Variant::Outbox, 34)]);
+        assert!(without.goal().is_none());
+        assert!(without.to_string().contains("(d)/(b) p50: not measured"));
+    }
+
+    #[test]
+    fn the_json_holds_the_samples_and_the_summary() {
+        let value = report(vec![row(Variant::DualWrite, 22), row(Variant::Outbox, 33)]).to_json();
+        let variants = value["variants"].as_array().unwrap();
+        assert_eq!(variants.len(), 2);
+        assert_eq!(variants[1]["label"], "(d) outbox");
+        assert_eq!(variants[1]["samples_ms"], json!([33.0]));
+        assert_eq!(variants[1]["summary"]["p50_ms"], 33.0);
+        assert_eq!(variants[1]["summary"]["p50_over_b"], 1.5);
+        assert_eq!(variants[1]["summary"]["p50_over_a"], Value::Null);
+        assert_eq!(value["goal"]["met"], true);
+        assert_eq!(value["config"]["latencies"]["transact"]["ms"], 25.0);
+    }
 }

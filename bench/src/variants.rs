@@ -1,6 +1,7 @@
 //! The variants measured, and what one request does in each: the same business step
-//! (read one item, write it back under its version, publish one event) made with the
-//! outbox, inline publishing off or on, and without it, as baselines.
+//! (read one item, write it back under its version, publish one event) made without the
+//! outbox, as baselines (a, b), and with it: the control send before the read (c) or
+//! overlapped with it (d), and (d) with inline publishing (e).
 
 use std::fmt;
 use std::str::FromStr;
@@ -26,29 +27,37 @@ pub const EVENTS: &str = "events";
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
 /// One way of making the business step. Add a variant here (with its calls and its
-/// request in [`Rig::request`]) and every report shows it.
+/// request in [`Rig::request`]) and every report shows it. The letters are the issue's:
+/// (a) and (b) are baselines without an outbox, (c) to (e) the outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
-    /// Baseline: a consistent read and a conditional put, no event at all.
+    /// (a) Baseline: a consistent read and a conditional put, no event at all: the plain
+    /// write a user gives up.
     PlainPut,
-    /// Baseline: the plain put, then `SendMessage` of the event. Not atomic (a crash
+    /// (b) Baseline: the plain put, then `SendMessage` of the event. Not atomic (a crash
     /// between the two loses the event, a failed send after the write leaves it unsent):
     /// the cost floor of publishing, without the guarantee.
     DualWrite,
-    /// The outbox, inline publishing off: the control worker publishes about a second
-    /// later (the first check's delay).
-    OutboxOff,
-    /// The outbox with inline publishing: the request publishes and marks the record
-    /// dispatched itself before answering.
+    /// (c) The outbox with the control send sequential before the read: `begin` awaits the
+    /// `SendMessage`, then the transaction reads. Inline publishing off: the control
+    /// worker publishes about a second later (the first check's delay).
+    OutboxSequential,
+    /// (d) The outbox as the orders API uses it: the control send overlapped with the read
+    /// (`tokio::join!` of `begin_within` and the store's `get_items`), then the put under
+    /// the version read, the event, the commit. Inline publishing off.
+    Outbox,
+    /// (e) (d) with inline publishing (the library's default): the request publishes and
+    /// marks the record dispatched itself before answering.
     OutboxInline,
 }
 
 impl Variant {
     /// Every variant, in the order reported.
-    pub const ALL: [Variant; 4] = [
+    pub const ALL: [Variant; 5] = [
         Variant::PlainPut,
         Variant::DualWrite,
-        Variant::OutboxOff,
+        Variant::OutboxSequential,
+        Variant::Outbox,
         Variant::OutboxInline,
     ];
 
@@ -57,19 +66,48 @@ impl Variant {
         match self {
             Variant::PlainPut => "plain-put",
             Variant::DualWrite => "dual-write",
-            Variant::OutboxOff => "off",
-            Variant::OutboxInline => "inline",
+            Variant::OutboxSequential => "outbox-sequential",
+            Variant::Outbox => "outbox",
+            Variant::OutboxInline => "outbox-inline",
         }
     }
 
-    /// The AWS calls one request makes, in order: what the model column adds up.
-    pub fn calls(self) -> &'static [Call] {
+    /// Its letter in the issue and the report: `a` to `e`.
+    pub fn letter(self) -> char {
         match self {
-            Variant::PlainPut => &[Call::Get, Call::Put],
-            Variant::DualWrite => &[Call::Get, Call::Put, Call::Send],
-            Variant::OutboxOff => &[Call::Send, Call::Get, Call::Transact],
-            Variant::OutboxInline => &[Call::Send, Call::Get, Call::Transact, Call::SendBatch, Call::Update],
+            Variant::PlainPut => 'a',
+            Variant::DualWrite => 'b',
+            Variant::OutboxSequential => 'c',
+            Variant::Outbox => 'd',
+            Variant::OutboxInline => 'e',
         }
+    }
+
+    /// `(d) outbox`: its letter and name.
+    pub fn label(self) -> String {
+        format!("({}) {}", self.letter(), self.name())
+    }
+
+    /// The AWS calls one request makes, as stages run one after another; the calls of a
+    /// stage overlap (the request waits for the slowest). What the model column adds up.
+    pub fn stages(self) -> &'static [&'static [Call]] {
+        match self {
+            Variant::PlainPut => &[&[Call::Get], &[Call::Put]],
+            Variant::DualWrite => &[&[Call::Get], &[Call::Put], &[Call::Send]],
+            Variant::OutboxSequential => &[&[Call::Send], &[Call::Get], &[Call::Transact]],
+            Variant::Outbox => &[&[Call::Send, Call::Get], &[Call::Transact]],
+            Variant::OutboxInline => &[
+                &[Call::Send, Call::Get],
+                &[Call::Transact],
+                &[Call::SendBatch],
+                &[Call::Update],
+            ],
+        }
+    }
+
+    /// Whether its commits publish inline.
+    pub fn publishes_inline(self) -> bool {
+        self == Variant::OutboxInline
     }
 }
 
@@ -122,7 +160,7 @@ impl Rig {
             .clone();
         let outbox = match variant {
             Variant::PlainPut | Variant::DualWrite => None,
-            Variant::OutboxOff | Variant::OutboxInline => {
+            Variant::OutboxSequential | Variant::Outbox | Variant::OutboxInline => {
                 let ports = RequestPorts {
                     store: store.clone(),
                     control_queue: Arc::new(SlowControlQueue::new(backend.control_queue.clone(), delays.clone())),
@@ -130,7 +168,7 @@ impl Rig {
                     ids: Arc::new(outbox::ports::RandomIds),
                 };
                 let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
-                Some(if variant == Variant::OutboxInline {
+                Some(if variant.publishes_inline() {
                     outbox
                         .with_inline_publisher(Arc::new(SlowPublisher::new(backend.publisher.clone(), delays.clone())))
                 } else {
@@ -157,12 +195,25 @@ impl Rig {
         }
     }
 
-    /// The orders example's shape: begin (the control message), read, put under the
-    /// version read, emit one event, commit.
+    /// The outbox variants: begin (the control message) and read, one after the other
+    /// (c) or overlapped as the orders API does (d, e); put under the version read, emit
+    /// one event, commit.
     async fn outbox_request(&self, outbox: &Outbox, key: ItemKey) -> Result<(), BenchError> {
         let deadline = self.clock.now().plus(REQUEST_DEADLINE);
-        let mut txn = outbox.begin_within(deadline).await?;
-        let item = txn.get(&key).await?.ok_or(BenchError::Missing(key.clone()))?;
+        let (mut txn, item) = if self.variant == Variant::OutboxSequential {
+            let txn = outbox.begin_within(deadline).await?;
+            let item = txn.get(&key).await?;
+            (txn, item)
+        } else {
+            // api/src/orders/handlers.rs: `tokio::join!(begin(state, scope), load(state, id))`.
+            let (txn, items) = tokio::join!(
+                outbox.begin_within(deadline),
+                outbox.store().get_items(std::slice::from_ref(&key))
+            );
+            let (txn, mut items) = (txn?, items?);
+            (txn, items.remove(&key))
+        };
+        let item = item.ok_or(BenchError::Missing(key.clone()))?;
         let count = item.data["count"].as_u64().unwrap_or(0) + 1;
         txn.put(
             key.clone(),
@@ -172,9 +223,10 @@ impl Rig {
         let event = json!({ "type": "ItemCounted", "item": key.as_str(), "count": count });
         txn.emit(Message::json(self.events_name.clone(), &event)?);
         let committed = txn.commit().await?;
-        let expected = match self.variant {
-            Variant::OutboxInline => InlineDispatch::Dispatched,
-            _ => InlineDispatch::Off,
+        let expected = if self.variant.publishes_inline() {
+            InlineDispatch::Dispatched
+        } else {
+            InlineDispatch::Off
         };
         // Anything else means the variant did not measure what it claims (a publish left
         // to the worker is cheaper or dearer than the path being measured).

@@ -786,7 +786,17 @@ impl<'a> Transaction<'a> {
                 // Cut short in flight: the request may still reach the table.
                 None => CommitError::Ambiguous("the request's deadline passed while the commit was in flight".into()),
             };
-            tracing::warn!(error = %error, attempt, "commit attempt failed");
+            // A business condition that failed is an answer (a 409), not a fault.
+            if matches!(
+                error,
+                CommitError::VersionConflict { .. }
+                    | CommitError::ActionCancelled { .. }
+                    | CommitError::IdempotencyKeyUsed { .. }
+            ) {
+                tracing::info!(error = %error, attempt, "commit refused by a condition");
+            } else {
+                tracing::warn!(error = %error, attempt, "commit attempt failed");
+            }
             // A definite refusal is authoritative even after an attempt of unknown
             // outcome: had that attempt applied, this one would have found its own
             // outbox record and reported success.
