@@ -23,8 +23,21 @@ log written to --log with RUST_LOG=info and NO_COLOR=1), in three phases:
    - each order's final version (`GET /orders/<id>`) is 1 + its committed changes, and
      it has exactly that many events.
 
+With --backend emulator (scripts/load-test with LOAD_TEST_BACKEND=emulator) the server
+runs on the AWS backend against moto on loopback, with the control worker a separate
+process (`control-worker poll`, its log in --worker-log). Then SETTLE reads the worker's
+log and waits until every named transaction's control message has had a final outcome
+(not `deferred`), and RECONCILE reads the published events from the events queue
+(--events-queue-url): ReceiveMessage until the queue has been empty for --drain-quiet
+seconds, deleting what it reads, each event's message id and transaction id taken from
+its message attributes `outbox-message-id` and `outbox-txn-id`. SQS delivers at least
+once, so there every committed change's `<txn>:0` must be there AT LEAST once (copies of
+a message id are counted and reported, not a failure); the other checks are the same.
+The requests/s figure of that mode measures moto on this machine, not DynamoDB or SQS.
+
 Exits 1 on any 5xx, any unexpected status, any transport error, or any difference.
-Standard library only.
+Standard library only on the embedded backend; the emulator mode needs boto3 (run it with
+the project's .venv/bin/python).
 """
 
 import argparse
@@ -311,12 +324,14 @@ class Load:
         started = time.monotonic()
         cpu = time.process_time()
         server_cpu = server_cpu_seconds(self.args.server_pid)
+        others_cpu = {name: server_cpu_seconds(pid) for name, pid in self.args.other_pid}
         machine = machine_cpu()
         self.loadavg_before = loadavg()
         await asyncio.gather(*(self.worker(deadline) for _ in range(self.args.concurrency)))
         self.wall = time.monotonic() - started
         self.client_cpu = time.process_time() - cpu
         self.server_cpu = server_cpu_seconds(self.args.server_pid) - server_cpu
+        self.others_cpu = {name: server_cpu_seconds(pid) - others_cpu[name] for name, pid in self.args.other_pid}
         busy, total = (after - before for after, before in zip(machine_cpu(), machine))
         self.machine_busy = busy / total * os.cpu_count() * self.wall if total else float("nan")
         self.loadavg_after = loadavg()
@@ -387,6 +402,54 @@ def read_log(path):
     return published, handled, levels, problems
 
 
+def read_logs(paths):
+    """read_log over several logs (the API's and, on the emulator, the worker's), merged."""
+    published = collections.defaultdict(list)
+    handled = collections.defaultdict(list)
+    levels = collections.Counter()
+    problems = {}
+    for path in paths:
+        more_published, more_handled, more_levels, more_problems = read_log(path)
+        for key, values in more_published.items():
+            published[key] += values
+        for key, values in more_handled.items():
+            handled[key] += values
+        levels.update(more_levels)
+        for key, line in more_problems.items():
+            problems.setdefault(key, line)
+    return published, handled, levels, problems
+
+
+def drain_events(queue_url, quiet, deadline_seconds):
+    """Reads the events queue until it has been empty for `quiet` seconds (at most
+    `deadline_seconds`), deleting what it reads. Returns ({message_id: [(txn, body, None)]},
+    receives, whether it stopped at the deadline). The emulator mode only (boto3)."""
+    import boto3  # the project's .venv; not needed on the embedded backend
+
+    sqs = boto3.client("sqs", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name=os.environ["AWS_REGION"])
+    published = collections.defaultdict(list)
+    receives = 0
+    started = time.monotonic()
+    quiet_since = time.monotonic()
+    while True:
+        if time.monotonic() - started > deadline_seconds:
+            return published, receives, True
+        got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
+                                  MessageAttributeNames=["outbox-txn-id", "outbox-message-id"]).get("Messages", [])
+        receives += 1
+        for message in got:
+            attributes = message.get("MessageAttributes", {})
+            txn = attributes.get("outbox-txn-id", {}).get("StringValue")
+            message_id = attributes.get("outbox-message-id", {}).get("StringValue") or f"(no message id: {message['MessageId']})"
+            published[message_id].append((txn, message["Body"], None))
+        if got:
+            sqs.delete_message_batch(QueueUrl=queue_url, Entries=[
+                {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(got)])
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet:
+            return published, receives, False
+
+
 async def fetch_all(port, paths, concurrency):
     """GETs every path, `concurrency` at a time; {path: (status, body)}."""
     results = {}
@@ -415,10 +478,27 @@ async def main():
     parser.add_argument("--duration", type=float, default=20)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--settle-timeout", type=float, default=30)
+    parser.add_argument("--backend", choices=("embedded", "emulator"), default="embedded")
+    parser.add_argument("--worker-log", help="the control worker's log (emulator)")
+    parser.add_argument("--events-queue-url", help="the events queue (emulator)")
+    parser.add_argument("--drain-quiet", type=float, default=3,
+                        help="seconds the events queue must stay empty to end the drain (emulator)")
+    parser.add_argument("--other-pid", action="append", default=[], type=lambda text: tuple(text.split("=", 1)),
+                        metavar="NAME=PID", help="another process whose CPU use to report (repeatable)")
     args = parser.parse_args()
+    args.other_pid = [(name, int(pid)) for name, pid in args.other_pid]
+    emulator = args.backend == "emulator"
+    if emulator and not (args.worker_log and args.events_queue_url):
+        parser.error("--backend emulator needs --worker-log and --events-queue-url")
+    logs = [args.log] + ([args.worker_log] if emulator else [])
 
     load = Load(args)
-    print(f"load: {args.concurrency} connections for {args.duration:g} s, seed {args.seed}, loopback port {args.port}")
+    print(f"load: {args.concurrency} connections for {args.duration:g} s, seed {args.seed}, loopback port {args.port}, "
+          f"backend {'AWS on the moto emulator' if emulator else 'embedded'}")
+    if emulator:
+        print("note: emulator mode: the figures below measure moto (DynamoDB and SQS emulated in one Python process) "
+              "on this machine, not DynamoDB or SQS; the concurrency is kept low (default 2) because moto's "
+              "TransactWriteItems is not isolated under concurrent requests")
     await load.run()
     records = load.records
     failures = []
@@ -434,7 +514,8 @@ async def main():
     print(f"cpu during the load: client (this Python process) {100 * load.client_cpu / load.wall:.0f}% of one core; "
           f"server {100 * load.server_cpu / load.wall:.0f}%; "
           f"whole machine busy {100 * load.machine_busy / load.wall:.0f}% of {100 * ncpu}% ({ncpu} cores), "
-          f"so other processes {100 * (load.machine_busy - load.client_cpu - load.server_cpu) / load.wall:.0f}%; "
+          + "".join(f"{name} {100 * cpu / load.wall:.0f}%; " for name, cpu in load.others_cpu.items())
+          + f"so other processes {100 * (load.machine_busy - load.client_cpu - load.server_cpu - sum(load.others_cpu.values())) / load.wall:.0f}%; "
           f"load average {load.loadavg_before} before, {load.loadavg_after} after")
     statuses = collections.Counter(r["status"] for r in answered)
     print("statuses: " + ", ".join(f"{status}: {count}" for status, count in sorted(statuses.items())))
@@ -483,13 +564,18 @@ async def main():
     settle_started = time.monotonic()
     await asyncio.sleep(1.0)
     while True:
-        published, handled, levels, problems = read_log(args.log)
-        left = [txn for txn in named if txn not in handled]
+        published, handled, levels, problems = read_logs(logs)
+        if emulator:
+            # A deferred control message comes back later: wait for a final outcome.
+            left = [txn for txn in named if not any(o != "deferred" for o in handled.get(txn, []))]
+        else:
+            left = [txn for txn in named if txn not in handled]
         if not left or time.monotonic() - settle_started > args.settle_timeout:
             break
         await asyncio.sleep(0.5)
     print(f"settle: {time.monotonic() - settle_started:.1f} s until the control worker had handled "
-          f"{len(named) - len(left)} of {len(named)} transactions' control messages")
+          f"{len(named) - len(left)} of {len(named)} transactions' control messages"
+          + (" (a final outcome, not deferred)" if emulator else ""))
     if left:
         failures.append(f"{len(left)} transactions' control messages not handled after {args.settle_timeout:g} s, e.g. {left[0]}")
     outcomes = collections.Counter(outcome for txn in named for outcome in handled.get(txn, []))
@@ -497,6 +583,17 @@ async def main():
     repeats = sum(1 for txn in named if len(handled.get(txn, [])) > 1)
     if repeats:
         print(f"  ({repeats} transactions' control messages were handled more than once: deferrals or redeliveries)")
+
+    if emulator:
+        # The published events: what the events queue holds (the AWS backend logs no
+        # "dispatched message" lines).
+        drain_started = time.monotonic()
+        published, receives, cut = drain_events(args.events_queue_url, args.drain_quiet, args.settle_timeout)
+        print(f"drain: {time.monotonic() - drain_started:.1f} s, {receives} ReceiveMessage calls, "
+              f"{sum(len(s) for s in published.values())} events read and deleted from the events queue "
+              f"(until empty for {args.drain_quiet:g} s)")
+        if cut:
+            failures.append(f"the events queue was still not empty after {args.settle_timeout:g} s of draining")
 
     # --- reconcile by message id ---
     by_txn = collections.defaultdict(list)
@@ -515,6 +612,8 @@ async def main():
         sends = messages[0][1]
         if len(sends) > 1:
             duplicated.append(f"{txn}:0 published {len(sends)} times")
+        if any(sent_txn != txn for sent_txn, _, _ in sends):
+            wrong.append(f"{txn}:0 carries transaction ids {sorted({str(t) for t, _, _ in sends})}")
         body = json.loads(sends[0][1])
         if body.get("type") != EVENT_OF[r["kind"]] or body.get("order_id") != r["order"]:
             wrong.append(f"{txn}:0 is {body.get('type')} of {body.get('order_id')}, expected {EVENT_OF[r['kind']]} of {r['order']}")
@@ -557,16 +656,23 @@ async def main():
                                   f"{events_of_order[order_id]} events; expected {len(order.changes)} committed changes, {expected_status}")
     print(f"checked {len(status_paths)} transaction statuses and {len(order_paths)} orders in {time.monotonic() - fetch_started:.1f} s")
 
-    print(f"messages published: {total_sends} sends of {len(published)} message ids "
-          f"({inline} inline in the request, {total_sends - inline} by the control worker)")
+    if emulator:
+        print(f"messages published: {total_sends} events on the events queue for {len(published)} message ids "
+              f"({total_sends - len(published)} copies of a message id already read: at-least-once, "
+              f"not a failure)")
+    else:
+        print(f"messages published: {total_sends} sends of {len(published)} message ids "
+              f"({inline} inline in the request, {total_sends - inline} by the control worker)")
+    what_logs = "API and control worker logs" if emulator else "API log"
     if levels:
-        print("API log, WARN and ERROR lines (count, level target: message; the first in full):")
+        print(f"{what_logs}, WARN and ERROR lines (count, level target: message; the first in full):")
         for key, count in levels.most_common():
             print(f"  {count:6} {key}")
             print(f"         {problems[key][:400]}")
     else:
-        print("API log: no WARN or ERROR lines")
-    for label, items in (("missing", missing), ("duplicated", duplicated), ("wrong message", wrong),
+        print(f"{what_logs}: no WARN or ERROR lines")
+    # On the emulator the events come from SQS, at least once: a copy is not a failure.
+    for label, items in (("missing", missing), ("duplicated", [] if emulator else duplicated), ("wrong message", wrong),
                          ("for rejected requests", for_rejected), ("for no answered transaction", stray),
                          ("order state", state_mismatch)):
         if items:
@@ -578,9 +684,14 @@ async def main():
           f"{'yes' if not any(e == 'tombstoned' for e, _ in wrong_status) else 'NO'}")
     print(f"orders: {len(load.orders)} created; final version, status and event count match the committed changes: "
           f"{'yes' if not state_mismatch else 'NO'}")
-    print(f"reconciliation: {len(committed)} committed transactions, {total_sends} messages published, "
-          f"{len(missing)} missing, {len(duplicated)} duplicated, {len(for_rejected)} for rejected requests"
+    print(f"reconciliation{' (at least once, from the events queue)' if emulator else ''}: "
+          f"{len(committed)} committed transactions, {total_sends} messages published, "
+          f"{len(missing)} missing, {len(duplicated)} duplicated"
+          + (f" message ids ({total_sends - len(published)} extra copies; reported, not a failure)" if emulator else "")
+          + f", {len(for_rejected)} for rejected requests"
           + (f", {len(stray)} for unknown transactions" if stray else ""))
+    if duplicated and emulator:
+        print("  duplicated, e.g.: " + "; ".join(duplicated[:3]))
     if failures:
         print("FAILED:", file=sys.stderr)
         for failure in failures:
