@@ -24,6 +24,9 @@ pub enum CommitStall {
     AppliesAfter(Duration),
     /// Applies, but the reply is lost: the caller gets "outcome unknown".
     ReplyLost,
+    /// The first attempt times out without applying (the caller gets "outcome
+    /// unknown"); every later one is refused for a version conflict on its first write.
+    LostThenConflict,
 }
 
 /// The misbehaving store.
@@ -38,6 +41,8 @@ pub struct OddStore {
     pub commit: CommitStall,
     /// Tombstone writes never answer and never apply.
     pub tombstones_stall: bool,
+    /// Commit calls so far.
+    pub commits: std::sync::atomic::AtomicUsize,
 }
 
 impl OddStore {
@@ -49,6 +54,7 @@ impl OddStore {
             read_delay: Duration::ZERO,
             commit: CommitStall::None,
             tombstones_stall: false,
+            commits: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }
@@ -56,6 +62,7 @@ impl OddStore {
 #[async_trait]
 impl Store for OddStore {
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
+        let earlier = self.commits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         match self.commit {
             CommitStall::None => self.inner.commit(request).await,
             CommitStall::Forever => std::future::pending().await,
@@ -72,6 +79,12 @@ impl Store for OddStore {
                 self.inner.commit(request).await?;
                 Err(CommitError::Ambiguous("injected: the reply was lost".into()))
             }
+            CommitStall::LostThenConflict if earlier == 0 => {
+                Err(CommitError::Ambiguous("injected: timed out on its way".into()))
+            }
+            CommitStall::LostThenConflict => Err(CommitError::VersionConflict {
+                key: request.writes[0].key().clone(),
+            }),
         }
     }
 

@@ -388,6 +388,44 @@ async fn a_commit_that_cannot_be_settled_by_the_deadline_is_ambiguous_naming_its
     );
 }
 
+/// A refusal that follows an attempt of unknown outcome is not the last word while that
+/// attempt may still be on its way: unsettled (the tombstone cannot be written), the
+/// answer is "outcome unknown", not a conflict.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_after_an_unknown_attempt_is_ambiguous_until_the_tombstone_settles_it() {
+    let f = fixture();
+    let outbox = outbox_over(
+        &f,
+        OddStore {
+            commit: CommitStall::LostThenConflict,
+            tombstones_stall: true,
+            ..OddStore::around(f.backend.store.clone())
+        },
+    );
+    let mut txn = outbox
+        .begin_within(f.clock.now().plus(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    txn.put(key("ORDER#1"), json!({"n": 1}), ExpectedVersion::Absent);
+    let error = txn.commit().await.unwrap_err();
+    assert!(matches!(error, TxnError::Ambiguous { .. }), "{error:?}");
+
+    // Settled, the same refusal is definite.
+    let outbox = outbox_over(
+        &f,
+        OddStore {
+            commit: CommitStall::LostThenConflict,
+            ..OddStore::around(f.backend.store.clone())
+        },
+    );
+    let mut txn = outbox.begin().await.unwrap();
+    let txn_id = txn.id();
+    txn.put(key("ORDER#2"), json!({"n": 1}), ExpectedVersion::Absent);
+    let error = txn.commit().await.unwrap_err();
+    assert!(matches!(error, TxnError::VersionConflict { .. }), "{error:?}");
+    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Tombstoned);
+}
+
 /// A commit that applied but whose every reply was lost: the tombstone write finds the
 /// transaction's own record, and the answer is success.
 #[tokio::test]
