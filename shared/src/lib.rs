@@ -29,6 +29,7 @@
 
 pub mod aws;
 pub mod control;
+pub mod destination;
 pub mod embedded;
 #[cfg(feature = "axum")]
 pub mod http;

@@ -6,6 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::aws::{SortKeyValue, TableLayout};
+use crate::destination::{Parsed, Target};
 use crate::protocol::DestinationName;
 
 /// Which adapters the process uses.
@@ -112,7 +113,8 @@ pub mod vars {
     pub const TTL_ATTRIBUTE: &str = "OUTBOX_TTL_ATTRIBUTE";
     /// Control queue URL; required with the `aws` backend.
     pub const CONTROL_QUEUE_URL: &str = "OUTBOX_CONTROL_QUEUE_URL";
-    /// `name=url` pairs separated by commas.
+    /// `name=kind:target` entries separated by commas (see [`crate::destination`]); the
+    /// older `name=queue-url` still works.
     pub const DESTINATIONS: &str = "OUTBOX_DESTINATIONS";
     /// Seconds, 0 to 900, default 1.
     pub const FIRST_CHECK_DELAY_SECONDS: &str = "OUTBOX_FIRST_CHECK_DELAY_SECONDS";
@@ -432,24 +434,52 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
             return destinations;
         };
         for pair in text.split(',').map(str::trim).filter(|pair| !pair.is_empty()) {
-            let Some((name, url)) = pair.split_once('=') else {
+            let Some((name, target)) = pair.split_once('=') else {
                 self.fail(
                     vars::DESTINATIONS,
-                    format!("each entry must be name=queue-url, not {pair:?}"),
+                    format!("each entry must be name=kind:target (kind sqs or sqs-fifo), not {pair:?}"),
                 );
                 continue;
             };
-            let (name, url) = (name.trim(), url.trim());
-            match name.parse::<DestinationName>() {
-                Ok(_) if url.is_empty() => {
-                    self.fail(vars::DESTINATIONS, format!("destination {name:?} has no queue URL"))
+            let (name, target) = (name.trim(), target.trim());
+            let parsed_name = match name.parse::<DestinationName>() {
+                Ok(_) if target.is_empty() => {
+                    self.fail(vars::DESTINATIONS, format!("destination {name:?} has no target"));
+                    continue;
                 }
-                Ok(parsed) => {
-                    if destinations.insert(parsed, url.to_owned()).is_some() {
-                        self.fail(vars::DESTINATIONS, format!("destination {name:?} is named twice"));
+                Ok(parsed) => parsed,
+                Err(error) => {
+                    self.fail(vars::DESTINATIONS, error.to_string());
+                    continue;
+                }
+            };
+            let url = match Target::parse(target) {
+                Ok(Parsed {
+                    target: Target::SqsQueue { url, .. },
+                    migrate_to,
+                }) => {
+                    if let Some(new_form) = migrate_to {
+                        tracing::info!(
+                            "{}: {name}={target} is read as an SQS queue; write it {name}={new_form}",
+                            vars::DESTINATIONS
+                        );
                     }
+                    url
                 }
-                Err(error) => self.fail(vars::DESTINATIONS, error.to_string()),
+                Ok(Parsed { target, .. }) => {
+                    self.fail(
+                        vars::DESTINATIONS,
+                        format!("destination {name:?}: {target}: only SQS queues are supported so far"),
+                    );
+                    continue;
+                }
+                Err(error) => {
+                    self.fail(vars::DESTINATIONS, format!("destination {name:?}: {error}"));
+                    continue;
+                }
+            };
+            if destinations.insert(parsed_name, url).is_some() {
+                self.fail(vars::DESTINATIONS, format!("destination {name:?} is named twice"));
             }
         }
         destinations
@@ -508,6 +538,35 @@ mod tests {
             ok.destinations[&"audit".parse().unwrap()],
             "http://localhost/audit.fifo"
         );
+        // The new form, kind stated; a FIFO queue must say so, and only SQS is wired.
+        let aws = [
+            (vars::BACKEND, "aws"),
+            (vars::TABLE_NAME, "outbox"),
+            (vars::CONTROL_QUEUE_URL, "http://localhost/q"),
+        ];
+        let with = |destinations: &str| {
+            let pairs: Vec<(&str, &str)> = aws
+                .iter()
+                .copied()
+                .chain([(vars::DESTINATIONS, destinations)])
+                .collect();
+            settings(&pairs)
+        };
+        let new_form = with("events=sqs:http://localhost/events,audit=sqs-fifo:http://localhost/audit.fifo").unwrap();
+        assert_eq!(new_form.destinations, ok.destinations);
+        for (entry, says) in [
+            ("audit=sqs:http://localhost/audit.fifo", "takes the -fifo kind"),
+            (
+                "events=sns:arn:aws:sns:us-east-1:123456789012:events",
+                "only SQS queues are supported so far",
+            ),
+            ("events=kafka:x", "unknown destination kind"),
+        ] {
+            let errors = with(entry).unwrap_err().errors;
+            assert_eq!(errors.len(), 1, "{entry}: {errors:?}");
+            assert_eq!(errors[0].variable, vars::DESTINATIONS);
+            assert!(errors[0].to_string().contains(says), "{entry}: {}", errors[0]);
+        }
     }
 
     #[test]
