@@ -53,9 +53,15 @@ impl Intercept for CallCounter {
         _runtime_components: &RuntimeComponents,
         _cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let target = context.request().headers().get("x-amz-target").unwrap_or("unknown");
-        let operation = target.rsplit('.').next().unwrap_or(target).to_owned();
+        let operation = operation_of(context.request().headers().get("x-amz-target"));
         *self.0.lock().expect("counter lock").entry(operation).or_default() += 1;
         Ok(())
     }
+}
+
+/// The operation an `X-Amz-Target` header names (`DynamoDB_20120810.TransactWriteItems`
+/// is `TransactWriteItems`), or `unknown`.
+pub fn operation_of(target: Option<&str>) -> String {
+    let target = target.unwrap_or("unknown");
+    target.rsplit('.').next().unwrap_or(target).to_owned()
 }

@@ -10,6 +10,7 @@
 //! The old size of an item is what this meter saw written last (the meter sees every
 //! write of a run on a fresh table). SQS requests are billed per started 64 KB of payload.
 
+use crate::calls::operation_of;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -104,11 +105,6 @@ impl Default for WireMeter {
             service: "",
         }
     }
-}
-
-fn operation_of(target: Option<&str>) -> String {
-    let target = target.unwrap_or("unknown");
-    target.rsplit('.').next().unwrap_or(target).to_owned()
 }
 
 impl WireMeter {

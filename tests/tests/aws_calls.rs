@@ -130,32 +130,18 @@ async fn settle_on_the_wire(
     first_check: Duration,
 ) -> (BTreeMap<String, usize>, usize) {
     let mut calls: BTreeMap<String, usize> = BTreeMap::new();
-    let mut handled = 0;
-    let mut due = first_check;
-    for _ in 0..10 {
-        backend.wait(due).await;
-        let deliveries = backend
-            .inbox
-            .receive(10, Duration::from_secs(2))
-            .await
-            .expect("receive");
-        assert_eq!(deliveries.len(), 1, "one control message at a time");
-        assert_eq!(ControlMessage::decode(&deliveries[0].body).unwrap().txn_id, txn_id);
-        counter.reset();
-        let report = control.handle_batch(&deliveries).await;
-        for (operation, count) in counter.counts() {
-            *calls.entry(operation).or_default() += count;
-        }
-        handled += 1;
-        let receipts: Vec<String> = deliveries.iter().map(|delivery| delivery.receipt.clone()).collect();
-        backend.inbox.ack(&receipts).await.expect("ack");
-        match report.items[0].result.as_ref().expect("handled") {
-            ControlOutcome::Deferred { delay, .. } => due = *delay,
-            ControlOutcome::Tombstoned | ControlOutcome::AlreadyDone { .. } => return (calls, handled),
-            other => panic!("unexpected outcome {other:?}"),
-        }
-    }
-    panic!("transaction {txn_id} was not settled after 10 control messages")
+    let handled = backend
+        .handle_until_settled(control, txn_id, first_check, |before| {
+            if before {
+                counter.reset();
+            } else {
+                for (operation, count) in counter.counts() {
+                    *calls.entry(operation).or_default() += count;
+                }
+            }
+        })
+        .await;
+    (calls, handled)
 }
 
 /// An abandoned transaction costs its one control message and one tombstone write in the

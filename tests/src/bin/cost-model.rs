@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use outbox::control::{ControlOutcome, ControlPath, MAX_ATTEMPTS};
+use outbox::control::{ControlPath, MAX_ATTEMPTS};
 use outbox::ports::ExpectedVersion;
-use outbox::protocol::{ControlMessage, Message, TxnId};
+use outbox::protocol::{Message, TxnId};
 use outbox::request::{InlineDispatch, Outbox, Settlement};
 use outbox::settings::Timing;
 use outbox_tests::calls::CallCounter;
@@ -87,35 +87,21 @@ impl Rig {
     ) -> (BTreeMap<String, usize>, Bill, usize) {
         let mut calls: BTreeMap<String, usize> = BTreeMap::new();
         let mut bill = Bill::new();
-        let mut due = first_check;
-        for handled in 1..=10 {
-            self.backend.wait(due).await;
-            let deliveries = self
-                .backend
-                .inbox
-                .receive(10, Duration::from_secs(2))
-                .await
-                .expect("receive");
-            assert_eq!(deliveries.len(), 1, "one control message at a time");
-            assert_eq!(ControlMessage::decode(&deliveries[0].body).unwrap().txn_id, txn_id);
-            self.reset();
-            let report = control.handle_batch(&deliveries).await;
-            let (seen, used) = self.snapshot();
-            for (operation, count) in seen {
-                *calls.entry(operation).or_default() += count;
-            }
-            merge(&mut bill, &used);
-            let receipts: Vec<String> = deliveries.iter().map(|delivery| delivery.receipt.clone()).collect();
-            self.backend.inbox.ack(&receipts).await.expect("ack");
-            match report.items[0].result.as_ref().expect("handled") {
-                ControlOutcome::Deferred { delay, .. } => due = *delay,
-                ControlOutcome::Tombstoned | ControlOutcome::AlreadyDone { .. } | ControlOutcome::Dispatched { .. } => {
-                    return (calls, bill, handled)
+        let handled = self
+            .backend
+            .handle_until_settled(control, txn_id, first_check, |before| {
+                if before {
+                    self.reset();
+                } else {
+                    let (seen, used) = self.snapshot();
+                    for (operation, count) in seen {
+                        *calls.entry(operation).or_default() += count;
+                    }
+                    merge(&mut bill, &used);
                 }
-                other => panic!("unexpected outcome {other:?}"),
-            }
-        }
-        panic!("transaction {txn_id} was not settled after 10 control messages")
+            })
+            .await;
+        (calls, bill, handled)
     }
 
     /// A committed transaction: one read of an absent order, its put, `messages` events.

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use outbox::aws::{bootstrap, AwsClients, DynamoStore, ResourceNames, SqsControlQueue, SqsPublisher, TableLayout};
-use outbox::control::{ControlPath, ControlPorts};
+use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock, CONTROL_VISIBILITY_TIMEOUT};
 use outbox::ports::{ControlInbox, ControlQueue, Publisher, RandomIds, Store};
-use outbox::protocol::{DestinationName, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use outbox::protocol::{ControlMessage, DestinationName, TxnId, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
 use outbox::request::{Outbox, RequestPorts};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
@@ -191,6 +191,44 @@ impl Backend {
         if matches!(self.queues, Queues::Aws { .. }) {
             tokio::time::sleep(duration + Duration::from_millis(200)).await;
         }
+    }
+
+    /// Handles transaction `txn_id`'s control messages one at a time as they come due,
+    /// the first after `first_check`, until one settles it (dispatched, tombstoned, or
+    /// found done); `measure` runs around each handling (`true` before, `false` after),
+    /// to count what the control path itself called. Returns how many it handled.
+    ///
+    /// # Panics
+    ///
+    /// If a receive brings anything but one control message of `txn_id`, a handling
+    /// fails, or ten do not settle it.
+    pub async fn handle_until_settled(
+        &self,
+        control: &ControlPath,
+        txn_id: TxnId,
+        first_check: Duration,
+        mut measure: impl FnMut(bool),
+    ) -> usize {
+        let mut due = first_check;
+        for handled in 1..=10 {
+            self.wait(due).await;
+            let deliveries = self.inbox.receive(10, Duration::from_secs(2)).await.expect("receive");
+            assert_eq!(deliveries.len(), 1, "one control message at a time");
+            assert_eq!(ControlMessage::decode(&deliveries[0].body).unwrap().txn_id, txn_id);
+            measure(true);
+            let report = control.handle_batch(&deliveries).await;
+            measure(false);
+            let receipts: Vec<String> = deliveries.iter().map(|delivery| delivery.receipt.clone()).collect();
+            self.inbox.ack(&receipts).await.expect("ack");
+            match report.items[0].result.as_ref().expect("handled") {
+                ControlOutcome::Deferred { delay, .. } => due = *delay,
+                ControlOutcome::Tombstoned | ControlOutcome::AlreadyDone { .. } | ControlOutcome::Dispatched { .. } => {
+                    return handled
+                }
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+        panic!("transaction {txn_id} was not settled after 10 control messages")
     }
 
     /// Receives and deletes everything now visible on `destination`.
