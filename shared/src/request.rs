@@ -41,7 +41,7 @@ const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(25);
 /// already definite (a refusal, an abandoned transaction).
 pub const SETTLE_RESERVE: Duration = Duration::from_millis(200);
 /// Tombstone writes tried at most when settling a transaction in the request path.
-const SETTLE_ATTEMPTS: u32 = 3;
+pub const SETTLE_ATTEMPTS: u32 = 3;
 
 /// How long a settling write that only spares the control worker work may take: until
 /// [`SETTLE_RESERVE`] from `now`, or the deadline if that is sooner.

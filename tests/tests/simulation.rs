@@ -399,8 +399,9 @@ fn thousands_of_random_schedules_keep_the_invariants() {
 
 #[test]
 fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
-    // Faults on one loop's operation only (the commit, or the publish), enough of them
-    // to fail every attempt of a commit (3) or of a publish entry (3). Every fault
+    // Faults on one loop's operation only (the commit, the publish, or the request path's
+    // settling tombstone write), enough of them to fail every attempt of a commit (3), of
+    // a publish entry (3) or of the settling write (3). Every fault
     // sequence is run in the order that lets the request go first, then under seeded
     // random interleavings, half of them with a request deadline, rather than under
     // every interleaving (millions of schedules).
@@ -413,7 +414,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
     let mut ends = LoopEnds::default();
     let mut unknown = UnknownCommits::default();
     let (mut schedules, mut reached) = (0, 0);
-    for (seed, op) in (0..seeds).flat_map(|seed| [(seed, Op::Commit), (seed, Op::Publish)]) {
+    for (seed, op) in (0..seeds).flat_map(|seed| [(seed, Op::Commit), (seed, Op::Publish), (seed, Op::Tombstone)]) {
         let config = SimConfig {
             transactions: 1,
             items: 1,
@@ -427,7 +428,8 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             deadline: (seed % 2 == 1).then(|| Duration::from_secs(2)),
             retry_loop: Some(op),
             inline: false,
-            abandon_every: 0,
+            // The settling write's loop is reached by a request that abandons.
+            abandon_every: usize::from(op == Op::Tombstone),
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {
@@ -459,11 +461,13 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
         "retry loops: {schedules} schedules ({seeds} seeds) in {:.2?}, {reached} ran a loop to its end: {ends:?}; endings: {endings:?}; requests with a commit of unknown outcome: {unknown:?}, {definite} of {answered} answered before their deadline answered definitely",
         started.elapsed()
     );
-    // The settling write meets no fault here: only a deadline already passed (the clock
-    // moved on past it) leaves an outcome unknown.
+    // Commits meet an unknown outcome only in the commit's loop, where the settling write
+    // meets no fault: only a deadline already passed (the clock moved on past it) leaves
+    // an outcome unknown.
     assert_eq!(unknown.ambiguous, 0, "{unknown:?}");
     assert!(ends.commit_all_unknown > 0, "{ends:?}");
     assert!(ends.commit_all_refused > 0, "{ends:?}");
     assert!(ends.commit_unknown_then_refused > 0, "{ends:?}");
     assert!(ends.publish_exhausted > 0, "{ends:?}");
+    assert!(ends.settle_exhausted > 0, "{ends:?}");
 }

@@ -70,6 +70,9 @@ impl Op {
         match self {
             Op::Commit => vec![ReplyLost, Late, Fail, Busy],
             Op::Publish => vec![Fail, FirstEntryFails],
+            // The request path's settling write (and the worker's tombstone, which fails
+            // its control message instead of retrying).
+            Op::Tombstone => vec![Fail, ReplyLost],
             _ => vec![],
         }
     }

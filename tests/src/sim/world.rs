@@ -14,7 +14,7 @@ use outbox::poller::poll_once;
 use outbox::ports::{Clock, ExpectedVersion, IdSource, ItemKey};
 use outbox::protocol::{DestinationName, IdempotencyKey, IdempotencySlot, Message, StoredResponse, TxnId};
 use outbox::publish::RetryPolicy;
-use outbox::request::{Committed, Outbox, RequestPorts, Settlement, TxnError, COMMIT_ATTEMPTS};
+use outbox::request::{Committed, Outbox, RequestPorts, Settlement, TxnError, COMMIT_ATTEMPTS, SETTLE_ATTEMPTS};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
 use serde_json::json;
@@ -166,6 +166,8 @@ pub struct LoopEnds {
     pub commit_other_mix: usize,
     /// Publish passes in which an entry failed on every attempt.
     pub publish_exhausted: usize,
+    /// Settling tombstone writes of the request path that failed on every attempt.
+    pub settle_exhausted: usize,
 }
 
 impl LoopEnds {
@@ -176,6 +178,7 @@ impl LoopEnds {
         self.commit_unknown_then_refused += other.commit_unknown_then_refused;
         self.commit_other_mix += other.commit_other_mix;
         self.publish_exhausted += other.publish_exhausted;
+        self.settle_exhausted += other.settle_exhausted;
     }
 
     fn record_commit(&mut self, faults: &[Fault]) {
@@ -512,6 +515,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     // many publishes in a row failed.
     let mut commit_faults: BTreeMap<ActorId, Vec<Fault>> = BTreeMap::new();
     let mut publish_faults: BTreeMap<ActorId, u32> = BTreeMap::new();
+    let mut tombstone_faults: BTreeMap<ActorId, u32> = BTreeMap::new();
     loop {
         steps += 1;
         if steps > config.max_steps {
@@ -589,6 +593,14 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                         if sequence.len() == COMMIT_ATTEMPTS as usize {
                             loop_ends.record_commit(sequence);
                             sequence.clear();
+                        }
+                    }
+                    Op::Tombstone if matches!(actors[position].kind, Kind::Api(_)) => {
+                        let failed = tombstone_faults.entry(actor_id).or_default();
+                        *failed = if fault == Fault::None { 0 } else { *failed + 1 };
+                        if *failed == SETTLE_ATTEMPTS {
+                            loop_ends.settle_exhausted += 1;
+                            *failed = 0;
                         }
                     }
                     Op::Publish => {
