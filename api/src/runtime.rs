@@ -6,8 +6,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox::aws::{load_sdk_config, AwsClients, DynamoStore, SqsControlQueue, SqsPublisher};
+use outbox::aws::{load_sdk_config, AwsClients, AwsPublisher, DynamoStore, SqsControlQueue};
 use outbox::control::{ControlPath, ControlPorts};
+use outbox::destination::Target;
 use outbox::embedded::EmbeddedBackend;
 use outbox::poller;
 use outbox::ports::{Clock, EntryFailure, PublishError, Publisher, RandomIds, SystemClock};
@@ -39,6 +40,10 @@ impl Publisher for LoggingPublisher {
         }
         Ok(failures)
     }
+
+    fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
+        self.inner.entry_bytes(destination, message)
+    }
 }
 
 /// The HTTP configuration from the settings.
@@ -65,15 +70,16 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     match &settings.backend {
         Backend::Embedded => {
-            let mut destinations: Vec<(DestinationName, bool)> = settings
-                .destinations
-                .iter()
-                .map(|(name, url)| (name.clone(), url.ends_with(".fifo")))
-                .collect();
-            if !settings.destinations.contains_key(&events) {
-                destinations.push((events.clone(), false));
-            }
-            let backend = EmbeddedBackend::new(clock.clone(), destinations);
+            // Every destination the settings name, whatever its kind, plus `events` (the
+            // orders' destination) when they name none.
+            let mut destinations = settings.destinations.clone();
+            destinations
+                .entry(events.clone())
+                .or_insert_with(|| Target::SqsQueue {
+                    url: "embedded://events".into(),
+                    fifo: false,
+                });
+            let backend = EmbeddedBackend::for_targets(clock.clone(), &destinations);
             let publisher: Arc<dyn Publisher> = Arc::new(LoggingPublisher {
                 inner: backend.publisher.clone(),
             });
@@ -112,7 +118,7 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
             control_queue_url,
         } => {
             let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
-            let publisher = Arc::new(SqsPublisher::new(clients.sqs.clone(), settings.destinations.clone()));
+            let publisher = Arc::new(AwsPublisher::new(clients.clone(), settings.destinations.clone()));
             let mut outbox = Outbox::new(
                 RequestPorts {
                     store: Arc::new(DynamoStore::new(

@@ -136,6 +136,10 @@ impl Publisher for SlowPublisher {
         self.delays.wait(Call::SendBatch).await;
         self.inner.send_batch(destination, messages).await
     }
+
+    fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
+        self.inner.entry_bytes(destination, message)
+    }
 }
 
 /// One destination queue written directly with `SendMessage`, as a service without an

@@ -8,10 +8,13 @@
 //!   it after the batch in hand.
 //! - `control-worker redrive DEAD_LETTER_QUEUE_URL`: moves the dead-letter queue's
 //!   messages back to the control queue.
-//! - `control-worker bootstrap [STACK]`: creates the table and queues of `template.yaml`
-//!   for stack STACK (default `outbox`) and prints the settings that point at them. The
-//!   table is `OUTBOX_TABLE_NAME` if set (an existing table must have the key schema the
-//!   layout variables name: `OUTBOX_PARTITION_KEY`, `OUTBOX_SORT_KEY`, ...).
+//! - `control-worker bootstrap [STACK] [--events-via sqs|sns|eventbridge]`: creates the
+//!   table and queues of `template.yaml` for stack STACK (default `outbox`), with the
+//!   `events` destination published to its queue directly (the default), through an SNS
+//!   topic the queue subscribes to, or through an EventBridge bus whose rule targets the
+//!   queue, and prints the settings that point at them. The table is `OUTBOX_TABLE_NAME`
+//!   if set (an existing table must have the key schema the layout variables name:
+//!   `OUTBOX_PARTITION_KEY`, `OUTBOX_SORT_KEY`, ...).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -58,18 +61,22 @@ async fn shutdown_signal() {
     tracing::info!("shutting down after the batch in hand");
 }
 
+const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL | bootstrap [STACK] [--events-via sqs|sns|eventbridge]";
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
     init_tracing(on_lambda);
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-        ["bootstrap"] => run_bootstrap("outbox").await,
-        ["bootstrap", stack] => run_bootstrap(stack).await,
+        ["bootstrap"] => run_bootstrap("outbox", "sqs").await,
+        ["bootstrap", "--events-via", kind] => run_bootstrap("outbox", kind).await,
+        ["bootstrap", stack] => run_bootstrap(stack, "sqs").await,
+        ["bootstrap", stack, "--events-via", kind] => run_bootstrap(stack, kind).await,
         [] | ["poll"] => run_worker(on_lambda, None).await,
         ["redrive", dead_letter_queue_url] => run_worker(false, Some(dead_letter_queue_url)).await,
         _ => {
-            eprintln!("usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL | bootstrap [STACK]");
+            eprintln!("{USAGE}");
             ExitCode::from(2)
         }
     }
@@ -114,8 +121,11 @@ async fn run_worker(on_lambda: bool, redrive_from: Option<&str>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn run_bootstrap(stack: &str) -> ExitCode {
-    let mut names = ResourceNames::for_stack(stack);
+async fn run_bootstrap(stack: &str, events_via: &str) -> ExitCode {
+    let Some(mut names) = ResourceNames::for_stack(stack).with_events_via(events_via) else {
+        eprintln!("--events-via takes sqs, sns or eventbridge, not {events_via:?}\n{USAGE}");
+        return ExitCode::from(2);
+    };
     names.layout = match layout_from_env(&names.layout.table) {
         Ok(layout) => layout,
         Err(error) => return report(&error),
@@ -126,7 +136,7 @@ async fn run_bootstrap(stack: &str) -> ExitCode {
             let destinations: Vec<String> = resources
                 .destinations
                 .iter()
-                .map(|(name, url)| format!("{name}={url}"))
+                .map(|(name, target)| format!("{name}={target}"))
                 .collect();
             println!("export {}=aws", vars::BACKEND);
             let layout = &resources.layout;
@@ -145,6 +155,9 @@ async fn run_bootstrap(stack: &str) -> ExitCode {
                 "# control dead-letter queue: {}",
                 resources.control_dead_letter_queue_url
             );
+            for (name, url) in &resources.delivery_queues {
+                println!("# {name}: read the messages from {url}");
+            }
             ExitCode::SUCCESS
         }
         Err(error) => report(&error),

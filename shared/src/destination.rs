@@ -14,8 +14,8 @@
 //! The older form `name=queue-url` still works: it is an SQS queue, FIFO when the URL ends
 //! in `.fifo` as before, and [`Target::parse`] says how to write it in the new form.
 //!
-//! This module only reads and checks the entries; publishing to SNS and EventBridge is
-//! not wired yet (issue 13).
+//! [`crate::aws::AwsPublisher`] sends to each kind; the embedded backend stands in for
+//! every kind with a queue ([`crate::embedded::EmbeddedBackend::for_targets`]).
 
 use std::fmt;
 

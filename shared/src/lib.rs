@@ -31,6 +31,7 @@ pub mod aws;
 pub mod control;
 pub mod destination;
 pub mod embedded;
+pub mod event_detail;
 #[cfg(feature = "axum")]
 pub mod http;
 pub mod metrics;

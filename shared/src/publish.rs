@@ -1,5 +1,6 @@
 //! Publishing a set of outgoing messages through the [`Publisher`] port: grouping by
-//! destination, cutting SQS-sized batches, and retrying only the entries that failed.
+//! destination, cutting batches within the limits SQS, SNS and EventBridge share (10
+//! entries, 256 KiB per call), and retrying only the entries that failed.
 //!
 //! This lives above the port so that every adapter gets the same batching and retry
 //! behaviour, and the simulation exercises it.
@@ -10,10 +11,11 @@ use std::time::Duration;
 use crate::ports::{Clock, Publisher};
 use crate::protocol::{DestinationName, MessageId, OutgoingMessage};
 
-/// Most entries in one `SendMessageBatch`.
+/// Most entries in one `SendMessageBatch`, `PublishBatch` or `PutEvents`.
 pub const MAX_BATCH_ENTRIES: usize = 10;
-/// Most payload bytes in one `SendMessageBatch` (the conservative 256 KiB that every
-/// region and account accepts).
+/// Most payload bytes in one call (the conservative 256 KiB that every region and
+/// account accepts, for SQS, SNS and EventBridge alike), as the publisher counts them
+/// ([`Publisher::entry_bytes`]).
 pub const MAX_BATCH_BYTES: usize = 256 * 1024;
 
 /// How failed entries are retried.
@@ -69,7 +71,7 @@ pub enum PublishFailure {
 pub struct PublishReport {
     /// The messages that were not accepted, with why. Every other message was.
     pub failed: BTreeMap<MessageId, PublishFailure>,
-    /// `SendMessageBatch` calls made.
+    /// Batch calls made (`SendMessageBatch`, `PublishBatch`, `PutEvents`).
     pub calls: usize,
 }
 
@@ -87,20 +89,24 @@ pub async fn publish_all(
     }
     let mut report = PublishReport::default();
     for (destination, messages) in by_destination {
-        for batch in batches(&messages) {
+        let sizes: Vec<usize> = messages
+            .iter()
+            .map(|message| publisher.entry_bytes(destination, message))
+            .collect();
+        for batch in batches(&messages, &sizes) {
             publish_batch(publisher, clock, destination, batch, policy, &mut report).await;
         }
     }
     report
 }
 
-/// Cuts `messages` into consecutive batches within the count and size limits. A message
-/// larger than the size limit goes alone and the destination judges it.
-fn batches<'a>(messages: &[&'a OutgoingMessage]) -> Vec<Vec<&'a OutgoingMessage>> {
+/// Cuts `messages` (whose sizes are `sizes`) into consecutive batches within the count
+/// and size limits. A message larger than the size limit goes alone and the destination
+/// judges it.
+fn batches<'a>(messages: &[&'a OutgoingMessage], sizes: &[usize]) -> Vec<Vec<&'a OutgoingMessage>> {
     let mut batches: Vec<Vec<&OutgoingMessage>> = Vec::new();
     let mut bytes = 0;
-    for message in messages {
-        let size = message.payload_bytes();
+    for (message, &size) in messages.iter().zip(sizes) {
         let fits = batches
             .last()
             .is_some_and(|batch| batch.len() < MAX_BATCH_ENTRIES && bytes + size <= MAX_BATCH_BYTES);
@@ -187,20 +193,25 @@ mod tests {
             body: "x".repeat(bytes),
             attributes: Default::default(),
             group_id: None,
+            event: None,
         };
         OutgoingMessage::new(txn, position, body)
+    }
+
+    fn sizes_of(messages: &[&OutgoingMessage]) -> Vec<usize> {
+        messages.iter().map(|message| message.payload_bytes()).collect()
     }
 
     #[test]
     fn batches_respect_count_and_size_and_keep_order() {
         let small: Vec<_> = (0..23).map(|i| message(i, 10)).collect();
         let refs: Vec<_> = small.iter().collect();
-        let sizes: Vec<_> = batches(&refs).iter().map(Vec::len).collect();
-        assert_eq!(sizes, [10, 10, 3]);
+        let counts: Vec<_> = batches(&refs, &sizes_of(&refs)).iter().map(Vec::len).collect();
+        assert_eq!(counts, [10, 10, 3]);
 
         let big: Vec<_> = (0..5).map(|i| message(i, 100 * 1024)).collect();
         let refs: Vec<_> = big.iter().collect();
-        let cut = batches(&refs);
+        let cut = batches(&refs, &sizes_of(&refs));
         assert_eq!(cut.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
         let order: Vec<_> = cut.iter().flatten().map(|m| m.id.clone()).collect();
         assert_eq!(order, big.iter().map(|m| m.id.clone()).collect::<Vec<_>>());

@@ -75,9 +75,9 @@ impl Default for TransactionLimits {
 pub struct Settings {
     /// Which adapters.
     pub backend: Backend,
-    /// Destination name to queue URL (empty names are invalid; URLs ending in `.fifo`
-    /// are FIFO queues).
-    pub destinations: BTreeMap<DestinationName, String>,
+    /// Destination name to where its messages go: an SQS queue, an SNS topic or an
+    /// EventBridge bus ([`Target`]).
+    pub destinations: BTreeMap<DestinationName, Target>,
     /// The protocol's timing.
     pub timing: Timing,
     /// The limits of one transaction.
@@ -428,7 +428,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         origins
     }
 
-    fn destinations(&mut self) -> BTreeMap<DestinationName, String> {
+    fn destinations(&mut self) -> BTreeMap<DestinationName, Target> {
         let mut destinations = BTreeMap::new();
         let Some(text) = self.text(vars::DESTINATIONS) else {
             return destinations;
@@ -437,7 +437,9 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
             let Some((name, target)) = pair.split_once('=') else {
                 self.fail(
                     vars::DESTINATIONS,
-                    format!("each entry must be name=kind:target (kind sqs or sqs-fifo), not {pair:?}"),
+                    format!(
+                        "each entry must be name=kind:target (kind sqs, sqs-fifo, sns, sns-fifo or eventbridge), not {pair:?}"
+                    ),
                 );
                 continue;
             };
@@ -453,9 +455,9 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
                     continue;
                 }
             };
-            let url = match Target::parse(target) {
+            let parsed_target = match Target::parse(target) {
                 Ok(Parsed {
-                    target: Target::SqsQueue { url, .. },
+                    target: parsed,
                     migrate_to,
                 }) => {
                     if let Some(new_form) = migrate_to {
@@ -464,21 +466,14 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
                             vars::DESTINATIONS
                         );
                     }
-                    url
-                }
-                Ok(Parsed { target, .. }) => {
-                    self.fail(
-                        vars::DESTINATIONS,
-                        format!("destination {name:?}: {target}: only SQS queues are supported so far"),
-                    );
-                    continue;
+                    parsed
                 }
                 Err(error) => {
                     self.fail(vars::DESTINATIONS, format!("destination {name:?}: {error}"));
                     continue;
                 }
             };
-            if destinations.insert(parsed_name, url).is_some() {
+            if destinations.insert(parsed_name, parsed_target).is_some() {
                 self.fail(vars::DESTINATIONS, format!("destination {name:?} is named twice"));
             }
         }
@@ -536,9 +531,12 @@ mod tests {
         assert_eq!(ok.destinations.len(), 2);
         assert_eq!(
             ok.destinations[&"audit".parse().unwrap()],
-            "http://localhost/audit.fifo"
+            Target::SqsQueue {
+                url: "http://localhost/audit.fifo".into(),
+                fifo: true
+            }
         );
-        // The new form, kind stated; a FIFO queue must say so, and only SQS is wired.
+        // The new form, kind stated; a FIFO queue must say so.
         let aws = [
             (vars::BACKEND, "aws"),
             (vars::TABLE_NAME, "outbox"),
@@ -554,13 +552,32 @@ mod tests {
         };
         let new_form = with("events=sqs:http://localhost/events,audit=sqs-fifo:http://localhost/audit.fifo").unwrap();
         assert_eq!(new_form.destinations, ok.destinations);
+        let every_kind = with(
+            "queue=sqs:http://localhost/events, topic=sns-fifo:arn:aws:sns:us-east-1:123456789012:t.fifo, bus=eventbridge:orders",
+        )
+        .unwrap();
+        let written: Vec<String> = every_kind
+            .destinations
+            .iter()
+            .map(|(name, target)| format!("{name}={target}"))
+            .collect();
+        assert_eq!(
+            written,
+            [
+                "bus=eventbridge:orders",
+                "queue=sqs:http://localhost/events",
+                "topic=sns-fifo:arn:aws:sns:us-east-1:123456789012:t.fifo"
+            ]
+        );
         for (entry, says) in [
             ("audit=sqs:http://localhost/audit.fifo", "takes the -fifo kind"),
             (
-                "events=sns:arn:aws:sns:us-east-1:123456789012:events",
-                "only SQS queues are supported so far",
+                "events=sns:arn:aws:sns:us-east-1:123456789012:events.fifo",
+                "takes the -fifo kind",
             ),
+            ("events=eventbridge:", "names no target"),
             ("events=kafka:x", "unknown destination kind"),
+            ("events", "each entry must be name=kind:target"),
         ] {
             let errors = with(entry).unwrap_err().errors;
             assert_eq!(errors.len(), 1, "{entry}: {errors:?}");

@@ -7,10 +7,12 @@ use aws_config::SdkConfig;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use outbox::aws::AwsClients;
 
-/// Counts every attempt sent, by the operation named in its `X-Amz-Target` header
-/// (`DynamoDB_20120810.TransactWriteItems` counts as `TransactWriteItems`).
+/// Counts every attempt sent, by its operation's name (`TransactWriteItems`,
+/// `PublishBatch`, `PutEvents`), which every SDK operation stores in its config bag
+/// whatever its wire protocol (SNS's query protocol has no `X-Amz-Target` header).
 #[derive(Debug, Clone, Default)]
 pub struct CallCounter(Arc<Mutex<BTreeMap<String, usize>>>);
 
@@ -25,7 +27,7 @@ impl CallCounter {
         self.0.lock().expect("counter lock").clear();
     }
 
-    /// Both clients, counting through this counter.
+    /// Every client, counting through this counter.
     pub fn clients(&self, config: &SdkConfig) -> AwsClients {
         AwsClients {
             dynamodb: aws_sdk_dynamodb::Client::from_conf(
@@ -35,6 +37,16 @@ impl CallCounter {
             ),
             sqs: aws_sdk_sqs::Client::from_conf(
                 aws_sdk_sqs::config::Builder::from(config)
+                    .interceptor(self.clone())
+                    .build(),
+            ),
+            sns: aws_sdk_sns::Client::from_conf(
+                aws_sdk_sns::config::Builder::from(config)
+                    .interceptor(self.clone())
+                    .build(),
+            ),
+            eventbridge: aws_sdk_eventbridge::Client::from_conf(
+                aws_sdk_eventbridge::config::Builder::from(config)
                     .interceptor(self.clone())
                     .build(),
             ),
@@ -49,11 +61,13 @@ impl Intercept for CallCounter {
 
     fn read_before_transmit(
         &self,
-        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
         _runtime_components: &RuntimeComponents,
-        _cfg: &mut ConfigBag,
+        cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let operation = operation_of(context.request().headers().get("x-amz-target"));
+        let operation = cfg
+            .load::<Metadata>()
+            .map_or_else(|| "unknown".to_owned(), |metadata| metadata.name().to_owned());
         *self.0.lock().expect("counter lock").entry(operation).or_default() += 1;
         Ok(())
     }

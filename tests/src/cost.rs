@@ -159,6 +159,9 @@ impl WireMeter {
                     .build(),
             ),
             sqs: aws_sdk_sqs::Client::from_conf(counted.sqs.config().to_builder().interceptor(on("sqs")).build()),
+            // The cost model publishes to SQS only; these two count but are not metered.
+            sns: counted.sns,
+            eventbridge: counted.eventbridge,
         }
     }
 

@@ -9,8 +9,10 @@ use async_trait::async_trait;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use aws_sdk_sqs::types::QueueAttributeName;
 use outbox::aws::{
-    bootstrap, redrive, AwsClients, DynamoStore, ResourceNames, SqsControlQueue, SqsPublisher, TableLayout,
+    bootstrap, redrive, AwsClients, AwsPublisher, DestinationResource, DynamoStore, ResourceNames, SqsControlQueue,
+    TableLayout,
 };
+use outbox::destination::Target;
 use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::poller;
@@ -244,14 +246,14 @@ fn control_on(
     clients: &AwsClients,
     table: TableLayout,
     control_url: &str,
-    destinations: BTreeMap<DestinationName, String>,
+    destinations: BTreeMap<DestinationName, Target>,
 ) -> ControlPath {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     ControlPath::new(
         ControlPorts {
             store: Arc::new(DynamoStore::new(clients.dynamodb.clone(), table, clock.clone())),
             control_queue: Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_url)),
-            publisher: Arc::new(SqsPublisher::new(clients.sqs.clone(), destinations)),
+            publisher: Arc::new(AwsPublisher::new(clients.clone(), destinations)),
             clock,
         },
         Timing::default(),
@@ -283,7 +285,12 @@ async fn a_poison_message_reaches_the_dead_letter_queue_and_is_dispatched_after_
     names.max_receive_count = 2;
     names
         .destinations
-        .push(("audit".parse().unwrap(), format!("{}-audit", names.control_queue)));
+        .push((
+            "audit".parse().unwrap(),
+            DestinationResource::Queue {
+                queue: format!("{}-audit", names.control_queue),
+            },
+        ));
     let resources = bootstrap(&clients, &names).await.unwrap();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let control_queue = Arc::new(SqsControlQueue::new(
@@ -364,7 +371,7 @@ async fn a_poison_message_reaches_the_dead_letter_queue_and_is_dispatched_after_
     let audit = clients
         .sqs
         .receive_message()
-        .queue_url(&resources.destinations[&"audit".parse::<DestinationName>().unwrap()])
+        .queue_url(&resources.delivery_queues[&"audit".parse::<DestinationName>().unwrap()])
         .message_attribute_names("All")
         .wait_time_seconds(1)
         .send()

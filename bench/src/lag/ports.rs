@@ -162,6 +162,10 @@ impl Publisher for SimPublisher {
             .call(Call::SendBatch, self.inner.send_batch(destination, messages))
             .await
     }
+
+    fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
+        self.inner.entry_bytes(destination, message)
+    }
 }
 
 /// The inline publisher of a request whose API process crashes after its commit: its

@@ -1,7 +1,7 @@
-//! Creates the table and queues that `template.yaml` declares, for local runs against an
-//! emulator (or an account without the stack). Idempotent: what exists is kept, and an
-//! existing table (the application's own, in a single-table design) must have the key
-//! schema the [`TableLayout`] names.
+//! Creates the table, queues, topics and buses that `template.yaml` declares, for local
+//! runs against an emulator (or an account without the stack). Idempotent: what exists
+//! is kept, and an existing table (the application's own, in a single-table design) must
+//! have the key schema the [`TableLayout`] names.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -15,8 +15,9 @@ use aws_sdk_sqs::types::QueueAttributeName;
 
 use super::layout::TableLayout;
 use super::AwsClients;
+use crate::destination::Target;
 use crate::ports::BoxError;
-use crate::protocol::DestinationName;
+use crate::protocol::{DestinationName, MESSAGE_ID_ATTRIBUTE};
 
 /// Receives before a destination queue's consumer gives a message up to its dead-letter
 /// queue (`template.yaml`'s events queue).
@@ -31,9 +32,8 @@ pub struct ResourceNames {
     pub control_queue: String,
     /// The control queue's dead-letter queue.
     pub control_dead_letter_queue: String,
-    /// Destination name to queue name (a name ending in `.fifo` is a FIFO queue). Each
-    /// gets a dead-letter queue named with `-dlq` before any `.fifo`.
-    pub destinations: Vec<(DestinationName, String)>,
+    /// Each destination and how it is made.
+    pub destinations: Vec<(DestinationName, DestinationResource)>,
     /// The control queue's visibility timeout.
     pub control_visibility_timeout: Duration,
     /// Receives before a control message moves to the dead-letter queue.
@@ -48,11 +48,86 @@ impl ResourceNames {
             layout: TableLayout::dedicated(format!("{stack}-table")),
             control_queue: format!("{stack}-control"),
             control_dead_letter_queue: format!("{stack}-control-dlq"),
-            destinations: vec![("events".parse().expect("valid name"), format!("{stack}-events"))],
+            destinations: vec![(
+                "events".parse().expect("valid name"),
+                DestinationResource::Queue {
+                    queue: format!("{stack}-events"),
+                },
+            )],
             control_visibility_timeout: Duration::from_secs(60),
             max_receive_count: crate::redelivery::MAX_RECEIVE_COUNT,
         }
     }
+}
+
+impl ResourceNames {
+    /// The same names with the `events` destination published through `kind`: `sqs` (the
+    /// queue `{stack}-events` itself, as [`ResourceNames::for_stack`] has it), `sns` (a
+    /// topic `{stack}-events` the queue subscribes to) or `eventbridge` (a bus
+    /// `{stack}-events` whose rule targets the queue), as `template.yaml`'s
+    /// `EventsDestinationKind` does. `None` for any other kind.
+    pub fn with_events_via(mut self, kind: &str) -> Option<Self> {
+        let events: DestinationName = "events".parse().expect("valid name");
+        let (_, resource) = self.destinations.iter_mut().find(|(name, _)| *name == events)?;
+        let queue = resource.queue().to_owned();
+        *resource = match kind {
+            "sqs" => DestinationResource::Queue { queue },
+            "sns" => DestinationResource::Topic {
+                topic: queue.clone(),
+                queue,
+            },
+            "eventbridge" => DestinationResource::Bus {
+                bus: queue.clone(),
+                queue,
+            },
+            _ => return None,
+        };
+        Some(self)
+    }
+}
+
+/// How one destination is made. Every kind ends in a queue the messages can be read
+/// from (FIFO when its name ends in `.fifo`), with a dead-letter queue named with `-dlq`
+/// before any `.fifo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DestinationResource {
+    /// The destination is the queue.
+    Queue {
+        /// The queue's name.
+        queue: String,
+    },
+    /// The destination is a topic (FIFO when its name ends in `.fifo`, and then so must
+    /// the queue's) that the queue subscribes to with raw message delivery, so that it
+    /// receives each body with its attributes.
+    Topic {
+        /// The topic's name.
+        topic: String,
+        /// The subscribed queue's name.
+        queue: String,
+    },
+    /// The destination is a bus (`default` is the account's own, which is never
+    /// created), with a rule that sends every event the outbox puts on it to the queue.
+    Bus {
+        /// The bus's name.
+        bus: String,
+        /// The rule's target queue's name (a standard queue).
+        queue: String,
+    },
+}
+
+impl DestinationResource {
+    /// The queue where the destination's messages can be read.
+    pub fn queue(&self) -> &str {
+        match self {
+            Self::Queue { queue } | Self::Topic { queue, .. } | Self::Bus { queue, .. } => queue,
+        }
+    }
+}
+
+/// The pattern of the rule that [`bootstrap`] puts on a bus: every event whose detail
+/// carries an outbox message id ([`crate::event_detail`]).
+pub fn outbox_event_pattern() -> String {
+    serde_json::json!({ "detail": { "metadata": { MESSAGE_ID_ATTRIBUTE: [{ "exists": true }] } } }).to_string()
 }
 
 /// What exists after the bootstrap.
@@ -64,8 +139,10 @@ pub struct Resources {
     pub control_queue_url: String,
     /// Its dead-letter queue's URL.
     pub control_dead_letter_queue_url: String,
-    /// Destination name to queue URL.
-    pub destinations: BTreeMap<DestinationName, String>,
+    /// Each destination's target, as `OUTBOX_DESTINATIONS` names it.
+    pub destinations: BTreeMap<DestinationName, Target>,
+    /// Each destination's queue: the URL where its messages can be read.
+    pub delivery_queues: BTreeMap<DestinationName, String>,
 }
 
 /// A resource that could not be created.
@@ -100,6 +177,24 @@ pub enum BootstrapError {
         #[source]
         source: BoxError,
     },
+    /// Creating a topic or its subscription failed.
+    #[error("creating topic {topic} failed")]
+    Topic {
+        /// Its name.
+        topic: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// Creating a bus or its rule failed.
+    #[error("creating bus {bus} failed")]
+    Bus {
+        /// Its name.
+        bus: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
 }
 
 /// Creates what is missing and returns where everything is.
@@ -115,7 +210,9 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
     )
     .await?;
     let mut destinations = BTreeMap::new();
-    for (destination, queue) in &names.destinations {
+    let mut delivery_queues = BTreeMap::new();
+    for (destination, resource) in &names.destinations {
+        let queue = resource.queue();
         let dead_letter_name = match queue.strip_suffix(".fifo") {
             Some(base) => format!("{base}-dlq.fifo"),
             None => format!("{queue}-dlq"),
@@ -128,13 +225,164 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
             None,
         )
         .await?;
-        destinations.insert(destination.clone(), url);
+        let target = match resource {
+            DestinationResource::Queue { queue } => Target::SqsQueue {
+                url: url.clone(),
+                fifo: queue.ends_with(".fifo"),
+            },
+            DestinationResource::Topic { topic, .. } => create_topic(clients, topic, &url).await?,
+            DestinationResource::Bus { bus, .. } => create_bus(clients, bus, &url).await?,
+        };
+        destinations.insert(destination.clone(), target);
+        delivery_queues.insert(destination.clone(), url);
     }
     Ok(Resources {
         layout: names.layout.clone(),
         control_queue_url,
         control_dead_letter_queue_url,
         destinations,
+        delivery_queues,
+    })
+}
+
+/// The ARN of the queue at `url`.
+async fn queue_arn(clients: &AwsClients, url: &str) -> Result<String, BoxError> {
+    clients
+        .sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await?
+        .attributes()
+        .and_then(|attributes| attributes.get(&QueueAttributeName::QueueArn).cloned())
+        .ok_or_else(|| "the queue has no ARN".into())
+}
+
+/// Lets the service `principal` send to the queue at `url` on behalf of `source_arn`
+/// only (AWS's policy for topic subscriptions and rule targets).
+async fn allow_sends(
+    clients: &AwsClients,
+    url: &str,
+    queue_arn: &str,
+    principal: &str,
+    source_arn: &str,
+) -> Result<(), BoxError> {
+    let policy = serde_json::json!({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Principal": { "Service": principal },
+            "Action": "sqs:SendMessage",
+            "Resource": queue_arn,
+            "Condition": { "ArnEquals": { "aws:SourceArn": source_arn } },
+        }],
+    });
+    clients
+        .sqs
+        .set_queue_attributes()
+        .queue_url(url)
+        .attributes(QueueAttributeName::Policy, policy.to_string())
+        .send()
+        .await?;
+    Ok(())
+}
+
+/// Creates topic `name` (FIFO when the name ends in `.fifo`) and subscribes the queue
+/// at `queue_url` to it with raw message delivery.
+async fn create_topic(clients: &AwsClients, name: &str, queue_url: &str) -> Result<Target, BootstrapError> {
+    let failed = |source: BoxError| BootstrapError::Topic {
+        topic: name.to_owned(),
+        source,
+    };
+    let fifo = name.ends_with(".fifo");
+    let mut create = clients.sns.create_topic().name(name);
+    if fifo {
+        create = create.attributes("FifoTopic", "true");
+    }
+    let arn = create
+        .send()
+        .await
+        .map_err(|e| failed(Box::new(e)))?
+        .topic_arn()
+        .map(str::to_owned)
+        .ok_or_else(|| failed("no topic ARN in the answer".into()))?;
+    let queue_arn = queue_arn(clients, queue_url).await.map_err(failed)?;
+    allow_sends(clients, queue_url, &queue_arn, "sns.amazonaws.com", &arn)
+        .await
+        .map_err(failed)?;
+    clients
+        .sns
+        .subscribe()
+        .topic_arn(&arn)
+        .protocol("sqs")
+        .endpoint(&queue_arn)
+        .attributes("RawMessageDelivery", "true")
+        .return_subscription_arn(true)
+        .send()
+        .await
+        .map_err(|e| failed(Box::new(e)))?;
+    Ok(Target::SnsTopic { arn, fifo })
+}
+
+/// Creates bus `name` (unless it is `default`) and a rule on it that sends every outbox
+/// event ([`outbox_event_pattern`]) to the queue at `queue_url`. The rule is named after
+/// the queue (its last 64 characters, the most a rule name takes).
+async fn create_bus(clients: &AwsClients, name: &str, queue_url: &str) -> Result<Target, BootstrapError> {
+    use aws_sdk_eventbridge::operation::create_event_bus::CreateEventBusError;
+
+    let failed = |source: BoxError| BootstrapError::Bus {
+        bus: name.to_owned(),
+        source,
+    };
+    if name != "default" {
+        match clients.eventbridge.create_event_bus().name(name).send().await {
+            Ok(_) => {}
+            Err(error)
+                if matches!(
+                    error.as_service_error(),
+                    Some(CreateEventBusError::ResourceAlreadyExistsException(_))
+                ) => {}
+            Err(error) => return Err(failed(Box::new(error))),
+        }
+    }
+    let queue_arn = queue_arn(clients, queue_url).await.map_err(failed)?;
+    let queue_name = queue_arn.rsplit(':').next().unwrap_or(&queue_arn);
+    let rule = &queue_name[queue_name.len().saturating_sub(64)..];
+    let rule_arn = clients
+        .eventbridge
+        .put_rule()
+        .name(rule)
+        .event_bus_name(name)
+        .event_pattern(outbox_event_pattern())
+        .send()
+        .await
+        .map_err(|e| failed(Box::new(e)))?
+        .rule_arn()
+        .map(str::to_owned)
+        .ok_or_else(|| failed("no rule ARN in the answer".into()))?;
+    allow_sends(clients, queue_url, &queue_arn, "events.amazonaws.com", &rule_arn)
+        .await
+        .map_err(failed)?;
+    let target = aws_sdk_eventbridge::types::Target::builder()
+        .id("outbox-queue")
+        .arn(&queue_arn)
+        .build()
+        .map_err(|e| failed(Box::new(e)))?;
+    let put = clients
+        .eventbridge
+        .put_targets()
+        .rule(rule)
+        .event_bus_name(name)
+        .targets(target)
+        .send()
+        .await
+        .map_err(|e| failed(Box::new(e)))?;
+    if put.failed_entry_count() > 0 {
+        return Err(failed(format!("the rule's target was refused: {:?}", put.failed_entries()).into()));
+    }
+    Ok(Target::EventBus {
+        name_or_arn: name.to_owned(),
     })
 }
 

@@ -1,11 +1,15 @@
-//! The AWS adapters: the store on DynamoDB, the control queue and the publisher on SQS,
-//! client construction, and the bootstrap of local resources (for the emulator).
+//! The AWS adapters: the store on DynamoDB, the control queue on SQS, the publisher to
+//! SQS queues, SNS topics and EventBridge buses, client construction, and the bootstrap of
+//! local resources (for the emulator).
 
 mod bootstrap;
 mod dynamodb;
+mod eventbridge;
 pub mod item;
 mod layout;
+mod publisher;
 pub mod size;
+mod sns;
 mod sqs;
 
 use std::time::Duration;
@@ -15,12 +19,13 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 pub use aws_config::SdkConfig;
 
-pub use bootstrap::{bootstrap, BootstrapError, ResourceNames, Resources};
+pub use bootstrap::{bootstrap, outbox_event_pattern, BootstrapError, DestinationResource, ResourceNames, Resources};
 pub use dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use layout::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
 };
-pub use sqs::{receive_timeouts, redrive, SqsControlQueue, SqsPublisher, RECEIVE_TIMEOUT_MARGIN};
+pub use publisher::AwsPublisher;
+pub use sqs::{receive_timeouts, redrive, SqsControlQueue, RECEIVE_TIMEOUT_MARGIN};
 
 /// The SDK configuration for this process: the standard credential chain and region
 /// (and `AWS_ENDPOINT_URL`, for emulators), explicit timeouts, standard retries. Load it
@@ -74,33 +79,40 @@ pub fn native_outbox(
     let clients = AwsClients::new(config);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let ports = RequestPorts {
-        store: Arc::new(DynamoStore::new(clients.dynamodb, layout.clone(), clock.clone())),
+        store: Arc::new(DynamoStore::new(clients.dynamodb.clone(), layout.clone(), clock.clone())),
         control_queue: Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone())),
         clock,
         ids: Arc::new(RandomIds),
     };
     let mut outbox = Outbox::new(ports, settings.timing, settings.limits);
     if settings.inline_publish {
-        outbox = outbox.with_inline_publisher(Arc::new(SqsPublisher::new(clients.sqs, settings.destinations.clone())));
+        outbox = outbox.with_inline_publisher(Arc::new(AwsPublisher::new(clients, settings.destinations.clone())));
     }
     crate::native::NativeOutbox::new(outbox).map_err(|_| NotOnAws)
 }
 
-/// The two clients, built once per process from one [`SdkConfig`].
+/// The clients, built once per process from one [`SdkConfig`] (building one makes no
+/// call; an unused one costs nothing).
 #[derive(Clone, Debug)]
 pub struct AwsClients {
     /// DynamoDB.
     pub dynamodb: aws_sdk_dynamodb::Client,
     /// SQS.
     pub sqs: aws_sdk_sqs::Client,
+    /// SNS, for destination topics.
+    pub sns: aws_sdk_sns::Client,
+    /// EventBridge, for destination buses.
+    pub eventbridge: aws_sdk_eventbridge::Client,
 }
 
 impl AwsClients {
-    /// Both clients from `config`.
+    /// Every client from `config`.
     pub fn new(config: &SdkConfig) -> Self {
         Self {
             dynamodb: aws_sdk_dynamodb::Client::new(config),
             sqs: aws_sdk_sqs::Client::new(config),
+            sns: aws_sdk_sns::Client::new(config),
+            eventbridge: aws_sdk_eventbridge::Client::new(config),
         }
     }
 }

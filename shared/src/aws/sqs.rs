@@ -1,6 +1,5 @@
-//! The control queue and the publisher on SQS.
+//! The control queue on SQS, and sends to destination queues.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,7 +12,7 @@ use aws_sdk_sqs::types::{
 };
 use aws_sdk_sqs::Client;
 
-use crate::ports::{ControlDelivery, ControlInbox, ControlQueue, EntryFailure, PublishError, Publisher, QueueError};
+use crate::ports::{ControlDelivery, ControlInbox, ControlQueue, EntryFailure, PublishError, QueueError};
 use crate::protocol::{ControlMessage, DestinationName, OutgoingMessage, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
 
 /// The environment variable in which Lambda passes the X-Ray trace header.
@@ -193,84 +192,65 @@ impl ControlInbox for SqsControlQueue {
     }
 }
 
-/// The destination queues on SQS. A URL ending in `.fifo` is a FIFO queue.
-#[derive(Clone)]
-pub struct SqsPublisher {
-    client: Client,
-    destinations: BTreeMap<DestinationName, String>,
-}
-
-impl SqsPublisher {
-    /// A publisher to `destinations` (name to queue URL).
-    pub fn new(client: Client, destinations: BTreeMap<DestinationName, String>) -> Self {
-        Self { client, destinations }
-    }
-
-    fn entry(message: &OutgoingMessage, index: usize, fifo: bool) -> SendMessageBatchRequestEntry {
-        let mut entry = SendMessageBatchRequestEntry::builder()
-            .id(index.to_string())
-            .message_body(&message.body)
-            .message_attributes(MESSAGE_ID_ATTRIBUTE, string_attribute(message.id.as_str()))
-            .message_attributes(TXN_ID_ATTRIBUTE, string_attribute(&message.txn_id.to_string()));
-        for (name, value) in &message.attributes {
-            entry = entry.message_attributes(name, string_attribute(value));
-        }
-        if fifo {
-            entry = entry
-                .message_group_id(message.fifo_group())
-                .message_deduplication_id(message.id.as_str());
-        }
-        entry.build().expect("id and body are set")
-    }
-}
-
-#[async_trait]
-impl Publisher for SqsPublisher {
-    async fn send_batch(
-        &self,
-        destination: &DestinationName,
-        messages: &[OutgoingMessage],
-    ) -> Result<Vec<EntryFailure>, PublishError> {
-        let url = self
-            .destinations
-            .get(destination)
-            .ok_or_else(|| PublishError::UnknownDestination {
-                destination: destination.clone(),
-            })?;
-        let fifo = url.ends_with(".fifo");
-        let entries = messages
-            .iter()
-            .enumerate()
-            .map(|(index, message)| Self::entry(message, index, fifo))
-            .collect();
-        let output = self
-            .client
-            .send_message_batch()
-            .queue_url(url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .map_err(|error| PublishError::Unavailable {
-                destination: destination.clone(),
-                source: Box::new(error),
-            })?;
-        Ok(output
-            .failed()
-            .iter()
-            .filter_map(|failed| {
-                let message = failed
-                    .id()
-                    .parse::<usize>()
-                    .ok()
-                    .and_then(|index| messages.get(index))?;
-                Some(EntryFailure {
-                    id: message.id.clone(),
-                    sender_fault: failed.sender_fault(),
-                    code: failed.code().to_owned(),
-                })
+/// Sends `messages` to the queue at `url` in one `SendMessageBatch`, each with its stable
+/// id and transaction id as message attributes beside its own, and on a FIFO queue its
+/// group and its stable id as deduplication id. Returns the entries SQS failed.
+pub(crate) async fn send_to_queue(
+    client: &Client,
+    destination: &DestinationName,
+    url: &str,
+    fifo: bool,
+    messages: &[OutgoingMessage],
+) -> Result<Vec<EntryFailure>, PublishError> {
+    let entries = messages
+        .iter()
+        .enumerate()
+        .map(|(index, message)| queue_entry(message, index, fifo))
+        .collect();
+    let output = client
+        .send_message_batch()
+        .queue_url(url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+        .map_err(|error| PublishError::Unavailable {
+            destination: destination.clone(),
+            source: Box::new(error),
+        })?;
+    Ok(output
+        .failed()
+        .iter()
+        .filter_map(|failed| {
+            let message = failed
+                .id()
+                .parse::<usize>()
+                .ok()
+                .and_then(|index| messages.get(index))?;
+            Some(EntryFailure {
+                id: message.id.clone(),
+                sender_fault: failed.sender_fault(),
+                code: failed.code().to_owned(),
             })
-            .collect())
+        })
+        .collect())
+}
+
+fn queue_entry(message: &OutgoingMessage, index: usize, fifo: bool) -> SendMessageBatchRequestEntry {
+    let mut entry = SendMessageBatchRequestEntry::builder()
+        .id(index.to_string())
+        .message_body(&message.body);
+    for (name, value) in &message.attributes {
+        entry = entry.message_attributes(name, string_attribute(value));
     }
+    entry = entry
+        .message_attributes(MESSAGE_ID_ATTRIBUTE, string_attribute(message.id.as_str()))
+        .message_attributes(TXN_ID_ATTRIBUTE, string_attribute(&message.txn_id.to_string()));
+    if fifo {
+        entry = entry
+            .message_group_id(message.fifo_group())
+            .message_deduplication_id(message.id.as_str());
+    }
+    entry.build().expect("id and body are set")
 }
 
 /// Moves every message of queue `from` (a dead-letter queue) to queue `to`, with its body

@@ -20,6 +20,7 @@ pub use queue::{EmbeddedQueue, QueueConfig, QueueFault, Received, SendRequest, S
 pub use store::{EmbeddedStore, StoreEvent};
 
 use crate::control::ControlPorts;
+use crate::destination::Target;
 use crate::ports::{Clock, RandomIds};
 use crate::protocol::DestinationName;
 use crate::request::RequestPorts;
@@ -71,6 +72,23 @@ impl EmbeddedBackend {
             control_queue: Arc::new(EmbeddedControlQueue::new(Arc::new(control), clock)),
             publisher: Arc::new(EmbeddedPublisher::new(destinations)),
         }
+    }
+
+    /// A backend with a destination for each of `targets`, whatever its kind: queues and
+    /// topics become queues (FIFO when they are), and buses queues that receive each
+    /// event as a rule's SQS target would ([`EmbeddedPublisher`]). So a service
+    /// configured for AWS destinations runs on the embedded backend unchanged.
+    pub fn for_targets(clock: Arc<dyn Clock>, targets: &BTreeMap<DestinationName, Target>) -> Self {
+        let mut backend = Self::new(
+            clock,
+            targets.iter().map(|(name, target)| (name.clone(), target.is_fifo())),
+        );
+        let buses = targets
+            .iter()
+            .filter(|(_, target)| matches!(target, Target::EventBus { .. }))
+            .map(|(name, _)| name.clone());
+        backend.publisher = Arc::new(EmbeddedPublisher::new(backend.publisher.destinations().clone()).with_buses(buses));
+        backend
     }
 
     /// The request path's ports over this backend, with random transaction ids.

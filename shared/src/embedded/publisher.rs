@@ -1,6 +1,7 @@
-//! The publisher port over embedded destination queues.
+//! The publisher port over embedded destinations: every kind of destination is an
+//! embedded queue that receives what an SQS queue behind the real one would.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -10,15 +11,29 @@ use crate::ports::{EntryFailure, PublishError, Publisher};
 use crate::protocol::{DestinationName, OutgoingMessage, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
 use crate::publish::MAX_BATCH_ENTRIES;
 
-/// Destination queues, embedded.
+/// Destinations, embedded: each one a queue. A queue or topic destination receives the
+/// message as an SQS queue (or a topic's SQS subscription with raw message delivery)
+/// would: body and attributes. A bus destination receives the event as a rule's SQS
+/// target would: a JSON object with `source`, `detail-type` and `detail` (the fields the
+/// outbox sets; EventBridge adds `id`, `time`, `account` and the like).
 pub struct EmbeddedPublisher {
     destinations: BTreeMap<DestinationName, Arc<EmbeddedQueue>>,
+    buses: BTreeSet<DestinationName>,
 }
 
 impl EmbeddedPublisher {
     /// A publisher to these queues.
     pub fn new(destinations: BTreeMap<DestinationName, Arc<EmbeddedQueue>>) -> Self {
-        Self { destinations }
+        Self {
+            destinations,
+            buses: BTreeSet::new(),
+        }
+    }
+
+    /// The same, with the destinations named in `buses` standing in for EventBridge buses.
+    pub fn with_buses(mut self, buses: impl IntoIterator<Item = DestinationName>) -> Self {
+        self.buses = buses.into_iter().collect();
+        self
     }
 
     /// The queue behind a destination name.
@@ -47,6 +62,21 @@ fn send_request(message: &OutgoingMessage, fifo: bool) -> SendRequest {
     }
 }
 
+/// The queue send for one event on a bus: the event as a rule's SQS target delivers it.
+fn bus_send_request(message: &OutgoingMessage) -> SendRequest {
+    let event = message.event_type();
+    let source = serde_json::to_string(&event.source).expect("a string serialises");
+    let detail_type = serde_json::to_string(&event.detail_type).expect("a string serialises");
+    let detail = crate::event_detail::detail(message);
+    SendRequest {
+        body: format!(r#"{{"source":{source},"detail-type":{detail_type},"detail":{detail}}}"#),
+        attributes: BTreeMap::new(),
+        delay: std::time::Duration::ZERO,
+        group_id: None,
+        deduplication_id: None,
+    }
+}
+
 #[async_trait]
 impl Publisher for EmbeddedPublisher {
     async fn send_batch(
@@ -70,9 +100,18 @@ impl Publisher for EmbeddedPublisher {
                 })
                 .collect());
         }
+        let bus = self.buses.contains(destination);
         Ok(messages
             .iter()
-            .filter_map(|message| match queue.send(send_request(message, queue.config().fifo)) {
+            .map(|message| {
+                if bus {
+                    bus_send_request(message)
+                } else {
+                    send_request(message, queue.config().fifo)
+                }
+            })
+            .zip(messages)
+            .filter_map(|(request, message)| match queue.send(request) {
                 Ok(_) => None,
                 Err(QueueFault::InvalidParameter(reason)) => Some(EntryFailure {
                     id: message.id.clone(),
@@ -81,5 +120,13 @@ impl Publisher for EmbeddedPublisher {
                 }),
             })
             .collect())
+    }
+
+    fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
+        if self.buses.contains(destination) {
+            crate::event_detail::entry_bytes(message)
+        } else {
+            message.payload_bytes()
+        }
     }
 }

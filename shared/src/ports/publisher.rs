@@ -1,4 +1,4 @@
-//! The publisher: batched sends to destination queues.
+//! The publisher: batched sends to destinations (queues, topics, buses).
 
 use async_trait::async_trait;
 
@@ -29,23 +29,31 @@ pub enum PublishError {
         #[source]
         source: BoxError,
     },
-    /// No queue is configured under this name.
-    #[error("no destination queue is configured under the name {destination}")]
+    /// No destination is configured under this name.
+    #[error("no destination is configured under the name {destination}")]
     UnknownDestination {
         /// The name the message asked for.
         destination: DestinationName,
     },
 }
 
-/// Sends messages to destination queues.
+/// Sends messages to destinations.
 #[async_trait]
 pub trait Publisher: Send + Sync {
     /// Sends up to 10 messages for one destination in one call, in order, each carrying
-    /// its stable id and transaction id (and, on FIFO queues, its group and its id as
-    /// deduplication id). Returns the entries that failed; the others were accepted.
+    /// its stable id and transaction id (and, on FIFO queues and topics, its group and its
+    /// id as deduplication id). Returns the entries that failed; the others were accepted.
     async fn send_batch(
         &self,
         destination: &DestinationName,
         messages: &[OutgoingMessage],
     ) -> Result<Vec<EntryFailure>, PublishError>;
+
+    /// The bytes `message` counts against the destination's per-call size limit
+    /// ([`crate::publish::MAX_BATCH_BYTES`]): by default SQS's and SNS's measure (body,
+    /// attribute names and values); an EventBridge bus counts its entry instead.
+    fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
+        let _ = destination;
+        message.payload_bytes()
+    }
 }

@@ -106,6 +106,36 @@ pub struct Message {
     pub attributes: BTreeMap<String, String>,
     /// The FIFO message group; FIFO destinations use the transaction id when it is unset.
     pub group_id: Option<String>,
+    /// On an EventBridge bus, the event's `Source` and `DetailType` (see
+    /// [`Message::with_event`]); other destinations ignore it.
+    pub event: Option<EventType>,
+}
+
+/// What names an event on an EventBridge bus: its `Source` (the emitting service, such as
+/// `com.example.orders`) and its `DetailType` (what happened, such as `OrderPlaced`).
+/// Rules match on both.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventType {
+    /// `Source`: 1 to 256 characters; `aws.` prefixes are AWS's own.
+    pub source: String,
+    /// `DetailType`: 1 to 128 characters.
+    pub detail_type: String,
+}
+
+impl EventType {
+    /// The `Source` of an event whose message did not name one.
+    pub const DEFAULT_SOURCE: &'static str = "outbox";
+    /// The `DetailType` of an event whose message did not name one.
+    pub const DEFAULT_DETAIL_TYPE: &'static str = "outbox-message";
+}
+
+impl Default for EventType {
+    fn default() -> Self {
+        Self {
+            source: Self::DEFAULT_SOURCE.to_owned(),
+            detail_type: Self::DEFAULT_DETAIL_TYPE.to_owned(),
+        }
+    }
 }
 
 impl Message {
@@ -116,6 +146,7 @@ impl Message {
             body: serde_json::to_string(body)?,
             attributes: BTreeMap::new(),
             group_id: None,
+            event: None,
         })
     }
 
@@ -128,6 +159,17 @@ impl Message {
     /// Sets the FIFO message group.
     pub fn with_group_id(mut self, group_id: impl Into<String>) -> Self {
         self.group_id = Some(group_id.into());
+        self
+    }
+
+    /// Names the event on an EventBridge bus: `Source` and `DetailType`. Unset, a bus
+    /// gets [`EventType::DEFAULT_SOURCE`] and [`EventType::DEFAULT_DETAIL_TYPE`]; queues
+    /// and topics ignore it.
+    pub fn with_event(mut self, source: impl Into<String>, detail_type: impl Into<String>) -> Self {
+        self.event = Some(EventType {
+            source: source.into(),
+            detail_type: detail_type.into(),
+        });
         self
     }
 }
@@ -149,6 +191,10 @@ pub struct OutgoingMessage {
     /// FIFO message group, when the emitter chose one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_id: Option<String>,
+    /// The event's `Source` and `DetailType` on an EventBridge bus, when the emitter named
+    /// them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<EventType>,
 }
 
 impl OutgoingMessage {
@@ -161,7 +207,13 @@ impl OutgoingMessage {
             body: message.body,
             attributes: message.attributes,
             group_id: message.group_id,
+            event: message.event,
         }
+    }
+
+    /// Its `Source` and `DetailType` on an EventBridge bus: the emitter's, or the defaults.
+    pub fn event_type(&self) -> EventType {
+        self.event.clone().unwrap_or_default()
     }
 
     /// The FIFO group this message goes in: the chosen one, or its transaction.
@@ -212,10 +264,22 @@ mod tests {
         let message = Message::json("events".parse().unwrap(), &serde_json::json!({"type": "OrderPlaced"}))
             .unwrap()
             .with_attribute("type", "OrderPlaced")
-            .with_group_id("order-1");
+            .with_group_id("order-1")
+            .with_event("com.example.orders", "OrderPlaced");
         let outgoing = OutgoingMessage::new(txn, 2, message);
         let text = serde_json::to_string(&outgoing).unwrap();
         assert_eq!(serde_json::from_str::<OutgoingMessage>(&text).unwrap(), outgoing);
         assert_eq!(outgoing.fifo_group(), "order-1");
+        assert_eq!(outgoing.event_type().detail_type, "OrderPlaced");
+    }
+
+    #[test]
+    fn records_written_before_events_had_a_type_still_read_and_get_the_defaults() {
+        let txn = TxnId::from_parts(Timestamp::from_millis(5), [3; 10]);
+        let text = format!(r#"{{"id":"{txn}:0","txn_id":"{txn}","destination":"events","body":"{{}}"}}"#);
+        let outgoing: OutgoingMessage = serde_json::from_str(&text).unwrap();
+        assert_eq!(outgoing.event, None);
+        assert_eq!(outgoing.event_type(), EventType::default());
+        assert!(!serde_json::to_string(&outgoing).unwrap().contains(r#""event""#));
     }
 }

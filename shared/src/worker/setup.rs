@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::aws::SdkConfig;
-use crate::aws::{load_sdk_config, AwsClients, DynamoStore, SqsControlQueue, SqsPublisher};
+use crate::aws::{load_sdk_config, AwsClients, AwsPublisher, DynamoStore, SqsControlQueue};
 use crate::control::{ControlPath, ControlPorts};
 use crate::ports::{Clock, SystemClock};
 use crate::settings::{vars, Backend, Settings};
@@ -60,7 +60,7 @@ impl Worker {
                 clock.clone(),
             )),
             control_queue: control_queue.clone(),
-            publisher: Arc::new(SqsPublisher::new(clients.sqs.clone(), settings.destinations.clone())),
+            publisher: Arc::new(AwsPublisher::new(clients.clone(), settings.destinations.clone())),
             clock: clock.clone(),
         };
         Ok(Self {

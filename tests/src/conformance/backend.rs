@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use outbox::aws::{bootstrap, AwsClients, DynamoStore, ResourceNames, SqsControlQueue, SqsPublisher, TableLayout};
+use outbox::aws::{
+    bootstrap, AwsClients, AwsPublisher, DestinationResource, DynamoStore, ResourceNames, SqsControlQueue, TableLayout,
+};
+use outbox::destination::Target;
 use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock, CONTROL_VISIBILITY_TIMEOUT};
 use outbox::ports::{ControlInbox, ControlQueue, Publisher, RandomIds, Store};
@@ -18,21 +21,62 @@ use outbox::time::Timestamp;
 use crate::emulator::{emulator, unique_name};
 use crate::single_table::{create_single_table, single_table_layout};
 
-/// A message as it reached a destination.
+/// A message as it reached a destination's queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivered {
-    /// Its body.
+    /// Its body as it arrived (for a bus, the event).
     pub body: String,
-    /// Its stable id attribute.
+    /// Its stable id: an attribute, or for a bus in the event's detail.
     pub message_id: Option<String>,
-    /// Its transaction id attribute.
+    /// Its transaction id: an attribute, or for a bus in the event's detail.
     pub txn_id: Option<String>,
+    /// For a bus, the event's `source`, `detail-type` and `detail.data`.
+    pub event: Option<DeliveredEvent>,
+}
+
+/// What of an event a rule's queue target received the outbox set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveredEvent {
+    /// `source`.
+    pub source: String,
+    /// `detail-type`.
+    pub detail_type: String,
+    /// `detail.data`: the message's body.
+    pub data: serde_json::Value,
+}
+
+impl Delivered {
+    /// A message that arrived with `body` and `attributes`, from a bus or not.
+    fn new(body: String, attribute: impl Fn(&str) -> Option<String>, from_bus: bool) -> Self {
+        if !from_bus {
+            return Self {
+                message_id: attribute(MESSAGE_ID_ATTRIBUTE),
+                txn_id: attribute(TXN_ID_ATTRIBUTE),
+                body,
+                event: None,
+            };
+        }
+        let event: serde_json::Value = serde_json::from_str(&body).expect("a bus delivers a JSON event");
+        let metadata = |name: &str| event["detail"]["metadata"][name].as_str().map(str::to_owned);
+        let text = |name: &str| event[name].as_str().expect("the event names it").to_owned();
+        Self {
+            message_id: metadata(MESSAGE_ID_ATTRIBUTE),
+            txn_id: metadata(TXN_ID_ATTRIBUTE),
+            event: Some(DeliveredEvent {
+                source: text("source"),
+                detail_type: text("detail-type"),
+                data: event["detail"]["data"].clone(),
+            }),
+            body,
+        }
+    }
 }
 
 enum Queues {
     Embedded(EmbeddedBackend),
     Aws {
         sqs: aws_sdk_sqs::Client,
+        /// Each destination's queue.
         destinations: BTreeMap<DestinationName, String>,
     },
 }
@@ -49,10 +93,13 @@ pub struct Backend {
     pub control_queue: Arc<dyn ControlQueue>,
     /// The control queue, receiving side.
     pub inbox: Arc<dyn ControlInbox>,
-    /// The publisher, to `events` (standard) and `audit` (FIFO).
+    /// The publisher, to `events` (a standard queue), `audit` (a FIFO queue), `fanout`
+    /// (a topic) and `bus` (a bus).
     pub publisher: Arc<dyn Publisher>,
     /// The control queue's visibility timeout.
     pub visibility_timeout: Duration,
+    /// Each destination's target: on AWS the real ones, embedded stand-ins.
+    pub targets: BTreeMap<DestinationName, Target>,
     queues: Queues,
 }
 
@@ -66,6 +113,34 @@ pub fn audit() -> DestinationName {
     "audit".parse().expect("valid")
 }
 
+/// The SNS topic destination every backend has; on AWS a queue subscribes to it with raw
+/// message delivery.
+pub fn fanout() -> DestinationName {
+    "fanout".parse().expect("valid")
+}
+
+/// The EventBridge bus destination every backend has; on AWS a rule sends its events to a
+/// queue.
+pub fn bus() -> DestinationName {
+    "bus".parse().expect("valid")
+}
+
+/// The destinations of the embedded backend: every kind, with stand-in addresses.
+fn embedded_targets() -> BTreeMap<DestinationName, Target> {
+    let parse = |text: &str| Target::parse(text).expect("valid target").target;
+    [
+        (events(), parse("sqs:https://sqs.us-east-1.amazonaws.com/123456789012/events")),
+        (
+            audit(),
+            parse("sqs-fifo:https://sqs.us-east-1.amazonaws.com/123456789012/audit.fifo"),
+        ),
+        (fanout(), parse("sns:arn:aws:sns:us-east-1:123456789012:fanout")),
+        (bus(), parse("eventbridge:bus")),
+    ]
+    .into_iter()
+    .collect()
+}
+
 fn start_clock() -> Arc<ManualClock> {
     Arc::new(ManualClock::new(Timestamp::from_system_time(
         std::time::SystemTime::now(),
@@ -76,8 +151,10 @@ impl Backend {
     /// The embedded backend.
     pub fn embedded() -> Self {
         let clock = start_clock();
-        let backend = EmbeddedBackend::new(clock.clone(), [(events(), false), (audit(), true)]);
+        let targets = embedded_targets();
+        let backend = EmbeddedBackend::for_targets(clock.clone(), &targets);
         Self {
+            targets,
             name: "embedded",
             store: backend.store.clone(),
             control_queue: backend.control_queue.clone(),
@@ -121,7 +198,28 @@ impl Backend {
         if let Some(layout) = layout {
             names.layout = layout;
         }
-        names.destinations.push((audit(), format!("{prefix}-audit.fifo")));
+        names.destinations.extend([
+            (
+                audit(),
+                DestinationResource::Queue {
+                    queue: format!("{prefix}-audit.fifo"),
+                },
+            ),
+            (
+                fanout(),
+                DestinationResource::Topic {
+                    topic: format!("{prefix}-fanout"),
+                    queue: format!("{prefix}-fanout"),
+                },
+            ),
+            (
+                bus(),
+                DestinationResource::Bus {
+                    bus: format!("{prefix}-bus"),
+                    queue: format!("{prefix}-bus"),
+                },
+            ),
+        ]);
         names.control_visibility_timeout = Duration::from_secs(2);
         let resources = bootstrap(&clients, &names).await.expect("bootstrap on the emulator");
         let clock = start_clock();
@@ -138,12 +236,13 @@ impl Backend {
             )),
             control_queue: control.clone(),
             inbox: control,
-            publisher: Arc::new(SqsPublisher::new(clients.sqs.clone(), resources.destinations.clone())),
+            publisher: Arc::new(AwsPublisher::new(clients.clone(), resources.destinations.clone())),
             visibility_timeout: names.control_visibility_timeout,
             clock,
+            targets: resources.destinations,
             queues: Queues::Aws {
                 sqs: clients.sqs,
-                destinations: resources.destinations,
+                destinations: resources.delivery_queues,
             },
         }
     }
@@ -231,9 +330,10 @@ impl Backend {
         panic!("transaction {txn_id} was not settled after 10 control messages")
     }
 
-    /// Receives and deletes everything now visible on `destination`.
+    /// Receives and deletes everything now visible on `destination`'s queue.
     pub async fn drain(&self, destination: &DestinationName) -> Vec<Delivered> {
         let mut delivered = Vec::new();
+        let from_bus = matches!(self.targets.get(destination), Some(Target::EventBus { .. }));
         match &self.queues {
             Queues::Embedded(backend) => {
                 let queue = backend.publisher.queue(destination).expect("configured destination");
@@ -244,11 +344,12 @@ impl Backend {
                     }
                     for message in batch {
                         queue.delete(&message.receipt);
-                        delivered.push(Delivered {
-                            body: message.body,
-                            message_id: message.attributes.get(MESSAGE_ID_ATTRIBUTE).cloned(),
-                            txn_id: message.attributes.get(TXN_ID_ATTRIBUTE).cloned(),
-                        });
+                        let attributes = message.attributes;
+                        delivered.push(Delivered::new(
+                            message.body,
+                            |name| attributes.get(name).cloned(),
+                            from_bus,
+                        ));
                     }
                 }
             }
@@ -281,11 +382,11 @@ impl Backend {
                                 .and_then(|value| value.string_value())
                                 .map(str::to_owned)
                         };
-                        delivered.push(Delivered {
-                            body: message.body().unwrap_or_default().to_owned(),
-                            message_id: attribute(MESSAGE_ID_ATTRIBUTE),
-                            txn_id: attribute(TXN_ID_ATTRIBUTE),
-                        });
+                        delivered.push(Delivered::new(
+                            message.body().unwrap_or_default().to_owned(),
+                            attribute,
+                            from_bus,
+                        ));
                     }
                 }
             }

@@ -7,7 +7,7 @@
 mod backend;
 pub mod cases;
 
-pub use backend::{audit, events, Backend, Delivered};
+pub use backend::{audit, bus, events, fanout, Backend, Delivered, DeliveredEvent};
 
 /// Declares one `#[tokio::test]` per conformance case, each on a fresh backend built by
 /// the given expression.

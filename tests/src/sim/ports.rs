@@ -228,6 +228,10 @@ impl Publisher for GatedPublisher {
             Fault::Fail => unavailable("publish refused"),
         }
     }
+
+    fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
+        self.inner.entry_bytes(destination, message)
+    }
 }
 
 /// An actor's clock: the simulation's clock plus the actor's skew. Sleeping is a
