@@ -4,13 +4,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use outbox::control::{ControlOutcome, ControlPath};
 use outbox::ports::ExpectedVersion;
+use outbox::protocol::DestinationName;
 use outbox::protocol::{ControlMessage, Message, TxnId};
 use outbox::request::{InlineDispatch, Settlement};
 use outbox::settings::Timing;
+use outbox::worker::lambda::handle_event;
 use outbox_tests::calls::CallCounter;
-use outbox_tests::conformance::Backend;
+use outbox_tests::conformance::{bus, events, fanout, Backend};
 use outbox_tests::emulator::emulator;
 use serde_json::json;
 
@@ -116,6 +119,88 @@ async fn dispatching_a_transaction_of_ten_messages_takes_one_read_one_send_and_o
         counts(&[("BatchGetItem", 1), ("BatchWriteItem", 1), ("SendMessageBatch", 1)])
     );
     assert_eq!(backend.drain(&"events".parse().unwrap()).await.len(), 10);
+}
+
+/// End to end through the control worker's Lambda handler: one transaction emits ten
+/// messages to each kind of destination (an SQS queue, an SNS topic a queue subscribes
+/// to, an EventBridge bus whose rule targets a queue); its control message, handled as
+/// the control queue's SQS event, publishes each ten in one batch call, and every message
+/// arrives on its kind's queue with its stable id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_messages_to_each_kind_of_destination_take_one_batch_call_each_and_arrive_with_their_ids() {
+    let counter = CallCounter::default();
+    let backend = Backend::aws_with(counter.clients(&emulator().sdk_config().await)).await;
+    let timing = Timing::default();
+    let outbox = backend.outbox(timing);
+    let control = backend.control(timing);
+    let kinds = [events(), fanout(), bus()];
+    let mut txn = outbox.begin().await.expect("begin");
+    let mut emitted: BTreeMap<DestinationName, Vec<String>> = BTreeMap::new();
+    for destination in &kinds {
+        for n in 0..10 {
+            let message = Message::json(destination.clone(), &json!({"n": n}))
+                .unwrap()
+                .with_event("com.example.test", "Counted");
+            emitted
+                .entry(destination.clone())
+                .or_default()
+                .push(txn.emit(message).to_string());
+        }
+    }
+    let committed = txn.commit().await.expect("commit");
+    backend.wait(timing.first_check_delay).await;
+    let deliveries = backend
+        .inbox
+        .receive(10, Duration::from_secs(2))
+        .await
+        .expect("receive");
+    assert_eq!(deliveries.len(), 1);
+    assert_eq!(
+        ControlMessage::decode(&deliveries[0].body).unwrap().txn_id,
+        committed.txn_id
+    );
+    let mut event = SqsEvent::default();
+    let mut record = SqsMessage::default();
+    record.message_id = Some(deliveries[0].message_id.clone());
+    record.body = Some(deliveries[0].body.clone());
+    event.records.push(record);
+    counter.reset();
+
+    let response = handle_event(&control, backend.inbox.as_ref(), backend.clock.as_ref(), event).await;
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    let seen = counter.counts();
+    println!("control worker calls for one transaction of 10 messages to each of an SQS queue, an SNS topic and an EventBridge bus: {seen:?}");
+    assert_eq!(
+        seen,
+        counts(&[
+            ("BatchGetItem", 1),
+            ("BatchWriteItem", 1),
+            ("PublishBatch", 1),
+            ("PutEvents", 1),
+            ("SendMessageBatch", 1)
+        ])
+    );
+    for destination in &kinds {
+        let delivered = backend.drain(destination).await;
+        let mut ids: Vec<String> = delivered
+            .iter()
+            .map(|message| message.message_id.clone().expect("a stable id"))
+            .collect();
+        ids.sort();
+        let mut expected = emitted[destination].clone();
+        expected.sort();
+        println!(
+            "{destination} ({}): {} arrived, stable ids {} .. {}",
+            backend.targets[destination],
+            delivered.len(),
+            ids[0],
+            ids[ids.len() - 1]
+        );
+        assert_eq!(ids, expected, "{destination}: each message once, with its stable id");
+        assert!(delivered
+            .iter()
+            .all(|message| message.txn_id.as_deref() == Some(committed.txn_id.to_string().as_str())));
+    }
 }
 
 /// Runs the control path on transaction `txn_id`'s control messages as they come due,

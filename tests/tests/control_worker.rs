@@ -12,8 +12,8 @@ use outbox::aws::{
     bootstrap, redrive, AwsClients, AwsPublisher, DestinationResource, DynamoStore, ResourceNames, SqsControlQueue,
     TableLayout,
 };
-use outbox::destination::Target;
 use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
+use outbox::destination::Target;
 use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::poller;
 use outbox::ports::{Clock, CommitRequest, ControlDelivery, ControlInbox, QueueError, RandomIds, Store, SystemClock};
@@ -283,14 +283,12 @@ async fn a_poison_message_reaches_the_dead_letter_queue_and_is_dispatched_after_
     let mut names = ResourceNames::for_stack(&unique_name("poison"));
     names.control_visibility_timeout = Duration::from_secs(1);
     names.max_receive_count = 2;
-    names
-        .destinations
-        .push((
-            "audit".parse().unwrap(),
-            DestinationResource::Queue {
-                queue: format!("{}-audit", names.control_queue),
-            },
-        ));
+    names.destinations.push((
+        "audit".parse().unwrap(),
+        DestinationResource::Queue {
+            queue: format!("{}-audit", names.control_queue),
+        },
+    ));
     let resources = bootstrap(&clients, &names).await.unwrap();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let control_queue = Arc::new(SqsControlQueue::new(

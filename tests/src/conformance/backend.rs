@@ -9,8 +9,8 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use outbox::aws::{
     bootstrap, AwsClients, AwsPublisher, DestinationResource, DynamoStore, ResourceNames, SqsControlQueue, TableLayout,
 };
-use outbox::destination::Target;
 use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
+use outbox::destination::Target;
 use outbox::embedded::{EmbeddedBackend, ManualClock, CONTROL_VISIBILITY_TIMEOUT};
 use outbox::ports::{ControlInbox, ControlQueue, Publisher, RandomIds, Store};
 use outbox::protocol::{ControlMessage, DestinationName, TxnId, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
@@ -129,7 +129,10 @@ pub fn bus() -> DestinationName {
 fn embedded_targets() -> BTreeMap<DestinationName, Target> {
     let parse = |text: &str| Target::parse(text).expect("valid target").target;
     [
-        (events(), parse("sqs:https://sqs.us-east-1.amazonaws.com/123456789012/events")),
+        (
+            events(),
+            parse("sqs:https://sqs.us-east-1.amazonaws.com/123456789012/events"),
+        ),
         (
             audit(),
             parse("sqs-fifo:https://sqs.us-east-1.amazonaws.com/123456789012/audit.fifo"),

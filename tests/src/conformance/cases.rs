@@ -12,7 +12,7 @@ use outbox::protocol::{
 use outbox::time::Timestamp;
 use serde_json::{json, Value};
 
-use super::backend::{audit, events, Backend};
+use super::backend::{audit, bus, events, fanout, Backend};
 
 const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -548,4 +548,64 @@ pub async fn an_unknown_destination_is_refused(b: &Backend) {
         "{result:?}"
     );
     assert_eq!(b.destination_depth(&events()).await, 0);
+}
+
+/// Messages published to a topic arrive on its subscribed queue with their bodies, their
+/// own attributes, stable ids and transaction ids.
+pub async fn messages_to_a_topic_arrive_with_their_ids(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let sent: Vec<OutgoingMessage> = [json!({"n": 0}), json!({"n": 1})]
+        .iter()
+        .enumerate()
+        .map(|(n, body)| {
+            let message = Message::json(fanout(), body).unwrap().with_attribute("type", "Fanned");
+            OutgoingMessage::new(txn, n as u32, message)
+        })
+        .collect();
+    let failures = b.publisher.send_batch(&fanout(), &sent).await.expect("publish");
+    assert!(failures.is_empty(), "{failures:?}");
+    let mut delivered = b.drain(&fanout()).await;
+    delivered.sort_by(|a, b| a.message_id.cmp(&b.message_id));
+    assert_eq!(delivered.len(), 2, "{}", b.name);
+    for (message, arrived) in sent.iter().zip(&delivered) {
+        assert_eq!(arrived.body, message.body, "{}: raw message delivery", b.name);
+        assert_eq!(arrived.message_id.as_deref(), Some(message.id.as_str()));
+        assert_eq!(arrived.txn_id, Some(txn.to_string()));
+        assert_eq!(arrived.event, None);
+    }
+}
+
+/// Events put on a bus reach its rule's queue as events: `source` and `detail-type` the
+/// message's (or the defaults), the body under `detail.data`, and the stable id and
+/// transaction id under `detail.metadata`.
+pub async fn events_on_a_bus_arrive_with_their_ids_and_type(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let named = Message::json(bus(), &json!({"order_id": "o-1"}))
+        .unwrap()
+        .with_event("com.example.orders", "OrderPlaced");
+    let unnamed = Message::json(bus(), &json!(["a", 1])).unwrap();
+    let sent = vec![
+        OutgoingMessage::new(txn, 0, named),
+        OutgoingMessage::new(txn, 1, unnamed),
+    ];
+    let failures = b.publisher.send_batch(&bus(), &sent).await.expect("put events");
+    assert!(failures.is_empty(), "{failures:?}");
+    let mut delivered = b.drain(&bus()).await;
+    delivered.sort_by(|a, b| a.message_id.cmp(&b.message_id));
+    assert_eq!(delivered.len(), 2, "{}", b.name);
+    let expected = [
+        ("com.example.orders", "OrderPlaced", json!({"order_id": "o-1"})),
+        ("outbox", "outbox-message", json!(["a", 1])),
+    ];
+    for ((message, arrived), (source, detail_type, data)) in sent.iter().zip(&delivered).zip(expected) {
+        assert_eq!(arrived.message_id.as_deref(), Some(message.id.as_str()), "{}", b.name);
+        assert_eq!(arrived.txn_id, Some(txn.to_string()));
+        let event = arrived.event.as_ref().expect("an event");
+        assert_eq!(
+            (event.source.as_str(), event.detail_type.as_str(), &event.data),
+            (source, detail_type, &data),
+            "{}",
+            b.name
+        );
+    }
 }

@@ -31,7 +31,9 @@ macro_rules! conformance_suite {
             an_unacknowledged_control_message_comes_back,
             published_messages_carry_their_ids,
             a_redelivered_dispatch_to_a_fifo_destination_is_deduplicated,
-            an_unknown_destination_is_refused
+            an_unknown_destination_is_refused,
+            messages_to_a_topic_arrive_with_their_ids,
+            events_on_a_bus_arrive_with_their_ids_and_type
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {
