@@ -62,6 +62,8 @@ pub struct Parts {
     pub state: AppState,
     /// The embedded backend's control worker.
     pub worker: Option<tokio::task::JoinHandle<()>>,
+    /// The embedded backend, when it is the one: its destinations can be read.
+    pub embedded: Option<EmbeddedBackend>,
 }
 
 /// Builds the state for `settings`.
@@ -73,12 +75,10 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
             // Every destination the settings name, whatever its kind, plus `events` (the
             // orders' destination) when they name none.
             let mut destinations = settings.destinations.clone();
-            destinations
-                .entry(events.clone())
-                .or_insert_with(|| Target::SqsQueue {
-                    url: "embedded://events".into(),
-                    fifo: false,
-                });
+            destinations.entry(events.clone()).or_insert_with(|| Target::SqsQueue {
+                url: "embedded://events".into(),
+                fifo: false,
+            });
             let backend = EmbeddedBackend::for_targets(clock.clone(), &destinations);
             let publisher: Arc<dyn Publisher> = Arc::new(LoggingPublisher {
                 inner: backend.publisher.clone(),
@@ -111,6 +111,7 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                     events,
                 },
                 worker: Some(worker),
+                embedded: Some(backend),
             }
         }
         Backend::Aws {
@@ -142,6 +143,7 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                     events,
                 },
                 worker: None,
+                embedded: None,
             }
         }
     }

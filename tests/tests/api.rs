@@ -1310,3 +1310,39 @@ async fn a_transaction_begun_through_the_scope_records_its_commit_however_it_is_
     }
     assert_answered_outcome_unknown(stalled_commit_app(handler)).await;
 }
+
+/// `cargo run -p api` with its destination set to an EventBridge bus runs on the embedded
+/// backend unchanged: each order's event lands as a rule's queue target would get it,
+/// with the orders' `source`, its name as `detail-type`, and its stable id in the detail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_api_runs_with_an_eventbridge_destination_and_names_its_events() {
+    use outbox::settings::{vars, Settings};
+
+    let settings =
+        Settings::from_lookup(|name| (name == vars::DESTINATIONS).then(|| "events=eventbridge:orders".to_owned()))
+            .expect("valid settings");
+    let parts = api::runtime::start(&settings, std::future::pending()).await;
+    let embedded = parts.embedded.clone().expect("the embedded backend");
+    let router = router(parts.state, &api::runtime::http_config(&settings));
+    let response = router
+        .oneshot(json_request(Method::POST, "/orders", &new_order()))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let txn = response.headers()["x-transaction-id"].to_str().unwrap().to_owned();
+    let queue = embedded
+        .publisher
+        .queue(&events())
+        .expect("the events destination")
+        .clone();
+    // Published inline (the default) before the answer; the worker is the safety net.
+    let sent = queue.sent();
+    assert_eq!(sent.len(), 1, "one event");
+    let event: Value = serde_json::from_str(&sent[0].request.body).unwrap();
+    assert_eq!(event["source"], api::orders::handlers::EVENT_SOURCE);
+    assert_eq!(event["detail-type"], "OrderPlaced");
+    assert_eq!(event["detail"]["metadata"]["outbox-message-id"], format!("{txn}:0"));
+    assert_eq!(event["detail"]["metadata"]["event-type"], "OrderPlaced");
+    assert_eq!(event["detail"]["data"]["type"], "OrderPlaced");
+    parts.worker.expect("the in-process worker").abort();
+}

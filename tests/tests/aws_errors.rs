@@ -74,3 +74,503 @@ async fn an_internal_error_may_have_committed() {
     let internal = commit_answered_with(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError").await;
     assert!(matches!(internal, CommitError::Ambiguous(_)), "{internal:?}");
 }
+
+// Publishing to SNS topics and EventBridge buses, through the real SDK clients: a stub
+// endpoint on loopback answers each `PublishBatch` (awsQuery: a form-encoded request, an
+// XML answer) or `PutEvents` (JSON 1.1) with per-entry failures, and `publish_all` must
+// retry exactly the entries that failed for a reason that may pass, and report the ones
+// refused as the sender's fault.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use aws_sdk_sns::config::SharedCredentialsProvider;
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use outbox::aws::{AwsClients, AwsPublisher};
+use outbox::destination::Target;
+use outbox::ports::SystemClock;
+use outbox::protocol::{DestinationName, Message, OutgoingMessage};
+use outbox::publish::{publish_all, PublishFailure, PublishReport, RetryPolicy};
+use serde_json::{json, Value};
+
+/// One request the stub received.
+struct Received {
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// A loopback endpoint that records every request and answers the `n`th (from 0) with
+/// `answer(n, body)`, as `content_type`.
+struct Stub {
+    endpoint: String,
+    requests: Arc<Mutex<Vec<Received>>>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Stub {
+    async fn start(
+        content_type: &'static str,
+        answer: impl Fn(usize, &[u8]) -> String + Send + Sync + 'static,
+    ) -> Self {
+        let requests: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let answer = Arc::new(answer);
+        let recorded = requests.clone();
+        let app = axum::Router::new().fallback(move |headers: HeaderMap, body: Bytes| {
+            let recorded = recorded.clone();
+            let answer = answer.clone();
+            async move {
+                let call = {
+                    let mut requests = recorded.lock().unwrap();
+                    requests.push(Received {
+                        headers,
+                        body: body.clone(),
+                    });
+                    requests.len() - 1
+                };
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, content_type)],
+                    answer(call, &body),
+                )
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        Self {
+            endpoint,
+            requests,
+            server,
+        }
+    }
+
+    /// Every client pointed at the stub.
+    fn clients(&self) -> AwsClients {
+        let config = aws_config::SdkConfig::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
+                "test", "test", None, None, "stub",
+            )))
+            .endpoint_url(&self.endpoint)
+            .build();
+        AwsClients::new(&config)
+    }
+
+    fn bodies(&self) -> Vec<Bytes> {
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|request| request.body.clone())
+            .collect()
+    }
+
+    fn header(&self, call: usize, name: &str) -> Option<String> {
+        let requests = self.requests.lock().unwrap();
+        requests[call]
+            .headers
+            .get(name)
+            .map(|value| value.to_str().unwrap().to_owned())
+    }
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Retries soon, so that the tests do not wait.
+const QUICK: RetryPolicy = RetryPolicy {
+    attempts: 3,
+    base_delay: Duration::from_millis(1),
+    max_delay: Duration::from_millis(5),
+};
+
+fn destination() -> DestinationName {
+    "events".parse().unwrap()
+}
+
+/// `count` messages of one transaction to [`destination`], each passed through `shape`.
+fn outgoing(count: u32, shape: impl Fn(u32, Message) -> Message) -> Vec<OutgoingMessage> {
+    let txn = outbox::protocol::TxnId::new_v7();
+    (0..count)
+        .map(|position| {
+            let message = Message::json(destination(), &json!({"order_id": format!("o-{position}")})).unwrap();
+            OutgoingMessage::new(txn, position, shape(position, message))
+        })
+        .collect()
+}
+
+async fn publish(stub: &Stub, target: Target, messages: &[OutgoingMessage]) -> PublishReport {
+    let publisher = AwsPublisher::new(stub.clients(), BTreeMap::from([(destination(), target)]));
+    let refs: Vec<&OutgoingMessage> = messages.iter().collect();
+    publish_all(&publisher, &SystemClock, &refs, QUICK).await
+}
+
+// --- EventBridge ---------------------------------------------------------------------
+
+const BUS: &str = "orders-bus";
+
+/// A `PutEvents` answer: one result entry per element of `results` (`None` accepted,
+/// `Some(code)` failed with that code).
+fn put_events_answer(failed_entry_count: usize, results: &[Option<&str>]) -> String {
+    let entries: Vec<Value> = results
+        .iter()
+        .enumerate()
+        .map(|(index, result)| match result {
+            None => json!({"EventId": format!("event-{index}")}),
+            Some(code) => json!({"ErrorCode": code, "ErrorMessage": format!("stubbed {code}")}),
+        })
+        .collect();
+    json!({"FailedEntryCount": failed_entry_count, "Entries": entries}).to_string()
+}
+
+/// The entries of a recorded `PutEvents` request.
+fn put_events_entries(body: &[u8]) -> Vec<Value> {
+    let request: Value = serde_json::from_slice(body).expect("PutEvents sends JSON");
+    request["Entries"].as_array().expect("an Entries array").clone()
+}
+
+/// The stable id in an entry's `Detail`.
+fn detail_message_id(entry: &Value) -> String {
+    let detail: Value =
+        serde_json::from_str(entry["Detail"].as_str().expect("Detail is a string")).expect("Detail is JSON");
+    detail["metadata"]["outbox-message-id"]
+        .as_str()
+        .expect("metadata.outbox-message-id")
+        .to_owned()
+}
+
+/// A stub bus whose first answer is `first` and whose later answers accept every entry.
+async fn bus_answering_first(first: String) -> Stub {
+    Stub::start("application/x-amz-json-1.1", move |call, body| {
+        if call == 0 {
+            first.clone()
+        } else {
+            put_events_answer(0, &vec![None; put_events_entries(body).len()])
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn eventbridge_retries_a_throttled_entry_alone_and_reports_a_malformed_one_as_refused() {
+    let stub = bus_answering_first(put_events_answer(
+        2,
+        &[None, Some("ThrottlingException"), Some("MalformedDetail")],
+    ))
+    .await;
+    let messages = outgoing(3, |_, message| message.with_event("shop.orders", "OrderPlaced"));
+    let report = publish(
+        &stub,
+        Target::EventBus {
+            name_or_arn: BUS.into(),
+        },
+        &messages,
+    )
+    .await;
+
+    let bodies = stub.bodies();
+    assert_eq!(report.calls, 2, "one call, then one retry");
+    assert_eq!(bodies.len(), 2, "the SDK sent exactly the calls publish_all counted");
+    for call in 0..2 {
+        assert_eq!(
+            stub.header(call, "x-amz-target").as_deref(),
+            Some("AWSEvents.PutEvents")
+        );
+    }
+
+    let first = put_events_entries(&bodies[0]);
+    assert_eq!(first.len(), 3);
+    for (entry, message) in first.iter().zip(&messages) {
+        assert_eq!(entry["EventBusName"], BUS);
+        assert_eq!(entry["Source"], "shop.orders");
+        assert_eq!(entry["DetailType"], "OrderPlaced");
+        assert_eq!(detail_message_id(entry), message.id.as_str(), "in request order");
+    }
+
+    let second = put_events_entries(&bodies[1]);
+    assert_eq!(second.len(), 1, "only the throttled entry is sent again: {second:?}");
+    assert_eq!(detail_message_id(&second[0]), messages[1].id.as_str());
+    assert_eq!(second[0]["EventBusName"], BUS);
+
+    assert_eq!(
+        report.failed,
+        BTreeMap::from([(
+            messages[2].id.clone(),
+            PublishFailure::Refused {
+                code: "MalformedDetail".into()
+            }
+        )]),
+        "the malformed entry is refused, not retried; the others went"
+    );
+}
+
+#[tokio::test]
+async fn eventbridge_entries_the_answer_leaves_out_are_retried() {
+    let stub = bus_answering_first(put_events_answer(0, &[None])).await;
+    let messages = outgoing(3, |_, message| message);
+    let report = publish(
+        &stub,
+        Target::EventBus {
+            name_or_arn: BUS.into(),
+        },
+        &messages,
+    )
+    .await;
+
+    let bodies = stub.bodies();
+    assert_eq!(report.calls, 2);
+    assert_eq!(bodies.len(), 2);
+    assert_eq!(put_events_entries(&bodies[0]).len(), 3);
+    let retried: Vec<String> = put_events_entries(&bodies[1]).iter().map(detail_message_id).collect();
+    assert_eq!(
+        retried,
+        [messages[1].id.as_str(), messages[2].id.as_str()],
+        "the two entries with no result are sent again, and only they"
+    );
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+}
+
+#[tokio::test]
+async fn eventbridge_a_failure_count_that_names_no_failed_entry_retries_every_entry() {
+    let stub = bus_answering_first(put_events_answer(1, &[None, None, None])).await;
+    let messages = outgoing(3, |_, message| message);
+    let report = publish(
+        &stub,
+        Target::EventBus {
+            name_or_arn: BUS.into(),
+        },
+        &messages,
+    )
+    .await;
+
+    let bodies = stub.bodies();
+    assert_eq!(report.calls, 2);
+    let retried: Vec<String> = put_events_entries(&bodies[1]).iter().map(detail_message_id).collect();
+    assert_eq!(
+        retried,
+        messages.iter().map(|message| message.id.as_str()).collect::<Vec<_>>(),
+        "which entry failed is unknown, so every one is sent again"
+    );
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+}
+
+// --- SNS -------------------------------------------------------------------------------
+
+const TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:events";
+const FIFO_TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:t.fifo";
+
+/// Decodes one `application/x-www-form-urlencoded` component.
+fn url_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'+' => {
+                out.push(b' ');
+                at += 1;
+            }
+            b'%' => {
+                let hex = std::str::from_utf8(&bytes[at + 1..at + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).expect("a percent escape"));
+                at += 3;
+            }
+            byte => {
+                out.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8(out).expect("UTF-8")
+}
+
+/// A recorded awsQuery request, decoded: its parameters by name.
+fn form(body: &[u8]) -> BTreeMap<String, String> {
+    std::str::from_utf8(body)
+        .expect("a form is text")
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (url_decode(name), url_decode(value))
+        })
+        .collect()
+}
+
+/// The `Id`s of a `PublishBatch` request's entries, in order.
+fn entry_ids(form: &BTreeMap<String, String>) -> Vec<String> {
+    (1..)
+        .map_while(|member| {
+            form.get(&format!("PublishBatchRequestEntries.member.{member}.Id"))
+                .cloned()
+        })
+        .collect()
+}
+
+/// The string value of message attribute `name` on entry `member` (from 1); the SDK
+/// writes the attribute map in no set order.
+fn sns_attribute(form: &BTreeMap<String, String>, member: usize, name: &str) -> Option<String> {
+    let prefix = format!("PublishBatchRequestEntries.member.{member}.MessageAttributes.entry.");
+    let key = form
+        .iter()
+        .find(|(key, value)| key.starts_with(&prefix) && key.ends_with(".Name") && value.as_str() == name)?
+        .0;
+    let index = key.strip_prefix(&prefix)?.strip_suffix(".Name")?;
+    form.get(&format!("{prefix}{index}.Value.StringValue")).cloned()
+}
+
+/// A `PublishBatch` answer for the entries `ids`, failing `failed` (an id, its code and
+/// whether it is the sender's fault) and accepting the others.
+fn publish_batch_answer(ids: &[String], failed: Option<(&str, &str, bool)>) -> String {
+    let mut successful = String::new();
+    let mut failures = String::new();
+    for id in ids {
+        match failed {
+            Some((failed_id, code, sender_fault)) if failed_id == id => failures.push_str(&format!(
+                "<member><Id>{id}</Id><Code>{code}</Code><Message>stubbed {code}</Message>\
+                 <SenderFault>{sender_fault}</SenderFault></member>"
+            )),
+            _ => successful.push_str(&format!(
+                "<member><Id>{id}</Id><MessageId>sns-{id}</MessageId></member>"
+            )),
+        }
+    }
+    format!(
+        r#"<PublishBatchResponse xmlns="http://sns.amazonaws.com/doc/2010-03-31/"><PublishBatchResult><Successful>{successful}</Successful><Failed>{failures}</Failed></PublishBatchResult><ResponseMetadata><RequestId>stub-request</RequestId></ResponseMetadata></PublishBatchResponse>"#
+    )
+}
+
+/// A stub topic that fails entry `failed` of the first `PublishBatch` and accepts every
+/// entry of later ones.
+async fn topic_failing_first(failed: Option<(&'static str, &'static str, bool)>) -> Stub {
+    Stub::start("text/xml", move |call, body| {
+        let ids = entry_ids(&form(body));
+        publish_batch_answer(&ids, if call == 0 { failed } else { None })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn sns_retries_an_entry_failed_by_an_internal_error_alone() {
+    let stub = topic_failing_first(Some(("1", "InternalError", false))).await;
+    let messages = outgoing(3, |_, message| message);
+    let report = publish(
+        &stub,
+        Target::SnsTopic {
+            arn: TOPIC.into(),
+            fifo: false,
+        },
+        &messages,
+    )
+    .await;
+
+    let bodies = stub.bodies();
+    assert_eq!(report.calls, 2, "one call, then one retry");
+    assert_eq!(bodies.len(), 2);
+    let first = form(&bodies[0]);
+    assert_eq!(first["Action"], "PublishBatch");
+    assert_eq!(first["TopicArn"], TOPIC);
+    assert_eq!(entry_ids(&first), ["0", "1", "2"]);
+    for (member, message) in (1..).zip(&messages) {
+        assert_eq!(
+            sns_attribute(&first, member, "outbox-message-id").as_deref(),
+            Some(message.id.as_str())
+        );
+        assert_eq!(
+            sns_attribute(&first, member, "outbox-txn-id"),
+            Some(message.txn_id.to_string())
+        );
+        assert_eq!(
+            first[&format!("PublishBatchRequestEntries.member.{member}.Message")],
+            message.body
+        );
+        for fifo_only in ["MessageGroupId", "MessageDeduplicationId"] {
+            assert!(
+                !first.contains_key(&format!("PublishBatchRequestEntries.member.{member}.{fifo_only}")),
+                "a standard topic takes no {fifo_only}"
+            );
+        }
+    }
+
+    let second = form(&bodies[1]);
+    assert_eq!(second["Action"], "PublishBatch");
+    assert_eq!(entry_ids(&second), ["0"], "only the failed entry is sent again");
+    assert_eq!(
+        sns_attribute(&second, 1, "outbox-message-id").as_deref(),
+        Some(messages[1].id.as_str()),
+        "and it is the message whose entry failed"
+    );
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+}
+
+#[tokio::test]
+async fn sns_an_entry_failed_as_the_senders_fault_is_refused_without_a_retry() {
+    let stub = topic_failing_first(Some(("1", "InvalidParameter", true))).await;
+    let messages = outgoing(3, |_, message| message);
+    let report = publish(
+        &stub,
+        Target::SnsTopic {
+            arn: TOPIC.into(),
+            fifo: false,
+        },
+        &messages,
+    )
+    .await;
+
+    assert_eq!(report.calls, 1, "nothing is left to retry");
+    assert_eq!(stub.bodies().len(), 1);
+    assert_eq!(
+        report.failed,
+        BTreeMap::from([(
+            messages[1].id.clone(),
+            PublishFailure::Refused {
+                code: "InvalidParameter".into()
+            }
+        )])
+    );
+}
+
+#[tokio::test]
+async fn sns_fifo_entries_carry_their_group_and_their_stable_id_as_deduplication_id() {
+    let stub = topic_failing_first(None).await;
+    let messages = outgoing(3, |position, message| {
+        if position == 2 {
+            message.with_group_id("order-7")
+        } else {
+            message
+        }
+    });
+    let report = publish(
+        &stub,
+        Target::SnsTopic {
+            arn: FIFO_TOPIC.into(),
+            fifo: true,
+        },
+        &messages,
+    )
+    .await;
+
+    assert_eq!(report.calls, 1);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let bodies = stub.bodies();
+    assert_eq!(bodies.len(), 1);
+    let first = form(&bodies[0]);
+    assert_eq!(first["TopicArn"], FIFO_TOPIC);
+    assert_eq!(entry_ids(&first).len(), 3);
+    for (member, message) in (1..).zip(&messages) {
+        let field = |name: &str| first.get(&format!("PublishBatchRequestEntries.member.{member}.{name}"));
+        assert_eq!(field("MessageDeduplicationId"), Some(&message.id.as_str().to_owned()));
+        assert_eq!(field("MessageGroupId"), Some(&message.fifo_group()));
+    }
+    let group = |member: usize| first[&format!("PublishBatchRequestEntries.member.{member}.MessageGroupId")].clone();
+    assert_eq!(group(1), messages[0].txn_id.to_string(), "by default, the transaction");
+    assert_eq!(group(3), "order-7", "or the group the message chose");
+}

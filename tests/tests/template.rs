@@ -14,12 +14,14 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use outbox::ports::Clock;
+use outbox::protocol::DestinationName;
 use outbox::protocol::{ControlMessage, TxnId};
+use outbox::settings::vars;
 use outbox::settings::{Settings, Timing};
 use outbox::time::Timestamp;
 use outbox::worker::lambda::handle_event;
 use outbox_tests::calls::CallCounter;
-use outbox_tests::conformance::Backend;
+use outbox_tests::conformance::{bus, events, fanout, Backend};
 use outbox_tests::emulator::emulator;
 use serde_json::json;
 use tower::ServiceExt;
@@ -88,18 +90,42 @@ fn iam_actions(operation: &str) -> Vec<&'static str> {
         "BatchWriteItem" => vec!["dynamodb:BatchWriteItem", "dynamodb:PutItem", "dynamodb:DeleteItem"],
         "SendMessage" | "SendMessageBatch" => vec!["sqs:SendMessage"],
         "ChangeMessageVisibility" | "ChangeMessageVisibilityBatch" => vec!["sqs:ChangeMessageVisibility"],
+        // A batch publish is authorised as one sns:Publish per entry.
+        "Publish" | "PublishBatch" => vec!["sns:Publish"],
+        "PutEvents" => vec!["events:PutEvents"],
         other => panic!("the code calls {other}: add its IAM actions to this table"),
     }
 }
 
-/// Grants of a function: action → the resources named for it.
-fn grants(template: &Yaml, function: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let mut grants: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+/// One grant: a resource an action is allowed on, and the condition the statement is
+/// under (`None` for a statement that always applies).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Grant {
+    resource: String,
+    condition: Option<String>,
+}
+
+/// Grants of a function: action → the resources named for it, each with the condition
+/// of its statement (a statement may be `!If [Condition, statement, !Ref AWS::NoValue]`).
+fn grants(template: &Yaml, function: &str) -> BTreeMap<String, BTreeSet<Grant>> {
+    let mut grants: BTreeMap<String, BTreeSet<Grant>> = BTreeMap::new();
     for policy in template["Resources"][function]["Properties"]["Policies"]
         .as_vec()
         .expect("inline policies")
     {
-        for statement in policy["Statement"].as_vec().expect("statements") {
+        for entry in policy["Statement"].as_vec().expect("statements") {
+            let (statement, condition) = match entry {
+                Yaml::Array(branches) => {
+                    assert_eq!(branches.len(), 3, "{function}: an !If of a statement");
+                    assert_eq!(
+                        branches[2].as_str(),
+                        Some("AWS::NoValue"),
+                        "{function}: a conditional statement's else is no statement"
+                    );
+                    (&branches[1], branches[0].as_str().map(str::to_owned))
+                }
+                statement => (statement, None),
+            };
             assert_eq!(statement["Effect"].as_str(), Some("Allow"));
             let resources = strings(&statement["Resource"]);
             assert!(!resources.is_empty(), "{function}: a statement without resources");
@@ -107,12 +133,26 @@ fn grants(template: &Yaml, function: &str) -> BTreeMap<String, BTreeSet<String>>
                 assert!(!action.contains('*'), "{function}: wildcard action {action}");
                 for resource in &resources {
                     assert!(resource != "*", "{function}: wildcard resource for {action}");
-                    grants.entry(action.clone()).or_default().insert(resource.clone());
+                    grants.entry(action.clone()).or_default().insert(Grant {
+                        resource: resource.clone(),
+                        condition: condition.clone(),
+                    });
                 }
             }
         }
     }
     grants
+}
+
+/// The events destination's kinds, as `EventsDestinationKind` names them: the parameter
+/// value, the condition that holds for it, the backend's destination of that kind, and
+/// what names the resource its publish action is granted on.
+fn kinds() -> [(&'static str, &'static str, DestinationName, &'static str); 3] {
+    [
+        ("sqs", "PublishesToQueue", events(), "EventsQueue"),
+        ("sns", "PublishesToTopic", fanout(), "EventsTopic"),
+        ("eventbridge", "PublishesToBus", bus(), "event-bus/${EventBusName}"),
+    ]
 }
 
 fn event_of(bodies: &[String]) -> SqsEvent {
@@ -126,18 +166,24 @@ fn event_of(bodies: &[String]) -> SqsEvent {
     event
 }
 
-/// Runs the API's routes and the control worker's handler on the emulator and returns
-/// the operations each made.
-async fn operations_by_function() -> BTreeMap<&'static str, BTreeSet<String>> {
+/// Runs the API's routes (publishing the orders' events to `destination`, inline or not)
+/// and the control worker's handler on the emulator and returns the operations each made.
+async fn operations_by_function(
+    destination: DestinationName,
+    inline: bool,
+) -> BTreeMap<&'static str, BTreeSet<String>> {
     let counter = CallCounter::default();
     let backend = Backend::aws_with(counter.clients(&emulator().sdk_config().await)).await;
     let timing = Timing::default();
     counter.reset();
-    let outbox = backend.outbox(timing);
+    let mut outbox = backend.outbox(timing);
+    if inline {
+        outbox = outbox.with_inline_publisher(backend.publisher.clone());
+    }
     let app = router(
         AppState {
             outbox: Arc::new(outbox),
-            events: "events".parse().unwrap(),
+            events: destination,
         },
         &HttpConfig::default(),
     );
@@ -211,40 +257,167 @@ async fn operations_by_function() -> BTreeMap<&'static str, BTreeSet<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resources() {
     let template = template();
-    let operations = operations_by_function().await;
-    println!("operations on the wire: {operations:?}");
-    for function in FUNCTIONS {
-        let granted = grants(&template, function);
-        for operation in &operations[function] {
-            for action in iam_actions(operation) {
-                let resources = granted
-                    .get(action)
-                    .unwrap_or_else(|| panic!("{function} calls {operation} but is not granted {action}"));
-                let service_resource = if action.starts_with("dynamodb:") {
-                    "Table"
-                } else {
-                    "Queue"
-                };
-                assert!(
-                    resources.iter().all(|r| r.contains(service_resource)),
-                    "{function}: {action} on {resources:?}"
-                );
+    let granted: BTreeMap<&str, _> = FUNCTIONS
+        .iter()
+        .map(|function| (*function, grants(&template, function)))
+        .collect();
+    for (kind, condition, destination, publish_resource) in kinds() {
+        // Inline publishing on, the API publishes; off, the control worker does.
+        let mut operations: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+        for inline in [false, true] {
+            for (function, called) in operations_by_function(destination.clone(), inline).await {
+                operations.entry(function).or_default().extend(called);
+            }
+        }
+        println!("{kind}: operations on the wire: {operations:?}");
+        for function in FUNCTIONS {
+            let grants = &granted[function];
+            let mut needed = BTreeSet::new();
+            for operation in &operations[function] {
+                for action in iam_actions(operation) {
+                    needed.insert(action);
+                    // The grants that hold when EventsDestinationKind is `kind`.
+                    let holding: Vec<&Grant> = grants
+                        .get(action)
+                        .into_iter()
+                        .flatten()
+                        .filter(|grant| grant.condition.as_deref().is_none_or(|c| c == condition))
+                        .collect();
+                    assert!(
+                        !holding.is_empty(),
+                        "{kind}: {function} calls {operation} but is not granted {action}"
+                    );
+                    let on = match action.split(':').next() {
+                        Some("dynamodb") => "Table",
+                        Some("sqs") => "Queue",
+                        _ => publish_resource,
+                    };
+                    assert!(
+                        holding.iter().all(|grant| grant.resource.contains(on)),
+                        "{kind}: {function}: {action} on {holding:?}, not only on {on}"
+                    );
+                }
+            }
+            // Least privilege: what a kind's condition grants, that kind's code calls.
+            for (action, grants) in grants {
+                for grant in grants
+                    .iter()
+                    .filter(|grant| grant.condition.as_deref() == Some(condition))
+                {
+                    assert!(
+                        needed.contains(action.as_str()),
+                        "{kind}: {function} is granted {action} on {} but never calls it",
+                        grant.resource
+                    );
+                    println!("{kind}: {function} granted {action} on {}", grant.resource);
+                }
             }
         }
     }
-    let worker = grants(&template, "ControlWorkerFunction");
-    let targets: Vec<&String> = worker["sqs:SendMessage"].iter().collect();
+    // Sending control messages is always granted, on the control queue alone.
+    for function in FUNCTIONS {
+        let always: Vec<&Grant> = granted[function]["sqs:SendMessage"]
+            .iter()
+            .filter(|grant| grant.condition.is_none())
+            .collect();
+        assert_eq!(
+            always,
+            [&Grant {
+                resource: "ControlQueue.Arn".into(),
+                condition: None
+            }],
+            "{function}"
+        );
+    }
+}
+
+/// Evaluates `value`'s `!If`s for the one events destination condition that holds.
+fn when(value: &Yaml, holding: &str) -> Yaml {
+    match value {
+        Yaml::Array(branches)
+            if branches.len() == 3 && branches[0].as_str().is_some_and(|c| c.starts_with("Publishes")) =>
+        {
+            let branch = if branches[0].as_str() == Some(holding) { 1 } else { 2 };
+            when(&branches[branch], holding)
+        }
+        other => other.clone(),
+    }
+}
+
+fn to_json(yaml: &Yaml) -> serde_json::Value {
+    match yaml {
+        Yaml::Hash(hash) => hash
+            .iter()
+            .map(|(key, value)| (key.as_str().expect("string keys").to_owned(), to_json(value)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+        Yaml::Array(items) => items.iter().map(to_json).collect(),
+        Yaml::String(text) => text.clone().into(),
+        Yaml::Boolean(flag) => (*flag).into(),
+        Yaml::Integer(number) => (*number).into(),
+        other => panic!("unexpected YAML {other:?}"),
+    }
+}
+
+#[test]
+fn each_kind_of_events_destination_is_named_for_the_code_and_delivered_to_the_events_queue() {
+    let template = template();
+    let parameter = &template["Parameters"]["EventsDestinationKind"];
+    assert_eq!(parameter["Default"].as_str(), Some("sqs"));
     assert_eq!(
-        targets.len(),
-        2,
-        "the worker sends to the control queue (deferrals) and the events queue: {targets:?}"
+        strings(&parameter["AllowedValues"]),
+        kinds().map(|(kind, ..)| kind.to_owned())
     );
-    let api = grants(&template, "ApiFunction");
+    let variable = &template["Globals"]["Function"]["Environment"]["Variables"][vars::DESTINATIONS];
+    let resources = &template["Resources"];
+    for (kind, condition, ..) in kinds() {
+        assert_eq!(
+            template["Conditions"][condition]
+                .as_vec()
+                .map(|equals| strings(&Yaml::Array(equals.clone()))),
+            Some(vec!["EventsDestinationKind".to_owned(), kind.to_owned()]),
+            "{condition}"
+        );
+        let destinations = when(variable, condition);
+        let entry = destinations.as_str().expect("a string");
+        assert!(entry.starts_with(&format!("events={kind}:")), "{kind}: {entry}");
+        // The entry the settings read, with the stack's references filled in.
+        let filled = entry
+            .replace(
+                "${EventsQueue}",
+                "https://sqs.us-east-1.amazonaws.com/123456789012/s-events",
+            )
+            .replace("${EventsTopic}", "arn:aws:sns:us-east-1:123456789012:s-events")
+            .replace("${EventBusName}", "default");
+        let settings = Settings::from_lookup(|name| match name {
+            vars::BACKEND => Some("aws".to_owned()),
+            vars::TABLE_NAME => Some("t".to_owned()),
+            vars::CONTROL_QUEUE_URL => Some("https://sqs.us-east-1.amazonaws.com/123456789012/c".to_owned()),
+            vars::DESTINATIONS => Some(filled.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|error| panic!("{kind}: {filled}: {error}"));
+        assert_eq!(settings.destinations[&events()].to_string(), filled["events=".len()..]);
+    }
+    let subscription = &resources["EventsSubscription"];
+    assert_eq!(subscription["Condition"].as_str(), Some("PublishesToTopic"));
+    assert_eq!(subscription["Properties"]["RawMessageDelivery"].as_bool(), Some(true));
+    assert_eq!(strings(&subscription["Properties"]["Endpoint"]), ["EventsQueue.Arn"]);
+    let rule = &resources["EventsRule"];
+    assert_eq!(rule["Condition"].as_str(), Some("PublishesToBus"));
     assert_eq!(
-        api["sqs:SendMessage"].len(),
-        2,
-        "the API sends control messages, and with inline publishing the events"
+        to_json(&rule["Properties"]["EventPattern"]),
+        serde_json::from_str::<serde_json::Value>(&outbox::aws::outbox_event_pattern()).unwrap(),
+        "the rule matches what the bootstrap's rule matches (and the emulator test proves)"
     );
+    assert_eq!(strings(&rule["Properties"]["Targets"][0]["Arn"]), ["EventsQueue.Arn"]);
+    let statement = &resources["EventsQueuePolicy"]["Properties"]["PolicyDocument"]["Statement"][0];
+    let principal = &statement["Principal"]["Service"];
+    let source = &statement["Condition"]["ArnEquals"]["aws:SourceArn"];
+    assert_eq!(when(principal, "PublishesToTopic").as_str(), Some("sns.amazonaws.com"));
+    assert_eq!(when(source, "PublishesToTopic").as_str(), Some("EventsTopic"));
+    assert_eq!(when(principal, "PublishesToBus").as_str(), Some("events.amazonaws.com"));
+    assert_eq!(when(source, "PublishesToBus").as_str(), Some("EventsRule.Arn"));
 }
 
 #[test]

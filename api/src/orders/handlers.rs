@@ -24,6 +24,8 @@ use crate::state::AppState;
 
 /// The scope of this API's idempotency keys: one key serves one request of this API.
 const IDEMPOTENCY_SCOPE: &str = "orders-api";
+/// The `source` of the orders' events on an EventBridge bus.
+pub const EVENT_SOURCE: &str = "com.example.orders";
 
 fn order_key(id: Uuid) -> ItemKey {
     format!("ORDER#{id}").parse().expect("a UUID makes a valid key")
@@ -92,7 +94,9 @@ async fn commit(
         let message = Message::json(state.events.clone(), &event.body)
             .expect("events serialise")
             .with_attribute("event-type", event.name)
-            .with_group_id(order.id.to_string());
+            .with_group_id(order.id.to_string())
+            // On an EventBridge bus: rules match `source` and `detail-type`.
+            .with_event(EVENT_SOURCE, event.name);
         txn.emit(message);
     }
     let started = Instant::now();

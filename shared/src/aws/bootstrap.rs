@@ -379,7 +379,9 @@ async fn create_bus(clients: &AwsClients, name: &str, queue_url: &str) -> Result
         .await
         .map_err(|e| failed(Box::new(e)))?;
     if put.failed_entry_count() > 0 {
-        return Err(failed(format!("the rule's target was refused: {:?}", put.failed_entries()).into()));
+        return Err(failed(
+            format!("the rule's target was refused: {:?}", put.failed_entries()).into(),
+        ));
     }
     Ok(Target::EventBus {
         name_or_arn: name.to_owned(),

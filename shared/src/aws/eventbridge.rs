@@ -114,7 +114,13 @@ mod tests {
         let sent = messages(4);
         let failed = failures(
             &sent,
-            [None, Some("ThrottlingException"), Some("MalformedDetail"), Some("SomethingNew")].into_iter(),
+            [
+                None,
+                Some("ThrottlingException"),
+                Some("MalformedDetail"),
+                Some("SomethingNew"),
+            ]
+            .into_iter(),
             3,
         );
         let seen: Vec<(&str, bool, &str)> = failed
@@ -141,7 +147,11 @@ mod tests {
         );
         assert!(short.iter().all(|failure| !failure.sender_fault));
         let miscounted = failures(&sent, [None, None, None].into_iter(), 1);
-        assert_eq!(miscounted.len(), 3, "a failure count with no failed entry named: retry all");
+        assert_eq!(
+            miscounted.len(),
+            3,
+            "a failure count with no failed entry named: retry all"
+        );
         assert!(failures(&sent, [None, None, None].into_iter(), 0).is_empty());
     }
 }

@@ -79,7 +79,11 @@ pub fn native_outbox(
     let clients = AwsClients::new(config);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let ports = RequestPorts {
-        store: Arc::new(DynamoStore::new(clients.dynamodb.clone(), layout.clone(), clock.clone())),
+        store: Arc::new(DynamoStore::new(
+            clients.dynamodb.clone(),
+            layout.clone(),
+            clock.clone(),
+        )),
         control_queue: Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone())),
         clock,
         ids: Arc::new(RandomIds),

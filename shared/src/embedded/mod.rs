@@ -87,7 +87,8 @@ impl EmbeddedBackend {
             .iter()
             .filter(|(_, target)| matches!(target, Target::EventBus { .. }))
             .map(|(name, _)| name.clone());
-        backend.publisher = Arc::new(EmbeddedPublisher::new(backend.publisher.destinations().clone()).with_buses(buses));
+        backend.publisher =
+            Arc::new(EmbeddedPublisher::new(backend.publisher.destinations().clone()).with_buses(buses));
         backend
     }
 

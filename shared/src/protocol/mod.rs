@@ -10,7 +10,8 @@ mod txn_id;
 pub use control_message::{ControlMessage, DecodeError, CONTROL_MESSAGE_VERSION};
 pub use idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, InvalidIdempotencyKey, StoredResponse};
 pub use message::{
-    DestinationName, EventType, InvalidDestination, Message, MessageId, OutgoingMessage, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE,
+    DestinationName, EventType, InvalidDestination, Message, MessageId, OutgoingMessage, MESSAGE_ID_ATTRIBUTE,
+    TXN_ID_ATTRIBUTE,
 };
 pub use outbox_record::{OutboxRecord, OutboxState};
 pub use txn_id::{InvalidTxnId, TxnId};
