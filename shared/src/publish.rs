@@ -230,4 +230,41 @@ mod tests {
             assert!(policy.delay(10) <= Duration::from_millis(300));
         }
     }
+
+    /// A publisher that accepts everything and counts each entry as `entry` bytes, as a
+    /// bus counts its events.
+    struct Sized {
+        entry: usize,
+        batches: std::sync::Mutex<Vec<usize>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Publisher for Sized {
+        async fn send_batch(
+            &self,
+            _destination: &DestinationName,
+            messages: &[OutgoingMessage],
+        ) -> Result<Vec<crate::ports::EntryFailure>, crate::ports::PublishError> {
+            self.batches.lock().unwrap().push(messages.len());
+            Ok(Vec::new())
+        }
+
+        fn entry_bytes(&self, _destination: &DestinationName, _message: &OutgoingMessage) -> usize {
+            self.entry
+        }
+    }
+
+    #[tokio::test]
+    async fn batches_are_cut_by_the_size_the_publisher_counts() {
+        let small: Vec<_> = (0..5).map(|i| message(i, 10)).collect();
+        let refs: Vec<_> = small.iter().collect();
+        let publisher = Sized {
+            entry: 100 * 1024,
+            batches: Default::default(),
+        };
+        let clock = crate::embedded::ManualClock::new(Timestamp::from_millis(0));
+        let report = publish_all(&publisher, &clock, &refs, RetryPolicy::default()).await;
+        assert!(report.failed.is_empty());
+        assert_eq!(*publisher.batches.lock().unwrap(), [2, 2, 1]);
+    }
 }

@@ -60,3 +60,38 @@ impl Publisher for AwsPublisher {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Message, TxnId};
+    use crate::time::Timestamp;
+    use aws_config::{BehaviorVersion, SdkConfig};
+
+    #[test]
+    fn a_bus_counts_its_event_and_a_queue_or_topic_its_payload() {
+        let config = SdkConfig::builder().behavior_version(BehaviorVersion::latest()).build();
+        let parse = |text: &str| Target::parse(text).unwrap().target;
+        let destinations: BTreeMap<DestinationName, Target> = [
+            ("queue", parse("sqs:https://sqs.us-east-1.amazonaws.com/123456789012/q")),
+            ("topic", parse("sns:arn:aws:sns:us-east-1:123456789012:t")),
+            ("bus", parse("eventbridge:b")),
+        ]
+        .into_iter()
+        .map(|(name, target)| (name.parse().unwrap(), target))
+        .collect();
+        let publisher = AwsPublisher::new(AwsClients::new(&config), destinations);
+        let message = OutgoingMessage::new(
+            TxnId::from_parts(Timestamp::from_millis(1), [0; 10]),
+            0,
+            Message::json("bus".parse().unwrap(), &serde_json::json!({"x": 1}))
+                .unwrap()
+                .with_event("com.example", "Happened"),
+        );
+        let size = |name: &str| publisher.entry_bytes(&name.parse().unwrap(), &message);
+        assert_eq!(size("bus"), crate::event_detail::entry_bytes(&message));
+        assert!(size("bus") > message.payload_bytes());
+        assert_eq!(size("queue"), message.payload_bytes());
+        assert_eq!(size("topic"), message.payload_bytes());
+    }
+}
