@@ -12,9 +12,7 @@
 //! deduplicates on `detail.metadata.outbox-message-id`, the same id that SQS and SNS
 //! deliveries carry as a message attribute.
 
-use std::collections::BTreeMap;
-
-use crate::protocol::{OutgoingMessage, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use crate::protocol::OutgoingMessage;
 
 /// Most bytes of one `PutEvents` entry, as EventBridge counts them.
 pub const MAX_ENTRY_BYTES: usize = 256 * 1024;
@@ -22,15 +20,7 @@ pub const MAX_ENTRY_BYTES: usize = 256 * 1024;
 /// The event's `Detail`: the message's identity and attributes under `metadata`, its body
 /// under `data`.
 pub fn detail(message: &OutgoingMessage) -> String {
-    let mut metadata: BTreeMap<&str, &str> = message
-        .attributes
-        .iter()
-        .map(|(name, value)| (name.as_str(), value.as_str()))
-        .collect();
-    let txn_id = message.txn_id.to_string();
-    metadata.insert(MESSAGE_ID_ATTRIBUTE, message.id.as_str());
-    metadata.insert(TXN_ID_ATTRIBUTE, &txn_id);
-    let metadata = serde_json::to_string(&metadata).expect("a map of strings serialises");
+    let metadata = serde_json::to_string(&message.send_attributes()).expect("a map of strings serialises");
     let is_json = serde_json::from_str::<serde::de::IgnoredAny>(&message.body).is_ok();
     let data = if is_json {
         message.body.trim().to_owned()
@@ -51,7 +41,7 @@ pub fn entry_bytes(message: &OutgoingMessage) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Message, TxnId};
+    use crate::protocol::{Message, TxnId, MESSAGE_ID_ATTRIBUTE};
     use crate::time::Timestamp;
     use serde_json::json;
 

@@ -3,6 +3,7 @@
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 use aws_sdk_eventbridge::Client;
 
+use super::publisher::unavailable;
 use crate::event_detail::detail;
 use crate::ports::{EntryFailure, PublishError};
 use crate::protocol::{DestinationName, OutgoingMessage};
@@ -39,10 +40,7 @@ pub(crate) async fn put_on_bus(
         .set_entries(Some(entries))
         .send()
         .await
-        .map_err(|error| PublishError::Unavailable {
-            destination: destination.clone(),
-            source: Box::new(error),
-        })?;
+        .map_err(unavailable(destination))?;
     Ok(failures(
         messages,
         output

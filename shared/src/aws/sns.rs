@@ -3,8 +3,9 @@
 use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use aws_sdk_sns::Client;
 
+use super::publisher::{failed_by_index, unavailable};
 use crate::ports::{EntryFailure, PublishError};
-use crate::protocol::{DestinationName, OutgoingMessage, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use crate::protocol::{DestinationName, OutgoingMessage};
 
 fn string_attribute(value: &str) -> MessageAttributeValue {
     MessageAttributeValue::builder()
@@ -36,38 +37,23 @@ pub(crate) async fn publish_to_topic(
         .set_publish_batch_request_entries(Some(entries))
         .send()
         .await
-        .map_err(|error| PublishError::Unavailable {
-            destination: destination.clone(),
-            source: Box::new(error),
-        })?;
-    Ok(output
-        .failed()
-        .iter()
-        .filter_map(|failed| {
-            let message = failed
-                .id()
-                .parse::<usize>()
-                .ok()
-                .and_then(|index| messages.get(index))?;
-            Some(EntryFailure {
-                id: message.id.clone(),
-                sender_fault: failed.sender_fault(),
-                code: failed.code().to_owned(),
-            })
-        })
-        .collect())
+        .map_err(unavailable(destination))?;
+    Ok(failed_by_index(
+        messages,
+        output
+            .failed()
+            .iter()
+            .map(|failed| (failed.id(), failed.sender_fault(), failed.code())),
+    ))
 }
 
 fn topic_entry(message: &OutgoingMessage, index: usize, fifo: bool) -> PublishBatchRequestEntry {
     let mut entry = PublishBatchRequestEntry::builder()
         .id(index.to_string())
         .message(&message.body);
-    for (name, value) in &message.attributes {
-        entry = entry.message_attributes(name, string_attribute(value));
+    for (name, value) in message.send_attributes() {
+        entry = entry.message_attributes(name, string_attribute(&value));
     }
-    entry = entry
-        .message_attributes(MESSAGE_ID_ATTRIBUTE, string_attribute(message.id.as_str()))
-        .message_attributes(TXN_ID_ATTRIBUTE, string_attribute(&message.txn_id.to_string()));
     if fifo {
         entry = entry
             .message_group_id(message.fifo_group())

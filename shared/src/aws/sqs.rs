@@ -12,8 +12,9 @@ use aws_sdk_sqs::types::{
 };
 use aws_sdk_sqs::Client;
 
+use super::publisher::{failed_by_index, unavailable};
 use crate::ports::{ControlDelivery, ControlInbox, ControlQueue, EntryFailure, PublishError, QueueError};
-use crate::protocol::{ControlMessage, DestinationName, OutgoingMessage, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use crate::protocol::{ControlMessage, DestinationName, OutgoingMessage, TXN_ID_ATTRIBUTE};
 
 /// The environment variable in which Lambda passes the X-Ray trace header.
 const TRACE_HEADER_VAR: &str = "_X_AMZN_TRACE_ID";
@@ -213,38 +214,23 @@ pub(crate) async fn send_to_queue(
         .set_entries(Some(entries))
         .send()
         .await
-        .map_err(|error| PublishError::Unavailable {
-            destination: destination.clone(),
-            source: Box::new(error),
-        })?;
-    Ok(output
-        .failed()
-        .iter()
-        .filter_map(|failed| {
-            let message = failed
-                .id()
-                .parse::<usize>()
-                .ok()
-                .and_then(|index| messages.get(index))?;
-            Some(EntryFailure {
-                id: message.id.clone(),
-                sender_fault: failed.sender_fault(),
-                code: failed.code().to_owned(),
-            })
-        })
-        .collect())
+        .map_err(unavailable(destination))?;
+    Ok(failed_by_index(
+        messages,
+        output
+            .failed()
+            .iter()
+            .map(|failed| (failed.id(), failed.sender_fault(), failed.code())),
+    ))
 }
 
 fn queue_entry(message: &OutgoingMessage, index: usize, fifo: bool) -> SendMessageBatchRequestEntry {
     let mut entry = SendMessageBatchRequestEntry::builder()
         .id(index.to_string())
         .message_body(&message.body);
-    for (name, value) in &message.attributes {
-        entry = entry.message_attributes(name, string_attribute(value));
+    for (name, value) in message.send_attributes() {
+        entry = entry.message_attributes(name, string_attribute(&value));
     }
-    entry = entry
-        .message_attributes(MESSAGE_ID_ATTRIBUTE, string_attribute(message.id.as_str()))
-        .message_attributes(TXN_ID_ATTRIBUTE, string_attribute(&message.txn_id.to_string()));
     if fifo {
         entry = entry
             .message_group_id(message.fifo_group())

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::queue::{EmbeddedQueue, QueueFault, SendRequest};
 use crate::ports::{EntryFailure, PublishError, Publisher};
-use crate::protocol::{DestinationName, OutgoingMessage, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use crate::protocol::{DestinationName, OutgoingMessage};
 use crate::publish::MAX_BATCH_ENTRIES;
 
 /// Destinations, embedded: each one a queue. A queue or topic destination receives the
@@ -50,12 +50,9 @@ impl EmbeddedPublisher {
 /// The queue send for one outgoing message: its stable id and transaction id as
 /// attributes, and on FIFO queues its group and its id as deduplication id.
 fn send_request(message: &OutgoingMessage, fifo: bool) -> SendRequest {
-    let mut attributes = message.attributes.clone();
-    attributes.insert(MESSAGE_ID_ATTRIBUTE.into(), message.id.to_string());
-    attributes.insert(TXN_ID_ATTRIBUTE.into(), message.txn_id.to_string());
     SendRequest {
         body: message.body.clone(),
-        attributes,
+        attributes: message.send_attributes(),
         delay: std::time::Duration::ZERO,
         group_id: fifo.then(|| message.fifo_group()),
         deduplication_id: fifo.then(|| message.id.to_string()),

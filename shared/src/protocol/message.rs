@@ -211,6 +211,15 @@ impl OutgoingMessage {
         }
     }
 
+    /// The attributes every send of it carries: the emitter's, and its stable id and
+    /// transaction id, which win over an emitter's attribute of the same name.
+    pub fn send_attributes(&self) -> BTreeMap<String, String> {
+        let mut attributes = self.attributes.clone();
+        attributes.insert(MESSAGE_ID_ATTRIBUTE.to_owned(), self.id.to_string());
+        attributes.insert(TXN_ID_ATTRIBUTE.to_owned(), self.txn_id.to_string());
+        attributes
+    }
+
     /// Its `Source` and `DetailType` on an EventBridge bus: the emitter's, or the defaults.
     pub fn event_type(&self) -> EventType {
         self.event.clone().unwrap_or_default()
