@@ -8,7 +8,7 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use outbox::control::{ControlOutcome, ControlPath};
 use outbox::ports::ExpectedVersion;
 use outbox::protocol::DestinationName;
-use outbox::protocol::{ControlMessage, Message, TxnId};
+use outbox::protocol::{Message, TxnId};
 use outbox::request::{InlineDispatch, Settlement};
 use outbox::settings::Timing;
 use outbox::worker::lambda::handle_event;
@@ -91,17 +91,9 @@ async fn dispatching_a_transaction_of_ten_messages_takes_one_read_one_send_and_o
         txn.emit(Message::json("events".parse().unwrap(), &json!({"n": n})).unwrap());
     }
     let committed = txn.commit().await.expect("commit");
-    backend.wait(timing.first_check_delay).await;
     let deliveries = backend
-        .inbox
-        .receive(10, Duration::from_secs(2))
-        .await
-        .expect("receive");
-    assert_eq!(deliveries.len(), 1);
-    assert_eq!(
-        ControlMessage::decode(&deliveries[0].body).unwrap().txn_id,
-        committed.txn_id
-    );
+        .next_control_message(committed.txn_id, timing.first_check_delay)
+        .await;
     counter.reset();
 
     let report = control.handle_batch(&deliveries).await;
@@ -148,17 +140,9 @@ async fn ten_messages_to_each_kind_of_destination_take_one_batch_call_each_and_a
         }
     }
     let committed = txn.commit().await.expect("commit");
-    backend.wait(timing.first_check_delay).await;
     let deliveries = backend
-        .inbox
-        .receive(10, Duration::from_secs(2))
-        .await
-        .expect("receive");
-    assert_eq!(deliveries.len(), 1);
-    assert_eq!(
-        ControlMessage::decode(&deliveries[0].body).unwrap().txn_id,
-        committed.txn_id
-    );
+        .next_control_message(committed.txn_id, timing.first_check_delay)
+        .await;
     let mut event = SqsEvent::default();
     let mut record = SqsMessage::default();
     record.message_id = Some(deliveries[0].message_id.clone());

@@ -259,6 +259,18 @@ async fn bus_answering_first(first: String) -> Stub {
     .await
 }
 
+/// The stub's bus.
+fn bus_target() -> Target {
+    Target::EventBus {
+        name_or_arn: BUS.into(),
+    }
+}
+
+/// A stub topic.
+fn topic_target(arn: &str, fifo: bool) -> Target {
+    Target::SnsTopic { arn: arn.into(), fifo }
+}
+
 #[tokio::test]
 async fn eventbridge_retries_a_throttled_entry_alone_and_reports_a_malformed_one_as_refused() {
     let stub = bus_answering_first(put_events_answer(
@@ -267,14 +279,7 @@ async fn eventbridge_retries_a_throttled_entry_alone_and_reports_a_malformed_one
     ))
     .await;
     let messages = outgoing(3, |_, message| message.with_event("shop.orders", "OrderPlaced"));
-    let report = publish(
-        &stub,
-        Target::EventBus {
-            name_or_arn: BUS.into(),
-        },
-        &messages,
-    )
-    .await;
+    let report = publish(&stub, bus_target(), &messages).await;
 
     let bodies = stub.bodies();
     assert_eq!(report.calls, 2, "one call, then one retry");
@@ -316,14 +321,7 @@ async fn eventbridge_retries_a_throttled_entry_alone_and_reports_a_malformed_one
 async fn eventbridge_entries_the_answer_leaves_out_are_retried() {
     let stub = bus_answering_first(put_events_answer(0, &[None])).await;
     let messages = outgoing(3, |_, message| message);
-    let report = publish(
-        &stub,
-        Target::EventBus {
-            name_or_arn: BUS.into(),
-        },
-        &messages,
-    )
-    .await;
+    let report = publish(&stub, bus_target(), &messages).await;
 
     let bodies = stub.bodies();
     assert_eq!(report.calls, 2);
@@ -342,14 +340,7 @@ async fn eventbridge_entries_the_answer_leaves_out_are_retried() {
 async fn eventbridge_a_failure_count_that_names_no_failed_entry_retries_every_entry() {
     let stub = bus_answering_first(put_events_answer(1, &[None, None, None])).await;
     let messages = outgoing(3, |_, message| message);
-    let report = publish(
-        &stub,
-        Target::EventBus {
-            name_or_arn: BUS.into(),
-        },
-        &messages,
-    )
-    .await;
+    let report = publish(&stub, bus_target(), &messages).await;
 
     let bodies = stub.bodies();
     assert_eq!(report.calls, 2);
@@ -462,15 +453,7 @@ async fn topic_failing_first(failed: Option<(&'static str, &'static str, bool)>)
 async fn sns_retries_an_entry_failed_by_an_internal_error_alone() {
     let stub = topic_failing_first(Some(("1", "InternalError", false))).await;
     let messages = outgoing(3, |_, message| message);
-    let report = publish(
-        &stub,
-        Target::SnsTopic {
-            arn: TOPIC.into(),
-            fifo: false,
-        },
-        &messages,
-    )
-    .await;
+    let report = publish(&stub, topic_target(TOPIC, false), &messages).await;
 
     let bodies = stub.bodies();
     assert_eq!(report.calls, 2, "one call, then one retry");
@@ -515,15 +498,7 @@ async fn sns_retries_an_entry_failed_by_an_internal_error_alone() {
 async fn sns_an_entry_failed_as_the_senders_fault_is_refused_without_a_retry() {
     let stub = topic_failing_first(Some(("1", "InvalidParameter", true))).await;
     let messages = outgoing(3, |_, message| message);
-    let report = publish(
-        &stub,
-        Target::SnsTopic {
-            arn: TOPIC.into(),
-            fifo: false,
-        },
-        &messages,
-    )
-    .await;
+    let report = publish(&stub, topic_target(TOPIC, false), &messages).await;
 
     assert_eq!(report.calls, 1, "nothing is left to retry");
     assert_eq!(stub.bodies().len(), 1);
@@ -548,15 +523,7 @@ async fn sns_fifo_entries_carry_their_group_and_their_stable_id_as_deduplication
             message
         }
     });
-    let report = publish(
-        &stub,
-        Target::SnsTopic {
-            arn: FIFO_TOPIC.into(),
-            fifo: true,
-        },
-        &messages,
-    )
-    .await;
+    let report = publish(&stub, topic_target(FIFO_TOPIC, true), &messages).await;
 
     assert_eq!(report.calls, 1);
     assert!(report.failed.is_empty(), "{:?}", report.failed);

@@ -12,7 +12,7 @@ use outbox::aws::{
 use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
 use outbox::destination::Target;
 use outbox::embedded::{EmbeddedBackend, ManualClock, CONTROL_VISIBILITY_TIMEOUT};
-use outbox::ports::{ControlInbox, ControlQueue, Publisher, RandomIds, Store};
+use outbox::ports::{ControlDelivery, ControlInbox, ControlQueue, Publisher, RandomIds, Store};
 use outbox::protocol::{ControlMessage, DestinationName, TxnId, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
 use outbox::request::{Outbox, RequestPorts};
 use outbox::settings::{Timing, TransactionLimits};
@@ -295,6 +295,20 @@ impl Backend {
         }
     }
 
+    /// Lets `due` pass and receives the one control message then visible, which must be
+    /// transaction `txn_id`'s (as a batch of one, the way the control path takes it).
+    ///
+    /// # Panics
+    ///
+    /// If the receive brings anything else.
+    pub async fn next_control_message(&self, txn_id: TxnId, due: Duration) -> Vec<ControlDelivery> {
+        self.wait(due).await;
+        let deliveries = self.inbox.receive(10, Duration::from_secs(2)).await.expect("receive");
+        assert_eq!(deliveries.len(), 1, "one control message at a time");
+        assert_eq!(ControlMessage::decode(&deliveries[0].body).unwrap().txn_id, txn_id);
+        deliveries
+    }
+
     /// Handles transaction `txn_id`'s control messages one at a time as they come due,
     /// the first after `first_check`, until one settles it (dispatched, tombstoned, or
     /// found done); `measure` runs around each handling (`true` before, `false` after),
@@ -313,10 +327,7 @@ impl Backend {
     ) -> usize {
         let mut due = first_check;
         for handled in 1..=10 {
-            self.wait(due).await;
-            let deliveries = self.inbox.receive(10, Duration::from_secs(2)).await.expect("receive");
-            assert_eq!(deliveries.len(), 1, "one control message at a time");
-            assert_eq!(ControlMessage::decode(&deliveries[0].body).unwrap().txn_id, txn_id);
+            let deliveries = self.next_control_message(txn_id, due).await;
             measure(true);
             let report = control.handle_batch(&deliveries).await;
             measure(false);
