@@ -8,10 +8,10 @@
 //! blocking pool, sending `Connection: close` and reading the reply by its
 //! `Content-Length` (or chunks, or to the end): DynamoDB's JSON protocol is a POST with a
 //! body and a reply with a body, so this is all it takes, and it needs no HTTP client
-//! crate beyond what the tests crate already declares. Requests reach the emulator one at
-//! a time: moto's `TransactWriteItems` is not isolated under concurrent requests (a
-//! cancelled one restores table copies and can drop another request's write), and a late
-//! forward must not overlap the next transaction's calls.
+//! crate beyond what the tests crate already declares. Requests reach the engine (DynamoDB
+//! Local; moto under `OUTBOX_TEST_DYNAMODB=moto`) one at a time, so that a late forward
+//! never overlaps the next transaction's calls, and so that the run holds on moto too,
+//! whose `TransactWriteItems` is not isolated under concurrent requests.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

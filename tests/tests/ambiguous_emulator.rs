@@ -10,8 +10,11 @@
 //! attempt the request path makes is one request the proxy sees and each injected fault
 //! reaches the request path, and an operation timeout of [`CLIENT_TIMEOUT`], which cuts a
 //! held request short. Transactions run one after another, and the proxy passes
-//! requests to the emulator one at a time: moto's `TransactWriteItems` is not isolated
-//! under concurrent requests, and it ignores `ClientRequestToken`.
+//! requests to DynamoDB Local one at a time, so that a late forward never overlaps the
+//! next transaction's calls. DynamoDB Local honours `ClientRequestToken`: an attempt
+//! repeated after an earlier one applied is answered with success and applies nothing
+//! (moto, which ignores the token, answers it with a cancellation instead); the checks
+//! hold on both.
 //!
 //! `FAULT_SEED` picks another seed for the plan.
 
@@ -91,8 +94,10 @@ impl Run {
         self.faults.iter().any(|attempt| attempt.fault.as_str() == kind)
     }
 
-    /// Commit attempts the emulator applied, as seen on the wire.
-    fn applied_on_the_wire(&self) -> usize {
+    /// Commit attempts the engine answered with success, as seen on the wire. DynamoDB
+    /// answers success to every attempt under the token of a commit that applied (within
+    /// ten minutes) and applies it once: so this is the first to apply plus its repeats.
+    fn accepted_on_the_wire(&self) -> usize {
         self.faults
             .iter()
             .filter(|attempt| matches!(&attempt.upstream, Some(Ok(reply)) if reply.applied()))
@@ -135,7 +140,7 @@ async fn every_commit_of_unknown_outcome_gets_a_definite_and_truthful_answer() {
     let resources = bootstrap(&direct, &ResourceNames::for_stack(&unique_name("ambiguous")))
         .await
         .expect("bootstrap on the emulator");
-    let proxy = FaultProxy::start(&emulator.endpoint, plan(seed)).await;
+    let proxy = FaultProxy::start(&emulator.dynamodb_endpoint, plan(seed)).await;
     let proxied = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(&sdk)
             .endpoint_url(proxy.endpoint())
@@ -240,11 +245,11 @@ async fn every_commit_of_unknown_outcome_gets_a_definite_and_truthful_answer() {
             run.txn_id
         );
         assert_eq!(
-            run.applied_on_the_wire(),
-            usize::from(committed),
-            "{}: the emulator applied {} of its attempts ({:?}), the table says {status:?}",
+            run.accepted_on_the_wire() > 0,
+            committed,
+            "{}: the engine accepted {} of its attempts ({:?}), the table says {status:?}",
             run.txn_id,
-            run.applied_on_the_wire(),
+            run.accepted_on_the_wire(),
             run.faults
         );
         let truthful = match &run.answer {
