@@ -1,4 +1,5 @@
-//! Counts the AWS API calls that reach the wire, by operation, with an SDK interceptor.
+//! Counts the AWS API calls that reach the wire, by operation, and their replies' HTTP
+//! statuses, with an SDK interceptor.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -6,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use aws_config::SdkConfig;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_smithy_runtime_api::box_error::BoxError;
-use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::interceptors::context::{
+    BeforeDeserializationInterceptorContextRef, BeforeTransmitInterceptorContextRef,
+};
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use outbox::aws::AwsClients;
 
@@ -14,17 +17,37 @@ use outbox::aws::AwsClients;
 /// `PublishBatch`, `PutEvents`), which every SDK operation stores in its config bag
 /// whatever its wire protocol (SNS's query protocol has no `X-Amz-Target` header).
 #[derive(Debug, Clone, Default)]
-pub struct CallCounter(Arc<Mutex<BTreeMap<String, usize>>>);
+pub struct CallCounter {
+    sent: Arc<Mutex<BTreeMap<String, usize>>>,
+    replies: Arc<Mutex<Vec<(String, u16)>>>,
+}
+
+fn operation(cfg: &ConfigBag) -> String {
+    cfg.load::<Metadata>()
+        .map_or_else(|| "unknown".to_owned(), |metadata| metadata.name().to_owned())
+}
 
 impl CallCounter {
     /// The counts so far.
     pub fn counts(&self) -> BTreeMap<String, usize> {
-        self.0.lock().expect("counter lock").clone()
+        self.sent.lock().expect("counter lock").clone()
     }
 
-    /// Forgets the counts so far.
+    /// The HTTP status of every reply to `operation` so far, in the order they came.
+    pub fn replies(&self, operation: &str) -> Vec<u16> {
+        self.replies
+            .lock()
+            .expect("counter lock")
+            .iter()
+            .filter(|(name, _)| name == operation)
+            .map(|(_, status)| *status)
+            .collect()
+    }
+
+    /// Forgets the counts and replies so far.
     pub fn reset(&self) {
-        self.0.lock().expect("counter lock").clear();
+        self.sent.lock().expect("counter lock").clear();
+        self.replies.lock().expect("counter lock").clear();
     }
 
     /// Every client, counting through this counter.
@@ -65,10 +88,26 @@ impl Intercept for CallCounter {
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let operation = cfg
-            .load::<Metadata>()
-            .map_or_else(|| "unknown".to_owned(), |metadata| metadata.name().to_owned());
-        *self.0.lock().expect("counter lock").entry(operation).or_default() += 1;
+        *self
+            .sent
+            .lock()
+            .expect("counter lock")
+            .entry(operation(cfg))
+            .or_default() += 1;
+        Ok(())
+    }
+
+    fn read_before_deserialization(
+        &self,
+        context: &BeforeDeserializationInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let status = context.response().status().as_u16();
+        self.replies
+            .lock()
+            .expect("counter lock")
+            .push((operation(cfg), status));
         Ok(())
     }
 }

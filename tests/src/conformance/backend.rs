@@ -18,6 +18,7 @@ use outbox::request::{Outbox, RequestPorts};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
 
+use crate::calls::CallCounter;
 use crate::emulator::{emulator, unique_name};
 use crate::single_table::{create_single_table, single_table_layout};
 
@@ -100,6 +101,9 @@ pub struct Backend {
     pub visibility_timeout: Duration,
     /// Each destination's target: on AWS the real ones, embedded stand-ins.
     pub targets: BTreeMap<DestinationName, Target>,
+    /// On AWS, what reached the wire and how it was answered (unless the backend was
+    /// built over clients of the caller's).
+    pub wire: Option<CallCounter>,
     queues: Queues,
 }
 
@@ -165,26 +169,40 @@ impl Backend {
             publisher: backend.publisher.clone(),
             visibility_timeout: CONTROL_VISIBILITY_TIMEOUT,
             clock,
+            wire: None,
             queues: Queues::Embedded(backend),
         }
     }
 
-    /// The AWS adapters on the emulator, with a fresh table and queues.
+    /// The AWS adapters on the emulators, with a fresh table and queues, and a record
+    /// of the calls on the wire.
     pub async fn aws() -> Self {
-        let config = emulator().sdk_config().await;
-        let clients = AwsClients::new(&config);
-        Self::aws_with(clients).await
+        let wire = CallCounter::default();
+        let clients = wire.clients(&emulator().sdk_config().await);
+        let mut backend = Self::aws_with(clients).await;
+        backend.wire = Some(wire);
+        backend
     }
 
     /// The AWS adapters on the emulator, with fresh queues and the protocol's records in
     /// a fresh single-table design (`PK` + `SK`, a GSI, TTL on `ttl`) made the way its
     /// owners would make it.
     pub async fn aws_single_table() -> Self {
-        let config = emulator().sdk_config().await;
-        let clients = AwsClients::new(&config);
+        let wire = CallCounter::default();
+        let clients = wire.clients(&emulator().sdk_config().await);
         let table = unique_name("single");
         create_single_table(&clients.dynamodb, &table).await;
-        Self::aws_on(clients, Some(single_table_layout(&table))).await
+        let mut backend = Self::aws_on(clients, Some(single_table_layout(&table))).await;
+        backend.wire = Some(wire);
+        backend
+    }
+
+    /// The engine behind the store: `embedded`, `DynamoDB Local` or `moto`.
+    pub fn engine(&self) -> &'static str {
+        match self.queues {
+            Queues::Embedded(_) => "embedded",
+            Queues::Aws { .. } => emulator().dynamodb_engine.as_str(),
+        }
     }
 
     /// The AWS adapters over `clients` (which may carry interceptors), with a fresh table
@@ -242,6 +260,7 @@ impl Backend {
             publisher: Arc::new(AwsPublisher::new(clients.clone(), resources.destinations.clone())),
             visibility_timeout: names.control_visibility_timeout,
             clock,
+            wire: None,
             targets: resources.destinations,
             queues: Queues::Aws {
                 sqs: clients.sqs,

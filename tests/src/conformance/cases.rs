@@ -609,3 +609,201 @@ pub async fn events_on_a_bus_arrive_with_their_ids_and_type(b: &Backend) {
         );
     }
 }
+
+/// How long [`acknowledged_commits_survive_cancelled_transactions_racing_them`] races:
+/// `OUTBOX_RACE_SECONDS`, else 3 s.
+fn race_duration() -> Duration {
+    let seconds = std::env::var("OUTBOX_RACE_SECONDS")
+        .ok()
+        .map(|text| text.parse::<f64>().expect("OUTBOX_RACE_SECONDS is a number of seconds"))
+        .unwrap_or(3.0);
+    Duration::from_secs_f64(seconds)
+}
+
+/// At most this many commits per racer, so that a fast backend stays small.
+const RACE_COMMITS_PER_RACER: usize = 400;
+/// Racers of each kind.
+const RACERS: usize = 4;
+
+/// Commits racing transactions that are cancelled, on one table: every commit the store
+/// acknowledged is there afterwards, item and record, and nothing of a cancelled one.
+/// DynamoDB isolates transactions; moto does not (a cancelled `TransactWriteItems`
+/// restores copies of the tables it took before, dropping what other requests wrote
+/// meanwhile), so this fails there.
+pub async fn acknowledged_commits_survive_cancelled_transactions_racing_them(b: &Backend) {
+    // Every cancelled transaction expects this item absent.
+    b.store
+        .commit(&request(
+            b,
+            TxnId::new_v7(),
+            vec![put("RACE#BLOCK", json!({}), ExpectedVersion::Absent)],
+            vec![],
+        ))
+        .await
+        .expect("the blocking item");
+    let deadline = std::time::Instant::now() + race_duration();
+    let committer = |racer: usize| async move {
+        let mut acknowledged = Vec::new();
+        let mut refused = 0;
+        for n in 0..RACE_COMMITS_PER_RACER {
+            if std::time::Instant::now() >= deadline {
+                break;
+            }
+            let txn = TxnId::new_v7();
+            let name = format!("RACE#{racer}#{n}");
+            let commit = request(
+                b,
+                txn,
+                vec![put(&name, json!({"n": n}), ExpectedVersion::Absent)],
+                messages(txn, &[json!(n)]),
+            );
+            match b.store.commit(&commit).await {
+                Ok(()) => acknowledged.push((key(&name), txn)),
+                // Throttled, held by another transaction, or failed in the engine: not
+                // acknowledged, so nothing to find.
+                Err(CommitError::Contention(_) | CommitError::Ambiguous(_) | CommitError::Unavailable(_)) => {
+                    refused += 1
+                }
+                Err(other) => panic!("{}: a commit of a fresh item: {other:?}", b.name),
+            }
+        }
+        (acknowledged, refused)
+    };
+    let canceller = |racer: usize| async move {
+        let mut cancelled = Vec::new();
+        let mut failed = 0;
+        for n in 0..RACE_COMMITS_PER_RACER {
+            if std::time::Instant::now() >= deadline {
+                break;
+            }
+            let txn = TxnId::new_v7();
+            let name = format!("CANCELLED#{racer}#{n}");
+            let commit = request(
+                b,
+                txn,
+                vec![
+                    put(&name, json!({}), ExpectedVersion::Absent),
+                    put("RACE#BLOCK", json!({}), ExpectedVersion::Absent),
+                ],
+                messages(txn, &[json!(n)]),
+            );
+            match b.store.commit(&commit).await {
+                // Definitely nothing written.
+                Err(CommitError::VersionConflict { .. } | CommitError::Contention(_)) => {
+                    cancelled.push((key(&name), txn))
+                }
+                // The engine failed the request: no definite answer, so nothing to check.
+                Err(CommitError::Ambiguous(_) | CommitError::Unavailable(_)) => failed += 1,
+                other => panic!(
+                    "{}: a transaction expecting the blocking item absent: {other:?}",
+                    b.name
+                ),
+            }
+        }
+        (cancelled, failed)
+    };
+    let (committed, cancelled) = futures::future::join(
+        join_all((0..RACERS).map(committer)),
+        join_all((0..RACERS).map(canceller)),
+    )
+    .await;
+    let refused: usize = committed.iter().map(|(_, refused)| refused).sum();
+    let acknowledged: Vec<(ItemKey, TxnId)> = committed
+        .into_iter()
+        .flat_map(|(acknowledged, _)| acknowledged)
+        .collect();
+    let failed: usize = cancelled.iter().map(|(_, failed)| failed).sum();
+    let cancelled: Vec<(ItemKey, TxnId)> = cancelled.into_iter().flat_map(|(cancelled, _)| cancelled).collect();
+
+    let keys: Vec<ItemKey> = acknowledged.iter().map(|(key, _)| key.clone()).collect();
+    let txns: Vec<TxnId> = acknowledged.iter().map(|(_, txn)| *txn).collect();
+    let items = b.store.get_items(&keys).await.expect("read the items");
+    let records = b.store.get_outboxes(&txns).await.expect("read the records");
+    let lost: Vec<String> = acknowledged
+        .iter()
+        .filter(|(key, txn)| !items.contains_key(key) || !records.contains_key(txn))
+        .map(|(key, txn)| {
+            format!(
+                "{key} (item {}, record {})",
+                if items.contains_key(key) { "present" } else { "lost" },
+                if records.contains_key(txn) { "present" } else { "lost" }
+            )
+        })
+        .collect();
+    let cancelled_keys: Vec<ItemKey> = cancelled.iter().map(|(key, _)| key.clone()).collect();
+    let cancelled_txns: Vec<TxnId> = cancelled.iter().map(|(_, txn)| *txn).collect();
+    let phantom_items = b.store.get_items(&cancelled_keys).await.expect("read").len();
+    let phantom_records = b.store.get_outboxes(&cancelled_txns).await.expect("read").len();
+    println!(
+        "race on {}: {} commits acknowledged ({refused} not acknowledged) while {} transactions were cancelled \
+         ({failed} more failed in the engine); {} acknowledged commits lost, {} writes of cancelled ones present",
+        b.engine(),
+        acknowledged.len(),
+        cancelled.len(),
+        lost.len(),
+        phantom_items + phantom_records
+    );
+    assert!(
+        !acknowledged.is_empty() && !cancelled.is_empty(),
+        "{}: the race must have both kinds",
+        b.name
+    );
+    assert!(
+        lost.is_empty(),
+        "{} ({}): acknowledged commits lost to the race: {lost:?}",
+        b.name,
+        b.engine()
+    );
+    assert_eq!(
+        (phantom_items, phantom_records),
+        (0, 0),
+        "{}: nothing of a cancelled transaction",
+        b.name
+    );
+}
+
+/// A commit repeated under its token (`ClientRequestToken` is the transaction id) after
+/// it applied, as after a lost reply, reports success, and nothing of it applies again,
+/// though its item changed meanwhile. On AWS the engine itself answers the repeat with
+/// success (DynamoDB keeps a token for ten minutes); moto ignores the token and answers
+/// with a cancellation, so this fails there.
+pub async fn a_commit_repeated_under_its_token_after_it_applied_reports_success(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let commit = request(
+        b,
+        txn,
+        vec![put("ITEM#1", json!({"by": "first"}), ExpectedVersion::Absent)],
+        messages(txn, &[json!(1)]),
+    );
+    b.store.commit(&commit).await.expect("the first attempt");
+    b.store
+        .commit(&request(
+            b,
+            TxnId::new_v7(),
+            vec![put("ITEM#1", json!({"by": "second"}), ExpectedVersion::Exactly(1))],
+            vec![],
+        ))
+        .await
+        .expect("a later change of the item");
+
+    let replies_before = b.wire.as_ref().map(|wire| wire.replies("TransactWriteItems").len());
+    b.store.commit(&commit).await.expect("the repeat reports the commit");
+    if let (Some(wire), Some(before)) = (&b.wire, replies_before) {
+        assert_eq!(
+            wire.replies("TransactWriteItems")[before..],
+            [200],
+            "{} ({}): the engine answers the repeat of an applied commit under its token with success",
+            b.name,
+            b.engine()
+        );
+    }
+    let item = &b.store.get_items(&[key("ITEM#1")]).await.unwrap()[&key("ITEM#1")];
+    assert_eq!(
+        (item.version, item.data.clone()),
+        (2, json!({"by": "second"})),
+        "{}: the repeat applied nothing",
+        b.name
+    );
+    let stored = record(b, txn).await.expect("the record");
+    assert_eq!(stored, commit.outbox, "{}: the record as first committed", b.name);
+}

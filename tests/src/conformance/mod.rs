@@ -1,5 +1,6 @@
 //! One conformance suite over the ports, run with the same expectations against the
-//! embedded backend and against the AWS adapters on the emulator.
+//! embedded backend and against the AWS adapters on the emulators (DynamoDB Local for
+//! DynamoDB, moto for the rest).
 //!
 //! A test binary instantiates it with [`conformance_suite!`](crate::conformance_suite),
 //! naming how to build a [`Backend`].
@@ -23,6 +24,8 @@ macro_rules! conformance_suite {
             deletes_and_checks_are_conditioned_on_versions,
             an_idempotency_key_commits_once,
             a_retried_commit_finds_its_own_record_and_succeeds,
+            a_commit_repeated_under_its_token_after_it_applied_reports_success,
+            acknowledged_commits_survive_cancelled_transactions_racing_them,
             an_expired_record_reads_as_absent,
             a_split_outbox_round_trips_and_is_marked_dispatched,
             beyond_one_transaction_the_commit_is_refused,
