@@ -24,7 +24,8 @@ log written to --log with RUST_LOG=info and NO_COLOR=1), in three phases:
      it has exactly that many events.
 
 With --backend emulator (scripts/load-test with LOAD_TEST_BACKEND=emulator) the server
-runs on the AWS backend against moto on loopback, with the control worker a separate
+runs on the AWS backend against the emulators on loopback (DynamoDB Local for DynamoDB,
+moto for SQS), with the control worker a separate
 process (`control-worker poll`, its log in --worker-log). Then SETTLE reads the worker's
 log and waits until every named transaction's control message has had a final outcome
 (not `deferred`), and RECONCILE reads the published events from the events queue
@@ -33,7 +34,9 @@ seconds, deleting what it reads, each event's message id and transaction id take
 its message attributes `outbox-message-id` and `outbox-txn-id`. SQS delivers at least
 once, so there every committed change's `<txn>:0` must be there AT LEAST once (copies of
 a message id are counted and reported, not a failure); the other checks are the same.
-The requests/s figure of that mode measures moto on this machine, not DynamoDB or SQS.
+The requests/s figure of that mode measures the emulators on this machine (DynamoDB
+Local, a JVM, and moto, a Python process, sharing its cores with the API, the worker and
+this client), not DynamoDB or SQS.
 
 Exits 1 on any 5xx, any unexpected status, any transport error, or any difference.
 Standard library only on the embedded backend; the emulator mode needs boto3 (run it with
@@ -494,11 +497,10 @@ async def main():
 
     load = Load(args)
     print(f"load: {args.concurrency} connections for {args.duration:g} s, seed {args.seed}, loopback port {args.port}, "
-          f"backend {'AWS on the moto emulator' if emulator else 'embedded'}")
+          f"backend {'AWS on the emulators (DynamoDB Local, moto for SQS)' if emulator else 'embedded'}")
     if emulator:
-        print("note: emulator mode: the figures below measure moto (DynamoDB and SQS emulated in one Python process) "
-              "on this machine, not DynamoDB or SQS; the concurrency is kept low (default 2) because moto's "
-              "TransactWriteItems is not isolated under concurrent requests")
+        print("note: emulator mode: the figures below measure DynamoDB Local and moto (SQS) on this machine, "
+              "sharing its cores with the API, the worker and this client, not DynamoDB or SQS")
     await load.run()
     records = load.records
     failures = []

@@ -1,5 +1,6 @@
-//! Clients built the production way (standard chain, `AWS_ENDPOINT_URL`) reach the
-//! emulator, and the resource bootstrap is idempotent. Alone in its binary because it
+//! Clients built the production way (standard chain, `AWS_ENDPOINT_URL`, and
+//! `AWS_ENDPOINT_URL_DYNAMODB` for DynamoDB) reach the emulators, and the resource
+//! bootstrap is idempotent. Alone in its binary because it
 //! sets environment variables.
 
 use std::time::Duration;
@@ -11,9 +12,11 @@ use outbox_tests::emulator::{emulator, unique_name};
 #[tokio::test]
 async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_is_idempotent() {
     let endpoint = emulator().endpoint.clone();
+    let dynamodb_endpoint = emulator().dynamodb_endpoint.clone();
     // Nothing else runs in this binary, so no thread reads the environment meanwhile.
     for (name, value) in [
         ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ENDPOINT_URL_DYNAMODB", dynamodb_endpoint.as_str()),
         ("AWS_ACCESS_KEY_ID", "test"),
         ("AWS_SECRET_ACCESS_KEY", "test"),
         ("AWS_REGION", "us-east-1"),
@@ -48,6 +51,30 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
         ttl.time_to_live_description().and_then(|d| d.attribute_name()),
         Some("expires_at")
     );
+    // The table is where AWS_ENDPOINT_URL_DYNAMODB points, and only there.
+    let direct = |url: &str| {
+        aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(&config)
+                .endpoint_url(url)
+                .build(),
+        )
+    };
+    let tables_at = |url: String| async move {
+        direct(&url)
+            .list_tables()
+            .send()
+            .await
+            .expect("list tables")
+            .table_names()
+            .to_vec()
+    };
+    assert!(tables_at(dynamodb_endpoint.clone()).await.contains(&names.layout.table));
+    if dynamodb_endpoint != endpoint {
+        assert!(
+            !tables_at(endpoint.clone()).await.contains(&names.layout.table),
+            "the table went to AWS_ENDPOINT_URL instead of AWS_ENDPOINT_URL_DYNAMODB"
+        );
+    }
     let attributes = clients
         .sqs
         .get_queue_attributes()
