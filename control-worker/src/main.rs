@@ -12,7 +12,9 @@
 //!   table and queues of `template.yaml` for stack STACK (default `outbox`), with the
 //!   `events` destination published to its queue directly (the default), through an SNS
 //!   topic the queue subscribes to, or through an EventBridge bus whose rule targets the
-//!   queue, and prints the settings that point at them. The table is `OUTBOX_TABLE_NAME`
+//!   queue, and prints the settings that point at them. DynamoDB goes where the SDK sends
+//!   it: `AWS_ENDPOINT_URL_DYNAMODB` (DynamoDB Local), else `AWS_ENDPOINT_URL`, else AWS;
+//!   the queues, topics and buses to `AWS_ENDPOINT_URL` (moto). The table is `OUTBOX_TABLE_NAME`
 //!   if set (an existing table must have the key schema the layout variables name:
 //!   `OUTBOX_PARTITION_KEY`, `OUTBOX_SORT_KEY`, ...).
 
@@ -155,6 +157,12 @@ async fn run_bootstrap(stack: &str, events_via: &str) -> ExitCode {
                 "# control dead-letter queue: {}",
                 resources.control_dead_letter_queue_url
             );
+            // Where the SDK sent DynamoDB: its per-service endpoint, else the shared one.
+            let dynamodb = ["AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL"]
+                .iter()
+                .find_map(|name| std::env::var(name).ok().map(|url| format!("{url} ({name})")))
+                .unwrap_or_else(|| "the region's endpoint".to_owned());
+            println!("# table {} on DynamoDB at {dynamodb}", layout.table);
             for (name, url) in &resources.delivery_queues {
                 println!("# {name}: read the messages from {url}");
             }

@@ -322,8 +322,8 @@ async fn every_commit_of_unknown_outcome_gets_a_definite_and_truthful_answer() {
         answered(Answer::Ambiguous),
     );
     println!(
-        "  seed {seed}; {} commit attempts: {} forwarded, {} reply lost, {} late ({late_applied} of them applied when \
-         they landed), {} dropped; transactions meeting reply lost {}, late {}, dropped {}; {} had every attempt's \
+        "  seed {seed}; {} commit attempts: {} forwarded, {} reply lost, {} late ({late_applied} of them answered success \
+         when they landed: applied, or a repeat under the token of an attempt that had), {} dropped; transactions meeting reply lost {}, late {}, dropped {}; {} had every attempt's \
          outcome hidden, decided by the settling write: {settled_committed} found committed, {} fenced; \
          answered in {answered_in:.1?}",
         intercepted.len(),

@@ -1,5 +1,5 @@
 //! The cost model: AWS requests, capacity units and dollars per million transactions,
-//! for this outbox (counted on the wire on the emulator) and, derived from their
+//! for this outbox (counted on the wire on the emulators) and, derived from their
 //! documented call patterns, NServiceBus's transactional session on DynamoDB and a
 //! DynamoDB Streams relay.
 //!
@@ -521,10 +521,11 @@ async fn run(batch_size: f64) {
          arm64 ${PER_GB_SECOND_ARM}/GB-s"
     );
     println!(
-        "counted on the wire on the emulator (SDK interceptor): requests by operation; capacity units COMPUTED \
-         from the item sizes on the wire with DynamoDB's rules (moto returned ConsumedCapacity in {with_capacity} \
-         of {responses} DynamoDB responses unasked, with fixed, not size-based, units: {reported:?} over the \
-         whole run; the adapter does not set ReturnConsumedCapacity)"
+        "counted on the wire on the emulators (SDK interceptor; DynamoDB on {engine}): requests by operation; \
+         capacity units COMPUTED from the item sizes on the wire with DynamoDB's rules ({engine} returned \
+         ConsumedCapacity in {with_capacity} of {responses} DynamoDB responses unasked: {reported:?} over the \
+         whole run; the adapter does not set ReturnConsumedCapacity)",
+        engine = emulator().dynamodb_engine.as_str(),
     );
     println!(
         "sizes on the wire: order item {} B, event body {} B, TXN record {} B (1 message) / {} B (5 messages)",
