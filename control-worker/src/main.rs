@@ -157,12 +157,16 @@ async fn run_bootstrap(stack: &str, events_via: &str) -> ExitCode {
                 "# control dead-letter queue: {}",
                 resources.control_dead_letter_queue_url
             );
-            // Where the SDK sent DynamoDB: its per-service endpoint, else the shared one.
+            // Where the environment sends DynamoDB: the SDK's per-service endpoint, else the
+            // shared one (a profile's endpoint settings are not looked at here).
             let dynamodb = ["AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL"]
                 .iter()
                 .find_map(|name| std::env::var(name).ok().map(|url| format!("{url} ({name})")))
                 .unwrap_or_else(|| "the region's endpoint".to_owned());
-            println!("# table {} on DynamoDB at {dynamodb}", layout.table);
+            println!(
+                "# table {} on DynamoDB at {dynamodb}, per the environment",
+                layout.table
+            );
             for (name, url) in &resources.delivery_queues {
                 println!("# {name}: read the messages from {url}");
             }

@@ -8,7 +8,8 @@ use aws_config::SdkConfig;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::{
-    BeforeDeserializationInterceptorContextRef, BeforeTransmitInterceptorContextRef,
+    BeforeDeserializationInterceptorContextRef, BeforeSerializationInterceptorContextMut,
+    BeforeTransmitInterceptorContextRef,
 };
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use outbox::aws::AwsClients;
@@ -117,4 +118,32 @@ impl Intercept for CallCounter {
 pub fn operation_of(target: Option<&str>) -> String {
     let target = target.unwrap_or("unknown");
     target.rsplit('.').next().unwrap_or(target).to_owned()
+}
+
+/// Drops `ClientRequestToken` from every `TransactWriteItems` before it is sent: what a
+/// retry looks like to DynamoDB once the token's ten-minute window has passed (a new
+/// request, which the transaction's own record then cancels), without waiting ten
+/// minutes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ForgetToken;
+
+impl Intercept for ForgetToken {
+    fn name(&self) -> &'static str {
+        "ForgetToken"
+    }
+
+    fn modify_before_serialization(
+        &self,
+        context: &mut BeforeSerializationInterceptorContextMut<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if let Some(input) = context
+            .input_mut()
+            .downcast_mut::<aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsInput>(
+        ) {
+            input.client_request_token = None;
+        }
+        Ok(())
+    }
 }

@@ -63,7 +63,9 @@ impl DynamoDbEngine {
     }
 }
 
-static EMULATOR: OnceLock<Emulator> = OnceLock::new();
+/// The emulators, or why they could not start (kept, so that every later test of the
+/// binary fails at once with the same reason instead of starting another moto).
+static EMULATOR: OnceLock<Result<Emulator, String>> = OnceLock::new();
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -76,16 +78,24 @@ fn moto_server() -> PathBuf {
     root().join(".venv/bin/moto_server")
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free loopback port")
-        .port()
+/// Two distinct free loopback ports: both are held while the second is picked.
+fn free_ports() -> (u16, u16) {
+    let bind = || TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+    let (first, second) = (bind(), bind());
+    let port = |listener: &TcpListener| listener.local_addr().expect("a bound address").port();
+    (port(&first), port(&second))
 }
 
 /// The emulators of this test binary, started on first use.
+///
+/// # Panics
+///
+/// If they could not start, saying why and how to install them.
 pub fn emulator() -> &'static Emulator {
-    EMULATOR.get_or_init(start)
+    match EMULATOR.get_or_init(start) {
+        Ok(emulator) => emulator,
+        Err(reason) => panic!("{reason}"),
+    }
 }
 
 /// A server started under a watchdog shell that stops it when this test process is
@@ -94,10 +104,20 @@ struct Started {
     name: &'static str,
     port: u16,
     log: PathBuf,
-    watchdog: Child,
+    /// Taken by [`Started::keep`] once every emulator has started.
+    watchdog: Option<Child>,
 }
 
-fn spawn(name: &'static str, program: &Path, args: &[String], port: u16) -> Started {
+impl Drop for Started {
+    /// Stops a server whose sibling could not start (its watchdog kills it on exit).
+    fn drop(&mut self) {
+        if let Some(watchdog) = &mut self.watchdog {
+            let _ = watchdog.kill();
+        }
+    }
+}
+
+fn spawn(name: &'static str, program: &Path, args: &[String], port: u16) -> Result<Started, String> {
     let log = std::env::temp_dir().join(format!("{}-{port}.log", name.replace(' ', "-")));
     let script = r#""$@" >"$LOG" 2>&1 &
 child=$!
@@ -113,88 +133,112 @@ while kill -0 "$PARENT" 2>/dev/null && kill -0 $child 2>/dev/null; do sleep 0.5;
         .env("PARENT", std::process::id().to_string())
         .stdin(Stdio::null())
         .spawn()
-        .unwrap_or_else(|error| panic!("could not start {name} ({}): {error}", program.display()));
-    Started {
+        .map_err(|error| format!("could not start {name} ({}): {error}", program.display()))?;
+    Ok(Started {
         name,
         port,
         log,
-        watchdog,
-    }
+        watchdog: Some(watchdog),
+    })
 }
 
 impl Started {
-    fn wait_listening(&self, within: Duration) {
+    /// Waits until the server listens, failing at once if it exited (its watchdog ends
+    /// with it).
+    fn wait_listening(&mut self, within: Duration) -> Result<(), String> {
         let deadline = Instant::now() + within;
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "{} did not listen on 127.0.0.1:{} within {} s; its log is {}:\n{}",
-                self.name,
-                self.port,
-                within.as_secs(),
-                self.log.display(),
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
+            let exited = matches!(self.watchdog.as_mut().map(Child::try_wait), Some(Ok(Some(_))));
+            if exited || Instant::now() >= deadline {
+                return Err(format!(
+                    "{} {} on 127.0.0.1:{}; its log is {}:\n{}",
+                    self.name,
+                    if exited {
+                        "exited before it listened".to_owned()
+                    } else {
+                        format!("did not listen within {} s", within.as_secs())
+                    },
+                    self.port,
+                    self.log.display(),
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
+        Ok(())
     }
 }
 
-fn start_moto() -> Started {
+fn check_moto() -> Result<PathBuf, String> {
     let moto = moto_server();
-    assert!(
-        moto.exists(),
+    if moto.exists() {
+        return Ok(moto);
+    }
+    Err(format!(
         "the AWS emulator is not installed: {} is missing.\n\
          Install it with `./scripts/test` (which does it for you) or by hand:\n  \
          python3 -m venv .venv && .venv/bin/pip install 'moto[server]'\n\
          or point MOTO_SERVER at a moto_server executable.",
         moto.display()
-    );
-    let port = free_port();
-    let args = ["-H", "127.0.0.1", "-p", &port.to_string()].map(str::to_owned);
-    spawn("moto_server", &moto, &args, port)
+    ))
 }
 
-fn start_dynamodb_local() -> Started {
+/// `scripts/dynamodb-local`, once it says DynamoDB Local is installed: the tests install
+/// nothing themselves, they say how.
+fn check_dynamodb_local() -> Result<PathBuf, String> {
     let script = root().join("scripts/dynamodb-local");
-    // Installed already, or fail saying how: the tests install nothing themselves.
     let check = Command::new(&script)
         .arg("check")
         .stdin(Stdio::null())
         .output()
-        .unwrap_or_else(|error| panic!("could not run {}: {error}", script.display()));
-    assert!(
-        check.status.success(),
+        .map_err(|error| format!("could not run {}: {error}", script.display()))?;
+    if check.status.success() {
+        return Ok(script);
+    }
+    Err(format!(
         "DynamoDB Local is not ready:\n{}\
          Install it with `./scripts/test` (which does it for you) or `./scripts/dynamodb-local install`.",
         String::from_utf8_lossy(&check.stderr)
-    );
-    let port = free_port();
-    spawn("DynamoDB Local", &script, &["run".to_owned(), port.to_string()], port)
+    ))
 }
 
-fn start() -> Emulator {
+fn start() -> Result<Emulator, String> {
     let engine = DynamoDbEngine::from_env();
-    let moto = start_moto();
-    let dynamodb = (engine == DynamoDbEngine::DynamoDbLocal).then(start_dynamodb_local);
-    // Both start at once; the JVM takes about two seconds, moto about one.
-    moto.wait_listening(Duration::from_secs(60));
-    let endpoint = format!("http://127.0.0.1:{}", moto.port);
-    let mut watchdogs = vec![moto.watchdog];
-    let dynamodb_endpoint = match dynamodb {
-        Some(started) => {
-            started.wait_listening(Duration::from_secs(60));
-            watchdogs.push(started.watchdog);
-            format!("http://127.0.0.1:{}", started.port)
-        }
-        None => endpoint.clone(),
+    let moto = check_moto()?;
+    let dynamodb_local = match engine {
+        DynamoDbEngine::DynamoDbLocal => Some(check_dynamodb_local()?),
+        DynamoDbEngine::Moto => None,
     };
-    Emulator {
+    let (moto_port, dynamodb_port) = free_ports();
+    let args = ["-H", "127.0.0.1", "-p", &moto_port.to_string()].map(str::to_owned);
+    let mut moto = spawn("moto_server", &moto, &args, moto_port)?;
+    let mut dynamodb = dynamodb_local
+        .map(|script| {
+            let args = ["run".to_owned(), dynamodb_port.to_string()];
+            spawn("DynamoDB Local", &script, &args, dynamodb_port)
+        })
+        .transpose()?;
+    // Both start at once; the JVM takes about two seconds, moto about one.
+    moto.wait_listening(Duration::from_secs(60))?;
+    if let Some(dynamodb) = &mut dynamodb {
+        dynamodb.wait_listening(Duration::from_secs(60))?;
+    }
+    let endpoint = format!("http://127.0.0.1:{}", moto.port);
+    let dynamodb_endpoint = dynamodb.as_ref().map_or_else(
+        || endpoint.clone(),
+        |started| format!("http://127.0.0.1:{}", started.port),
+    );
+    // From here on the servers live as long as the test binary.
+    let watchdogs = std::iter::once(moto)
+        .chain(dynamodb)
+        .filter_map(|mut started| started.watchdog.take())
+        .collect();
+    Ok(Emulator {
         endpoint,
         dynamodb_endpoint,
         dynamodb_engine: engine,
         _watchdogs: watchdogs,
-    }
+    })
 }
 
 /// The endpoints as the SDK's service configuration gives them: what
@@ -235,8 +279,8 @@ impl Emulator {
             .load()
             .await
             .into_builder()
-            // Not set through the loader, whose endpoint would override every service's.
-            .endpoint_url(&self.endpoint)
+            // No shared endpoint: one set through the loader would override every
+            // service's, and the service configuration names one for each.
             .service_config(Endpoints {
                 dynamodb: self.dynamodb_endpoint.clone(),
                 other: self.endpoint.clone(),
