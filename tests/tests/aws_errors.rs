@@ -541,3 +541,101 @@ async fn sns_fifo_entries_carry_their_group_and_their_stable_id_as_deduplication
     assert_eq!(group(1), messages[0].txn_id.to_string(), "by default, the transaction");
     assert_eq!(group(3), "order-7", "or the group the message chose");
 }
+
+// A commit whose first request the SDK gave up on (a timeout) may still apply, however
+// definitely the later requests are refused (DESIGN.md section 3: "An attempt's outcome
+// is unknown whenever any request of it may still reach the table"). Through the real
+// SDK client with the production timeouts and retries, a stub DynamoDB holds the first
+// `TransactWriteItems` past the attempt timeout, throttles every later one, and answers
+// the settling tombstone's `PutItem` with `TransactionConflict` (the held transaction
+// still has the item): the answer must be "outcome unknown", never "nothing written".
+
+use outbox::embedded::EmbeddedBackend;
+use outbox::ports::{Clock, ExpectedVersion, ItemKey, RandomIds};
+use outbox::request::{Outbox, RequestPorts, TxnError};
+use outbox::settings::{Timing, TransactionLimits};
+
+/// A DynamoDB error answer in the JSON 1.0 protocol.
+fn dynamodb_error(kind: &str) -> String {
+    format!(r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{kind}","message":"stubbed {kind}"}}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_request_the_sdk_gave_up_on_leaves_the_outcome_unknown_however_the_rest_end() {
+    let calls: Arc<Mutex<Vec<String>>> = Arc::default();
+    let recorded = calls.clone();
+    let app = axum::Router::new().fallback(move |headers: HeaderMap| {
+        let recorded = recorded.clone();
+        async move {
+            let operation =
+                outbox_tests::calls::operation_of(headers.get("x-amz-target").and_then(|value| value.to_str().ok()));
+            let earlier = {
+                let mut calls = recorded.lock().unwrap();
+                calls.push(operation.clone());
+                calls.iter().filter(|call| **call == operation).count() - 1
+            };
+            let (status, body) = match (operation.as_str(), earlier) {
+                // Held on a hot partition: it answers (applied) long after the client gave up.
+                ("TransactWriteItems", 0) => {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    (StatusCode::OK, "{}".to_owned())
+                }
+                ("TransactWriteItems", _) => (StatusCode::BAD_REQUEST, dynamodb_error("ThrottlingException")),
+                ("PutItem", _) => (StatusCode::BAD_REQUEST, dynamodb_error("TransactionConflictException")),
+                _ => (StatusCode::BAD_REQUEST, dynamodb_error("ValidationException")),
+            };
+            (status, [(header::CONTENT_TYPE, "application/x-amz-json-1.0")], body)
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    // The production client, as `load_sdk_config` builds it: half the operation timeout
+    // per attempt, standard retries (3 attempts, jittered backoff of at most 1 s and then
+    // 2 s). With 8 s, the held request is given up after 4 s and both throttled retries
+    // always fit in the rest: the call ends with the throttle, not with its own timeout.
+    let config = outbox::aws::sdk_config_loader(Duration::from_secs(8))
+        .endpoint_url(&endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "stub"))
+        .load()
+        .await;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let queues = EmbeddedBackend::new(clock.clone(), []);
+    let outbox = Outbox::new(
+        RequestPorts {
+            store: Arc::new(DynamoStore::new(Client::new(&config), "outbox", clock.clone())),
+            control_queue: queues.control_queue.clone(),
+            clock: clock.clone(),
+            ids: Arc::new(RandomIds),
+        },
+        Timing::default(),
+        TransactionLimits::default(),
+    );
+    let mut txn = outbox
+        .begin_within(clock.now().plus(Duration::from_secs(40)))
+        .await
+        .expect("begin");
+    let key: ItemKey = "ORDER#1".parse().unwrap();
+    txn.put(key, json!({"status": "placed"}), ExpectedVersion::Absent);
+    let answer = txn.commit().await;
+    server.abort();
+    let calls = calls.lock().unwrap().clone();
+    assert!(
+        matches!(answer, Err(TxnError::Ambiguous { .. })),
+        "the first commit request may still apply, so the answer must be \"outcome unknown\", got {answer:?} \
+         after {calls:?}"
+    );
+    assert_eq!(
+        calls.iter().filter(|call| *call == "TransactWriteItems").count(),
+        outbox::request::COMMIT_ATTEMPTS as usize,
+        "one request per attempt of the request path, each counted: {calls:?}"
+    );
+    assert!(
+        calls.iter().any(|call| call == "PutItem"),
+        "the settling write was tried: {calls:?}"
+    );
+}

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -336,6 +337,11 @@ impl DynamoStore {
             .transact_write_items()
             .set_transact_items(Some(items))
             .client_request_token(request.txn_id.to_string())
+            // One request per call: the SDK would retry a timed-out request and return
+            // only the last request's error, hiding one that may still apply (DESIGN.md
+            // section 3). The request path retries instead, and counts every request.
+            .customize()
+            .config_override(aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled()))
             .send()
             .await;
         let error = match result {

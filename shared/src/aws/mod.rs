@@ -28,14 +28,18 @@ pub use publisher::AwsPublisher;
 pub use sqs::{receive_timeouts, redrive, SqsControlQueue, RECEIVE_TIMEOUT_MARGIN};
 
 /// The SDK configuration for this process: the standard credential chain and region
-/// (and `AWS_ENDPOINT_URL`, for emulators), explicit timeouts, standard retries. Load it
-/// once per process and build every client from it.
+/// (and `AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_DYNAMODB`, for emulators), explicit
+/// timeouts, standard retries. Load it once per process and build every client from it.
 pub async fn load_sdk_config(operation_timeout: Duration) -> SdkConfig {
+    sdk_config_loader(operation_timeout).load().await
+}
+
+/// What [`load_sdk_config`] loads, before loading: for a caller that sets more (a test
+/// pointing the production settings at a stub).
+pub fn sdk_config_loader(operation_timeout: Duration) -> aws_config::ConfigLoader {
     aws_config::defaults(BehaviorVersion::latest())
         .timeout_config(timeouts(operation_timeout))
         .retry_config(RetryConfig::standard().with_max_attempts(3))
-        .load()
-        .await
 }
 
 /// The timeouts for an operation timeout: each attempt gets half of it, so that one
