@@ -46,13 +46,16 @@ pub enum Fault {
     Late(Duration),
     /// (d) Answer HTTP 500 `InternalServerError` without forwarding: it never applies.
     Drop,
+    /// (e) Forward it and pass the reply on without the old items in its
+    /// `CancellationReasons`: an engine that does not return `ALL_OLD`.
+    WithoutOldItems,
 }
 
 impl Fault {
     /// Whether the client cannot tell from the answer whether the commit applied: every
     /// fault but [`Fault::Forward`] (a 500 `InternalServerError`, or no answer at all).
     pub fn hides_outcome(self) -> bool {
-        !matches!(self, Self::Forward)
+        !matches!(self, Self::Forward | Self::WithoutOldItems)
     }
 
     /// A short name for reports.
@@ -62,6 +65,7 @@ impl Fault {
             Self::ReplyLost => "reply_lost",
             Self::Late(_) => "late",
             Self::Drop => "drop",
+            Self::WithoutOldItems => "without_old_items",
         }
     }
 }
@@ -259,6 +263,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             injected(StatusCode::INTERNAL_SERVER_ERROR, "injected: reply lost")
         }
         Fault::Drop => injected(StatusCode::INTERNAL_SERVER_ERROR, "injected: dropped, never forwarded"),
+        Fault::WithoutOldItems => respond(start_forward(&shared, raw, record).await.map(without_old_items)),
         Fault::Late(delay) => {
             // Counted from now, so that `quiesce` waits for the delay too. The task runs
             // on even when the client has gone and this handler is dropped.
@@ -309,6 +314,29 @@ fn start_forward(
         reply
     });
     async move { exchange.await.map_err(|error| format!("proxy: {error}"))? }
+}
+
+/// `reply` with no `Item` in any of its `CancellationReasons` (and no checksum of the body
+/// it no longer has).
+fn without_old_items(mut reply: Reply) -> Reply {
+    let Ok(mut body) = serde_json::from_slice::<serde_json::Value>(&reply.body) else {
+        return reply;
+    };
+    if let Some(reasons) = body
+        .get_mut("CancellationReasons")
+        .and_then(|reasons| reasons.as_array_mut())
+    {
+        for reason in reasons {
+            if let Some(reason) = reason.as_object_mut() {
+                reason.remove("Item");
+            }
+        }
+        reply.body = serde_json::to_vec(&body).expect("JSON");
+        reply
+            .headers
+            .retain(|(name, _)| !name.eq_ignore_ascii_case("x-amz-crc32"));
+    }
+    reply
 }
 
 fn upstream_of(reply: &Reply) -> Upstream {

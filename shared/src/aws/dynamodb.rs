@@ -33,7 +33,7 @@ use crate::ports::{
     BoxError, BusinessWrite, Clock, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction, Store,
     StoreError, TombstoneOutcome, VersionedItem,
 };
-use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
+use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
 use crate::time::Timestamp;
 
 /// Most actions in one `TransactWriteItems`.
@@ -66,6 +66,16 @@ enum Role {
     Outbox,
     Part,
     Idempotency(IdempotencySlot),
+}
+
+/// What a cancelled commit's reasons say.
+enum Explained {
+    /// Decided by the reasons alone.
+    Decided(Result<(), CommitError>),
+    /// The outbox record's condition failed and the record did not come back with the
+    /// reasons: it is this transaction's own (success) or a tombstone (`otherwise`), and
+    /// only a read tells.
+    ReadRecord { otherwise: CommitError },
 }
 
 /// The actions of one commit, what each stands for, and the budget they use.
@@ -253,23 +263,20 @@ impl DynamoStore {
     }
 
     /// Explains a cancelled commit from its reasons, which come in request order.
-    fn explain(
-        request: &CommitRequest,
-        roles: &[Role],
-        reasons: &[CancellationReason],
-        source: BoxError,
-    ) -> Result<(), CommitError> {
+    fn explain(request: &CommitRequest, roles: &[Role], reasons: &[CancellationReason], source: BoxError) -> Explained {
         // Several conditions may fail at once; the one reported is the one that decides
         // what the caller does: a used idempotency key (replay) before a tombstone
         // (never commits) before a business condition (conflict).
         let mut failures = Vec::new();
+        // The outbox record's condition failed, but the record did not come back.
+        let mut unread_record = false;
         for (role, reason) in roles.iter().zip(reasons) {
             let code = match reason.code() {
                 None | Some("None") => continue,
                 Some(code) => code,
             };
             if CONTENTION_CODES.contains(&code) {
-                return Err(CommitError::Contention(source));
+                return Explained::Decided(Err(CommitError::Contention(source)));
             }
             match (role, code) {
                 (Role::Outbox, "ConditionalCheckFailed") => {
@@ -284,7 +291,15 @@ impl DynamoStore {
                     match state.map(String::as_str) {
                         // This transaction's own record: an earlier attempt (whose reply was
                         // lost) committed everything. Atomicity makes the other reasons moot.
-                        Some("pending" | "dispatched") if txn == Some(&request.txn_id.to_string()) => return Ok(()),
+                        Some("pending" | "dispatched") if txn == Some(&request.txn_id.to_string()) => {
+                            return Explained::Decided(Ok(()))
+                        }
+                        // No old item came back (an engine that leaves `ALL_OLD` out): the
+                        // record may be this transaction's own as well as a tombstone.
+                        _ if reason.item().is_none() => {
+                            unread_record = true;
+                            failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id }))
+                        }
                         _ => failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id })),
                     }
                 }
@@ -309,24 +324,39 @@ impl DynamoStore {
                     },
                 )),
                 (_, "ItemCollectionSizeLimitExceeded") => {
-                    return Err(CommitError::TooLarge {
+                    return Explained::Decided(Err(CommitError::TooLarge {
                         reason: "item collection size limit exceeded".into(),
-                    })
+                    }))
                 }
                 (_, "ValidationError") => {
-                    return Err(CommitError::Invalid {
+                    return Explained::Decided(Err(CommitError::Invalid {
                         reason: reason
                             .message()
                             .unwrap_or("DynamoDB refused an action of the outbox as invalid")
                             .to_owned(),
-                    })
+                    }))
                 }
-                (_, _) => return Err(CommitError::Ambiguous(source)),
+                (_, _) => return Explained::Decided(Err(CommitError::Ambiguous(source))),
             }
         }
         match failures.into_iter().min_by_key(|(rank, _)| *rank) {
-            Some((_, error)) => Err(error),
-            None => Err(CommitError::Ambiguous(source)),
+            Some((_, otherwise)) if unread_record => Explained::ReadRecord { otherwise },
+            Some((_, error)) => Explained::Decided(Err(error)),
+            None => Explained::Decided(Err(CommitError::Ambiguous(source))),
+        }
+    }
+
+    /// Reads the record that blocked transaction `txn_id`'s commit, when the cancellation
+    /// did not return it: its own committed record means an earlier attempt committed
+    /// everything; a tombstone (or nothing any more) leaves `otherwise`.
+    async fn blocked_by(&self, txn_id: TxnId, otherwise: CommitError) -> Result<(), CommitError> {
+        match self.get_outboxes(&[txn_id]).await {
+            Ok(mut found) => match found.remove(&txn_id) {
+                Some(record) if record.state != OutboxState::Tombstone => Ok(()),
+                _ => Err(otherwise),
+            },
+            // This request wrote nothing, but whether an earlier one did is unknown.
+            Err(read) => Err(CommitError::Ambiguous(Box::new(read))),
         }
     }
 
@@ -352,7 +382,10 @@ impl DynamoStore {
             SdkError::ServiceError(service) => match service.err() {
                 TransactWriteItemsError::TransactionCanceledException(cancelled) => {
                     let reasons = cancelled.cancellation_reasons().to_vec();
-                    Self::explain(request, &roles, &reasons, Box::new(error))
+                    match Self::explain(request, &roles, &reasons, Box::new(error)) {
+                        Explained::Decided(result) => result,
+                        Explained::ReadRecord { otherwise } => self.blocked_by(request.txn_id, otherwise).await,
+                    }
                 }
                 TransactWriteItemsError::ProvisionedThroughputExceededException(_)
                 | TransactWriteItemsError::RequestLimitExceeded(_)
