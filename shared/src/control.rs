@@ -226,7 +226,9 @@ impl ControlPath {
             return BTreeMap::new();
         }
         let txn_ids: Vec<TxnId> = controls.keys().copied().collect();
-        let records = match self.ports.store.get_outboxes(&txn_ids).await {
+        // Each record on its own: one that cannot be read fails its control message
+        // alone, never its neighbours.
+        let mut records = match self.ports.store.get_outboxes_each(&txn_ids).await {
             Ok(records) => records,
             Err(error) => {
                 let error = ControlError::Read(Arc::new(error));
@@ -235,8 +237,9 @@ impl ControlPath {
         };
         let mut decisions = BTreeMap::new();
         for (txn_id, control) in controls {
-            let decision = match records.get(txn_id) {
-                Some(record) => self.decide_on_record(record.clone()),
+            let decision = match records.remove(txn_id) {
+                Some(Ok(record)) => self.decide_on_record(record),
+                Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
                 None => self.decide_on_absence(control).await,
             };
             decisions.insert(*txn_id, decision);

@@ -20,6 +20,7 @@ use outbox::aws::AwsClients;
 #[derive(Debug, Clone, Default)]
 pub struct CallCounter {
     sent: Arc<Mutex<BTreeMap<String, usize>>>,
+    bodies: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
     replies: Arc<Mutex<Vec<(String, u16)>>>,
 }
 
@@ -32,6 +33,18 @@ impl CallCounter {
     /// The counts so far.
     pub fn counts(&self) -> BTreeMap<String, usize> {
         self.sent.lock().expect("counter lock").clone()
+    }
+
+    /// The body of every request of `operation` sent so far, in order (empty for a
+    /// streamed body).
+    pub fn bodies(&self, operation: &str) -> Vec<Vec<u8>> {
+        self.bodies
+            .lock()
+            .expect("counter lock")
+            .iter()
+            .filter(|(name, _)| name == operation)
+            .map(|(_, body)| body.clone())
+            .collect()
     }
 
     /// The HTTP status of every reply to `operation` so far, in the order they came.
@@ -48,6 +61,7 @@ impl CallCounter {
     /// Forgets the counts and replies so far.
     pub fn reset(&self) {
         self.sent.lock().expect("counter lock").clear();
+        self.bodies.lock().expect("counter lock").clear();
         self.replies.lock().expect("counter lock").clear();
     }
 
@@ -85,10 +99,12 @@ impl Intercept for CallCounter {
 
     fn read_before_transmit(
         &self,
-        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
+        let body = context.request().body().bytes().unwrap_or_default().to_vec();
+        self.bodies.lock().expect("counter lock").push((operation(cfg), body));
         *self
             .sent
             .lock()

@@ -101,6 +101,10 @@ impl Store for OddStore {
         self.inner.get_outboxes(ids).await
     }
 
+    async fn get_outboxes_each(&self, ids: &[TxnId]) -> Result<outbox::ports::OutboxReads, StoreError> {
+        self.inner.get_outboxes_each(ids).await
+    }
+
     async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError> {
         self.inner.get_idempotency(slot).await
     }

@@ -90,3 +90,119 @@ mod past_the_token_window {
         }
     }
 }
+
+/// Records split over part items (beyond one item's 350 KB): marking one never leaves a
+/// main item without its parts, and one that cannot be read fails its own control
+/// message, never its neighbours'.
+mod split_records {
+    use std::time::Duration;
+
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use outbox::control::ControlOutcome;
+    use outbox::ports::{Clock, Store};
+    use outbox::protocol::{Message, OutboxState};
+    use outbox::settings::Timing;
+    use outbox_tests::calls::CallCounter;
+    use outbox_tests::emulator::emulator;
+    use serde_json::json;
+
+    use super::*;
+
+    /// Commits a transaction whose `count` messages of `size` bytes each go to `events`.
+    async fn commit(backend: &Backend, count: usize, size: usize) -> outbox::protocol::TxnId {
+        let outbox = backend.outbox(Timing::default());
+        let mut txn = outbox.begin().await.expect("begin");
+        for n in 0..count {
+            txn.emit(Message::json("events".parse().unwrap(), &json!({"n": n, "padding": "x".repeat(size)})).unwrap());
+        }
+        let id = txn.id();
+        txn.commit().await.expect("commit");
+        id
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn marking_puts_the_main_item_before_it_deletes_the_parts() {
+        let wire = CallCounter::default();
+        let backend = Backend::aws_with(wire.clients(&emulator().sdk_config().await)).await;
+        let txn = commit(&backend, 3, 200_000).await;
+        let record = backend.store.get_outboxes(&[txn]).await.unwrap().remove(&txn).unwrap();
+        wire.reset();
+        let results = backend
+            .store
+            .mark_dispatched(&[record], backend.clock.now().plus(Duration::from_secs(3600)))
+            .await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let calls: Vec<String> = wire
+            .bodies("BatchWriteItem")
+            .iter()
+            .map(|body| String::from_utf8_lossy(body).into_owned())
+            .collect();
+        let kinds: Vec<(bool, bool)> = calls
+            .iter()
+            .map(|body| (body.contains("PutRequest"), body.contains("DeleteRequest")))
+            .collect();
+        assert_eq!(
+            kinds,
+            [(true, false), (false, true)],
+            "the dispatched main item first, alone; then the parts' deletes"
+        );
+        let read = backend.store.get_outboxes(&[txn]).await.unwrap();
+        assert_eq!(read[&txn].state, OutboxState::Dispatched);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_missing_a_part_fails_its_own_control_message_alone() {
+        let backend = Backend::aws().await;
+        let torn = commit(&backend, 3, 200_000).await;
+        let neighbour = commit(&backend, 1, 10).await;
+        // The worst case of the old mark: a part deleted, the main item still pending.
+        let config = emulator().sdk_config().await;
+        let dynamodb = aws_sdk_dynamodb::Client::new(&config);
+        let tables = dynamodb.list_tables().send().await.unwrap();
+        let table = tables
+            .table_names()
+            .iter()
+            .rev()
+            .find(|name| name.starts_with("conf-"))
+            .expect("the backend's table")
+            .clone();
+        dynamodb
+            .delete_item()
+            .table_name(&table)
+            .key("pk", AttributeValue::S(format!("TXN#{torn}#PART#1")))
+            .send()
+            .await
+            .expect("delete a part");
+
+        let control = backend.control(Timing::default());
+        backend.wait(Timing::default().first_check_delay).await;
+        let deliveries = backend
+            .inbox
+            .receive(10, Duration::from_secs(2))
+            .await
+            .expect("receive");
+        assert_eq!(deliveries.len(), 2, "both control messages");
+        let report = control.handle_batch(&deliveries).await;
+        let outcome = |txn| {
+            report
+                .items
+                .iter()
+                .find(|item| item.txn_id == Some(txn))
+                .map(|item| item.result.clone())
+                .expect("reported")
+        };
+        assert!(
+            matches!(
+                outcome(neighbour),
+                Ok(ControlOutcome::AlreadyDone { .. } | ControlOutcome::Dispatched { .. })
+            ),
+            "the neighbour is not failed by the torn record: {:?}",
+            outcome(neighbour)
+        );
+        assert!(
+            outcome(torn).is_err(),
+            "the torn record fails alone: {:?}",
+            outcome(torn)
+        );
+    }
+}

@@ -30,8 +30,8 @@ use super::item::{
 use super::layout::TableLayout;
 use super::size::{action_bytes, item_bytes};
 use crate::ports::{
-    BoxError, BusinessWrite, Clock, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction, Store,
-    StoreError, TombstoneOutcome, VersionedItem,
+    BoxError, BusinessWrite, Clock, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction, OutboxReads,
+    Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
 use crate::time::Timestamp;
@@ -47,8 +47,13 @@ const MAX_BATCH_GET: usize = 100;
 const MAX_BATCH_WRITE: usize = 25;
 /// Rounds of retrying unprocessed keys or items before giving up.
 const UNPROCESSED_ROUNDS: u32 = 5;
+/// Reads of a split record whose main item names a part that is missing, before that is
+/// the record's error: a mark between the main item's read and the parts' read (it puts
+/// the dispatched main item, then deletes the parts) is seen on the next read.
+const TORN_READ_ROUNDS: usize = 3;
+
 /// How long parts of a split record outlive their commit, in case marking it
-/// dispatched deletes the main item and then fails before deleting them.
+/// dispatched puts the main item and then fails before deleting them.
 const PART_ORPHAN_GUARD: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// The store on a DynamoDB table.
@@ -508,6 +513,62 @@ impl DynamoStore {
         Ok(left_over)
     }
 
+    /// One consistent read of the records of `txn_ids`: those read (or that cannot be
+    /// understood), and apart those whose main item names a part that is not there
+    /// (torn: worth reading again).
+    async fn read_outboxes(&self, txn_ids: &[TxnId]) -> Result<(OutboxReads, OutboxReads), StoreError> {
+        let now = self.clock.now();
+        let pks: Vec<String> = txn_ids.iter().map(|txn| outbox_pk(*txn)).collect();
+        let mains = self.batch_get(&pks).await?;
+        let mut records = BTreeMap::new();
+        let mut torn = BTreeMap::new();
+        let mut live = Vec::new();
+        let mut part_pks = Vec::new();
+        for txn_id in txn_ids {
+            let Some(main) = mains.get(&outbox_pk(*txn_id)) else {
+                continue;
+            };
+            let reader = Reader::new(&self.layout, main);
+            let parts = match reader
+                .is_expired(now)
+                .and_then(|expired| Ok((expired, reader.part_count()?)))
+            {
+                Ok((true, _)) => continue,
+                Ok((false, parts)) => parts,
+                Err(error) => {
+                    records.insert(*txn_id, Err(error));
+                    continue;
+                }
+            };
+            part_pks.extend((1..=parts).map(|part| part_pk(*txn_id, part)));
+            live.push((*txn_id, main, parts));
+        }
+        let parts = if part_pks.is_empty() {
+            HashMap::new()
+        } else {
+            self.batch_get(&part_pks).await?
+        };
+        for (txn_id, main, count) in live {
+            let items: Result<Vec<&Item>, StoreError> = (1..=count)
+                .map(|part| {
+                    parts.get(&part_pk(txn_id, part)).ok_or_else(|| StoreError::Corrupt {
+                        key: part_pk(txn_id, part),
+                        reason: "a part of a split outbox record is missing".into(),
+                    })
+                })
+                .collect();
+            match items {
+                Ok(items) => {
+                    records.insert(txn_id, outbox_from_items(&self.layout, main, &items));
+                }
+                Err(missing) => {
+                    torn.insert(txn_id, Err(missing));
+                }
+            }
+        }
+        Ok((records, torn))
+    }
+
     fn pk_of<'a>(&self, request: &'a WriteRequest) -> Option<&'a str> {
         let item = request
             .put_request()
@@ -546,39 +607,29 @@ impl Store for DynamoStore {
     }
 
     async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
-        let now = self.clock.now();
-        let pks: Vec<String> = txn_ids.iter().map(|txn| outbox_pk(*txn)).collect();
-        let mains = self.batch_get(&pks).await?;
-        let mut live = Vec::new();
-        let mut part_pks = Vec::new();
-        for txn_id in txn_ids {
-            let Some(main) = mains.get(&outbox_pk(*txn_id)) else {
-                continue;
-            };
-            let reader = Reader::new(&self.layout, main);
-            if reader.is_expired(now)? {
-                continue;
-            }
-            let parts = reader.part_count()?;
-            part_pks.extend((1..=parts).map(|part| part_pk(*txn_id, part)));
-            live.push((*txn_id, main, parts));
-        }
-        let parts = if part_pks.is_empty() {
-            HashMap::new()
-        } else {
-            self.batch_get(&part_pks).await?
-        };
+        self.get_outboxes_each(txn_ids)
+            .await?
+            .into_iter()
+            .map(|(txn_id, record)| record.map(|record| (txn_id, record)))
+            .collect()
+    }
+
+    async fn get_outboxes_each(&self, txn_ids: &[TxnId]) -> Result<OutboxReads, StoreError> {
         let mut records = BTreeMap::new();
-        for (txn_id, main, count) in live {
-            let items: Vec<&Item> = (1..=count)
-                .map(|part| {
-                    parts.get(&part_pk(txn_id, part)).ok_or_else(|| StoreError::Corrupt {
-                        key: part_pk(txn_id, part),
-                        reason: "a part of a split outbox record is missing".into(),
-                    })
-                })
-                .collect::<Result<_, _>>()?;
-            records.insert(txn_id, outbox_from_items(&self.layout, main, &items)?);
+        let mut to_read = txn_ids.to_vec();
+        for round in 1..=TORN_READ_ROUNDS {
+            let (read, torn) = self.read_outboxes(&to_read).await?;
+            records.extend(read);
+            if round == TORN_READ_ROUNDS {
+                records.extend(torn);
+                break;
+            }
+            // A main item read before a concurrent mark put its dispatched form, with
+            // parts read after that mark deleted them: read those again.
+            to_read = torn.into_iter().map(|(txn_id, _)| txn_id).collect();
+            if to_read.is_empty() {
+                break;
+            }
         }
         Ok(records)
     }
@@ -653,30 +704,21 @@ impl Store for DynamoStore {
     async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
         // A record read as pending can only become dispatched (it can never be a
         // tombstone), so an unconditional put of its dispatched form is safe, and lets a
-        // whole batch be marked in one `BatchWriteItem`. Parts of split records are
-        // deleted in the same call.
-        let mut requests = Vec::new();
+        // whole batch be marked in one `BatchWriteItem`. The parts of split records are
+        // deleted only after their main item no longer names them: a reader never finds
+        // a main item without its parts. A part left behind expires (PART_ORPHAN_GUARD).
+        let mut puts = Vec::new();
         let mut owners: HashMap<String, usize> = HashMap::new();
         for (index, record) in records.iter().enumerate() {
             let main = dispatched_item(&self.layout, record, expires_at);
             owners.insert(outbox_pk(record.txn_id), index);
-            requests.push(
+            puts.push(
                 WriteRequest::builder()
                     .put_request(PutRequest::builder().set_item(Some(main)).build().expect("item is set"))
                     .build(),
             );
-            let parts = split_messages(&record.messages).map_or(1, |groups| groups.len());
-            for part in 1..parts {
-                let pk = part_pk(record.txn_id, part);
-                let delete = DeleteRequest::builder()
-                    .set_key(Some(self.key(&pk)))
-                    .build()
-                    .expect("key is set");
-                owners.insert(pk, index);
-                requests.push(WriteRequest::builder().delete_request(delete).build());
-            }
         }
-        match self.batch_write(requests).await {
+        let results: Vec<Result<(), StoreError>> = match self.batch_write(puts).await {
             Ok(left_over) => {
                 let mut results: Vec<Result<(), StoreError>> = records.iter().map(|_| Ok(())).collect();
                 for request in &left_over {
@@ -690,12 +732,35 @@ impl Store for DynamoStore {
             }
             Err(error) => {
                 let shared = Arc::new(error);
-                records
+                return records
                     .iter()
                     .map(|_| Err(StoreError::Unavailable(Box::new(SharedError(shared.clone())))))
-                    .collect()
+                    .collect();
+            }
+        };
+        let mut deletes = Vec::new();
+        for (record, _) in records.iter().zip(&results).filter(|(_, marked)| marked.is_ok()) {
+            let parts = split_messages(&record.messages).map_or(1, |groups| groups.len());
+            for part in 1..parts {
+                let delete = DeleteRequest::builder()
+                    .set_key(Some(self.key(&part_pk(record.txn_id, part))))
+                    .build()
+                    .expect("key is set");
+                deletes.push(WriteRequest::builder().delete_request(delete).build());
             }
         }
+        if !deletes.is_empty() {
+            // The records are marked whatever happens here: a part not deleted is no
+            // longer named by anything and expires by itself.
+            match self.batch_write(deletes).await {
+                Ok(left_over) if left_over.is_empty() => {}
+                Ok(left_over) => {
+                    tracing::warn!(parts = left_over.len(), "parts of dispatched records left to expire")
+                }
+                Err(error) => tracing::warn!(error = %error, "parts of dispatched records left to expire"),
+            }
+        }
+        results
     }
 }
 

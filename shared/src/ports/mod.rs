@@ -12,7 +12,7 @@ pub use control_queue::{ControlDelivery, ControlInbox, ControlQueue, QueueError}
 pub use publisher::{EntryFailure, PublishError, Publisher};
 pub use store::{
     BusinessWrite, CommitError, CommitRequest, ExpectedVersion, InvalidItemKey, ItemKey, NativeAction, NativeItem,
-    Store, StoreError, TombstoneOutcome, VersionedItem,
+    OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 
 /// An error from outside this crate (an SDK, a socket), kept whole as a source.

@@ -223,6 +223,9 @@ pub enum StoreError {
     },
 }
 
+/// Outbox records read each on its own ([`Store::get_outboxes_each`]).
+pub type OutboxReads = BTreeMap<TxnId, Result<OutboxRecord, StoreError>>;
+
 /// The result of trying to write a tombstone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TombstoneOutcome {
@@ -270,6 +273,20 @@ pub trait Store: Send + Sync {
 
     /// Reads outbox records; absent (or expired) ones are missing from the map.
     async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError>;
+
+    /// Reads outbox records each on its own: the call fails only when nothing could be
+    /// read, and a record that cannot be read (a split record with a part missing, an
+    /// item that cannot be understood) is that record's error, so that it never fails
+    /// its neighbours. Absent (or expired) ones are missing from the map. By default,
+    /// [`Self::get_outboxes`] with every record read.
+    async fn get_outboxes_each(&self, txn_ids: &[TxnId]) -> Result<OutboxReads, StoreError> {
+        Ok(self
+            .get_outboxes(txn_ids)
+            .await?
+            .into_iter()
+            .map(|(txn_id, record)| (txn_id, Ok(record)))
+            .collect())
+    }
 
     /// Reads an idempotency record.
     async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError>;
