@@ -626,7 +626,7 @@ impl Store for DynamoStore {
             }
             // A main item read before a concurrent mark put its dispatched form, with
             // parts read after that mark deleted them: read those again.
-            to_read = torn.into_iter().map(|(txn_id, _)| txn_id).collect();
+            to_read = torn.into_keys().collect();
             if to_read.is_empty() {
                 break;
             }
