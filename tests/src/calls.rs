@@ -14,13 +14,16 @@ use aws_smithy_runtime_api::client::interceptors::context::{
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use outbox::aws::AwsClients;
 
+/// A request sent: its operation and its body.
+type Sent = (String, Vec<u8>);
+
 /// Counts every attempt sent, by its operation's name (`TransactWriteItems`,
 /// `PublishBatch`, `PutEvents`), which every SDK operation stores in its config bag
 /// whatever its wire protocol (SNS's query protocol has no `X-Amz-Target` header).
 #[derive(Debug, Clone, Default)]
 pub struct CallCounter {
     sent: Arc<Mutex<BTreeMap<String, usize>>>,
-    bodies: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
+    bodies: Arc<Mutex<Vec<Sent>>>,
     replies: Arc<Mutex<Vec<(String, u16)>>>,
 }
 
