@@ -99,7 +99,7 @@ mod split_records {
 
     use aws_sdk_dynamodb::types::AttributeValue;
     use outbox::control::ControlOutcome;
-    use outbox::ports::{Clock, Store};
+    use outbox::ports::Clock;
     use outbox::protocol::{Message, OutboxState};
     use outbox::settings::Timing;
     use outbox_tests::calls::CallCounter;
