@@ -158,18 +158,11 @@ mod split_records {
         // The worst case of the old mark: a part deleted, the main item still pending.
         let config = emulator().sdk_config().await;
         let dynamodb = aws_sdk_dynamodb::Client::new(&config);
-        let tables = dynamodb.list_tables().send().await.unwrap();
-        let table = tables
-            .table_names()
-            .iter()
-            .rev()
-            .find(|name| name.starts_with("conf-"))
-            .expect("the backend's table")
-            .clone();
+        let layout = backend.layout.clone().expect("on AWS");
         dynamodb
             .delete_item()
-            .table_name(&table)
-            .key("pk", AttributeValue::S(format!("TXN#{torn}#PART#1")))
+            .table_name(&layout.table)
+            .key(&layout.partition_key, AttributeValue::S(format!("TXN#{torn}#PART#1")))
             .send()
             .await
             .expect("delete a part");

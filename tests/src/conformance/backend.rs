@@ -104,6 +104,8 @@ pub struct Backend {
     /// On AWS, what reached the wire and how it was answered (unless the backend was
     /// built over clients of the caller's).
     pub wire: Option<CallCounter>,
+    /// On AWS, where the protocol's records are.
+    pub layout: Option<TableLayout>,
     queues: Queues,
 }
 
@@ -170,6 +172,7 @@ impl Backend {
             visibility_timeout: CONTROL_VISIBILITY_TIMEOUT,
             clock,
             wire: None,
+            layout: None,
             queues: Queues::Embedded(backend),
         }
     }
@@ -261,6 +264,7 @@ impl Backend {
             visibility_timeout: names.control_visibility_timeout,
             clock,
             wire: None,
+            layout: Some(resources.layout.clone()),
             targets: resources.destinations,
             queues: Queues::Aws {
                 sqs: clients.sqs,
