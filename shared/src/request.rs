@@ -196,6 +196,15 @@ pub enum TxnError {
         #[source]
         source: CommitError,
     },
+    /// A second transaction was begun in a request that had begun one already
+    /// (`txn_id`, which the answer names): a request is one transaction, with one answer
+    /// and one idempotency record. The second was refused before its control message;
+    /// nothing of it was written. Stage every change of the request in one transaction.
+    #[error("a second transaction in the request of transaction {txn_id}")]
+    SecondInRequest {
+        /// The request's first transaction.
+        txn_id: TxnId,
+    },
     /// Nobody knows whether the commit applied: it could not be settled before the
     /// deadline. The control worker settles it; the transaction's status tells the
     /// outcome later.
@@ -223,6 +232,7 @@ impl TxnError {
             | Self::TooLarge { txn_id, .. }
             | Self::NotCommitted { txn_id, .. }
             | Self::Fenced { txn_id, .. }
+            | Self::SecondInRequest { txn_id }
             | Self::Ambiguous { txn_id, .. } => *txn_id,
         }
     }
@@ -514,6 +524,12 @@ impl Outbox {
     #[tracing::instrument(skip_all, fields(txn_id))]
     async fn begin_with(&self, deadline: Option<Timestamp>) -> Result<Transaction<'_>, TxnError> {
         let now = self.ports.clock.now();
+        // The request scope running on this task, if any, sees every transaction begun
+        // in it, however it is begun, and may refuse a second one before anything is sent.
+        let watch = BEGIN_WATCH.try_with(Arc::clone).ok();
+        if let Some(watch) = &watch {
+            watch.admit()?;
+        }
         let txn_id = self.ports.ids.next_txn_id(now);
         tracing::Span::current().record("txn_id", tracing::field::display(txn_id));
         let control = ControlMessage::first(txn_id, now);
@@ -529,17 +545,21 @@ impl Outbox {
                 })
             }
         }
-        Ok(Transaction {
+        let mut txn = Transaction {
             outbox: self,
             txn_id,
             first_sent_at: now,
             deadline,
             writes: BTreeMap::new(),
             native: Vec::new(),
-            on_commit: None,
+            on_commit: Vec::new(),
             messages: Vec::new(),
             idempotency: None,
-        })
+        };
+        if let Some(watch) = watch {
+            watch.started(self, &mut txn);
+        }
+        Ok(txn)
     }
 
     /// What is known of transaction `txn_id`.
@@ -554,6 +574,25 @@ impl Outbox {
     }
 }
 
+/// What a request scope (the HTTP glue's) is told of the transactions begun while it
+/// runs on this task, however they are begun: through it, or with [`Outbox::begin`]
+/// directly. Installed with [`watch_begins`].
+pub trait BeginWatch: Send + Sync {
+    /// Before a transaction begins (nothing sent yet): an error refuses it.
+    fn admit(&self) -> Result<(), TxnError>;
+    /// Once it began (its control message acknowledged): record it, and hook its commit.
+    fn started(&self, outbox: &Outbox, txn: &mut Transaction<'_>);
+}
+
+tokio::task_local! {
+    static BEGIN_WATCH: Arc<dyn BeginWatch>;
+}
+
+/// Runs `future` with `watch` told of every transaction begun in it on this task.
+pub async fn watch_begins<F: std::future::Future>(watch: Arc<dyn BeginWatch>, future: F) -> F::Output {
+    BEGIN_WATCH.scope(watch, future).await
+}
+
 /// One transaction of the request path, from `begin` to `commit`. To give it up, call
 /// [`Transaction::abandon`]: it writes the tombstone at once. Dropping it without
 /// committing is safe too (a crash does that): its control message tombstones it, after
@@ -566,8 +605,8 @@ pub struct Transaction<'a> {
     writes: BTreeMap<ItemKey, BusinessWrite>,
     /// The application's native actions ([`crate::native`] stages them), in order.
     pub(crate) native: Vec<NativeAction>,
-    /// Told once, just before the first commit attempt reaches the store.
-    on_commit: Option<Box<dyn FnOnce(TxnId) + Send + Sync + 'a>>,
+    /// Each told once, just before the first commit attempt reaches the store.
+    on_commit: Vec<Box<dyn FnOnce(TxnId) + Send + Sync + 'a>>,
     messages: Vec<OutgoingMessage>,
     idempotency: Option<(IdempotencySlot, String, StoredResponse)>,
 }
@@ -581,9 +620,10 @@ impl<'a> Transaction<'a> {
     /// Has `hook` told, once, when the commit begins: from then on the transaction may
     /// have committed, and the commit settles it whatever happens (the HTTP glue records
     /// it, so that an answer given for an overrunning handler says "outcome unknown", not
-    /// "nothing written", and so that it does not abandon the transaction itself).
+    /// "nothing written", and so that it does not abandon the transaction itself). Hooks
+    /// add up: each is told, in the order they were given.
     pub fn on_commit_attempt(&mut self, hook: impl FnOnce(TxnId) + Send + Sync + 'a) {
-        self.on_commit = Some(Box::new(hook));
+        self.on_commit.push(Box::new(hook));
     }
 
     /// The deadline it was begun with, if any.
@@ -677,7 +717,7 @@ impl<'a> Transaction<'a> {
         // The error of an attempt whose outcome was unknown, when a definite refusal
         // came after it.
         let mut unknown: Option<CommitError> = None;
-        if let Some(hook) = self.on_commit.take() {
+        for hook in std::mem::take(&mut self.on_commit) {
             hook(txn_id);
         }
         let error = match self.attempt(&mut request, &mut unknown).await {

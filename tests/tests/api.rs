@@ -1229,8 +1229,20 @@ async fn the_openapi_document_states_the_contract_the_code_enforces() {
 }
 
 /// A router with only the library's deadline middleware around `handler`, over a store
-/// whose commits never answer, with a 2 s timeout.
+/// whose commits and tombstone writes never answer (so nothing can settle a commit), with
+/// a 2 s timeout.
 fn stalled_commit_app<H, T>(handler: H) -> Router
+where
+    H: axum::handler::Handler<T, Arc<Outbox>>,
+    T: 'static,
+{
+    deadline_app(CommitStall::Forever, true, handler)
+}
+
+/// A router with only the library's deadline middleware around `handler`, over a store
+/// whose commits behave as `commit` says and whose tombstone writes stall if
+/// `tombstones_stall`, with a 2 s timeout.
+fn deadline_app<H, T>(commit: CommitStall, tombstones_stall: bool, handler: H) -> Router
 where
     H: axum::handler::Handler<T, Arc<Outbox>>,
     T: 'static,
@@ -1240,7 +1252,8 @@ where
     let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
     let ports = RequestPorts {
         store: Arc::new(OddStore {
-            commit: CommitStall::Forever,
+            commit,
+            tombstones_stall,
             ..OddStore::around(backend.store.clone())
         }),
         ..backend.request_ports(clock.clone())
@@ -1345,4 +1358,72 @@ async fn the_embedded_api_runs_with_an_eventbridge_destination_and_names_its_eve
     assert_eq!(event["detail"]["metadata"]["event-type"], "OrderPlaced");
     assert_eq!(event["detail"]["data"]["type"], "OrderPlaced");
     parts.worker.expect("the in-process worker").abort();
+}
+
+/// A transaction begun with `Outbox::begin` directly (the README's own example), never
+/// shown to the scope, is still seen by the deadline middleware: a handler that commits
+/// and then overruns is answered "outcome unknown" naming it (its answer is lost, its
+/// change is not), never "nothing was written".
+#[tokio::test(start_paused = true)]
+async fn a_transaction_begun_without_the_scope_is_seen_by_the_middleware() {
+    use axum::extract::State;
+
+    async fn handler(State(outbox): State<Arc<Outbox>>) -> StatusCode {
+        let txn = outbox.begin().await.expect("begin");
+        txn.commit().await.expect("the commit applies");
+        // Whatever the handler does next takes longer than the request may.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        StatusCode::CREATED
+    }
+    assert_answered_outcome_unknown(deadline_app(CommitStall::None, false, handler)).await;
+}
+
+/// A hook of the handler's own on the transaction adds to the scope's, instead of
+/// replacing it: both are told when the commit begins.
+#[tokio::test(start_paused = true)]
+async fn a_commit_hook_of_the_handler_adds_to_the_scopes() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use axum::extract::State;
+    use outbox::http::{HttpError, RequestScope};
+
+    static TOLD: AtomicBool = AtomicBool::new(false);
+    async fn handler(State(outbox): State<Arc<Outbox>>, scope: RequestScope) -> Result<StatusCode, HttpError> {
+        let mut txn = scope.begin(&outbox).await?;
+        txn.on_commit_attempt(|_| TOLD.store(true, Ordering::SeqCst));
+        txn.commit().await?;
+        // Whatever the handler does next takes longer than the request may.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        Ok(StatusCode::CREATED)
+    }
+    // Were the scope's hook replaced, it would think the transaction never committed.
+    assert_answered_outcome_unknown(deadline_app(CommitStall::None, false, handler)).await;
+    assert!(TOLD.load(Ordering::SeqCst), "the handler's hook was told too");
+}
+
+/// A second transaction in one request is refused before its control message, naming
+/// the request's first transaction, which the middleware then settles as it would alone.
+#[tokio::test(start_paused = true)]
+async fn a_second_transaction_in_one_request_is_refused_naming_the_first() {
+    use axum::extract::State;
+    use outbox::http::{HttpError, RequestScope};
+    use outbox::request::TxnError;
+
+    async fn handler(State(outbox): State<Arc<Outbox>>, scope: RequestScope) -> Result<StatusCode, HttpError> {
+        let first = scope.begin(&outbox).await?;
+        match outbox.begin().await {
+            Err(error @ TxnError::SecondInRequest { txn_id }) if txn_id == first.id() => Err(error.into()),
+            Err(other) => panic!("expected SecondInRequest naming {}, got {other:?}", first.id()),
+            Ok(second) => panic!("a second transaction {} began", second.id()),
+        }
+    }
+    let response = stalled_commit_app(handler)
+        .oneshot(empty(Method::POST, "/"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        response.headers().contains_key("x-transaction-id"),
+        "names the first transaction"
+    );
 }

@@ -37,7 +37,7 @@ use super::problem::TRANSACTION_ID_HEADER;
 use crate::native::{NativeOutbox, NativeTransaction};
 use crate::ports::Clock;
 use crate::protocol::TxnId;
-use crate::request::{Committable, Outbox, Settlement, Transaction, TxnError};
+use crate::request::{watch_begins, BeginWatch, Committable, Outbox, Settlement, Transaction, TxnError};
 use crate::time::Timestamp;
 
 /// How long before a request's end the handler must stop working, to answer in time.
@@ -163,36 +163,29 @@ impl RequestScope {
         *self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = progress;
     }
 
-    /// Records that `txn` began on `outbox`, and has it record when its commit is tried,
-    /// however it is committed.
-    fn watch(&self, outbox: &Outbox, txn: &mut Transaction<'_>) {
-        *self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(outbox.clone());
-        self.begun(txn.id());
-        let progress = self.progress.clone();
-        txn.on_commit_attempt(move |txn_id| {
-            *progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Progress::Committing(txn_id);
-        });
-    }
-
     /// Begins a transaction within this request's deadline, and records its progress.
     pub async fn begin<'a>(&self, outbox: &'a Outbox) -> Result<Transaction<'a>, TxnError> {
-        let mut txn = match self.deadline {
-            Some(deadline) => outbox.begin_within(deadline).await?,
-            None => outbox.begin().await?,
+        let begin = async {
+            match self.deadline {
+                Some(deadline) => outbox.begin_within(deadline).await,
+                None => outbox.begin().await,
+            }
         };
-        self.watch(outbox, &mut txn);
-        Ok(txn)
+        // The middleware watches the whole request already; this covers a scope used
+        // without it, or a begin on another task.
+        watch_begins(Arc::new(self.clone()), begin).await
     }
 
     /// Begins a transaction with native actions within this request's deadline, and
     /// records its progress.
     pub async fn begin_native<'a>(&self, outbox: &'a NativeOutbox) -> Result<NativeTransaction<'a>, TxnError> {
-        let mut txn = match self.deadline {
-            Some(deadline) => outbox.begin_within(deadline).await?,
-            None => outbox.begin().await?,
+        let begin = async {
+            match self.deadline {
+                Some(deadline) => outbox.begin_within(deadline).await,
+                None => outbox.begin().await,
+            }
         };
-        self.watch(outbox.outbox(), &mut txn);
-        Ok(txn)
+        watch_begins(Arc::new(self.clone()), begin).await
     }
 
     /// Settles transaction `txn_id`, begun through this scope, with its tombstone by
@@ -271,6 +264,28 @@ impl RequestScope {
             Err(error) if precondition => Err(HttpError::Precondition(error)),
             Err(error) => Err(HttpError::Transaction(error)),
         }
+    }
+}
+
+/// The scope sees every transaction begun while its request runs: through it, or with
+/// [`Outbox::begin`] directly. One per request: a second is refused
+/// ([`TxnError::SecondInRequest`]), since the answer, the idempotency record and the
+/// middleware's settling all concern one transaction.
+impl BeginWatch for RequestScope {
+    fn admit(&self) -> Result<(), TxnError> {
+        match self.progress() {
+            Progress::NotBegun => Ok(()),
+            Progress::Begun(txn_id) | Progress::Committing(txn_id) => Err(TxnError::SecondInRequest { txn_id }),
+        }
+    }
+
+    fn started(&self, outbox: &Outbox, txn: &mut Transaction<'_>) {
+        *self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(outbox.clone());
+        self.begun(txn.id());
+        let progress = self.progress.clone();
+        txn.on_commit_attempt(move |txn_id| {
+            *progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Progress::Committing(txn_id);
+        });
     }
 }
 
@@ -358,8 +373,9 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
     let settle_by = end.minus(margin / 4);
     // The handler's future is dropped when the backstop wins: its transaction is then
     // in nobody's hands.
+    let watched = watch_begins(Arc::new(scope.clone()), next.run(request));
     let answered = tokio::select! {
-        response = next.run(request) => Some(response),
+        response = watched => Some(response),
         () = clock.timer(backstop) => None,
     };
     let progress = scope.progress();
