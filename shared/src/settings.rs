@@ -170,6 +170,9 @@ impl fmt::Display for SettingsError {
     }
 }
 
+/// Set by AWS Lambda in every function's environment: where its runtime API is.
+const LAMBDA_RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
+
 impl Settings {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, SettingsError> {
@@ -186,7 +189,19 @@ impl Settings {
         let defaults = Timing::default();
         let limits = TransactionLimits::default();
 
+        // Inside Lambda (its runtime API is in the environment) the embedded backend would
+        // serve from one sandbox's memory and lose everything with it.
+        let on_lambda = lookup(LAMBDA_RUNTIME_API).is_some();
         let backend = match reader.text(vars::BACKEND).as_deref() {
+            None | Some("embedded") if on_lambda => {
+                reader.fail(
+                    vars::BACKEND,
+                    "must be `aws` inside AWS Lambda (AWS_LAMBDA_RUNTIME_API is set): the embedded backend keeps \
+                     everything in one sandbox's memory"
+                        .to_owned(),
+                );
+                None
+            }
             None | Some("embedded") => Some(Backend::Embedded),
             Some("aws") => {
                 let layout = reader.layout(None);
@@ -504,6 +519,24 @@ mod tests {
         assert_eq!(settings.timing.max_commit_duration, Duration::from_secs(30));
         assert_eq!(settings.timing.retention, Duration::from_secs(604_800));
         assert!(settings.destinations.is_empty());
+    }
+
+    #[test]
+    fn inside_lambda_the_embedded_backend_is_refused_naming_the_variable() {
+        for backend in [None, Some("embedded")] {
+            let mut pairs = vec![("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")];
+            pairs.extend(backend.map(|backend| (vars::BACKEND, backend)));
+            let error = only_error(&pairs);
+            assert_eq!(error.variable, vars::BACKEND);
+            assert!(error.problem.contains("must be `aws` inside AWS Lambda"), "{error:?}");
+        }
+        let aws = settings(&[
+            ("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"),
+            (vars::BACKEND, "aws"),
+            (vars::TABLE_NAME, "t"),
+            (vars::CONTROL_QUEUE_URL, "https://sqs.us-east-1.amazonaws.com/1/c"),
+        ]);
+        assert!(aws.is_ok(), "{aws:?}");
     }
 
     #[test]
