@@ -95,6 +95,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             enforce_deadline,
         ))
         .with_state(state);
+    let routes = outbox::http::serve_under_stage(routes);
     routes.layer(
         ServiceBuilder::new()
             .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))

@@ -9,6 +9,8 @@
 //! - [`scope`]: each request's deadline (the Lambda invocation's, or a timeout) as a
 //!   middleware, and the request's transaction from `begin` to the answer, so that even a
 //!   timeout names it.
+//! - `stage` (feature `lambda`): API Gateway's stage taken off the path before routing
+//!   and put back in front of a `Location`.
 //! - [`HttpError`]: what these pieces fail with, answered as problem+json.
 //!
 //! A handler with native DynamoDB actions, from request to answer:
@@ -50,9 +52,13 @@ pub mod headers;
 pub mod idempotency;
 pub mod problem;
 pub mod scope;
+#[cfg(feature = "lambda")]
+pub mod stage;
 
 pub use error::HttpError;
 pub use headers::{etag, IdempotencyKeyHeader, IfMatch};
 pub use idempotency::Idempotency;
 pub use problem::{FieldError, Problem, TRANSACTION_ID_HEADER};
 pub use scope::{enforce_deadline, Answer, Deadlines, Progress, RequestScope};
+#[cfg(feature = "lambda")]
+pub use stage::serve_under_stage;
