@@ -561,3 +561,22 @@ async fn a_failed_control_message_comes_back_in_seconds_in_poll_and_in_lambda_mo
         "a failed control message came back after {poll_mode_wait:?} (poll mode, 1st failure) and {lambda_mode_wait:?} (Lambda mode, 2nd failure); visibility timeout 60 s"
     );
 }
+
+/// The SQS event `sam local generate-event sqs receive-message` writes (its body is not a
+/// control message) goes through the real handler: that record, and only it, is reported
+/// failed, in Lambda's wire format.
+#[tokio::test]
+async fn the_sqs_event_sam_generates_is_reported_failed_alone() {
+    let event: SqsEvent = serde_json::from_str(include_str!("../fixtures/sam_sqs_receive_message.json"))
+        .expect("the Lambda SQS event SAM generates");
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_002_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    let control = ControlPath::new(backend.control_ports(clock.clone()), Timing::default());
+    let response = handle_event(&control, backend.control_queue.as_ref(), clock.as_ref(), event).await;
+    assert_eq!(failures(&response), ["19dd0b57-b21e-4ac1-bd88-01bbb068cb78"]);
+    let wire = serde_json::to_value(&response).unwrap();
+    assert_eq!(
+        wire,
+        json!({"batchItemFailures": [{"itemIdentifier": "19dd0b57-b21e-4ac1-bd88-01bbb068cb78"}]})
+    );
+}
