@@ -49,11 +49,12 @@ pub enum ApiError {
     Http(#[from] HttpError),
     /// A refusal decided after the request's transaction began: answered as `error`,
     /// naming the transaction (which never commits).
-    #[error("{error} (transaction {txn_id})")]
+    #[error("in transaction {txn_id}")]
     InTransaction {
         /// The transaction.
         txn_id: outbox::protocol::TxnId,
         /// The refusal.
+        #[source]
         error: Box<ApiError>,
     },
     /// A read failed.

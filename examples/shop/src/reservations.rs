@@ -70,11 +70,12 @@ pub enum ShopError {
     #[error(transparent)]
     Catalog(#[from] CatalogError),
     /// A refusal decided after the transaction began: answered naming it.
-    #[error("{error} (transaction {txn_id})")]
+    #[error("in transaction {txn_id}")]
     InTransaction {
         /// The transaction, which never commits.
         txn_id: TxnId,
         /// The refusal.
+        #[source]
         error: Box<ShopError>,
     },
 }

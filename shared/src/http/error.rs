@@ -40,11 +40,12 @@ pub enum HttpError {
     #[error("the request timed out ({0:?})")]
     Timeout(Progress),
     /// `error`, met after transaction `txn_id` began: answered naming it.
-    #[error("{error} (transaction {txn_id})")]
+    #[error("in transaction {txn_id}")]
     InTransaction {
         /// The transaction.
         txn_id: crate::protocol::TxnId,
         /// What failed.
+        #[source]
         error: Box<HttpError>,
     },
 }
@@ -106,5 +107,73 @@ pub fn timeout_problem(progress: Progress) -> Problem {
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         respond(&self, self.problem())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::ports::CommitError;
+    use crate::protocol::TxnId;
+
+    /// A writer into a shared buffer, for reading what was logged.
+    #[derive(Clone, Default)]
+    struct Logged(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Logged {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged_while(answer: impl FnOnce()) -> String {
+        let logged = Logged::default();
+        let writer = logged.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, answer);
+        let bytes = logged.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn a_5xx_logs_its_whole_chain_of_causes_once() {
+        let txn_id = TxnId::new_v7();
+        let error = HttpError::Transaction(TxnError::NotCommitted {
+            txn_id,
+            source: CommitError::Unavailable("connection refused by the endpoint".into()),
+        })
+        .in_transaction(txn_id);
+        let log = logged_while(|| {
+            let response = error.into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        });
+        for level in [
+            format!("in transaction {txn_id}"),
+            "the store did not take the commit".to_owned(),
+            "the store is unavailable".to_owned(),
+            "connection refused by the endpoint".to_owned(),
+        ] {
+            assert!(log.contains(&level), "{level:?} missing from the log: {log}");
+        }
+        assert_eq!(log.lines().count(), 1, "logged once: {log}");
+    }
+
+    #[test]
+    fn a_refusal_is_logged_as_information_in_one_line() {
+        let log = logged_while(|| {
+            let _ = HttpError::IdempotencyKeyReused.into_response();
+        });
+        assert!(log.contains("INFO") && log.contains("request refused"), "{log}");
+        assert_eq!(log.lines().count(), 1, "{log}");
     }
 }

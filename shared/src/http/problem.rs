@@ -5,6 +5,7 @@
 //! and the `transaction_id` member. A 5xx says no more than what the client can act on:
 //! whether anything was written, and when to retry (`Retry-After`); causes are logged.
 
+use aws_smithy_types::error::display::DisplayErrorContext;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -138,14 +139,16 @@ impl IntoResponse for Problem {
     }
 }
 
-/// Answers `error` with `problem`, logging it with its cause: as an error for a 5xx (whose
-/// body says nothing of the cause), as information otherwise. The one place every error
-/// type of the glue, and of a service built on it, becomes a response.
+/// Answers `error` with `problem`, logging it: a 5xx (whose body says nothing of the
+/// cause) as an error with its whole chain of causes, each with the details an AWS SDK
+/// error keeps ([`DisplayErrorContext`]); anything else as information, in one line. The
+/// one place every error type of the glue, and of a service built on it, becomes a
+/// response, and so the one place a 5xx's cause is logged.
 pub fn respond(error: &dyn std::error::Error, problem: Problem) -> Response {
     if problem.status >= 500 {
-        tracing::error!(error = %error, source = ?error.source().map(ToString::to_string), "request failed");
+        tracing::error!(status = problem.status, error = %DisplayErrorContext(error), "request failed");
     } else {
-        tracing::info!(error = %error, "request refused");
+        tracing::info!(status = problem.status, error = %error, "request refused");
     }
     problem.into_response()
 }
