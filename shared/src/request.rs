@@ -32,7 +32,7 @@ use crate::settings::{Timing, TransactionLimits};
 use crate::time::Timestamp;
 
 /// Commits tried at most, when the store answers "contention" or "unknown outcome".
-pub const COMMIT_ATTEMPTS: u32 = 3;
+pub const COMMIT_ATTEMPTS: u32 = 5;
 /// Wait before the first commit retry; doubled for the next.
 const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(25);
 /// Time kept before a request's deadline for settling a commit of unknown outcome with a
@@ -198,8 +198,10 @@ pub enum TxnError {
     },
     /// A second transaction was begun in a request that had begun one already
     /// (`txn_id`, which the answer names): a request is one transaction, with one answer
-    /// and one idempotency record. The second was refused before its control message;
-    /// nothing of it was written. Stage every change of the request in one transaction.
+    /// and one idempotency record, even when the first was refused or abandoned (to try
+    /// again, the client sends the request again). The second was refused before its
+    /// control message; nothing of it was written. The first stands as it is. Stage
+    /// every change of the request in one transaction.
     #[error("a second transaction in the request of transaction {txn_id}")]
     SecondInRequest {
         /// The request's first transaction.
@@ -237,9 +239,11 @@ impl TxnError {
         }
     }
 
-    /// Whether the transaction certainly did not commit (every variant but `Ambiguous`).
+    /// Whether the transaction it names certainly did not commit: every variant but
+    /// `Ambiguous`, and `SecondInRequest`, which names the request's first transaction
+    /// (that one may well have committed).
     pub fn is_definite(&self) -> bool {
-        !matches!(self, Self::Ambiguous { .. })
+        !matches!(self, Self::Ambiguous { .. } | Self::SecondInRequest { .. })
     }
 }
 
@@ -524,26 +528,30 @@ impl Outbox {
     #[tracing::instrument(skip_all, fields(txn_id))]
     async fn begin_with(&self, deadline: Option<Timestamp>) -> Result<Transaction<'_>, TxnError> {
         let now = self.ports.clock.now();
+        let txn_id = self.ports.ids.next_txn_id(now);
         // The request scope running on this task, if any, sees every transaction begun
         // in it, however it is begun, and may refuse a second one before anything is sent.
         let watch = BEGIN_WATCH.try_with(Arc::clone).ok();
         if let Some(watch) = &watch {
-            watch.admit()?;
+            watch.admit(txn_id)?;
         }
-        let txn_id = self.ports.ids.next_txn_id(now);
         tracing::Span::current().record("txn_id", tracing::field::display(txn_id));
         let control = ControlMessage::first(txn_id, now);
         let send = self.ports.control_queue.send(&control, self.timing.first_check_delay);
         // Whether or not a send cut short reached the queue, nothing will be committed:
         // a control message for a transaction that never commits only tombstones it.
-        match within(self.ports.clock.as_ref(), deadline, send).await {
-            Some(sent) => sent.map_err(|source| TxnError::ControlSend { txn_id, source })?,
-            None => {
-                return Err(TxnError::ControlSend {
-                    txn_id,
-                    source: QueueError::Unavailable("the request's deadline passed during the send".into()),
-                })
+        let sent = match within(self.ports.clock.as_ref(), deadline, send).await {
+            Some(sent) => sent.map_err(|source| TxnError::ControlSend { txn_id, source }),
+            None => Err(TxnError::ControlSend {
+                txn_id,
+                source: QueueError::Unavailable("the request's deadline passed during the send".into()),
+            }),
+        };
+        if let Err(error) = sent {
+            if let Some(watch) = &watch {
+                watch.not_started();
             }
+            return Err(error);
         }
         let mut txn = Transaction {
             outbox: self,
@@ -578,8 +586,11 @@ impl Outbox {
 /// runs on this task, however they are begun: through it, or with [`Outbox::begin`]
 /// directly. Installed with [`watch_begins`].
 pub trait BeginWatch: Send + Sync {
-    /// Before a transaction begins (nothing sent yet): an error refuses it.
-    fn admit(&self) -> Result<(), TxnError>;
+    /// Before a transaction begins (nothing sent yet): an error refuses it. Admitting
+    /// one holds the request's place until [`Self::started`] or [`Self::not_started`].
+    fn admit(&self, txn_id: TxnId) -> Result<(), TxnError>;
+    /// The admitted transaction could not begin (its control message was not sent).
+    fn not_started(&self);
     /// Once it began (its control message acknowledged): record it, and hook its commit.
     fn started(&self, outbox: &Outbox, txn: &mut Transaction<'_>);
 }

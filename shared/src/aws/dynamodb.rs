@@ -618,7 +618,19 @@ impl Store for DynamoStore {
         let mut records = BTreeMap::new();
         let mut to_read = txn_ids.to_vec();
         for round in 1..=TORN_READ_ROUNDS {
-            let (read, torn) = self.read_outboxes(&to_read).await?;
+            let (read, torn) = match self.read_outboxes(&to_read).await {
+                Ok(result) => result,
+                // A re-read that fails fails only the records it was for.
+                Err(error) if round > 1 => {
+                    let shared = Arc::new(error);
+                    records.extend(to_read.iter().map(|txn_id| {
+                        let error = StoreError::Unavailable(Box::new(SharedError(shared.clone())));
+                        (*txn_id, Err(error))
+                    }));
+                    break;
+                }
+                Err(error) => return Err(error),
+            };
             records.extend(read);
             if round == TORN_READ_ROUNDS {
                 records.extend(torn);

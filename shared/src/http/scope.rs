@@ -67,6 +67,8 @@ pub struct RequestScope {
     progress: Arc<Mutex<Progress>>,
     /// The request path the transaction was begun on, to abandon it through.
     outbox: Arc<Mutex<Option<Outbox>>>,
+    /// The transaction admitted and beginning, if any: the request's one place is taken.
+    beginning: Arc<Mutex<Option<TxnId>>>,
 }
 
 impl std::fmt::Debug for RequestScope {
@@ -141,6 +143,7 @@ impl RequestScope {
             deadline,
             progress: Arc::default(),
             outbox: Arc::default(),
+            beginning: Arc::default(),
         }
     }
 
@@ -267,16 +270,29 @@ impl RequestScope {
     }
 }
 
-/// The scope sees every transaction begun while its request runs: through it, or with
-/// [`Outbox::begin`] directly. One per request: a second is refused
-/// ([`TxnError::SecondInRequest`]), since the answer, the idempotency record and the
-/// middleware's settling all concern one transaction.
+/// The scope sees every transaction begun while its request runs on the request's task:
+/// through it, or with [`Outbox::begin`] directly (a task the handler spawns is not
+/// watched, unless it begins through the scope). One per request: a second is refused
+/// ([`TxnError::SecondInRequest`]), even after the first was refused or abandoned, since
+/// the answer, the idempotency record and the middleware's settling all concern one
+/// transaction.
 impl BeginWatch for RequestScope {
-    fn admit(&self) -> Result<(), TxnError> {
-        match self.progress() {
-            Progress::NotBegun => Ok(()),
-            Progress::Begun(txn_id) | Progress::Committing(txn_id) => Err(TxnError::SecondInRequest { txn_id }),
+    fn admit(&self, txn_id: TxnId) -> Result<(), TxnError> {
+        let mut beginning = self.beginning.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match (self.progress(), *beginning) {
+            (Progress::Begun(first) | Progress::Committing(first), _) | (Progress::NotBegun, Some(first)) => {
+                Err(TxnError::SecondInRequest { txn_id: first })
+            }
+            // The first to get here takes the place, even against a begin running at once.
+            (Progress::NotBegun, None) => {
+                *beginning = Some(txn_id);
+                Ok(())
+            }
         }
+    }
+
+    fn not_started(&self) {
+        *self.beginning.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
     }
 
     fn started(&self, outbox: &Outbox, txn: &mut Transaction<'_>) {

@@ -278,7 +278,8 @@ pub trait Store: Send + Sync {
     /// read, and a record that cannot be read (a split record with a part missing, an
     /// item that cannot be understood) is that record's error, so that it never fails
     /// its neighbours. Absent (or expired) ones are missing from the map. By default,
-    /// [`Self::get_outboxes`] with every record read.
+    /// [`Self::get_outboxes`] with every record read: a store that wraps another must
+    /// forward this too, or lose the isolation.
     async fn get_outboxes_each(&self, txn_ids: &[TxnId]) -> Result<OutboxReads, StoreError> {
         Ok(self
             .get_outboxes(txn_ids)
