@@ -1411,8 +1411,10 @@ async fn a_second_transaction_in_one_request_is_refused_naming_the_first() {
     use outbox::http::{HttpError, RequestScope};
     use outbox::request::TxnError;
 
+    static FIRST: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     async fn handler(State(outbox): State<Arc<Outbox>>, scope: RequestScope) -> Result<StatusCode, HttpError> {
         let first = scope.begin(&outbox).await?;
+        *FIRST.lock().unwrap() = Some(first.id().to_string());
         match outbox.begin().await {
             Err(error @ TxnError::SecondInRequest { txn_id }) if txn_id == first.id() => Err(error.into()),
             Err(other) => panic!("expected SecondInRequest naming {}, got {other:?}", first.id()),
@@ -1424,8 +1426,9 @@ async fn a_second_transaction_in_one_request_is_refused_naming_the_first() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(
-        response.headers().contains_key("x-transaction-id"),
+    assert_eq!(
+        response.headers()["x-transaction-id"].to_str().unwrap(),
+        FIRST.lock().unwrap().clone().expect("the first began"),
         "names the first transaction"
     );
 }

@@ -595,8 +595,10 @@ async fn a_commit_request_the_sdk_gave_up_on_leaves_the_outcome_unknown_however_
 
     // The production client, as `load_sdk_config` builds it: half the operation timeout
     // per attempt, standard retries (3 attempts, jittered backoff of at most 1 s and then
-    // 2 s). With 8 s, the held request is given up after 4 s and both throttled retries
-    // always fit in the rest: the call ends with the throttle, not with its own timeout.
+    // 2 s) for every call but the commit, which the store sends once per call. With 8 s,
+    // the held request is given up after 4 s; were the SDK retrying the commit, both
+    // throttled retries would always fit in the rest, and the call would end with the
+    // throttle, hiding the held request (the bug this test was written against).
     let config = outbox::aws::sdk_config_loader(Duration::from_secs(8))
         .endpoint_url(&endpoint)
         .region(Region::new("us-east-1"))
