@@ -13,19 +13,6 @@ use tokio::sync::watch;
 
 const LISTEN_ADDR: &str = "OUTBOX_LISTEN_ADDR";
 
-fn init_tracing(on_lambda: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if on_lambda {
-        builder.json().with_current_span(true).without_time().init();
-    } else {
-        builder.init();
-    }
-}
-
 async fn signal(stop: watch::Sender<bool>) {
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
@@ -39,7 +26,7 @@ async fn signal(stop: watch::Sender<bool>) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
-    init_tracing(on_lambda);
+    outbox::logging::init();
     let settings = match Settings::from_env() {
         Ok(settings) => settings,
         Err(error) => {

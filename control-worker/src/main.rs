@@ -29,19 +29,6 @@ use outbox::settings::{layout_from_env, vars, Settings};
 use outbox::worker::lambda::handle_event;
 use outbox::worker::setup::Worker;
 
-fn init_tracing(on_lambda: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if on_lambda {
-        builder.json().with_current_span(true).without_time().init();
-    } else {
-        builder.init();
-    }
-}
-
 fn report(error: &dyn std::error::Error) -> ExitCode {
     eprintln!("error: {error}");
     let mut source = error.source();
@@ -68,7 +55,7 @@ const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_UR
 #[tokio::main]
 async fn main() -> ExitCode {
     let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
-    init_tracing(on_lambda);
+    outbox::logging::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["bootstrap"] => run_bootstrap("outbox", "sqs").await,

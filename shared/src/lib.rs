@@ -21,6 +21,8 @@
 //! - [`time`]: the protocol's timestamps.
 //! - `worker` (feature `worker`): the control worker as a Lambda SQS handler and a local
 //!   poller, set up from the settings.
+//! - `logging` (feature `logging`): one logging set-up for the binaries, honouring
+//!   Lambda's advanced logging controls.
 //! - `http` (feature `axum`): the glue for axum handlers: problem+json answers,
 //!   `Idempotency-Key`, `If-Match`, each request's deadline (from the Lambda context with
 //!   feature `lambda`).
@@ -34,6 +36,8 @@ pub mod embedded;
 pub mod event_detail;
 #[cfg(feature = "axum")]
 pub mod http;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod metrics;
 pub mod native;
 pub mod poller;

@@ -13,12 +13,7 @@ use shop::{router, Shop};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        ))
-        .with_writer(std::io::stderr)
-        .init();
+    outbox::logging::init();
     let settings = match Settings::from_env() {
         Ok(settings) => settings,
         Err(error) => {

@@ -1,0 +1,105 @@
+//! One logging set-up for every binary on the outbox (feature `logging`): on Lambda as
+//! Lambda's advanced logging controls say, elsewhere readable lines with their time.
+//!
+//! - **On Lambda** (`AWS_LAMBDA_RUNTIME_API` set): the level is `AWS_LAMBDA_LOG_LEVEL`,
+//!   else `RUST_LOG`, else `info`; the format is JSON (with the current span, so each line
+//!   carries the request's or control message's fields) when `AWS_LAMBDA_LOG_FORMAT` is
+//!   `JSON`, else text; no timestamps, which CloudWatch adds.
+//! - **Elsewhere**: `RUST_LOG` (default `info`), text with timestamps, on standard error.
+
+use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+
+/// The level and format the environment asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// The filter directives (`info`, `outbox=debug,info`, ...).
+    pub filter: String,
+    /// JSON lines instead of text.
+    pub json: bool,
+    /// Each line with its time.
+    pub timestamps: bool,
+}
+
+impl LogSettings {
+    /// What `lookup` (a variable's value, or `None`) asks for, inside Lambda or not.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let on_lambda = lookup("AWS_LAMBDA_RUNTIME_API").is_some();
+        let level = if on_lambda {
+            lookup("AWS_LAMBDA_LOG_LEVEL").map(|level| level.to_ascii_lowercase())
+        } else {
+            None
+        };
+        Self {
+            filter: level
+                .or_else(|| lookup("RUST_LOG"))
+                .filter(|filter| !filter.trim().is_empty())
+                .unwrap_or_else(|| "info".to_owned()),
+            json: on_lambda
+                && lookup("AWS_LAMBDA_LOG_FORMAT").is_some_and(|format| format.eq_ignore_ascii_case("json")),
+            timestamps: !on_lambda,
+        }
+    }
+}
+
+/// Installs the process's subscriber as the environment asks ([`LogSettings`]).
+pub fn init() {
+    let settings = LogSettings::from_lookup(|name| std::env::var(name).ok());
+    let filter = EnvFilter::builder()
+        .with_default_directive(LevelFilter::INFO.into())
+        .parse_lossy(&settings.filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match (settings.json, settings.timestamps) {
+        (true, _) => builder.json().with_current_span(true).without_time().init(),
+        (false, true) => builder.init(),
+        (false, false) => builder.without_time().init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> LogSettings {
+        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        LogSettings::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn lambdas_logging_controls_win_inside_lambda_only() {
+        let lambda = ("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001");
+        let both = settings(&[
+            lambda,
+            ("AWS_LAMBDA_LOG_LEVEL", "DEBUG"),
+            ("RUST_LOG", "warn"),
+            ("AWS_LAMBDA_LOG_FORMAT", "JSON"),
+        ]);
+        assert_eq!(
+            both,
+            LogSettings {
+                filter: "debug".into(),
+                json: true,
+                timestamps: false
+            }
+        );
+        assert_eq!(settings(&[lambda, ("RUST_LOG", "warn")]).filter, "warn");
+        let text = settings(&[lambda, ("AWS_LAMBDA_LOG_FORMAT", "Text")]);
+        assert_eq!(
+            (text.filter.as_str(), text.json, text.timestamps),
+            ("info", false, false)
+        );
+        // Locally Lambda's controls mean nothing: RUST_LOG, text, timestamps.
+        let local = settings(&[("AWS_LAMBDA_LOG_LEVEL", "DEBUG"), ("AWS_LAMBDA_LOG_FORMAT", "JSON")]);
+        assert_eq!(
+            local,
+            LogSettings {
+                filter: "info".into(),
+                json: false,
+                timestamps: true
+            }
+        );
+    }
+}
