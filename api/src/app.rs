@@ -78,6 +78,15 @@ fn cors(origins: &[String]) -> CorsLayer {
     }
 }
 
+/// Records the route the request matched (`/orders/{id}`) in the request's span, which
+/// the trace layer opened before routing.
+async fn record_route(request: Request<axum::body::Body>, next: axum::middleware::Next) -> axum::response::Response {
+    if let Some(route) = request.extensions().get::<axum::extract::MatchedPath>() {
+        tracing::Span::current().record("route", route.as_str());
+    }
+    next.run(request).await
+}
+
 /// The application: every route, with its layers.
 pub fn router(state: AppState, config: &HttpConfig) -> Router {
     let routes = Router::new()
@@ -94,6 +103,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             Deadlines::new(state.outbox.clock().clone(), config.timeout),
             enforce_deadline,
         ))
+        .route_layer(axum::middleware::from_fn(record_route))
         .with_state(state);
     let routes = outbox::http::serve_under_stage(routes);
     routes.layer(
@@ -101,7 +111,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
             .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
                 let request_id = request.extensions().get::<RequestId>().and_then(|id| id.header_value().to_str().ok()).unwrap_or("");
-                tracing::info_span!("request", request_id = %request_id, method = %request.method(), path = %request.uri().path())
+                tracing::info_span!("request", request_id = %request_id, method = %request.method(), path = %request.uri().path(), route = tracing::field::Empty)
             }))
             .layer(PropagateRequestIdLayer::new(REQUEST_ID))
             .layer(CompressionLayer::new())

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::ports::{Clock, ControlDelivery, ControlQueue, Publisher, QueueError, Store, StoreError, TombstoneOutcome};
 use crate::protocol::{ControlMessage, DecodeError, OutboxRecord, OutboxState, TxnId};
 use crate::publish::{publish_all, PublishFailure, RetryPolicy};
@@ -150,6 +152,15 @@ impl BatchReport {
     }
 }
 
+/// The span of one control message's handling: its SQS message id and its transaction.
+fn message_span(message_id: &str, txn_id: Option<TxnId>) -> tracing::Span {
+    tracing::info_span!(
+        "control_message",
+        sqs_message_id = %message_id,
+        txn_id = txn_id.map(tracing::field::display)
+    )
+}
+
 /// What the batch decided for one transaction before publishing.
 enum Decision {
     Publish(OutboxRecord),
@@ -206,13 +217,23 @@ impl ControlPath {
             .map(|(delivery, decoded)| {
                 let (txn_id, attempt, result) = match decoded {
                     Err(error) => (None, None, Err(error)),
-                    Ok(message) => (Some(message.txn_id), Some(message.attempt), outcomes[&message.txn_id].clone()),
+                    Ok(message) => (
+                        Some(message.txn_id),
+                        Some(message.attempt),
+                        outcomes[&message.txn_id].clone(),
+                    ),
                 };
+                let _span = message_span(&delivery.message_id, txn_id).entered();
                 match &result {
-                    Ok(outcome) => tracing::info!(sqs_message_id = %delivery.message_id, txn_id = ?txn_id.map(|id| id.to_string()), outcome = outcome.as_str(), "control message handled"),
-                    Err(error) => tracing::warn!(sqs_message_id = %delivery.message_id, txn_id = ?txn_id.map(|id| id.to_string()), error = %error, "control message failed"),
+                    Ok(outcome) => tracing::info!(outcome = outcome.as_str(), "control message handled"),
+                    Err(error) => tracing::warn!(error = %error, "control message failed"),
                 }
-                ItemReport { message_id: delivery.message_id.clone(), txn_id, attempt, result }
+                ItemReport {
+                    message_id: delivery.message_id.clone(),
+                    txn_id,
+                    attempt,
+                    result,
+                }
             })
             .collect();
         BatchReport { items }
@@ -240,7 +261,10 @@ impl ControlPath {
             let decision = match records.remove(txn_id) {
                 Some(Ok(record)) => self.decide_on_record(record),
                 Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
-                None => self.decide_on_absence(control).await,
+                None => {
+                    let span = tracing::info_span!("control_message", txn_id = %txn_id, attempt = control.attempt);
+                    self.decide_on_absence(control).instrument(span).await
+                }
             };
             decisions.insert(*txn_id, decision);
         }
@@ -369,5 +393,60 @@ impl ControlPath {
             outcomes.insert(record.txn_id, outcome);
         }
         outcomes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::embedded::{EmbeddedBackend, ManualClock};
+
+    /// A writer into a shared buffer, for reading what was logged.
+    #[derive(Clone, Default)]
+    struct Logged(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Logged {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn each_control_message_is_handled_in_a_span_naming_its_transaction() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+        let backend = EmbeddedBackend::new(clock.clone(), []);
+        let control = ControlPath::new(backend.control_ports(clock.clone()), Timing::default());
+        let txn_id = TxnId::new_v7();
+        let delivery = ControlDelivery {
+            message_id: "m-1".into(),
+            receipt: "r-1".into(),
+            body: ControlMessage::first(txn_id, clock.now()).encode(),
+            receive_count: 1,
+        };
+        let logged = Logged::default();
+        let writer = logged.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        control.handle_batch(std::slice::from_ref(&delivery)).await;
+        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<serde_json::Value> = text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+        let handled = lines
+            .iter()
+            .find(|line| line["fields"]["message"] == "control message handled")
+            .unwrap_or_else(|| panic!("no 'control message handled' line: {text}"));
+        assert_eq!(handled["span"]["name"], "control_message", "{handled}");
+        assert_eq!(handled["span"]["txn_id"], txn_id.to_string(), "{handled}");
+        assert_eq!(handled["span"]["sqs_message_id"], "m-1", "{handled}");
     }
 }

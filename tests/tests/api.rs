@@ -1484,3 +1484,47 @@ async fn http_api_and_alb_events_from_sam_create_orders() {
         assert_eq!(location.as_deref(), Some(format!("/orders/{id}").as_str()), "{kind}");
     }
 }
+
+/// The request's span carries the route it matched (`/orders/{id}`, not the path), so
+/// that logs and traces group by route.
+#[tokio::test]
+async fn the_request_span_names_the_matched_route() {
+    use std::sync::Mutex;
+
+    #[derive(Clone, Default)]
+    struct Logged(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Logged {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_span_list(true)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let app = app();
+    let response = app
+        .router
+        .clone()
+        .oneshot(json_request(Method::POST, "/orders", &new_order()))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+    let routed = text
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter_map(|line| line["spans"].as_array().cloned())
+        .flatten()
+        .find(|span| span["name"] == "request")
+        .unwrap_or_else(|| panic!("no line in the request span: {text}"));
+    assert_eq!(routed["route"], "/orders", "{routed}");
+}
