@@ -500,3 +500,32 @@ fn the_queues_and_the_event_source_follow_the_rules() {
     assert!(min("BackoffCapSeconds") >= max("FirstCheckDelaySeconds"));
     assert!(min("RetentionSeconds") > max("MaxCommitDurationSeconds"));
 }
+
+/// The alarm the README recommends watches the metric the control worker emits: the same
+/// namespace, name and service dimension as its EMF records.
+#[test]
+fn the_failed_control_messages_alarm_watches_what_the_worker_emits() {
+    let template = template();
+    let alarm = &template["Resources"]["FailedControlMessagesAlarm"]["Properties"];
+    assert_eq!(alarm["Namespace"].as_str(), Some(outbox::metrics::NAMESPACE));
+    assert_eq!(alarm["MetricName"].as_str(), Some("FailedControlMessages"));
+    assert_eq!(alarm["Dimensions"][0]["Name"].as_str(), Some("Service"));
+    let report = outbox::control::BatchReport {
+        items: vec![outbox::control::ItemReport {
+            message_id: "m-1".into(),
+            txn_id: None,
+            attempt: None,
+            result: Err(outbox::control::ControlError::Decode(std::sync::Arc::new(
+                outbox::protocol::ControlMessage::decode("not a control message").unwrap_err(),
+            ))),
+        }],
+    };
+    let record = outbox::worker::batch_metrics::for_batch(&report, outbox::time::Timestamp::from_millis(0));
+    let emitted = record.to_json();
+    assert_eq!(emitted["FailedControlMessages"].as_f64(), Some(1.0), "{emitted}");
+    assert_eq!(
+        emitted["Service"].as_str(),
+        alarm["Dimensions"][0]["Value"].as_str(),
+        "the alarm's service is the worker's: {emitted}"
+    );
+}
