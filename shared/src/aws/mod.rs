@@ -5,10 +5,10 @@
 mod bootstrap;
 mod dynamodb;
 mod eventbridge;
-pub mod item;
+mod item;
 mod layout;
 mod publisher;
-pub mod size;
+mod size;
 mod sns;
 mod sqs;
 
