@@ -66,6 +66,9 @@ fn every_variable_the_code_reads_is_set_on_each_function() {
     let globals = names(&template["Globals"]["Function"]["Environment"]["Variables"]);
     let mut needed = variables_the_settings_read();
     assert!(needed.len() >= 12, "the recorder saw too little: {needed:?}");
+    // Set by Lambda itself in every function (the settings read it to refuse the
+    // embedded backend there), never by the template.
+    assert!(needed.remove("AWS_LAMBDA_RUNTIME_API"), "the settings look for Lambda");
     needed.insert("RUST_LOG".into());
     for function in FUNCTIONS {
         let mut set = globals.clone();
