@@ -376,7 +376,8 @@ def percentile(sorted_values, fraction):
 
 
 DISPATCHED = re.compile(r"dispatched message destination=(\S+) message_id=(\S+) txn_id=(\S+) body=(.*)$")
-HANDLED = re.compile(r'control message handled sqs_message_id=\S+ txn_id=Some\("([^"]+)"\) outcome="([a-z_]+)"')
+# The worker logs each outcome in its message's span: control_message{sqs_message_id=… txn_id=…}.
+HANDLED = re.compile(r'control_message\{sqs_message_id=\S+ txn_id=([0-9a-f-]+)\}: .*control message handled outcome="([a-z_]+)"')
 
 
 def read_log(path):

@@ -109,7 +109,9 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
     routes.layer(
         ServiceBuilder::new()
             .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
-            .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
+            // A 5xx is logged once, with its cause, where it is answered
+            // (`outbox::http::problem::respond`): not again here.
+            .layer(TraceLayer::new_for_http().on_failure(()).make_span_with(|request: &Request<_>| {
                 let request_id = request.extensions().get::<RequestId>().and_then(|id| id.header_value().to_str().ok()).unwrap_or("");
                 tracing::info_span!("request", request_id = %request_id, method = %request.method(), path = %request.uri().path(), route = tracing::field::Empty)
             }))

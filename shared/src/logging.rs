@@ -3,8 +3,8 @@
 //!
 //! - **On Lambda** (`AWS_LAMBDA_RUNTIME_API` set): the level is `AWS_LAMBDA_LOG_LEVEL`,
 //!   else `RUST_LOG`, else `info`; the format is JSON (with the current span, so each line
-//!   carries the request's or control message's fields) when `AWS_LAMBDA_LOG_FORMAT` is
-//!   `JSON`, else text; no timestamps, which CloudWatch adds.
+//!   carries the request's or control message's fields) unless `AWS_LAMBDA_LOG_FORMAT` is
+//!   `Text`; no timestamps, which CloudWatch adds, and no colours.
 //! - **Elsewhere**: `RUST_LOG` (default `info`), text with timestamps, on standard error.
 
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
@@ -24,8 +24,14 @@ impl LogSettings {
     /// What `lookup` (a variable's value, or `None`) asks for, inside Lambda or not.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
         let on_lambda = lookup("AWS_LAMBDA_RUNTIME_API").is_some();
+        // Lambda's levels are TRACE, DEBUG, INFO, WARN, ERROR and FATAL; tracing has no
+        // FATAL, and anything else would be read as a target's name and silence everything.
         let level = if on_lambda {
-            lookup("AWS_LAMBDA_LOG_LEVEL").map(|level| level.to_ascii_lowercase())
+            lookup("AWS_LAMBDA_LOG_LEVEL").map(|level| match level.to_ascii_lowercase().as_str() {
+                "fatal" => "error".to_owned(),
+                level @ ("trace" | "debug" | "info" | "warn" | "error") => level.to_owned(),
+                _ => "info".to_owned(),
+            })
         } else {
             None
         };
@@ -34,8 +40,9 @@ impl LogSettings {
                 .or_else(|| lookup("RUST_LOG"))
                 .filter(|filter| !filter.trim().is_empty())
                 .unwrap_or_else(|| "info".to_owned()),
+            // JSON on Lambda unless its logging controls ask for text.
             json: on_lambda
-                && lookup("AWS_LAMBDA_LOG_FORMAT").is_some_and(|format| format.eq_ignore_ascii_case("json")),
+                && !lookup("AWS_LAMBDA_LOG_FORMAT").is_some_and(|format| format.eq_ignore_ascii_case("text")),
             timestamps: !on_lambda,
         }
     }
@@ -53,7 +60,7 @@ pub fn init() {
     match (settings.json, settings.timestamps) {
         (true, _) => builder.json().with_current_span(true).without_time().init(),
         (false, true) => builder.init(),
-        (false, false) => builder.without_time().init(),
+        (false, false) => builder.with_ansi(false).without_time().init(),
     }
 }
 
@@ -91,6 +98,9 @@ mod tests {
             (text.filter.as_str(), text.json, text.timestamps),
             ("info", false, false)
         );
+        assert!(settings(&[lambda]).json, "JSON on Lambda by default");
+        assert_eq!(settings(&[lambda, ("AWS_LAMBDA_LOG_LEVEL", "FATAL")]).filter, "error");
+        assert_eq!(settings(&[lambda, ("AWS_LAMBDA_LOG_LEVEL", "LOUD")]).filter, "info");
         // Locally Lambda's controls mean nothing: RUST_LOG, text, timestamps.
         let local = settings(&[("AWS_LAMBDA_LOG_LEVEL", "DEBUG"), ("AWS_LAMBDA_LOG_FORMAT", "JSON")]);
         assert_eq!(

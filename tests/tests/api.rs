@@ -1507,6 +1507,7 @@ async fn the_request_span_names_the_matched_route() {
     let subscriber = tracing_subscriber::fmt()
         .json()
         .with_span_list(true)
+        .with_max_level(tracing::Level::DEBUG)
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
@@ -1518,13 +1519,19 @@ async fn the_request_span_names_the_matched_route() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
+    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let path = format!("/orders/{}", body["id"].as_str().unwrap());
+    let response = app.router.clone().oneshot(empty(Method::GET, &path)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
     let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+    // The read's span: its path is the order's, its route the pattern that matched it.
     let routed = text
         .lines()
         .map(|line| serde_json::from_str::<Value>(line).unwrap())
         .filter_map(|line| line["spans"].as_array().cloned())
         .flatten()
-        .find(|span| span["name"] == "request")
-        .unwrap_or_else(|| panic!("no line in the request span: {text}"));
-    assert_eq!(routed["route"], "/orders", "{routed}");
+        // The last: the first ("started processing request") comes before routing.
+        .rfind(|span| span["name"] == "request" && span["path"] == path.as_str())
+        .unwrap_or_else(|| panic!("no line in the read's request span: {text}"));
+    assert_eq!(routed["route"], "/orders/{id}", "{routed}");
 }

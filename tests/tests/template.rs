@@ -512,7 +512,15 @@ fn the_failed_control_messages_alarm_watches_what_the_worker_emits() {
     let alarm = &template["Resources"]["FailedControlMessagesAlarm"]["Properties"];
     assert_eq!(alarm["Namespace"].as_str(), Some(outbox::metrics::NAMESPACE));
     assert_eq!(alarm["MetricName"].as_str(), Some("FailedControlMessages"));
-    assert_eq!(alarm["Dimensions"][0]["Name"].as_str(), Some("Service"));
+    let dimensions: Vec<(String, String)> = alarm["Dimensions"]
+        .as_vec()
+        .expect("the alarm's dimensions")
+        .iter()
+        .map(|dimension| {
+            let text = |key: &str| dimension[key].as_str().expect("a string").to_owned();
+            (text("Name"), text("Value"))
+        })
+        .collect();
     let report = outbox::control::BatchReport {
         items: vec![outbox::control::ItemReport {
             message_id: "m-1".into(),
@@ -526,9 +534,17 @@ fn the_failed_control_messages_alarm_watches_what_the_worker_emits() {
     let record = outbox::worker::batch_metrics::for_batch(&report, outbox::time::Timestamp::from_millis(0));
     let emitted = record.to_json();
     assert_eq!(emitted["FailedControlMessages"].as_f64(), Some(1.0), "{emitted}");
-    assert_eq!(
-        emitted["Service"].as_str(),
-        alarm["Dimensions"][0]["Value"].as_str(),
-        "the alarm's service is the worker's: {emitted}"
-    );
+    // Exactly the dimensions the record declares, with its values: an extra one would
+    // select no metric, and the alarm would never fire.
+    let declared: Vec<(String, String)> = emitted["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0]
+        .as_array()
+        .expect("the record's dimension set")
+        .iter()
+        .map(|name| {
+            let name = name.as_str().expect("a dimension name").to_owned();
+            let value = emitted[name.as_str()].as_str().expect("its value").to_owned();
+            (name, value)
+        })
+        .collect();
+    assert_eq!(dimensions, declared, "{emitted}");
 }

@@ -169,11 +169,22 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_is_logged_as_information_in_one_line() {
+    fn a_refusal_is_logged_as_information_in_one_line_with_its_reason() {
+        let txn_id = TxnId::new_v7();
+        let refusal = HttpError::Transaction(TxnError::VersionConflict {
+            txn_id,
+            key: "ORDER#1".parse().unwrap(),
+        })
+        .in_transaction(txn_id);
         let log = logged_while(|| {
-            let _ = HttpError::IdempotencyKeyReused.into_response();
+            let response = refusal.into_response();
+            assert_eq!(response.status(), StatusCode::CONFLICT);
         });
         assert!(log.contains("INFO") && log.contains("request refused"), "{log}");
+        assert!(
+            log.contains(&format!("in transaction {txn_id}")) && log.contains("item ORDER#1 changed concurrently"),
+            "the reason, not only the transaction: {log}"
+        );
         assert_eq!(log.lines().count(), 1, "{log}");
     }
 }

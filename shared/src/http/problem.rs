@@ -148,9 +148,25 @@ pub fn respond(error: &dyn std::error::Error, problem: Problem) -> Response {
     if problem.status >= 500 {
         tracing::error!(status = problem.status, error = %DisplayErrorContext(error), "request failed");
     } else {
-        tracing::info!(status = problem.status, error = %error, "request refused");
+        tracing::info!(status = problem.status, error = %Chain(error), "request refused");
     }
     problem.into_response()
+}
+
+/// An error and its sources, each's message after the last's: `in transaction T: item
+/// ORDER#1 changed concurrently`.
+struct Chain<'a>(&'a dyn std::error::Error);
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
 }
 
 /// "Nothing was written; retry the request."

@@ -6,9 +6,13 @@
 //! client's URL had it: a router with `/orders` answers 404 to everything. And an answer's
 //! `Location: /orders/1` sends a client of `https://…/prod/orders` to a path without its
 //! stage. [`serve_under_stage`] wraps a router so that the stage is taken off the path
-//! before routing, and whatever the client's URL had before the route (the stage on the
-//! default endpoint, a custom domain's base path, or nothing) is put back in front of a
-//! `Location` that is an absolute path.
+//! before routing (and off `OriginalUri`), and what the client's URL had before the route
+//! (the stage, on the default endpoint) is put back in front of a `Location` that is an
+//! absolute path.
+//!
+//! Not handled: a custom domain's base path mapping (API Gateway leaves it in the path, so
+//! the routes must include it), and `AWS_LAMBDA_HTTP_IGNORE_STAGE_IN_PATH` (nothing is
+//! stripped then, and `Location` gets no prefix).
 
 use axum::extract::Request;
 use axum::http::header::LOCATION;
@@ -85,6 +89,9 @@ async fn strip_stage(mut request: Request, next: Next) -> Response {
         return next.run(request).await;
     };
     if let Some(uri) = without_prefix(request.uri(), &paths.strip) {
+        // What the handlers see as the request's URI (idempotency fingerprints, say) is
+        // the same whichever front door it came through.
+        request.extensions_mut().insert(axum::extract::OriginalUri(uri.clone()));
         *request.uri_mut() = uri;
     }
     let mut response = next.run(request).await;
