@@ -398,25 +398,9 @@ impl ControlPath {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use super::*;
     use crate::embedded::{EmbeddedBackend, ManualClock};
-
-    /// A writer into a shared buffer, for reading what was logged.
-    #[derive(Clone, Default)]
-    struct Logged(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Logged {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::test_log::Logged;
 
     #[tokio::test]
     async fn each_control_message_is_handled_in_a_span_naming_its_transaction() {
@@ -439,7 +423,7 @@ mod tests {
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
         control.handle_batch(std::slice::from_ref(&delivery)).await;
-        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        let text = logged.text();
         let lines: Vec<serde_json::Value> = text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
         let handled = lines
             .iter()

@@ -47,6 +47,8 @@ pub mod publish;
 pub mod redelivery;
 pub mod request;
 pub mod settings;
+#[cfg(test)]
+mod test_log;
 pub mod time;
 #[cfg(feature = "worker")]
 pub mod worker;

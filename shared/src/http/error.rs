@@ -112,26 +112,10 @@ impl IntoResponse for HttpError {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
     use crate::ports::CommitError;
     use crate::protocol::TxnId;
-
-    /// A writer into a shared buffer, for reading what was logged.
-    #[derive(Clone, Default)]
-    struct Logged(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Logged {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::test_log::Logged;
 
     fn logged_while(answer: impl FnOnce()) -> String {
         let logged = Logged::default();
@@ -141,8 +125,7 @@ mod tests {
             .with_ansi(false)
             .finish();
         tracing::subscriber::with_default(subscriber, answer);
-        let bytes = logged.0.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
+        logged.text()
     }
 
     #[test]
