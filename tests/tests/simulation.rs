@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use outbox::request::{InlineDispatch, Settlement, TxnError};
 use outbox_tests::sim::{
-    run_schedule, sim_timing, ApiResult, DepthFirst, FaultsDepthFirst, LoopEnds, Op, Outcome, Seeded, SimConfig,
-    UnknownCommits,
+    run_schedule, sim_timing, ApiResult, DepthFirst, Fault, FaultsDepthFirst, LateOps, LoopEnds, Op, Outcome, Seeded,
+    SimConfig, UnknownCommits,
 };
 
 /// A coarse name for how a schedule's requests ended, to show the exploration reached
@@ -60,6 +60,7 @@ fn one_transaction(inline: bool) -> SimConfig {
         retry_loop: None,
         inline,
         abandon_every: 0,
+        faults_only: None,
     }
 }
 
@@ -296,6 +297,145 @@ fn inline_publishing_keeps_the_invariants_at_every_crash_point() {
     );
 }
 
+/// Runs every fault sequence of `config` under the request-first order and `seeds`
+/// seeded random orders, checking the invariants and that nothing needed a redrive.
+fn run_fault_sequences(name: &str, config: &SimConfig, seeds: u64) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    for seed in std::iter::once(None).chain((1..=seeds).map(Some)) {
+        let mut prefix = Some(Vec::new());
+        while let Some(choices) = prefix {
+            let mut chooser = FaultsDepthFirst::new(choices.clone(), seed);
+            let outcome = run_schedule(&mut chooser, config)
+                .unwrap_or_else(|error| panic!("{name}, seed {seed:?}, faults {choices:?}: {error}"));
+            if let Err(violation) = outcome.observed.check() {
+                panic!(
+                    "{name}, seed {seed:?}, faults {choices:?}: {violation}\n{:#?}",
+                    outcome.observed
+                );
+            }
+            assert_eq!(
+                outcome.redrives, 0,
+                "{name}, seed {seed:?}, faults {choices:?} needed a dead-letter redrive"
+            );
+            outcomes.push(outcome);
+            prefix = chooser.next_prefix();
+        }
+    }
+    outcomes
+}
+
+/// Late operations other than commits: a tombstone put, a mark or a control message send
+/// whose caller gave up on it (a timeout) while it was still on its way, and which
+/// applies at a later step the scheduler picks, or is lost. Its caller saw a failure and
+/// acted on it (tried again, left the transaction to the worker, failed the control
+/// message). Three set-ups reach each kind: an abandoned transaction (the request path's
+/// tombstone and the worker's), inline publishing (the request path's mark and the
+/// worker's) and a short window (the worker's deferrals and tombstone). Every sequence of
+/// up to two late operations, under the request-first order and 20 random orders.
+#[test]
+fn late_tombstones_marks_and_control_sends_keep_the_invariants() {
+    fn late_only(op: Op) -> Vec<Fault> {
+        match op {
+            Op::Tombstone | Op::Mark | Op::ControlSend => vec![Fault::Late],
+            // Lost on its way, or applied.
+            Op::LateTombstone | Op::LateMark | Op::LateSend => vec![Fault::Fail],
+            _ => vec![],
+        }
+    }
+    let started = Instant::now();
+    let setups = [
+        (
+            "abandoned",
+            SimConfig {
+                abandon_every: 1,
+                ..one_transaction(false)
+            },
+        ),
+        ("inline", one_transaction(true)),
+        ("committed", one_transaction(false)),
+    ];
+    let mut late = LateOps::default();
+    let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut schedules = 0;
+    for (name, config) in setups {
+        let config = SimConfig {
+            fault_budget: 2,
+            faults_only: Some(late_only),
+            ..config
+        };
+        for outcome in run_fault_sequences(name, &config, 20) {
+            schedules += 1;
+            late.add(&outcome.late);
+            *endings.entry(ending(&outcome)).or_default() += 1;
+        }
+    }
+    println!(
+        "late operations: {schedules} schedules in {:.2?}; late (sent, applied): tombstones {:?}, marks {:?}, control sends {:?}; {} applied after their sender had ended; endings: {endings:?}",
+        started.elapsed(),
+        late.tombstones,
+        late.marks,
+        late.control_sends,
+        late.applied_after_sender_ended,
+    );
+    for (kind, (sent, applied)) in [
+        ("tombstone", late.tombstones),
+        ("mark", late.marks),
+        ("control send", late.control_sends),
+    ] {
+        assert!(
+            applied > 0 && sent > applied,
+            "late {kind}s: {sent} sent, {applied} applied"
+        );
+    }
+    assert!(late.applied_after_sender_ended > 0, "{late:?}");
+}
+
+/// Section 1's interleaving, at the port: a commit attempt times out with its request
+/// still on its way, the attempts after it are refused (contention, unavailable: errors
+/// that alone would mean "nothing written"), the settling tombstone write fails too, and
+/// the first request applies after the answer. The answer must be "outcome unknown".
+/// Every sequence of those faults (up to every commit attempt and every settling write),
+/// under the request-first order and 4 random orders.
+#[test]
+fn a_commit_in_flight_behind_refusals_and_a_failed_settlement_is_answered_unknown() {
+    fn in_flight_then_refused(op: Op) -> Vec<Fault> {
+        match op {
+            Op::Commit => vec![Fault::Late, Fault::Busy],
+            Op::Tombstone => vec![Fault::Fail],
+            _ => vec![],
+        }
+    }
+    let started = Instant::now();
+    let config = SimConfig {
+        fault_budget: (outbox::request::COMMIT_ATTEMPTS + outbox::request::SETTLE_ATTEMPTS) as usize,
+        faults_only: Some(in_flight_then_refused),
+        // A long window: the commit's attempts run out before it ends.
+        timing: sim_timing(60),
+        ..one_transaction(false)
+    };
+    let mut late = LateOps::default();
+    let mut unknown = UnknownCommits::default();
+    let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
+    let outcomes = run_fault_sequences("in flight behind refusals", &config, 4);
+    for outcome in &outcomes {
+        late.add(&outcome.late);
+        unknown.add(&outcome.unknown_commits);
+        *endings.entry(ending(outcome)).or_default() += 1;
+    }
+    println!(
+        "in flight behind refusals: {} schedules in {:.2?}; requests refused while an attempt was in flight: {}, whose settling write then failed: {}; late commits applied after the answer: {}; requests with a commit of unknown outcome: {unknown:?}; endings: {endings:?}",
+        outcomes.len(),
+        started.elapsed(),
+        late.refused_behind_in_flight,
+        late.settle_failed_in_flight,
+        late.commit_applied_after_answer,
+    );
+    assert!(late.refused_behind_in_flight > 0, "{late:?}");
+    assert!(late.settle_failed_in_flight > 0, "{late:?}");
+    assert!(late.commit_applied_after_answer > 0, "{late:?}");
+    assert!(unknown.ambiguous > 0, "{unknown:?}");
+}
+
 fn replay_arg(choices: &[usize]) -> String {
     choices.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
@@ -331,6 +471,7 @@ fn random_config(seed: u64) -> SimConfig {
         inline: rng.bool(),
         // A third abandon none, a third every second request, a third every third.
         abandon_every: [0, 2, 3][rng.usize(0..3)],
+        faults_only: None,
     }
 }
 
@@ -366,6 +507,7 @@ fn thousands_of_random_schedules_keep_the_invariants() {
     let mut deadline_endings: BTreeMap<&str, usize> = BTreeMap::new();
     let mut inline_endings: BTreeMap<&str, usize> = BTreeMap::new();
     let mut unknown = UnknownCommits::default();
+    let mut late = LateOps::default();
     for seed in 0..count {
         let outcome = run_seed(seed).unwrap_or_else(|error| {
             panic!("seed {seed}: {error}\nrerun it with SIM_SEED={seed} cargo test -p outbox-tests --test simulation -- --nocapture")
@@ -382,14 +524,18 @@ fn thousands_of_random_schedules_keep_the_invariants() {
                 *deadline_endings.entry(result_name(result)).or_default() += 1;
             }
         }
+        late.add(&outcome.late);
         commits += outcome.observed.commits.len();
         tombstones += outcome.observed.tombstones.len();
         steps += outcome.steps;
     }
     let (definite, answered) = unknown.definite_share();
     println!(
-        "random: {count} schedules ({commits} commits, {tombstones} tombstones, {faults} faults, {steps} steps) in {:.2?}; requests with a deadline ended: {deadline_endings:?}; requests publishing inline ended: {inline_endings:?}; requests with a commit of unknown outcome: {unknown:?}, {definite} of {answered} answered before their deadline answered definitely (the rest: the settling write itself met a fault)",
-        started.elapsed()
+        "random: {count} schedules ({commits} commits, {tombstones} tombstones, {faults} faults, {steps} steps) in {:.2?}; requests with a deadline ended: {deadline_endings:?}; requests publishing inline ended: {inline_endings:?}; requests with a commit of unknown outcome: {unknown:?}, {definite} of {answered} answered before their deadline answered definitely (the rest: the settling write itself met a fault); late (sent, applied): tombstones {:?}, marks {:?}, control sends {:?}",
+        started.elapsed(),
+        late.tombstones,
+        late.marks,
+        late.control_sends,
     );
     assert!(
         count < 100 || (commits > 0 && tombstones > 0 && faults > 0),
@@ -430,6 +576,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             inline: false,
             // The settling write's loop is reached by a request that abandons.
             abandon_every: usize::from(op == Op::Tombstone),
+            faults_only: None,
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {

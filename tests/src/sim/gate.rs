@@ -27,8 +27,14 @@ pub enum Op {
     LateCommit,
     /// The conditional tombstone put.
     Tombstone,
+    /// A tombstone put still on its way after its caller stopped waiting.
+    LateTombstone,
     /// Marking records dispatched.
     Mark,
+    /// A mark still on its way after its caller stopped waiting.
+    LateMark,
+    /// A control message send still on its way after its caller stopped waiting.
+    LateSend,
     /// A `SendMessageBatch` to a destination.
     Publish,
     /// A backoff wait.
@@ -55,8 +61,9 @@ pub enum Fault {
     /// Commits: refused for contention (another transaction held an item, throttling);
     /// nothing applied.
     Busy,
-    /// Commits: the caller times out with the request still on its way (outcome
-    /// unknown); the request applies later, at a step the scheduler picks, or is lost.
+    /// The caller times out with the request still on its way (a commit's outcome is
+    /// unknown; a tombstone, mark or control send failed, as far as its caller knows);
+    /// the request applies later, at a step the scheduler picks, or is lost.
     Late,
 }
 
@@ -85,9 +92,10 @@ impl Op {
         match self {
             Op::Sleep => vec![],
             // The late request is lost on its way and never applies.
-            Op::LateCommit => vec![Fail],
+            Op::LateCommit | Op::LateTombstone | Op::LateMark | Op::LateSend => vec![Fail],
             Op::Read | Op::Receive => vec![CrashBefore, Fail],
-            Op::ControlSend if random => vec![CrashBefore, CrashAfter, ReplyLost, Fail, Duplicate],
+            Op::ControlSend if random => vec![CrashBefore, CrashAfter, ReplyLost, Fail, Duplicate, Late],
+            Op::Tombstone | Op::Mark if random => vec![CrashBefore, CrashAfter, ReplyLost, Fail, Late],
             Op::Publish => vec![CrashBefore, CrashAfter, ReplyLost, Fail, FirstEntryFails],
             Op::ControlSend | Op::Ack | Op::Commit | Op::Tombstone | Op::Mark => {
                 vec![CrashBefore, CrashAfter, ReplyLost, Fail]
@@ -144,6 +152,11 @@ impl Gate {
             }
         })
         .await
+    }
+
+    /// The actor this gate belongs to.
+    pub fn actor(&self) -> ActorId {
+        self.actor
     }
 
     /// Crashes the actor: marks it and never returns (the scheduler drops it).

@@ -21,4 +21,4 @@ mod world;
 
 pub use chooser::{Chooser, DepthFirst, FaultsDepthFirst, Seeded};
 pub use gate::{Fault, Op};
-pub use world::{run_schedule, sim_timing, ApiResult, LoopEnds, Outcome, SimConfig, UnknownCommits};
+pub use world::{run_schedule, sim_timing, ApiResult, LateOps, LoopEnds, Outcome, SimConfig, UnknownCommits};

@@ -16,7 +16,7 @@ use outbox::protocol::{
 };
 use outbox::time::Timestamp;
 
-use super::gate::{Fault, Gate, Op};
+use super::gate::{ActorId, Fault, Gate, Op};
 
 fn injected(what: &str) -> Box<dyn std::error::Error + Send + Sync> {
     format!("injected fault: {what}").into()
@@ -41,9 +41,41 @@ macro_rules! gated {
     };
 }
 
-/// Commit requests still on their way to the table ([`Fault::Late`]); the scheduler
-/// turns each into a ghost actor that applies it later.
-pub(crate) type InFlight = Arc<std::sync::Mutex<Vec<CommitRequest>>>;
+/// An operation still on its way after its caller stopped waiting ([`Fault::Late`]):
+/// the caller got an error, the request may still apply.
+#[derive(Debug, Clone)]
+pub(crate) enum LateOp {
+    Commit(CommitRequest),
+    Tombstone {
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    },
+    Mark {
+        records: Vec<OutboxRecord>,
+        expires_at: Timestamp,
+    },
+    ControlSend {
+        message: ControlMessage,
+        delay: Duration,
+    },
+}
+
+impl LateOp {
+    /// The gate its ghost passes.
+    pub fn op(&self) -> Op {
+        match self {
+            LateOp::Commit(_) => Op::LateCommit,
+            LateOp::Tombstone { .. } => Op::LateTombstone,
+            LateOp::Mark { .. } => Op::LateMark,
+            LateOp::ControlSend { .. } => Op::LateSend,
+        }
+    }
+}
+
+/// Operations still on their way, each with the actor that sent it; the scheduler turns
+/// each into a ghost actor that applies it later.
+pub(crate) type InFlight = Arc<std::sync::Mutex<Vec<(ActorId, LateOp)>>>;
 
 /// A gated store.
 pub(crate) struct GatedStore {
@@ -52,13 +84,37 @@ pub(crate) struct GatedStore {
     pub in_flight: InFlight,
 }
 
-/// The ghost of a [`Fault::Late`] commit: it reaches the table when the scheduler lets
-/// it, unless it is lost on its way.
-pub(crate) async fn late_commit(inner: Arc<dyn Store>, gate: Gate, request: CommitRequest) {
-    match gate.pass(Op::LateCommit).await {
-        Fault::Fail => {}
-        _ => {
-            let _ = inner.commit(&request).await;
+impl GatedStore {
+    fn late(&self, op: LateOp) {
+        self.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .push((self.gate.actor(), op));
+    }
+}
+
+/// The ghost of a [`Fault::Late`] operation: it reaches the table or the queue when the
+/// scheduler lets it, unless it is lost on its way.
+pub(crate) async fn late_op(store: Arc<dyn Store>, queue: Arc<dyn ControlQueue>, gate: Gate, op: LateOp) {
+    if gate.pass(op.op()).await == Fault::Fail {
+        return;
+    }
+    match op {
+        LateOp::Commit(request) => {
+            let _ = store.commit(&request).await;
+        }
+        LateOp::Tombstone {
+            txn_id,
+            now,
+            expires_at,
+        } => {
+            let _ = store.put_tombstone(txn_id, now, expires_at).await;
+        }
+        LateOp::Mark { records, expires_at } => {
+            let _ = store.mark_dispatched(&records, expires_at).await;
+        }
+        LateOp::ControlSend { message, delay } => {
+            let _ = queue.send(&message, delay).await;
         }
     }
 }
@@ -80,7 +136,7 @@ impl Store for GatedStore {
             Fault::Fail => Err(CommitError::Unavailable(injected("commit refused"))),
             Fault::Busy => Err(CommitError::Contention(injected("commit met contention"))),
             Fault::Late => {
-                self.in_flight.lock().expect("in-flight lock").push(request.clone());
+                self.late(LateOp::Commit(request.clone()));
                 Err(CommitError::Ambiguous(injected("commit timed out on its way")))
             }
         }
@@ -110,9 +166,28 @@ impl Store for GatedStore {
         now: Timestamp,
         expires_at: Timestamp,
     ) -> Result<TombstoneOutcome, StoreError> {
-        gated!(self.gate, Op::Tombstone, self.inner.put_tombstone(txn_id, now, expires_at).await,
-            failed => Err(StoreError::Unavailable(injected("tombstone refused"))),
-            lost => Err(StoreError::Unavailable(injected("tombstone reply lost"))))
+        let write = || self.inner.put_tombstone(txn_id, now, expires_at);
+        match self.gate.pass(Op::Tombstone).await {
+            Fault::Late => {
+                self.late(LateOp::Tombstone {
+                    txn_id,
+                    now,
+                    expires_at,
+                });
+                Err(StoreError::Unavailable(injected("tombstone timed out on its way")))
+            }
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = write().await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = write().await;
+                Err(StoreError::Unavailable(injected("tombstone reply lost")))
+            }
+            Fault::Fail => Err(StoreError::Unavailable(injected("tombstone refused"))),
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => write().await,
+        }
     }
 
     async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
@@ -122,9 +197,27 @@ impl Store for GatedStore {
                 .map(|_| Err(StoreError::Unavailable(injected(what))))
                 .collect()
         };
-        gated!(self.gate, Op::Mark, self.inner.mark_dispatched(records, expires_at).await,
-            failed => all_failed("mark refused"),
-            lost => all_failed("mark reply lost"))
+        let mark = || self.inner.mark_dispatched(records, expires_at);
+        match self.gate.pass(Op::Mark).await {
+            Fault::Late => {
+                self.late(LateOp::Mark {
+                    records: records.to_vec(),
+                    expires_at,
+                });
+                all_failed("mark timed out on its way")
+            }
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = mark().await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = mark().await;
+                all_failed("mark reply lost")
+            }
+            Fault::Fail => all_failed("mark refused"),
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => mark().await,
+        }
     }
 }
 
@@ -132,6 +225,7 @@ impl Store for GatedStore {
 pub(crate) struct GatedControlQueue<Q> {
     pub inner: Arc<Q>,
     pub gate: Gate,
+    pub in_flight: InFlight,
 }
 
 #[async_trait]
@@ -140,7 +234,17 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlQueue for GatedControlQueu
         let fault = self.gate.pass(Op::ControlSend).await;
         let send = || self.inner.send(message, delay);
         match fault {
-            Fault::None | Fault::FirstEntryFails | Fault::Busy | Fault::Late => send().await,
+            Fault::None | Fault::FirstEntryFails | Fault::Busy => send().await,
+            Fault::Late => {
+                self.in_flight.lock().expect("in-flight lock").push((
+                    self.gate.actor(),
+                    LateOp::ControlSend {
+                        message: message.clone(),
+                        delay,
+                    },
+                ));
+                Err(QueueError::Unavailable(injected("send timed out on its way")))
+            }
             Fault::Duplicate => {
                 send().await?;
                 send().await

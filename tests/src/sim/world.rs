@@ -22,7 +22,7 @@ use serde_json::json;
 use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
 use super::invariants::Observed;
-use super::ports::{late_commit, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight};
+use super::ports::{late_op, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight};
 
 /// The standard destination every transaction emits an event to.
 pub const EVENTS: &str = "events";
@@ -60,6 +60,8 @@ pub struct SimConfig {
     /// or a 404 decided after begin) instead of committing: requests `n-1`, `2n-1`, ...;
     /// 0 for none, 1 for all.
     pub abandon_every: usize,
+    /// Offer only these faults, per operation (overrides `retry_loop` and the defaults).
+    pub faults_only: Option<fn(Op) -> Vec<Fault>>,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -105,6 +107,62 @@ pub struct Outcome {
     pub loop_ends: LoopEnds,
     /// How requests whose commit met an unknown outcome were answered.
     pub unknown_commits: UnknownCommits,
+    /// Operations that went on their way after their caller stopped waiting.
+    pub late: LateOps,
+}
+
+/// Operations that went on their way after their caller stopped waiting
+/// ([`Fault::Late`]), by kind, and what the request path met while a commit of its own
+/// was still on its way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LateOps {
+    /// Late commits sent, and applied (the rest were lost on their way).
+    pub commits: (usize, usize),
+    /// Late tombstone puts sent, and applied.
+    pub tombstones: (usize, usize),
+    /// Late marks sent, and applied.
+    pub marks: (usize, usize),
+    /// Late control message sends sent, and applied.
+    pub control_sends: (usize, usize),
+    /// Late operations that applied after the actor that sent them had ended (answered,
+    /// or crashed): what nobody waits for any more.
+    pub applied_after_sender_ended: usize,
+    /// Requests whose commit was refused definitely (contention, unavailable) while an
+    /// earlier attempt of theirs was still on its way: a definite-looking error hiding
+    /// an attempt in flight.
+    pub refused_behind_in_flight: usize,
+    /// Requests whose settling tombstone write failed while an attempt of their commit
+    /// was still on its way.
+    pub settle_failed_in_flight: usize,
+    /// Late commits that applied after their request had been answered.
+    pub commit_applied_after_answer: usize,
+}
+
+impl LateOps {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &LateOps) {
+        let sum = |a: &mut (usize, usize), b: (usize, usize)| {
+            a.0 += b.0;
+            a.1 += b.1;
+        };
+        sum(&mut self.commits, other.commits);
+        sum(&mut self.tombstones, other.tombstones);
+        sum(&mut self.marks, other.marks);
+        sum(&mut self.control_sends, other.control_sends);
+        self.applied_after_sender_ended += other.applied_after_sender_ended;
+        self.refused_behind_in_flight += other.refused_behind_in_flight;
+        self.settle_failed_in_flight += other.settle_failed_in_flight;
+        self.commit_applied_after_answer += other.commit_applied_after_answer;
+    }
+
+    fn kind(&mut self, op: Op) -> &mut (usize, usize) {
+        match op {
+            Op::LateCommit => &mut self.commits,
+            Op::LateTombstone => &mut self.tombstones,
+            Op::LateMark => &mut self.marks,
+            _ => &mut self.control_sends,
+        }
+    }
 }
 
 /// Requests whose commit had an attempt of unknown outcome (its reply lost, or timed out
@@ -210,8 +268,11 @@ impl IdSource for SimIds {
 enum Kind {
     Api(usize),
     Worker,
-    /// A commit request on its way after its caller stopped waiting.
-    Ghost,
+    /// An operation on its way after its caller (`origin`) stopped waiting.
+    Ghost {
+        origin: ActorId,
+        op: Op,
+    },
 }
 
 /// How an actor's future ends.
@@ -266,25 +327,35 @@ impl World {
         })
     }
 
-    /// Ghost actors for the commit requests that went on their way since the last call.
+    /// Ghost actors for the operations that went on their way since the last call.
     fn ghosts(&mut self) -> Vec<Actor> {
         let requests = std::mem::take(&mut *self.in_flight.lock().expect("in-flight lock"));
         requests
             .into_iter()
-            .map(|request| {
+            .map(|(origin, late)| {
                 let (id, gate) = self.gate();
                 let store: Arc<dyn outbox::ports::Store> = self.backend.store.clone();
+                let queue: Arc<dyn outbox::ports::ControlQueue> = self.backend.control_queue.clone();
+                let op = late.op();
                 let future: ActorFuture = Box::pin(async move {
-                    late_commit(store, gate, request).await;
+                    late_op(store, queue, gate, late).await;
                     End::Ghost
                 });
                 Actor {
                     id,
-                    kind: Kind::Ghost,
+                    kind: Kind::Ghost { origin, op },
                     future,
                 }
             })
             .collect()
+    }
+
+    fn control_queue(&self, gate: &Gate) -> GatedControlQueue<outbox::embedded::EmbeddedControlQueue> {
+        GatedControlQueue {
+            inner: self.backend.control_queue.clone(),
+            gate: gate.clone(),
+            in_flight: self.in_flight.clone(),
+        }
     }
 
     fn gate(&mut self) -> (ActorId, Gate) {
@@ -314,10 +385,7 @@ impl World {
         let mut outbox = Outbox::new(
             RequestPorts {
                 store: self.store(&gate),
-                control_queue: Arc::new(GatedControlQueue {
-                    inner: self.backend.control_queue.clone(),
-                    gate: gate.clone(),
-                }),
+                control_queue: Arc::new(self.control_queue(&gate)),
                 clock: self.clock_for(&gate, 0),
                 ids: self.ids.clone(),
             },
@@ -341,17 +409,11 @@ impl World {
 
     fn worker(&mut self) -> Actor {
         let (id, gate) = self.gate();
-        let inbox = GatedControlQueue {
-            inner: self.backend.control_queue.clone(),
-            gate: gate.clone(),
-        };
+        let inbox = self.control_queue(&gate);
         let control = ControlPath::new(
             ControlPorts {
                 store: self.store(&gate),
-                control_queue: Arc::new(GatedControlQueue {
-                    inner: self.backend.control_queue.clone(),
-                    gate: gate.clone(),
-                }),
+                control_queue: Arc::new(self.control_queue(&gate)),
                 publisher: Arc::new(GatedPublisher {
                     inner: self.backend.publisher.clone(),
                     gate: gate.clone(),
@@ -516,6 +578,12 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     let mut commit_faults: BTreeMap<ActorId, Vec<Fault>> = BTreeMap::new();
     let mut publish_faults: BTreeMap<ActorId, u32> = BTreeMap::new();
     let mut tombstone_faults: BTreeMap<ActorId, u32> = BTreeMap::new();
+    let mut late = LateOps::default();
+    // Ghost actors still on their way: who sent each, and what.
+    let mut ghost_origins: BTreeMap<ActorId, (ActorId, Op)> = BTreeMap::new();
+    let mut answered: std::collections::BTreeSet<ActorId> = std::collections::BTreeSet::new();
+    let mut refused_behind: std::collections::BTreeSet<ActorId> = std::collections::BTreeSet::new();
+    let mut settle_failed: std::collections::BTreeSet<ActorId> = std::collections::BTreeSet::new();
     loop {
         steps += 1;
         if steps > config.max_steps {
@@ -564,10 +632,11 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             Action::Step(position) => {
                 let actor_id = actors[position].id;
                 let op = world.gates.lock().waiting.remove(&actor_id).expect("waiting");
-                let offered = match config.retry_loop {
-                    Some(looped) if looped == op => op.retry_loop_faults(),
-                    Some(_) => Vec::new(),
-                    None => op.faults(extras),
+                let offered = match (config.faults_only, config.retry_loop) {
+                    (Some(only), _) => only(op),
+                    (None, Some(looped)) if looped == op => op.retry_loop_faults(),
+                    (None, Some(_)) => Vec::new(),
+                    (None, None) => op.faults(extras),
                 };
                 let fault = match offered.len() {
                     n if n > 0 && faults_allowed => match chooser.fault(n) {
@@ -581,6 +650,29 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                 };
                 if op == Op::Commit && matches!(fault, Fault::ReplyLost | Fault::Late) {
                     unknown.insert(actor_id);
+                }
+                // What the request path meets while a commit of its own is on its way.
+                let commit_in_flight = ghost_origins
+                    .values()
+                    .any(|(origin, late)| *origin == actor_id && *late == Op::LateCommit);
+                if commit_in_flight && matches!(actors[position].kind, Kind::Api(_)) {
+                    if op == Op::Commit && matches!(fault, Fault::Busy | Fault::Fail) {
+                        refused_behind.insert(actor_id);
+                    }
+                    if op == Op::Tombstone && fault != Fault::None {
+                        settle_failed.insert(actor_id);
+                    }
+                }
+                if let Kind::Ghost { origin, op: late_kind } = actors[position].kind {
+                    if fault == Fault::None {
+                        late.kind(late_kind).1 += 1;
+                        if !actors.iter().any(|actor| actor.id == origin) {
+                            late.applied_after_sender_ended += 1;
+                            if late_kind == Op::LateCommit && answered.contains(&origin) {
+                                late.commit_applied_after_answer += 1;
+                            }
+                        }
+                    }
                 }
                 match op {
                     Op::Commit => {
@@ -619,6 +711,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                 let ended = match polled {
                     Poll::Ready(End::Request(result)) => Some(result),
                     Poll::Ready(End::Ghost) => {
+                        ghost_origins.remove(&actor_id);
                         actors.swap_remove(position);
                         None
                     }
@@ -635,6 +728,9 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                     Poll::Pending => None,
                 };
                 if let Some(result) = ended {
+                    if !matches!(result, ApiResult::Crashed) {
+                        answered.insert(actor_id);
+                    }
                     if let Kind::Api(index) = actors.swap_remove(position).kind {
                         if unknown.contains(&actor_id) {
                             let before_deadline = deadline.is_none_or(|deadline| world.clock.now() < deadline);
@@ -645,6 +741,10 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                 }
                 // Commit requests that went on their way become actors of their own.
                 for mut ghost in world.ghosts() {
+                    if let Kind::Ghost { origin, op } = ghost.kind {
+                        late.kind(op).0 += 1;
+                        ghost_origins.insert(ghost.id, (origin, op));
+                    }
                     if !matches!(poll(&mut ghost), Poll::Ready(_)) {
                         actors.push(ghost);
                     }
@@ -664,5 +764,10 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         observed,
         loop_ends,
         unknown_commits,
+        late: LateOps {
+            refused_behind_in_flight: refused_behind.len(),
+            settle_failed_in_flight: settle_failed.len(),
+            ..late
+        },
     })
 }
