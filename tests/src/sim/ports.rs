@@ -45,7 +45,7 @@ macro_rules! gated {
 /// the caller got an error, the request may still apply.
 #[derive(Debug, Clone)]
 pub(crate) enum LateOp {
-    Commit(CommitRequest),
+    Commit(Box<CommitRequest>),
     Tombstone {
         txn_id: TxnId,
         now: Timestamp,
@@ -136,7 +136,7 @@ impl Store for GatedStore {
             Fault::Fail => Err(CommitError::Unavailable(injected("commit refused"))),
             Fault::Busy => Err(CommitError::Contention(injected("commit met contention"))),
             Fault::Late => {
-                self.late(LateOp::Commit(request.clone()));
+                self.late(LateOp::Commit(Box::new(request.clone())));
                 Err(CommitError::Ambiguous(injected("commit timed out on its way")))
             }
         }
@@ -239,7 +239,7 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlQueue for GatedControlQueu
                 self.in_flight.lock().expect("in-flight lock").push((
                     self.gate.actor(),
                     LateOp::ControlSend {
-                        message: message.clone(),
+                        message: *message,
                         delay,
                     },
                 ));
