@@ -328,39 +328,49 @@ fn run_fault_sequences(name: &str, config: &SimConfig, seeds: u64) -> Vec<Outcom
 /// whose caller gave up on it (a timeout) while it was still on its way, and which
 /// applies at a later step the scheduler picks, or is lost. Its caller saw a failure and
 /// acted on it (tried again, left the transaction to the worker, failed the control
-/// message). Three set-ups reach each kind: an abandoned transaction (the request path's
+/// message). Four set-ups reach each kind: an abandoned transaction (the request path's
 /// tombstone and the worker's), inline publishing (the request path's mark and the
-/// worker's) and a short window (the worker's deferrals and tombstone). Every sequence of
-/// up to two late operations, under the request-first order and 20 random orders.
+/// worker's), a short window (the worker's deferrals and tombstone), and a late commit
+/// whose settling tombstone is late too (the two ghosts race). Every sequence of up to
+/// two late operations, under the request-first order and 20 random orders.
 #[test]
 fn late_tombstones_marks_and_control_sends_keep_the_invariants() {
     fn late_only(op: Op) -> Vec<Fault> {
         match op {
             Op::Tombstone | Op::Mark | Op::ControlSend => vec![Fault::Late],
             // Lost on its way, or applied.
-            Op::LateTombstone | Op::LateMark | Op::LateSend => vec![Fault::Fail],
+            Op::LateTombstone | Op::LateMark | Op::LateSend | Op::LateCommit => vec![Fault::Fail],
             _ => vec![],
+        }
+    }
+    // The same, and the commit itself late: its settling tombstone races it.
+    fn commit_late_too(op: Op) -> Vec<Fault> {
+        match op {
+            Op::Commit => vec![Fault::Late],
+            _ => late_only(op),
         }
     }
     let started = Instant::now();
     let setups = [
         (
             "abandoned",
+            late_only as fn(Op) -> Vec<Fault>,
             SimConfig {
                 abandon_every: 1,
                 ..one_transaction(false)
             },
         ),
-        ("inline", one_transaction(true)),
-        ("committed", one_transaction(false)),
+        ("inline", late_only, one_transaction(true)),
+        ("committed", late_only, one_transaction(false)),
+        ("commit late", commit_late_too, one_transaction(false)),
     ];
     let mut late = LateOps::default();
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
     let mut schedules = 0;
-    for (name, config) in setups {
+    for (name, faults, config) in setups {
         let config = SimConfig {
             fault_budget: 2,
-            faults_only: Some(late_only),
+            faults_only: Some(faults),
             ..config
         };
         for outcome in run_fault_sequences(name, &config, 20) {
