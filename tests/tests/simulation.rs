@@ -42,6 +42,19 @@ fn result_name(result: &ApiResult) -> &'static str {
             _ => "abandoned, other",
         },
         ApiResult::Crashed => "api crashed",
+        ApiResult::Http {
+            status,
+            unknown,
+            timed_out,
+            ..
+        } => match (status, unknown, timed_out) {
+            (200..=299, _, _) => "http: committed",
+            (404, _, _) => "http: abandoned (404)",
+            (_, true, true) => "http: the middleware answered outcome unknown",
+            (_, false, true) => "http: the middleware answered nothing written",
+            (_, true, false) => "http: the handler answered outcome unknown",
+            (_, false, false) => "http: the handler answered a definite failure",
+        },
     }
 }
 
@@ -61,6 +74,7 @@ fn one_transaction(inline: bool) -> SimConfig {
         inline,
         abandon_every: 0,
         faults_only: None,
+        middleware: None,
     }
 }
 
@@ -446,6 +460,74 @@ fn a_commit_in_flight_behind_refusals_and_a_failed_settlement_is_answered_unknow
     assert!(unknown.ambiguous > 0, "{unknown:?}");
 }
 
+/// The deadline middleware under the simulated clock: requests go through an axum router
+/// with `enforce_deadline` (a 2 s timeout), and timers fire when the clock passes them,
+/// so the middleware's backstop and the request path's deadlines cut operations short.
+/// Three set-ups: every placement of one fault (a request that commits, and one that
+/// abandons with a 404 the middleware settles), and every sequence of up to two faults on
+/// the commit and the settling write (a commit applied or still on its way, a settling
+/// write that fails). Each under the request-first order and 30 random orders, in which
+/// the clock moves past the deadlines at random points. Every answer is checked: a
+/// success only for a committed transaction, "nothing written" only for one that never
+/// commits, and once a transaction began, the answer names it.
+#[test]
+fn the_deadline_middleware_answers_truthfully_when_time_runs_out() {
+    fn commit_and_settle(op: Op) -> Vec<Fault> {
+        match op {
+            Op::Commit => vec![Fault::ReplyLost, Fault::Late, Fault::Busy],
+            Op::Tombstone => vec![Fault::Fail],
+            _ => vec![],
+        }
+    }
+    let started = Instant::now();
+    let over_http = |config: SimConfig| SimConfig {
+        middleware: Some(Duration::from_secs(2)),
+        ..config
+    };
+    let setups = [
+        ("middleware, one fault", over_http(one_transaction(false))),
+        (
+            "middleware, abandoned",
+            over_http(SimConfig {
+                abandon_every: 1,
+                ..one_transaction(false)
+            }),
+        ),
+        (
+            "middleware, commit and settle faults",
+            over_http(SimConfig {
+                fault_budget: 2,
+                faults_only: Some(commit_and_settle),
+                timing: sim_timing(60),
+                ..one_transaction(false)
+            }),
+        ),
+    ];
+    let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut unknown = UnknownCommits::default();
+    let mut schedules = 0;
+    for (name, config) in setups {
+        for outcome in run_fault_sequences(name, &config, 30) {
+            schedules += 1;
+            unknown.add(&outcome.unknown_commits);
+            *endings.entry(ending(&outcome)).or_default() += 1;
+        }
+    }
+    println!(
+        "deadline middleware: {schedules} schedules in {:.2?}; answers: {endings:?}; requests with a commit of unknown outcome: {unknown:?}",
+        started.elapsed()
+    );
+    assert_reached(
+        &endings,
+        &[
+            "http: committed",
+            "http: abandoned (404)",
+            "http: the middleware answered nothing written",
+            "http: the middleware answered outcome unknown",
+        ],
+    );
+}
+
 fn replay_arg(choices: &[usize]) -> String {
     choices.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
@@ -482,6 +564,7 @@ fn random_config(seed: u64) -> SimConfig {
         // A third abandon none, a third every second request, a third every third.
         abandon_every: [0, 2, 3][rng.usize(0..3)],
         faults_only: None,
+        middleware: None,
     }
 }
 
@@ -587,6 +670,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             // The settling write's loop is reached by a request that abandons.
             abandon_every: usize::from(op == Op::Tombstone),
             faults_only: None,
+            middleware: None,
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {

@@ -390,18 +390,27 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
     // The handler's future is dropped when the backstop wins: its transaction is then
     // in nobody's hands.
     let watched = watch_begins(Arc::new(scope.clone()), next.run(request));
+    // The handler's answer wins when both are ready: it is the real one.
     let answered = tokio::select! {
+        biased;
         response = watched => Some(response),
         () = clock.timer(backstop) => None,
     };
     let progress = scope.progress();
     match answered {
-        Some(response) => {
+        Some(mut response) => {
             if let Progress::Begun(txn_id) = progress {
                 // This write only spares the control worker its deferrals: it may delay
                 // the answer by a moment, no more.
                 let by = crate::request::settle_bound(clock.now(), Some(settle_by));
                 scope.abandon(txn_id, by).await;
+            }
+            // Once a transaction began, every answer names it: a 404 or a no-op too.
+            if let Progress::Begun(txn_id) | Progress::Committing(txn_id) = progress {
+                if !response.headers().contains_key(TRANSACTION_ID_HEADER) {
+                    let value = HeaderValue::from_str(&txn_id.to_string()).expect("transaction ids are ASCII");
+                    response.headers_mut().insert(TRANSACTION_ID_HEADER, value);
+                }
             }
             response
         }

@@ -6,6 +6,8 @@ use std::future::poll_fn;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 
+use outbox::time::Timestamp;
+
 /// An actor's number in the simulation.
 pub type ActorId = usize;
 
@@ -112,6 +114,10 @@ pub(crate) struct GateState {
     pub granted: BTreeMap<ActorId, Fault>,
     /// Actors that crashed inside an operation.
     pub crashed: BTreeSet<ActorId>,
+    /// Timers running, by actor and number: when each fires, on the simulation's clock.
+    pub timers: BTreeMap<(ActorId, u64), Timestamp>,
+    /// The next timer's number.
+    pub next_timer: u64,
 }
 
 /// The gates of all actors; each actor's ports hold a [`Gate`] naming it.
@@ -139,9 +145,21 @@ pub(crate) struct Gate {
 }
 
 impl Gate {
-    /// Parks until the scheduler lets this actor perform `op`; returns the fault.
+    /// Parks until the scheduler lets this actor perform `op`; returns the fault. An
+    /// actor whose timer fires while it waits (a deadline) drops the wait: it no longer
+    /// waits there.
     pub async fn pass(&self, op: Op) -> Fault {
-        poll_fn(|_| {
+        struct Waiting<'a>(&'a Gate);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                let mut state = self.0.gates.lock();
+                if state.waiting.get(&self.0.actor).is_some() {
+                    state.waiting.remove(&self.0.actor);
+                }
+            }
+        }
+        let waiting = Waiting(self);
+        let fault = poll_fn(|_| {
             let mut state = self.gates.lock();
             match state.granted.remove(&self.actor) {
                 Some(fault) => Poll::Ready(fault),
@@ -151,7 +169,29 @@ impl Gate {
                 }
             }
         })
-        .await
+        .await;
+        std::mem::forget(waiting);
+        fault
+    }
+
+    /// Waits until the simulation's clock (`now`) reaches `at`: the actor moves on when
+    /// the scheduler wakes it after the clock got there.
+    pub async fn timer(&self, at: Timestamp, now: impl Fn() -> Timestamp) {
+        struct Running<'a>(&'a Gate, u64);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.gates.lock().timers.remove(&(self.0.actor, self.1));
+            }
+        }
+        let number = {
+            let mut state = self.gates.lock();
+            state.next_timer += 1;
+            let number = state.next_timer;
+            state.timers.insert((self.actor, number), at);
+            number
+        };
+        let _running = Running(self, number);
+        poll_fn(|_| if now() >= at { Poll::Ready(()) } else { Poll::Pending }).await;
     }
 
     /// The actor this gate belongs to.

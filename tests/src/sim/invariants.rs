@@ -303,6 +303,31 @@ impl Observed {
                         ));
                     }
                 }
+                ApiResult::Http {
+                    status,
+                    named,
+                    unknown,
+                    began,
+                    ..
+                } => {
+                    // Once a transaction began, every answer names it.
+                    if began.is_some() && named != began {
+                        return fail(format!(
+                            "request {index} began {began:?} and was answered {status} naming {named:?}"
+                        ));
+                    }
+                    let committed = named.is_some_and(|txn| self.commits.contains_key(&txn));
+                    if result.claims_committed() && !committed {
+                        return fail(format!(
+                            "request {index} was answered {status} for {named:?}, which did not commit"
+                        ));
+                    }
+                    if !result.claims_committed() && !unknown && committed {
+                        return fail(format!(
+                            "request {index} was answered {status} (a definite failure) for {named:?}, which committed"
+                        ));
+                    }
+                }
                 ApiResult::Answered(Err(_)) | ApiResult::Crashed => {}
             }
         }

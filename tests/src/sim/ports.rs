@@ -344,6 +344,9 @@ pub(crate) struct GatedClock {
     pub inner: Arc<ManualClock>,
     pub skew_millis: i64,
     pub gate: Gate,
+    /// Whether timers fire (when the clock passes them and the scheduler wakes the
+    /// actor), or never.
+    pub timers_fire: bool,
 }
 
 #[async_trait]
@@ -357,10 +360,18 @@ impl Clock for GatedClock {
         self.gate.pass(Op::Sleep).await;
     }
 
-    /// Never fires: an operation cut short by a deadline is the fault `ReplyLost` (it
-    /// may have applied, the caller got an error), which the scheduler injects; and a
-    /// deadline passing between operations is the clock moving, which it chooses too.
-    async fn timer(&self, _duration: Duration) {
-        std::future::pending::<()>().await;
+    /// With `timers_fire`, fires once the simulation's clock has passed it and the
+    /// scheduler wakes the actor (an operation waiting at its gate is then dropped: it
+    /// never ran). Otherwise never: an operation cut short by a deadline is the fault
+    /// `ReplyLost` (it may have applied, the caller got an error), which the scheduler
+    /// injects; and a deadline passing between operations is the clock moving, which it
+    /// chooses too.
+    async fn timer(&self, duration: Duration) {
+        if !self.timers_fire {
+            std::future::pending::<()>().await;
+        }
+        let clock = self.inner.clone();
+        let at = clock.now().plus(duration);
+        self.gate.timer(at, move || clock.now()).await;
     }
 }

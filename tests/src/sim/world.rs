@@ -62,6 +62,11 @@ pub struct SimConfig {
     pub abandon_every: usize,
     /// Offer only these faults, per operation (overrides `retry_loop` and the defaults).
     pub faults_only: Option<fn(Op) -> Vec<Fault>>,
+    /// Requests go through an axum router with the deadline middleware
+    /// ([`outbox::http::enforce_deadline`]) and this timeout, and timers fire: the
+    /// middleware's backstop and the request path's deadlines cut operations short when
+    /// the clock passes them. `deadline` is then ignored.
+    pub middleware: Option<Duration>,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -90,6 +95,30 @@ pub enum ApiResult {
     },
     /// The API crashed before answering.
     Crashed,
+    /// The request went through the deadline middleware, which answered this.
+    Http {
+        /// The status.
+        status: u16,
+        /// The transaction the answer names (its `x-transaction-id` header).
+        named: Option<TxnId>,
+        /// Whether the answer says the outcome is unknown (`/problems/outcome-unknown`).
+        unknown: bool,
+        /// The transaction the handler began, if it got that far.
+        began: Option<TxnId>,
+        /// Whether the middleware answered for a handler that overran.
+        timed_out: bool,
+    },
+}
+
+impl ApiResult {
+    /// Whether the answer claims the request's transaction committed (a success).
+    pub fn claims_committed(&self) -> bool {
+        match self {
+            ApiResult::Answered(result) => result.is_ok(),
+            ApiResult::Http { status, .. } => (200..300).contains(status),
+            ApiResult::Abandoned { .. } | ApiResult::Crashed => false,
+        }
+    }
 }
 
 /// What a schedule did and left behind.
@@ -201,6 +230,9 @@ impl UnknownCommits {
 
     fn record(&mut self, result: &ApiResult, before_deadline: bool) {
         match result {
+            ApiResult::Http { status, .. } if (200..300).contains(status) => self.committed += 1,
+            ApiResult::Http { unknown: true, .. } => self.ambiguous += 1,
+            ApiResult::Http { .. } => self.definite_failure += 1,
             ApiResult::Answered(Ok(_)) => self.committed += 1,
             ApiResult::Answered(Err(error)) if error.is_definite() => self.definite_failure += 1,
             ApiResult::Answered(Err(_)) if before_deadline => self.ambiguous += 1,
@@ -298,10 +330,11 @@ struct World {
     worker_skew: i64,
     timing: Timing,
     in_flight: InFlight,
+    timers_fire: bool,
 }
 
 impl World {
-    fn new(worker_skew: i64, timing: Timing) -> Self {
+    fn new(worker_skew: i64, timing: Timing, timers_fire: bool) -> Self {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
         let destinations = [
             (EVENTS.parse().expect("valid"), false),
@@ -316,6 +349,7 @@ impl World {
             worker_skew,
             timing,
             in_flight: InFlight::default(),
+            timers_fire,
         }
     }
 
@@ -369,9 +403,11 @@ impl World {
             inner: self.clock.clone(),
             skew_millis,
             gate: gate.clone(),
+            timers_fire: self.timers_fire,
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn api(
         &mut self,
         index: usize,
@@ -380,6 +416,7 @@ impl World {
         deadline: Option<Duration>,
         inline: bool,
         abandons: bool,
+        middleware: Option<Duration>,
     ) -> Actor {
         let (id, gate) = self.gate();
         let mut outbox = Outbox::new(
@@ -398,8 +435,15 @@ impl World {
                 gate: gate.clone(),
             }));
         }
-        let future =
-            Box::pin(async move { End::Request(increment(&outbox, key, idempotency, deadline, abandons).await) });
+        let future: ActorFuture = match middleware {
+            Some(timeout) => {
+                let clock = self.clock_for(&gate, 0);
+                Box::pin(async move { End::Request(increment_over_http(outbox, clock, timeout, key, abandons).await) })
+            }
+            None => {
+                Box::pin(async move { End::Request(increment(&outbox, key, idempotency, deadline, abandons).await) })
+            }
+        };
         Actor {
             id,
             kind: Kind::Api(index),
@@ -472,6 +516,92 @@ async fn stage_increment(
     current: Option<outbox::ports::VersionedItem>,
     idempotency: Option<IdempotencySlot>,
 ) -> Result<Committed, TxnError> {
+    let count = stage(&mut txn, key, current);
+    if let Some(slot) = idempotency {
+        let response = StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: count.to_string(),
+        };
+        txn.remember_response(slot, "fingerprint".into(), response);
+    }
+    txn.commit().await
+}
+
+/// The business logic of a request through the deadline middleware: the same increment,
+/// in an axum handler that begins through its [`RequestScope`] and commits through it;
+/// a request that abandons answers 404 and leaves the middleware to settle its
+/// transaction.
+async fn increment_over_http(
+    outbox: Outbox,
+    clock: Arc<dyn Clock>,
+    timeout: Duration,
+    key: ItemKey,
+    abandons: bool,
+) -> ApiResult {
+    use axum::response::IntoResponse;
+    use outbox::http::{Answer, Deadlines, HttpError, RequestScope};
+    use tower::ServiceExt;
+
+    let began: Arc<std::sync::Mutex<Option<TxnId>>> = Arc::default();
+    let handler_began = began.clone();
+    let handler = move |scope: RequestScope| async move {
+        let result: Result<axum::response::Response, HttpError> = async {
+            let mut txn = scope.begin(&outbox).await?;
+            *handler_began.lock().expect("lock") = Some(txn.id());
+            let current = txn.get(&key).await.map_err(HttpError::from)?;
+            if abandons {
+                return Ok(axum::http::StatusCode::NOT_FOUND.into_response());
+            }
+            let count = stage(&mut txn, key, current);
+            let answer = Answer::json(axum::http::StatusCode::OK, &count);
+            scope.commit(txn, &outbox, None, answer).await
+        }
+        .await;
+        result.into_response()
+    };
+    let app = axum::Router::new()
+        .route("/", axum::routing::post(handler))
+        .layer(axum::middleware::from_fn_with_state(
+            Deadlines::new(clock, timeout),
+            outbox::http::enforce_deadline,
+        ));
+    let request = axum::http::Request::post("/")
+        .body(axum::body::Body::empty())
+        .expect("a valid request");
+    let response = app.oneshot(request).await.expect("infallible");
+    let status = response.status().as_u16();
+    let named = response
+        .headers()
+        .get(outbox::http::TRANSACTION_ID_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse().ok());
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .expect("an in-memory body")
+        .to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let problem_type = problem["type"].as_str().unwrap_or_default();
+    let began = *began.lock().expect("lock");
+    ApiResult::Http {
+        status,
+        named,
+        unknown: problem_type.ends_with("/outcome-unknown"),
+        began,
+        // The middleware's own answers: a timeout, or an unknown outcome because time ran out.
+        timed_out: problem_type.ends_with("/timeout")
+            || problem["detail"]
+                .as_str()
+                .is_some_and(|detail| detail.contains("ran out of time")),
+    }
+}
+
+/// Stages the increment of `current`, with its event and audit entry; the new count.
+fn stage(
+    txn: &mut outbox::request::Transaction<'_>,
+    key: ItemKey,
+    current: Option<outbox::ports::VersionedItem>,
+) -> u64 {
     let (count, expected) = match &current {
         Some(item) => (
             item.data["count"].as_u64().expect("counters hold a count") + 1,
@@ -489,19 +619,17 @@ async fn stage_increment(
             .expect("serialisable")
             .with_group_id(key.as_str()),
     );
-    if let Some(slot) = idempotency {
-        let response = StoredResponse {
-            status: 200,
-            headers: vec![],
-            body: count.to_string(),
-        };
-        txn.remember_response(slot, "fingerprint".into(), response);
-    }
-    txn.commit().await
+    count
 }
 
+#[derive(Clone, Copy)]
 enum Action {
+    /// Let the actor at this position through its gate.
     Step(usize),
+    /// Poll the actor at this position, whose timer has fired, without letting it
+    /// through its gate.
+    Wake(usize),
+    /// Move the clock.
     Advance(Timestamp),
 }
 
@@ -520,7 +648,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     } else {
         0
     };
-    let mut world = World::new(worker_skew, config.timing);
+    let mut world = World::new(worker_skew, config.timing, config.middleware.is_some());
     let mut api_results: Vec<Option<ApiResult>> = (0..config.transactions).map(|_| None).collect();
     let mut actors: Vec<Actor> = Vec::new();
     let mut slots: Vec<Option<IdempotencySlot>> = Vec::new();
@@ -537,7 +665,15 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         };
         slots.push(slot.clone());
         let abandons = config.abandon_every > 0 && index % config.abandon_every == config.abandon_every - 1;
-        actors.push(world.api(index, key, slot, config.deadline, config.inline, abandons));
+        actors.push(world.api(
+            index,
+            key,
+            slot,
+            config.deadline,
+            config.inline,
+            abandons,
+            config.middleware,
+        ));
     }
     for _ in 0..config.workers {
         actors.push(world.worker());
@@ -600,6 +736,27 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                 None => return Err(format!("actor {} is neither finished nor at a gate", actor.id)),
             }
         }
+        // Actors whose timer the clock has passed may move on from it; the clock may
+        // move to the next timer while requests run.
+        let (expired, next_timer) = {
+            let now = world.clock.now();
+            let state = world.gates.lock();
+            let expired: std::collections::BTreeSet<ActorId> = state
+                .timers
+                .iter()
+                .filter(|(_, at)| **at <= now)
+                .map(|((actor, _), _)| *actor)
+                .collect();
+            (expired, state.timers.values().filter(|at| **at > now).min().copied())
+        };
+        for (position, actor) in actors.iter().enumerate() {
+            if expired.contains(&actor.id) {
+                options.push(Action::Wake(position));
+            }
+        }
+        if let Some(at) = next_timer.filter(|_| api_alive) {
+            options.push(Action::Advance(at));
+        }
         // Once the requests are done the order of worker steps against the clock no
         // longer matters to them, so exhaustive runs stop branching on it.
         if let Some(at) = control.next_visible_at() {
@@ -629,83 +786,86 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         };
         match options.swap_remove(choice) {
             Action::Advance(at) => world.clock.set(at),
-            Action::Step(position) => {
+            action @ (Action::Step(position) | Action::Wake(position)) => {
                 let actor_id = actors[position].id;
-                let op = world.gates.lock().waiting.remove(&actor_id).expect("waiting");
-                let offered = match (config.faults_only, config.retry_loop) {
-                    (Some(only), _) => only(op),
-                    (None, Some(looped)) if looped == op => op.retry_loop_faults(),
-                    (None, Some(_)) => Vec::new(),
-                    (None, None) => op.faults(extras),
-                };
-                let fault = match offered.len() {
-                    n if n > 0 && faults_allowed => match chooser.fault(n) {
-                        0 => Fault::None,
-                        k => {
-                            faults += 1;
-                            offered[k - 1]
+                // A woken actor moves on from its timer; a stepped one through its gate.
+                if let Action::Step(_) = action {
+                    let op = world.gates.lock().waiting.remove(&actor_id).expect("waiting");
+                    let offered = match (config.faults_only, config.retry_loop) {
+                        (Some(only), _) => only(op),
+                        (None, Some(looped)) if looped == op => op.retry_loop_faults(),
+                        (None, Some(_)) => Vec::new(),
+                        (None, None) => op.faults(extras),
+                    };
+                    let fault = match offered.len() {
+                        n if n > 0 && faults_allowed => match chooser.fault(n) {
+                            0 => Fault::None,
+                            k => {
+                                faults += 1;
+                                offered[k - 1]
+                            }
+                        },
+                        _ => Fault::None,
+                    };
+                    if op == Op::Commit && matches!(fault, Fault::ReplyLost | Fault::Late) {
+                        unknown.insert(actor_id);
+                    }
+                    // What the request path meets while a commit of its own is on its way.
+                    let commit_in_flight = ghost_origins
+                        .values()
+                        .any(|(origin, late)| *origin == actor_id && *late == Op::LateCommit);
+                    if commit_in_flight && matches!(actors[position].kind, Kind::Api(_)) {
+                        if op == Op::Commit && matches!(fault, Fault::Busy | Fault::Fail) {
+                            refused_behind.insert(actor_id);
                         }
-                    },
-                    _ => Fault::None,
-                };
-                if op == Op::Commit && matches!(fault, Fault::ReplyLost | Fault::Late) {
-                    unknown.insert(actor_id);
-                }
-                // What the request path meets while a commit of its own is on its way.
-                let commit_in_flight = ghost_origins
-                    .values()
-                    .any(|(origin, late)| *origin == actor_id && *late == Op::LateCommit);
-                if commit_in_flight && matches!(actors[position].kind, Kind::Api(_)) {
-                    if op == Op::Commit && matches!(fault, Fault::Busy | Fault::Fail) {
-                        refused_behind.insert(actor_id);
+                        if op == Op::Tombstone && fault != Fault::None {
+                            settle_failed.insert(actor_id);
+                        }
                     }
-                    if op == Op::Tombstone && fault != Fault::None {
-                        settle_failed.insert(actor_id);
-                    }
-                }
-                if let Kind::Ghost { origin, op: late_kind } = actors[position].kind {
-                    if fault == Fault::None {
-                        late.kind(late_kind).1 += 1;
-                        if !actors.iter().any(|actor| actor.id == origin) {
-                            late.applied_after_sender_ended += 1;
-                            if late_kind == Op::LateCommit && answered.contains(&origin) {
-                                late.commit_applied_after_answer += 1;
+                    if let Kind::Ghost { origin, op: late_kind } = actors[position].kind {
+                        if fault == Fault::None {
+                            late.kind(late_kind).1 += 1;
+                            if !actors.iter().any(|actor| actor.id == origin) {
+                                late.applied_after_sender_ended += 1;
+                                if late_kind == Op::LateCommit && answered.contains(&origin) {
+                                    late.commit_applied_after_answer += 1;
+                                }
                             }
                         }
                     }
+                    match op {
+                        Op::Commit => {
+                            let sequence = commit_faults.entry(actor_id).or_default();
+                            if fault == Fault::None {
+                                sequence.clear();
+                            } else {
+                                sequence.push(fault);
+                            }
+                            if sequence.len() == COMMIT_ATTEMPTS as usize {
+                                loop_ends.record_commit(sequence);
+                                sequence.clear();
+                            }
+                        }
+                        Op::Tombstone if matches!(actors[position].kind, Kind::Api(_)) => {
+                            let failed = tombstone_faults.entry(actor_id).or_default();
+                            *failed = if fault == Fault::None { 0 } else { *failed + 1 };
+                            if *failed == SETTLE_ATTEMPTS {
+                                loop_ends.settle_exhausted += 1;
+                                *failed = 0;
+                            }
+                        }
+                        Op::Publish => {
+                            let failed = publish_faults.entry(actor_id).or_default();
+                            *failed = if fault == Fault::None { 0 } else { *failed + 1 };
+                            if *failed == RetryPolicy::default().attempts {
+                                loop_ends.publish_exhausted += 1;
+                                *failed = 0;
+                            }
+                        }
+                        _ => {}
+                    }
+                    world.gates.lock().granted.insert(actor_id, fault);
                 }
-                match op {
-                    Op::Commit => {
-                        let sequence = commit_faults.entry(actor_id).or_default();
-                        if fault == Fault::None {
-                            sequence.clear();
-                        } else {
-                            sequence.push(fault);
-                        }
-                        if sequence.len() == COMMIT_ATTEMPTS as usize {
-                            loop_ends.record_commit(sequence);
-                            sequence.clear();
-                        }
-                    }
-                    Op::Tombstone if matches!(actors[position].kind, Kind::Api(_)) => {
-                        let failed = tombstone_faults.entry(actor_id).or_default();
-                        *failed = if fault == Fault::None { 0 } else { *failed + 1 };
-                        if *failed == SETTLE_ATTEMPTS {
-                            loop_ends.settle_exhausted += 1;
-                            *failed = 0;
-                        }
-                    }
-                    Op::Publish => {
-                        let failed = publish_faults.entry(actor_id).or_default();
-                        *failed = if fault == Fault::None { 0 } else { *failed + 1 };
-                        if *failed == RetryPolicy::default().attempts {
-                            loop_ends.publish_exhausted += 1;
-                            *failed = 0;
-                        }
-                    }
-                    _ => {}
-                }
-                world.gates.lock().granted.insert(actor_id, fault);
                 let polled = poll(&mut actors[position]);
                 let crashed = world.gates.lock().crashed.remove(&actor_id);
                 let ended = match polled {
