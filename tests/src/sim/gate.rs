@@ -152,10 +152,7 @@ impl Gate {
         struct Waiting<'a>(&'a Gate);
         impl Drop for Waiting<'_> {
             fn drop(&mut self) {
-                let mut state = self.0.gates.lock();
-                if state.waiting.get(&self.0.actor).is_some() {
-                    state.waiting.remove(&self.0.actor);
-                }
+                self.0.gates.lock().waiting.remove(&self.0.actor);
             }
         }
         let waiting = Waiting(self);
