@@ -25,7 +25,7 @@ use aws_sdk_dynamodb::Client;
 
 use super::item::{
     business_from_item, business_item, dispatched_item, idempotency_from_item, idempotency_item, idempotency_pk, n,
-    outbox_from_items, outbox_items, outbox_pk, part_pk, split_messages, Item, Reader,
+    outbox_from_items, outbox_items, outbox_pk, part_pk, split_messages, Item, Reader, PART_BYTES,
 };
 use super::layout::TableLayout;
 use super::size::{action_bytes, item_bytes};
@@ -62,6 +62,7 @@ pub struct DynamoStore {
     client: Client,
     layout: TableLayout,
     clock: Arc<dyn Clock>,
+    part_bytes: usize,
 }
 
 /// What each action of a commit stands for, to read its cancellation reason.
@@ -111,7 +112,16 @@ impl DynamoStore {
             client,
             layout: layout.into(),
             clock,
+            part_bytes: PART_BYTES,
         }
+    }
+
+    /// Splits records at `bytes` of messages per item instead of [`PART_BYTES`]: for
+    /// simulations, which split records without moving megabytes per schedule.
+    #[doc(hidden)]
+    pub fn with_part_bytes(mut self, bytes: usize) -> Self {
+        self.part_bytes = bytes;
+        self
     }
 
     /// Where the protocol's records live.
@@ -206,7 +216,7 @@ impl DynamoStore {
 
         let mut protocol_bytes = 0;
         let part_expiry = now.plus(PART_ORPHAN_GUARD);
-        let outbox = outbox_items(&self.layout, &request.outbox, part_expiry)
+        let outbox = outbox_items(&self.layout, &request.outbox, part_expiry, self.part_bytes)
             .map_err(|reason| CommitError::TooLarge { reason })?;
         let record_items = outbox.len();
         for (index, item) in outbox.into_iter().enumerate() {
@@ -672,10 +682,11 @@ impl Store for DynamoStore {
         expires_at: Timestamp,
     ) -> Result<TombstoneOutcome, StoreError> {
         let record = OutboxRecord::tombstone(txn_id, now, expires_at);
-        let item = outbox_items(&self.layout, &record, expires_at).map_err(|reason| StoreError::Corrupt {
-            key: outbox_pk(txn_id),
-            reason,
-        })?;
+        let item =
+            outbox_items(&self.layout, &record, expires_at, self.part_bytes).map_err(|reason| StoreError::Corrupt {
+                key: outbox_pk(txn_id),
+                reason,
+            })?;
         let result = self
             .client
             .put_item()
@@ -752,7 +763,7 @@ impl Store for DynamoStore {
         };
         let mut deletes = Vec::new();
         for (record, _) in records.iter().zip(&results).filter(|(_, marked)| marked.is_ok()) {
-            let parts = split_messages(&record.messages).map_or(1, |groups| groups.len());
+            let parts = split_messages(&record.messages, self.part_bytes).map_or(1, |groups| groups.len());
             for part in 1..parts {
                 let delete = DeleteRequest::builder()
                     .set_key(Some(self.key(&part_pk(record.txn_id, part))))

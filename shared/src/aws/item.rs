@@ -188,20 +188,20 @@ pub(crate) fn business_from_item(
 
 /// The messages of a record cut into the groups that go in one item each. Deterministic,
 /// so that the marking code finds the parts the commit wrote. A message larger than an
-/// item can hold is an error.
-pub(crate) fn split_messages(messages: &[OutgoingMessage]) -> Result<Vec<String>, String> {
+/// item can hold (`part_bytes`, [`PART_BYTES`] but in tests) is an error.
+pub(crate) fn split_messages(messages: &[OutgoingMessage], part_bytes: usize) -> Result<Vec<String>, String> {
     let mut groups: Vec<Vec<String>> = vec![Vec::new()];
     let mut bytes = 0;
     for message in messages {
         let json = serde_json::to_string(message).map_err(|error| error.to_string())?;
-        if json.len() > PART_BYTES {
+        if json.len() > part_bytes {
             return Err(format!(
-                "message {} is {} bytes; one item holds {PART_BYTES}",
+                "message {} is {} bytes; one item holds {part_bytes}",
                 message.id,
                 json.len()
             ));
         }
-        if bytes + json.len() + 1 > PART_BYTES {
+        if bytes + json.len() + 1 > part_bytes {
             groups.push(Vec::new());
             bytes = 0;
         }
@@ -215,13 +215,14 @@ pub(crate) fn split_messages(messages: &[OutgoingMessage]) -> Result<Vec<String>
 }
 
 /// The items of an outbox record: the record itself and, when its messages do not fit
-/// one item, its parts.
+/// one item (`part_bytes` of them), its parts.
 pub(crate) fn outbox_items(
     layout: &TableLayout,
     record: &OutboxRecord,
     part_expiry: Timestamp,
+    part_bytes: usize,
 ) -> Result<Vec<Item>, String> {
-    let groups = split_messages(&record.messages)?;
+    let groups = split_messages(&record.messages, part_bytes)?;
     let mut main = layout.item(
         &outbox_pk(record.txn_id),
         [
@@ -367,7 +368,7 @@ mod tests {
             Timestamp::from_millis(9_000),
         );
         let layout = TableLayout::dedicated("t");
-        let items = outbox_items(&layout, &record, Timestamp::from_millis(99_000)).unwrap();
+        let items = outbox_items(&layout, &record, Timestamp::from_millis(99_000), PART_BYTES).unwrap();
         assert_eq!(items.len(), 3, "9 messages of 100 kB take three items of 350 kB");
         assert_eq!(Reader::new(&layout, &items[0]).part_count().unwrap(), 2);
         let parts: Vec<&Item> = items[1..].iter().collect();
@@ -379,7 +380,7 @@ mod tests {
             Timestamp::from_millis(5_000),
             Timestamp::from_millis(9_500),
         );
-        let items = outbox_items(&layout, &small, Timestamp::from_millis(99_000)).unwrap();
+        let items = outbox_items(&layout, &small, Timestamp::from_millis(99_000), PART_BYTES).unwrap();
         assert_eq!(items.len(), 1);
         let back = outbox_from_items(&layout, &items[0], &[]).unwrap();
         assert_eq!(
@@ -397,6 +398,6 @@ mod tests {
             0,
             Message::json("events".parse().unwrap(), &"x".repeat(PART_BYTES)).unwrap(),
         );
-        assert!(split_messages(&[huge]).is_err());
+        assert!(split_messages(&[huge], PART_BYTES).is_err());
     }
 }

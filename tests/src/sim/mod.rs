@@ -17,8 +17,10 @@ mod chooser;
 mod gate;
 pub mod invariants;
 mod ports;
+mod split;
 mod world;
 
 pub use chooser::{Chooser, DepthFirst, FaultsDepthFirst, Seeded};
 pub use gate::{Fault, Op};
+pub use split::{run_split_schedule, SplitConfig, SplitCounts, SplitOutcome};
 pub use world::{run_schedule, sim_timing, ApiResult, LateOps, LoopEnds, Outcome, SimConfig, UnknownCommits};
