@@ -464,7 +464,7 @@ pub fn run_split_schedule(chooser: &mut dyn Chooser, config: &SplitConfig) -> Re
         match polled {
             Poll::Ready(Done::Read(reads)) => {
                 for read in &reads {
-                    check_read(read, &committed, &format!("reader {actor_id}"))?;
+                    check_read(read, committed, &format!("reader {actor_id}"))?;
                 }
                 actors.swap_remove(choice);
             }
