@@ -4,6 +4,8 @@
 //! Hand-written because the format is a dozen lines of JSON and the crates that emit it
 //! bring a metrics facade this project does not otherwise need.
 
+use std::borrow::Cow;
+
 use serde_json::{json, Map, Value};
 
 use crate::time::Timestamp;
@@ -32,16 +34,16 @@ impl Unit {
 /// One EMF record: several metrics under one `Service` dimension at one instant.
 #[derive(Debug, Clone)]
 pub struct MetricRecord {
-    service: &'static str,
+    service: Cow<'static, str>,
     at: Timestamp,
     metrics: Vec<(&'static str, Unit, Vec<f64>)>,
 }
 
 impl MetricRecord {
     /// An empty record for `service` (`api`, `control-worker`) at `at`.
-    pub fn new(service: &'static str, at: Timestamp) -> Self {
+    pub fn new(service: impl Into<Cow<'static, str>>, at: Timestamp) -> Self {
         Self {
-            service,
+            service: service.into(),
             at,
             metrics: Vec::new(),
         }
@@ -81,7 +83,7 @@ impl MetricRecord {
                 "CloudWatchMetrics": [{"Namespace": NAMESPACE, "Dimensions": [["Service"]], "Metrics": definitions}],
             }),
         );
-        document.insert("Service".into(), Value::from(self.service));
+        document.insert("Service".into(), Value::from(self.service.as_ref()));
         for (name, _, values) in &self.metrics {
             let value = if values.len() == 1 {
                 json!(values[0])

@@ -71,7 +71,7 @@ impl NativeOutbox {
     }
 
     /// Begins a transaction (see [`Outbox::begin`]).
-    pub async fn begin(&self) -> Result<NativeTransaction<'_>, TxnError> {
+    pub async fn begin(&self) -> Result<NativeTransaction, TxnError> {
         Ok(NativeTransaction {
             inner: self.outbox.begin().await?,
         })
@@ -79,7 +79,7 @@ impl NativeOutbox {
 
     /// Begins a transaction that must be answered by `deadline` (see
     /// [`Outbox::begin_within`]).
-    pub async fn begin_within(&self, deadline: Timestamp) -> Result<NativeTransaction<'_>, TxnError> {
+    pub async fn begin_within(&self, deadline: Timestamp) -> Result<NativeTransaction, TxnError> {
         Ok(NativeTransaction {
             inner: self.outbox.begin_within(deadline).await?,
         })
@@ -88,25 +88,25 @@ impl NativeOutbox {
 
 /// A [`Transaction`] that also takes the application's native DynamoDB actions. Every
 /// method of [`Transaction`] works on it (emit, remember_response, the portable writes).
-pub struct NativeTransaction<'a> {
-    inner: Transaction<'a>,
+pub struct NativeTransaction {
+    inner: Transaction,
 }
 
-impl<'a> Deref for NativeTransaction<'a> {
-    type Target = Transaction<'a>;
+impl Deref for NativeTransaction {
+    type Target = Transaction;
 
     fn deref(&self) -> &Self::Target {
         &self.inner
     }
 }
 
-impl DerefMut for NativeTransaction<'_> {
+impl DerefMut for NativeTransaction {
     fn deref_mut(&mut self) -> &mut Self::Target {
         &mut self.inner
     }
 }
 
-impl NativeTransaction<'_> {
+impl NativeTransaction {
     /// Adds one of the application's actions to the commit, after those added before.
     /// Returns its index: the one [`TxnError::ActionCancelled`] names if its condition
     /// fails. Ask for the old item with
@@ -138,7 +138,7 @@ impl NativeTransaction<'_> {
     }
 }
 
-impl Committable for NativeTransaction<'_> {
+impl Committable for NativeTransaction {
     fn id(&self) -> TxnId {
         self.inner.id()
     }

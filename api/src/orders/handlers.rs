@@ -79,7 +79,7 @@ struct Change {
 async fn commit(
     state: &AppState,
     scope: &RequestScope,
-    mut txn: Transaction<'_>,
+    mut txn: Transaction,
     change: Change,
     idempotency: Option<Idempotency>,
     precondition: bool,
@@ -120,7 +120,7 @@ async fn commit(
 
 /// Begins a transaction within the request's deadline (recorded in the request's scope,
 /// so that even a timeout names it).
-async fn begin<'a>(state: &'a AppState, scope: &RequestScope) -> Result<Transaction<'a>, ApiError> {
+async fn begin(state: &AppState, scope: &RequestScope) -> Result<Transaction, ApiError> {
     let started = Instant::now();
     let result = scope.begin(&state.outbox).await;
     MetricRecord::new("api", state.outbox.clock().now())

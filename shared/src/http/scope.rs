@@ -167,7 +167,7 @@ impl RequestScope {
     }
 
     /// Begins a transaction within this request's deadline, and records its progress.
-    pub async fn begin<'a>(&self, outbox: &'a Outbox) -> Result<Transaction<'a>, TxnError> {
+    pub async fn begin(&self, outbox: &Outbox) -> Result<Transaction, TxnError> {
         let begin = async {
             match self.deadline {
                 Some(deadline) => outbox.begin_within(deadline).await,
@@ -181,7 +181,7 @@ impl RequestScope {
 
     /// Begins a transaction with native actions within this request's deadline, and
     /// records its progress.
-    pub async fn begin_native<'a>(&self, outbox: &'a NativeOutbox) -> Result<NativeTransaction<'a>, TxnError> {
+    pub async fn begin_native(&self, outbox: &NativeOutbox) -> Result<NativeTransaction, TxnError> {
         let begin = async {
             match self.deadline {
                 Some(deadline) => outbox.begin_within(deadline).await,
@@ -295,7 +295,7 @@ impl BeginWatch for RequestScope {
         *self.beginning.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
     }
 
-    fn started(&self, outbox: &Outbox, txn: &mut Transaction<'_>) {
+    fn started(&self, outbox: &Outbox, txn: &mut Transaction) {
         *self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(outbox.clone());
         self.begun(txn.id());
         let progress = self.progress.clone();

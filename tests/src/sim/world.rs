@@ -511,7 +511,7 @@ async fn increment(
 
 /// Stages the increment of `current` and commits it.
 async fn stage_increment(
-    mut txn: outbox::request::Transaction<'_>,
+    mut txn: outbox::request::Transaction,
     key: ItemKey,
     current: Option<outbox::ports::VersionedItem>,
     idempotency: Option<IdempotencySlot>,
@@ -597,11 +597,7 @@ async fn increment_over_http(
 }
 
 /// Stages the increment of `current`, with its event and audit entry; the new count.
-fn stage(
-    txn: &mut outbox::request::Transaction<'_>,
-    key: ItemKey,
-    current: Option<outbox::ports::VersionedItem>,
-) -> u64 {
+fn stage(txn: &mut outbox::request::Transaction, key: ItemKey, current: Option<outbox::ports::VersionedItem>) -> u64 {
     let (count, expected) = match &current {
         Some(item) => (
             item.data["count"].as_u64().expect("counters hold a count") + 1,

@@ -1,0 +1,232 @@
+//! A transaction's commit: its attempts, and the settling write that decides a failed or
+//! unknown one (DESIGN.md section 3).
+
+use std::time::Duration;
+
+use super::settle::{settle_bound, within, SETTLE_RESERVE};
+use super::{Committed, Settlement, Transaction, TxnError};
+use crate::ports::{CommitError, CommitRequest};
+use crate::protocol::{IdempotencyRecord, MessageId, OutboxRecord, OutboxState, OutgoingMessage};
+use crate::time::Timestamp;
+
+/// Commits tried at most, when the store answers "contention" or "unknown outcome".
+pub const COMMIT_ATTEMPTS: u32 = 5;
+/// Wait before the first commit retry; doubled for the next.
+pub(super) const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(25);
+
+impl Transaction {
+    /// Commits everything staged atomically with the outbox record.
+    ///
+    /// A commit that fails is settled before this returns (DESIGN.md section 3): the
+    /// request path writes the transaction's tombstone, so its control message finds it
+    /// settled. When the outcome was unknown (a timeout, a lost reply), that write
+    /// decides it: written, the commit never applied and never can
+    /// ([`TxnError::Fenced`], safe to retry); finding the transaction's own record, it
+    /// committed (`Ok`). Only when the write cannot be made before the deadline is the
+    /// answer [`TxnError::Ambiguous`]. Commit attempts stop [`SETTLE_RESERVE`] before the
+    /// deadline to leave time for it.
+    #[tracing::instrument(skip_all, fields(txn_id = %self.txn_id))]
+    pub async fn commit(mut self) -> Result<Committed, TxnError> {
+        let txn_id = self.txn_id;
+        let message_ids: Vec<MessageId> = self.messages.iter().map(|message| message.id.clone()).collect();
+        let mut request: Option<CommitRequest> = None;
+        // The error of an attempt whose outcome was unknown, when a definite refusal
+        // came after it.
+        let mut unknown: Option<CommitError> = None;
+        for hook in std::mem::take(&mut self.on_commit) {
+            hook(txn_id);
+        }
+        let error = match self.attempt(&mut request, &mut unknown).await {
+            Ok(()) => {
+                let record = &request.as_ref().expect("a commit that applied was sent").outbox;
+                let inline = self.outbox.dispatch_inline(record, self.deadline).await;
+                return Ok(Committed {
+                    txn_id,
+                    message_ids,
+                    inline,
+                });
+            }
+            // A tombstone holds the key already, or the window has passed and the
+            // control worker writes it at its next check: nothing to settle.
+            Err(error @ TxnError::CommitWindowExpired { .. }) => return Err(error),
+            Err(error) => error,
+        };
+        // The settling write decides the answer only when an attempt's outcome was
+        // unknown; it may take until the deadline then. Otherwise the answer is definite
+        // already, and the write only spares the control worker its deferrals.
+        let uncertain = !error.is_definite() || unknown.is_some();
+        let settle_by = if uncertain {
+            self.deadline
+        } else {
+            Some(settle_bound(self.outbox.ports.clock.now(), self.deadline))
+        };
+        match self.outbox.abandon(txn_id, settle_by).await {
+            Settlement::Committed(found) => {
+                // An attempt whose outcome was unknown applied after all.
+                tracing::warn!(error = %error, "the commit applied after all");
+                let committed = match request {
+                    Some(request) if found.state == OutboxState::Pending => request.outbox,
+                    _ => found,
+                };
+                let inline = self.outbox.dispatch_inline(&committed, self.deadline).await;
+                Ok(Committed {
+                    txn_id,
+                    message_ids,
+                    inline,
+                })
+            }
+            settlement if settlement.never_committed() => Err(match error {
+                TxnError::Ambiguous { txn_id, source } => TxnError::Fenced { txn_id, source },
+                definite => definite,
+            }),
+            // Unsettled: a refusal that came after an attempt of unknown outcome is not
+            // the last word, since that attempt may still be on its way to the table.
+            _ => Err(match unknown {
+                Some(source) if error.is_definite() => TxnError::Ambiguous { txn_id, source },
+                _ => error,
+            }),
+        }
+    }
+
+    /// Tries the commit until it applies, is refused definitely, or its attempts, the
+    /// window or the time before the deadline's reserve run out. `request` keeps what
+    /// was sent.
+    async fn attempt(
+        &mut self,
+        request: &mut Option<CommitRequest>,
+        unknown: &mut Option<CommitError>,
+    ) -> Result<(), TxnError> {
+        let txn_id = self.txn_id;
+        self.check_limits()?;
+        let ports = &self.outbox.ports;
+        let timing = &self.outbox.timing;
+        let window_end = self.first_sent_at.plus(timing.max_commit_duration);
+        let attempts_until = self.deadline.map(|deadline| deadline.minus(SETTLE_RESERVE));
+
+        // `unknown` holds the error of an earlier attempt whose outcome is unknown: from
+        // then on, no failure short of a definite refusal can say "nothing was written".
+        // The error of the last attempt that was definitely refused, for when the
+        // deadline stops the retries.
+        let mut last_refusal: Option<CommitError> = None;
+        for attempt in 1..=COMMIT_ATTEMPTS {
+            let now = ports.clock.now();
+            // Past the window the worker may tombstone at any moment; trying anyway is
+            // safe (the tombstone would block it) but pointless.
+            if now >= window_end {
+                return Err(match unknown.take() {
+                    Some(source) => TxnError::Ambiguous { txn_id, source },
+                    None => TxnError::CommitWindowExpired { txn_id },
+                });
+            }
+            // Past the request's deadline (less the time settling needs) nobody waits
+            // for the answer any more.
+            if attempts_until.is_some_and(|until| now >= until) {
+                return Err(match (unknown.take(), last_refusal) {
+                    (Some(source), _) => TxnError::Ambiguous { txn_id, source },
+                    (None, Some(source)) => TxnError::NotCommitted { txn_id, source },
+                    (None, None) => TxnError::DeadlineExceeded { txn_id },
+                });
+            }
+            if request.is_none() {
+                *request = Some(self.request(now));
+            }
+            let sent = request.as_ref().expect("just built");
+            let commit = ports.store.commit_native(sent, &self.native);
+            let outcome = within(ports.clock.as_ref(), attempts_until, commit).await;
+            let error = match outcome {
+                Some(Ok(())) => {
+                    tracing::info!(messages = sent.outbox.messages.len(), "committed");
+                    return Ok(());
+                }
+                Some(Err(error)) => error,
+                // Cut short in flight: the request may still reach the table.
+                None => CommitError::Ambiguous("the request's deadline passed while the commit was in flight".into()),
+            };
+            // A business condition that failed is an answer (a 409), not a fault.
+            if matches!(
+                error,
+                CommitError::VersionConflict { .. }
+                    | CommitError::ActionCancelled { .. }
+                    | CommitError::IdempotencyKeyUsed { .. }
+            ) {
+                tracing::info!(error = %error, attempt, "commit refused by a condition");
+            } else {
+                tracing::warn!(error = %error, attempt, "commit attempt failed");
+            }
+            // A definite refusal is authoritative even after an attempt of unknown
+            // outcome: had that attempt applied, this one would have found its own
+            // outbox record and reported success.
+            match error {
+                CommitError::Tombstoned { .. } => return Err(TxnError::CommitWindowExpired { txn_id }),
+                CommitError::VersionConflict { key } => return Err(TxnError::VersionConflict { txn_id, key }),
+                CommitError::IdempotencyKeyUsed { slot } => return Err(TxnError::IdempotencyKeyUsed { txn_id, slot }),
+                CommitError::TooLarge { reason } => return Err(TxnError::TooLarge { txn_id, reason }),
+                CommitError::Ambiguous(_) if attempt < COMMIT_ATTEMPTS => *unknown = Some(error),
+                CommitError::Contention(_) | CommitError::Unavailable(_) if attempt < COMMIT_ATTEMPTS => {
+                    last_refusal = Some(error)
+                }
+                CommitError::Ambiguous(_) => return Err(TxnError::Ambiguous { txn_id, source: error }),
+                CommitError::ActionCancelled { index, code, item } => {
+                    return Err(TxnError::ActionCancelled {
+                        txn_id,
+                        index,
+                        code,
+                        item,
+                    })
+                }
+                CommitError::NativeUnsupported => return Err(TxnError::NotCommitted { txn_id, source: error }),
+                CommitError::Contention(_) | CommitError::Unavailable(_) | CommitError::Invalid { .. } => {
+                    return Err(match unknown.take() {
+                        Some(source) => TxnError::Ambiguous { txn_id, source },
+                        None => TxnError::NotCommitted { txn_id, source: error },
+                    })
+                }
+            }
+            ports.clock.sleep(COMMIT_RETRY_DELAY * 2u32.pow(attempt - 1)).await;
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    fn check_limits(&self) -> Result<(), TxnError> {
+        let limits = &self.outbox.limits;
+        let bytes: usize = self.messages.iter().map(OutgoingMessage::payload_bytes).sum();
+        let reason = if self.messages.len() > limits.max_messages {
+            format!(
+                "{} messages, at most {} allowed",
+                self.messages.len(),
+                limits.max_messages
+            )
+        } else if bytes > limits.max_message_bytes {
+            format!(
+                "{bytes} bytes of messages, at most {} allowed",
+                limits.max_message_bytes
+            )
+        } else {
+            return Ok(());
+        };
+        Err(TxnError::TooLarge {
+            txn_id: self.txn_id,
+            reason,
+        })
+    }
+
+    fn request(&self, now: Timestamp) -> CommitRequest {
+        let expires_at = now.plus(self.outbox.timing.retention);
+        CommitRequest {
+            txn_id: self.txn_id,
+            writes: self.writes.values().cloned().collect(),
+            outbox: OutboxRecord::committed(self.txn_id, self.messages.clone(), now, expires_at),
+            idempotency: self
+                .idempotency
+                .as_ref()
+                .map(|(slot, fingerprint, response)| IdempotencyRecord {
+                    slot: slot.clone(),
+                    fingerprint: fingerprint.clone(),
+                    txn_id: self.txn_id,
+                    response: response.clone(),
+                    created_at: now,
+                    expires_at,
+                }),
+        }
+    }
+}

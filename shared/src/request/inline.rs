@@ -1,0 +1,96 @@
+//! Publishing a committed transaction's messages in the request path, before the answer
+//! (DESIGN.md section 3, "Settling in the request path").
+
+use std::time::Duration;
+
+use super::settle::within;
+use super::Outbox;
+use crate::protocol::{OutboxRecord, OutboxState, OutgoingMessage};
+use crate::publish::{publish_all, RetryPolicy};
+use crate::time::Timestamp;
+
+/// Sends of one message the request path tries inline: fewer than the worker's, since a
+/// client waits and the worker is the safety net.
+const INLINE_RETRY: RetryPolicy = RetryPolicy {
+    attempts: 2,
+    base_delay: Duration::from_millis(25),
+    max_delay: Duration::from_millis(100),
+};
+
+/// What the request path did with a committed transaction's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InlineDispatch {
+    /// Inline publishing is off: the control worker publishes them.
+    Off,
+    /// The transaction emitted nothing: its record was committed `dispatched`.
+    NothingToPublish,
+    /// Published and the record marked `dispatched`: the control message finds it done.
+    Dispatched,
+    /// Publishing or marking failed, or the deadline came first: the control worker
+    /// publishes them (again, under the same ids), as without inline publishing.
+    LeftToWorker,
+}
+
+impl InlineDispatch {
+    /// A short name for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::NothingToPublish => "nothing_to_publish",
+            Self::Dispatched => "dispatched",
+            Self::LeftToWorker => "left_to_worker",
+        }
+    }
+}
+
+impl Outbox {
+    /// Publishes a committed record's messages and marks it dispatched, within
+    /// `deadline`. Never fails: what it cannot do, the control worker does.
+    pub(super) async fn dispatch_inline(&self, record: &OutboxRecord, deadline: Option<Timestamp>) -> InlineDispatch {
+        let Some(publisher) = &self.inline else {
+            return InlineDispatch::Off;
+        };
+        if record.state != OutboxState::Pending {
+            return InlineDispatch::NothingToPublish;
+        }
+        let clock = self.ports.clock.as_ref();
+        let settle = async {
+            let messages: Vec<&OutgoingMessage> = record.messages.iter().collect();
+            let report = publish_all(publisher.as_ref(), clock, &messages, INLINE_RETRY).await;
+            if !report.failed.is_empty() {
+                tracing::warn!(
+                    failed = report.failed.len(),
+                    "inline publishing failed; the control worker will publish"
+                );
+                return InlineDispatch::LeftToWorker;
+            }
+            // Only after every message went out: a record marked first and a crash before
+            // publishing would lose them (I1).
+            let expires_at = clock.now().plus(self.timing.retention);
+            match self
+                .ports
+                .store
+                .mark_dispatched(std::slice::from_ref(record), expires_at)
+                .await
+                .pop()
+            {
+                Some(Ok(())) => InlineDispatch::Dispatched,
+                other => {
+                    tracing::warn!(error = ?other.and_then(Result::err).map(|e| e.to_string()), "marking the record dispatched failed; the control worker will");
+                    InlineDispatch::LeftToWorker
+                }
+            }
+        };
+        let outcome = within(clock, deadline, settle).await.unwrap_or_else(|| {
+            tracing::warn!("the deadline came during inline publishing; the control worker will publish");
+            InlineDispatch::LeftToWorker
+        });
+        // Which path dispatched the transaction: the worker counts its own dispatches.
+        crate::metrics::MetricRecord::new(self.service.to_string(), clock.now())
+            .count("InlineDispatches", usize::from(outcome == InlineDispatch::Dispatched))
+            .count("InlineFailures", usize::from(outcome == InlineDispatch::LeftToWorker))
+            .emit();
+        outcome
+    }
+}

@@ -1,0 +1,35 @@
+//! The request path (DESIGN.md section 3): a transactional session that sends the
+//! delayed control message, stages business writes and messages, and commits them with
+//! the outbox record in one atomic write.
+//!
+//! ```text
+//! begin ── send control message (delay) ──► acknowledged?  no ─► ControlSend (nothing written)
+//!   │ yes
+//!   ├── reads (strongly consistent), business logic: put / delete / check / emit
+//!   ▼
+//! commit ── one atomic write: business writes (versioned) + outbox record + idempotency record
+//!   ├── applied: publish the messages, mark the record dispatched (inline publishing)
+//!   └── refused, or outcome unknown: write the tombstone (settles it; decides an unknown)
+//! abandon (no commit) ── write the tombstone
+//! ```
+//!
+//! The modules: [`Outbox`] begins transactions ([`watch_begins`] lets a request scope see
+//! each); a [`Transaction`] stages reads, writes and messages, and its commit is tried
+//! and settled (`commit`, `settle`); `inline` publishes a committed transaction's messages
+//! before the answer; [`TxnError`] says why a transaction did not commit.
+
+mod commit;
+mod error;
+mod inline;
+mod outbox;
+mod settle;
+mod transaction;
+mod watch;
+
+pub use commit::COMMIT_ATTEMPTS;
+pub use error::TxnError;
+pub use inline::InlineDispatch;
+pub use outbox::{Outbox, RequestPorts, TxnStatus, DEFAULT_SERVICE};
+pub use settle::{settle_bound, Settlement, SETTLE_ATTEMPTS, SETTLE_RESERVE};
+pub use transaction::{Committable, Committed, Transaction};
+pub use watch::{watch_begins, BeginWatch};

@@ -1,0 +1,182 @@
+//! The entry point of the request path: its ports, and beginning transactions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::settle::within;
+use super::watch::BEGIN_WATCH;
+use super::{Transaction, TxnError};
+use crate::ports::{Clock, ControlQueue, IdSource, Publisher, QueueError, Store, StoreError};
+use crate::protocol::{ControlMessage, OutboxState, TxnId};
+use crate::settings::{Timing, TransactionLimits};
+use crate::time::Timestamp;
+
+/// The ports the request path uses.
+#[derive(Clone)]
+pub struct RequestPorts {
+    /// The table.
+    pub store: Arc<dyn Store>,
+    /// Where control messages go.
+    pub control_queue: Arc<dyn ControlQueue>,
+    /// Wall-clock time.
+    pub clock: Arc<dyn Clock>,
+    /// Transaction ids.
+    pub ids: Arc<dyn IdSource>,
+}
+
+/// The `Service` dimension of the request path's metrics unless
+/// [`Outbox::with_service_name`] names it.
+pub const DEFAULT_SERVICE: &str = "outbox";
+
+/// The entry point of the request path: begins transactions and reports their status.
+/// Build one per process and share it.
+#[derive(Clone)]
+pub struct Outbox {
+    pub(super) ports: RequestPorts,
+    pub(super) timing: Timing,
+    pub(super) limits: TransactionLimits,
+    pub(super) inline: Option<Arc<dyn Publisher>>,
+    /// The `Service` dimension of its metrics.
+    pub(super) service: Arc<str>,
+}
+
+impl Outbox {
+    /// The request path over `ports`, with `timing` and `limits` from the settings.
+    pub fn new(ports: RequestPorts, timing: Timing, limits: TransactionLimits) -> Self {
+        Self {
+            ports,
+            timing,
+            limits,
+            inline: None,
+            service: Arc::from(DEFAULT_SERVICE),
+        }
+    }
+
+    /// This request path, its metrics under service name `service` (the `Service`
+    /// dimension) instead of [`DEFAULT_SERVICE`]: the application's name, so that each
+    /// service that commits through the outbox counts its own.
+    pub fn with_service_name(mut self, service: &str) -> Self {
+        self.service = Arc::from(service);
+        self
+    }
+
+    /// This request path, publishing each committed transaction's messages itself through
+    /// `publisher` and marking its record `dispatched` before answering (DESIGN.md
+    /// section 3, "Settling in the request path"). A failure there is logged and left to
+    /// the control worker, whose control message stays the guarantee; the answer is the
+    /// commit's either way.
+    pub fn with_inline_publisher(mut self, publisher: Arc<dyn Publisher>) -> Self {
+        self.inline = Some(publisher);
+        self
+    }
+
+    /// The table, for reads outside a transaction (idempotency look-ups, queries).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.ports.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.ports.clock
+    }
+
+    /// Begins a transaction: picks its id and sends its control message, returning once
+    /// the queue has acknowledged it. Nothing is written before that. Its commit may take
+    /// as long as its retries need, within the commit window.
+    pub async fn begin(&self) -> Result<Transaction, TxnError> {
+        self.begin_with(None).await
+    }
+
+    /// Begins a transaction that must be answered by `deadline` (an HTTP request's
+    /// deadline, less a margin to answer): the control send is cut short there, commit
+    /// attempts [`SETTLE_RESERVE`] before it (no retry starts after that), and the
+    /// tombstone that settles a failed commit is written by it. A commit cut short in
+    /// flight is then [`TxnError::Fenced`] (nothing written), `Ok` (it had applied), or
+    /// [`TxnError::Ambiguous`] if the tombstone could not be written in time; a deadline
+    /// that passes before the commit is tried is [`TxnError::DeadlineExceeded`] (nothing
+    /// written). Each names the transaction.
+    pub async fn begin_within(&self, deadline: Timestamp) -> Result<Transaction, TxnError> {
+        self.begin_with(Some(deadline)).await
+    }
+
+    #[tracing::instrument(skip_all, fields(txn_id))]
+    async fn begin_with(&self, deadline: Option<Timestamp>) -> Result<Transaction, TxnError> {
+        let now = self.ports.clock.now();
+        let txn_id = self.ports.ids.next_txn_id(now);
+        // The request scope running on this task, if any, sees every transaction begun
+        // in it, however it is begun, and may refuse a second one before anything is sent.
+        let watch = BEGIN_WATCH.try_with(Arc::clone).ok();
+        if let Some(watch) = &watch {
+            watch.admit(txn_id)?;
+        }
+        tracing::Span::current().record("txn_id", tracing::field::display(txn_id));
+        let control = ControlMessage::first(txn_id, now);
+        let send = self.ports.control_queue.send(&control, self.timing.first_check_delay);
+        // Whether or not a send cut short reached the queue, nothing will be committed:
+        // a control message for a transaction that never commits only tombstones it.
+        let sent = match within(self.ports.clock.as_ref(), deadline, send).await {
+            Some(sent) => sent.map_err(|source| TxnError::ControlSend { txn_id, source }),
+            None => Err(TxnError::ControlSend {
+                txn_id,
+                source: QueueError::Unavailable("the request's deadline passed during the send".into()),
+            }),
+        };
+        if let Err(error) = sent {
+            if let Some(watch) = &watch {
+                watch.not_started();
+            }
+            return Err(error);
+        }
+        let mut txn = Transaction {
+            outbox: self.clone(),
+            txn_id,
+            first_sent_at: now,
+            deadline,
+            writes: BTreeMap::new(),
+            native: Vec::new(),
+            on_commit: Vec::new(),
+            messages: Vec::new(),
+            idempotency: None,
+        };
+        if let Some(watch) = watch {
+            watch.started(self, &mut txn);
+        }
+        Ok(txn)
+    }
+
+    /// What is known of transaction `txn_id`.
+    pub async fn status(&self, txn_id: TxnId) -> Result<TxnStatus, StoreError> {
+        let records = self.ports.store.get_outboxes(&[txn_id]).await?;
+        Ok(match records.get(&txn_id).map(|record| record.state) {
+            Some(OutboxState::Pending) => TxnStatus::Pending,
+            Some(OutboxState::Dispatched) => TxnStatus::Dispatched,
+            Some(OutboxState::Tombstone) => TxnStatus::Tombstoned,
+            None => TxnStatus::Unknown,
+        })
+    }
+}
+
+/// What is known of a transaction, for clients that got an ambiguous answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnStatus {
+    /// Committed; its messages are being published.
+    Pending,
+    /// Committed and published.
+    Dispatched,
+    /// Never committed, and never will.
+    Tombstoned,
+    /// No record: still within its window, or finished long enough ago to be forgotten.
+    Unknown,
+}
+
+impl TxnStatus {
+    /// The status's name as reported.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Dispatched => "dispatched",
+            Self::Tombstoned => "tombstoned",
+            Self::Unknown => "unknown",
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Settling a transaction in the request path: its tombstone, written by a deadline, and
+//! what the write found (DESIGN.md section 3, "Settling in the request path").
+
+use std::time::Duration;
+
+use super::commit::COMMIT_RETRY_DELAY;
+use super::Outbox;
+use crate::ports::{Clock, TombstoneOutcome};
+use crate::protocol::{OutboxRecord, OutboxState, TxnId};
+use crate::time::Timestamp;
+
+/// Time kept before a request's deadline for settling a commit of unknown outcome with a
+/// tombstone (a conditional put, tried again if it fails): commit attempts stop this long
+/// before the deadline. Also the most a settling write may add to an answer that is
+/// already definite (a refusal, an abandoned transaction).
+pub const SETTLE_RESERVE: Duration = Duration::from_millis(200);
+/// Tombstone writes tried at most when settling a transaction in the request path.
+pub const SETTLE_ATTEMPTS: u32 = 3;
+
+/// How long a settling write that only spares the control worker work may take: until
+/// [`SETTLE_RESERVE`] from `now`, or the deadline if that is sooner.
+pub fn settle_bound(now: Timestamp, deadline: Option<Timestamp>) -> Timestamp {
+    let quick = now.plus(SETTLE_RESERVE);
+    deadline.map_or(quick, |deadline| deadline.min(quick))
+}
+
+/// Runs `operation`, cut short at `deadline` (by `clock`'s timer) if there is one:
+/// `None` when the deadline came first.
+pub(super) async fn within<T>(
+    clock: &dyn Clock,
+    deadline: Option<Timestamp>,
+    operation: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let Some(deadline) = deadline else {
+        return Some(operation.await);
+    };
+    let left = deadline.since(clock.now());
+    tokio::select! {
+        biased;
+        result = operation => Some(result),
+        () = clock.timer(left) => None,
+    }
+}
+
+/// What the request path's tombstone write for a transaction found (DESIGN.md section 3,
+/// "Settling in the request path").
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settlement {
+    /// The tombstone is written: the transaction never committed and never can; its
+    /// control message finds it settled.
+    Tombstoned,
+    /// A tombstone was there already (the control worker's): the same.
+    AlreadyTombstoned,
+    /// The transaction's own record: it committed.
+    Committed(OutboxRecord),
+    /// The write failed, or the deadline came first: the control message settles it, as
+    /// it would have without this write.
+    LeftToWorker,
+}
+
+impl Settlement {
+    /// Whether the transaction certainly never committed.
+    pub fn never_committed(&self) -> bool {
+        matches!(self, Self::Tombstoned | Self::AlreadyTombstoned)
+    }
+
+    /// A short name for logs and metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Tombstoned => "tombstoned",
+            Self::AlreadyTombstoned => "already_tombstoned",
+            Self::Committed(_) => "committed",
+            Self::LeftToWorker => "left_to_worker",
+        }
+    }
+}
+
+impl Outbox {
+    /// Abandons transaction `txn_id`: writes its tombstone (the same conditional put the
+    /// control worker writes, `attribute_not_exists`), by `deadline` if there is one, so
+    /// that its control message finds it settled at the first check instead of deferring
+    /// until the window ends. A commit of it that is still in flight, or tried later,
+    /// then fails. Never fails itself: what it cannot write, the control message settles.
+    ///
+    /// [`Transaction::abandon`] does this for a transaction in hand; the HTTP glue does
+    /// it for a request whose handler began a transaction and answered without
+    /// committing it.
+    pub async fn abandon(&self, txn_id: TxnId, deadline: Option<Timestamp>) -> Settlement {
+        let clock = self.ports.clock.as_ref();
+        let mut settlement = Settlement::LeftToWorker;
+        // A failed write is tried again while time remains: DynamoDB refuses a put on an
+        // item that a transaction still in flight holds (TransactionConflict), which is
+        // exactly the race this write settles. Trying again is safe: every outcome of
+        // the conditional put means the same thing however many times it ran.
+        for attempt in 1..=SETTLE_ATTEMPTS {
+            let now = clock.now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                break;
+            }
+            let expires_at = now.plus(self.timing.retention);
+            let write = self.ports.store.put_tombstone(txn_id, now, expires_at);
+            match within(clock, deadline, write).await {
+                Some(Ok(TombstoneOutcome::Written)) => settlement = Settlement::Tombstoned,
+                Some(Ok(TombstoneOutcome::Exists(record))) if record.state == OutboxState::Tombstone => {
+                    settlement = Settlement::AlreadyTombstoned
+                }
+                Some(Ok(TombstoneOutcome::Exists(record))) => settlement = Settlement::Committed(record),
+                Some(Err(error)) => {
+                    tracing::warn!(%txn_id, attempt, error = %error, "writing the tombstone failed");
+                    if attempt < SETTLE_ATTEMPTS {
+                        clock.sleep(COMMIT_RETRY_DELAY * attempt).await;
+                    }
+                    continue;
+                }
+                None => tracing::warn!(%txn_id, "the deadline came while writing the tombstone"),
+            }
+            break;
+        }
+        if settlement == Settlement::LeftToWorker {
+            tracing::warn!(%txn_id, "the transaction is left to its control message");
+        }
+        tracing::info!(%txn_id, settlement = settlement.as_str(), "transaction settled in the request path");
+        crate::metrics::MetricRecord::new(self.service.to_string(), clock.now())
+            .count("RequestTombstones", usize::from(settlement == Settlement::Tombstoned))
+            .count(
+                "RequestSettleFailures",
+                usize::from(settlement == Settlement::LeftToWorker),
+            )
+            .emit();
+        settlement
+    }
+}

@@ -1,0 +1,157 @@
+//! One transaction: its reads, and the writes and messages it stages for the commit.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::settle::settle_bound;
+use super::{InlineDispatch, Outbox, Settlement, TxnError};
+use crate::ports::{BusinessWrite, ExpectedVersion, ItemKey, NativeAction, VersionedItem};
+use crate::protocol::{IdempotencySlot, Message, MessageId, OutgoingMessage, StoredResponse, TxnId};
+use crate::time::Timestamp;
+
+/// A transaction that can be committed: a [`Transaction`], or a
+/// [`crate::native::NativeTransaction`]. Lets code that finishes requests (the HTTP glue)
+/// take either.
+pub trait Committable: Send {
+    /// The transaction's id.
+    fn id(&self) -> TxnId;
+
+    /// See [`Transaction::remember_response`].
+    fn remember_response(&mut self, slot: IdempotencySlot, fingerprint: String, response: StoredResponse);
+
+    /// See [`Transaction::commit`].
+    fn commit(self) -> impl std::future::Future<Output = Result<Committed, TxnError>> + Send;
+}
+
+impl Committable for Transaction {
+    fn id(&self) -> TxnId {
+        Transaction::id(self)
+    }
+
+    fn remember_response(&mut self, slot: IdempotencySlot, fingerprint: String, response: StoredResponse) {
+        Transaction::remember_response(self, slot, fingerprint, response);
+    }
+
+    fn commit(self) -> impl std::future::Future<Output = Result<Committed, TxnError>> + Send {
+        Transaction::commit(self)
+    }
+}
+
+/// A committed transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// The transaction.
+    pub txn_id: TxnId,
+    /// The ids of the messages it will publish, in order.
+    pub message_ids: Vec<MessageId>,
+    /// Whether the request path published them itself.
+    pub inline: InlineDispatch,
+}
+
+/// One transaction of the request path, from `begin` to `commit`. To give it up, call
+/// [`Transaction::abandon`]: it writes the tombstone at once. Dropping it without
+/// committing is safe too (a crash does that): its control message tombstones it, after
+/// deferring until the commit window ends.
+pub struct Transaction {
+    pub(super) outbox: Outbox,
+    pub(super) txn_id: TxnId,
+    pub(super) first_sent_at: Timestamp,
+    pub(super) deadline: Option<Timestamp>,
+    pub(super) writes: BTreeMap<ItemKey, BusinessWrite>,
+    /// The application's native actions ([`crate::native`] stages them), in order.
+    pub(crate) native: Vec<NativeAction>,
+    /// Each told once, just before the first commit attempt reaches the store.
+    pub(super) on_commit: Vec<Box<dyn FnOnce(TxnId) + Send + Sync + 'static>>,
+    pub(super) messages: Vec<OutgoingMessage>,
+    pub(super) idempotency: Option<(IdempotencySlot, String, StoredResponse)>,
+}
+
+impl Transaction {
+    /// The transaction's id.
+    pub fn id(&self) -> TxnId {
+        self.txn_id
+    }
+
+    /// Has `hook` told, once, when the commit begins: from then on the transaction may
+    /// have committed, and the commit settles it whatever happens (the HTTP glue records
+    /// it, so that an answer given for an overrunning handler says "outcome unknown", not
+    /// "nothing written", and so that it does not abandon the transaction itself). Hooks
+    /// add up: each is told, in the order they were given.
+    pub fn on_commit_attempt(&mut self, hook: impl FnOnce(TxnId) + Send + Sync + 'static) {
+        self.on_commit.push(Box::new(hook));
+    }
+
+    /// The deadline it was begun with, if any.
+    pub fn deadline(&self) -> Option<Timestamp> {
+        self.deadline
+    }
+
+    /// Reads one business item, strongly consistent.
+    pub async fn get(&self, key: &ItemKey) -> Result<Option<VersionedItem>, TxnError> {
+        Ok(self.get_many(std::slice::from_ref(key)).await?.remove(key))
+    }
+
+    /// Reads several business items in one call, strongly consistent.
+    pub async fn get_many(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, TxnError> {
+        self.outbox
+            .ports
+            .store
+            .get_items(keys)
+            .await
+            .map_err(|source| TxnError::Read {
+                txn_id: self.txn_id,
+                source,
+            })
+    }
+
+    /// Stages a put of `data` to `key`, conditioned on `expected`. A later write to the
+    /// same key replaces this one.
+    pub fn put(&mut self, key: ItemKey, data: Value, expected: ExpectedVersion) {
+        self.stage(BusinessWrite::Put { key, data, expected });
+    }
+
+    /// Stages a delete of `key`, conditioned on its `version`.
+    pub fn delete(&mut self, key: ItemKey, version: u64) {
+        self.stage(BusinessWrite::Delete { key, version });
+    }
+
+    /// Makes the commit depend on `key` being as `expected`, without writing it.
+    pub fn check(&mut self, key: ItemKey, expected: ExpectedVersion) {
+        self.stage(BusinessWrite::Check { key, expected });
+    }
+
+    fn stage(&mut self, write: BusinessWrite) {
+        self.writes.insert(write.key().clone(), write);
+    }
+
+    /// Emits a message, published if and only if this transaction commits. Returns its
+    /// stable id.
+    pub fn emit(&mut self, message: Message) -> MessageId {
+        let position = u32::try_from(self.messages.len()).unwrap_or(u32::MAX);
+        let outgoing = OutgoingMessage::new(self.txn_id, position, message);
+        let id = outgoing.id.clone();
+        self.messages.push(outgoing);
+        id
+    }
+
+    /// The messages emitted so far.
+    pub fn messages(&self) -> &[OutgoingMessage] {
+        &self.messages
+    }
+
+    /// Commits, with the transaction, the response that repeats of this request under
+    /// idempotency key `slot` must get (the request's `fingerprint` tells repeats from
+    /// misuse of the key).
+    pub fn remember_response(&mut self, slot: IdempotencySlot, fingerprint: String, response: StoredResponse) {
+        self.idempotency = Some((slot, fingerprint, response));
+    }
+
+    /// Abandons the transaction: writes its tombstone now, within its deadline (see
+    /// [`Outbox::abandon`]). For a handler that decided, after `begin`, not to commit (a
+    /// no-op, a 404 or 409 found by its reads).
+    pub async fn abandon(self) -> Settlement {
+        let by = settle_bound(self.outbox.ports.clock.now(), self.deadline);
+        self.outbox.abandon(self.txn_id, Some(by)).await
+    }
+}
