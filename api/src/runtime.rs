@@ -6,14 +6,14 @@ use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox::aws::{load_sdk_config, AwsClients, AwsPublisher, DynamoStore, SqsControlQueue};
+use outbox::aws::AwsBackend;
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::destination::Target;
 use outbox::embedded::EmbeddedBackend;
 use outbox::poller;
-use outbox::ports::{Clock, EntryFailure, PublishError, Publisher, RandomIds, SystemClock};
+use outbox::ports::{Clock, EntryFailure, PublishError, Publisher, SystemClock};
 use outbox::protocol::{DestinationName, OutgoingMessage};
-use outbox::request::{Outbox, RequestPorts};
+use outbox::request::Outbox;
 use outbox::settings::{Backend, Settings};
 
 use crate::app::HttpConfig;
@@ -83,10 +83,7 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
             let publisher: Arc<dyn Publisher> = Arc::new(LoggingPublisher {
                 inner: backend.publisher.clone(),
             });
-            let mut outbox = Outbox::new(backend.request_ports(clock.clone()), settings.timing, settings.limits);
-            if settings.inline_publish {
-                outbox = outbox.with_inline_publisher(publisher.clone());
-            }
+            let outbox = Outbox::from_settings(backend.request_ports(clock.clone()), settings, publisher.clone());
             let ports = ControlPorts {
                 publisher,
                 ..backend.control_ports(clock.clone())
@@ -114,29 +111,11 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                 embedded: Some(backend),
             }
         }
-        Backend::Aws {
-            layout,
-            control_queue_url,
-        } => {
-            let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
-            let publisher = Arc::new(AwsPublisher::new(clients.clone(), settings.destinations.clone()));
-            let mut outbox = Outbox::new(
-                RequestPorts {
-                    store: Arc::new(DynamoStore::new(
-                        clients.dynamodb.clone(),
-                        layout.clone(),
-                        clock.clone(),
-                    )),
-                    control_queue: Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone())),
-                    clock,
-                    ids: Arc::new(RandomIds),
-                },
-                settings.timing,
-                settings.limits,
-            );
-            if settings.inline_publish {
-                outbox = outbox.with_inline_publisher(publisher);
-            }
+        Backend::Aws { .. } => {
+            let backend = AwsBackend::from_settings(settings)
+                .await
+                .expect("the settings name the aws backend");
+            let outbox = backend.outbox(settings, clock);
             Parts {
                 state: AppState {
                     outbox: Arc::new(outbox),

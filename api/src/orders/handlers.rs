@@ -106,7 +106,7 @@ async fn commit(
         Err(HttpError::Transaction(TxnError::CommitWindowExpired { .. })
             | HttpError::Precondition(TxnError::CommitWindowExpired { .. }))
     );
-    MetricRecord::new("api", state.outbox.clock().now())
+    MetricRecord::new(state.outbox.service_name().to_owned(), state.outbox.clock().now())
         .add(
             "CommitLatency",
             Unit::Milliseconds,
@@ -123,7 +123,7 @@ async fn commit(
 async fn begin(state: &AppState, scope: &RequestScope) -> Result<Transaction, ApiError> {
     let started = Instant::now();
     let result = scope.begin(&state.outbox).await;
-    MetricRecord::new("api", state.outbox.clock().now())
+    MetricRecord::new(state.outbox.service_name().to_owned(), state.outbox.clock().now())
         .add(
             "ControlSendLatency",
             Unit::Milliseconds,

@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 
-use super::layout::TableLayout;
+use crate::settings::TableLayout;
 use super::AwsClients;
 use crate::destination::Target;
 use crate::ports::BoxError;
@@ -150,7 +150,7 @@ pub struct Resources {
 pub enum BootstrapError {
     /// The layout names attributes that cannot work.
     #[error(transparent)]
-    Layout(#[from] super::layout::LayoutError),
+    Layout(#[from] crate::settings::LayoutError),
     /// The table exists with another key schema or TTL attribute than the layout names.
     #[error("table {table} does not fit the layout: {problem}")]
     Mismatch {

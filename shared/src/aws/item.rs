@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Map, Number, Value};
 
-use super::layout::TableLayout;
+use crate::settings::TableLayout;
 use crate::ports::{ItemKey, StoreError, VersionedItem};
 use crate::protocol::{
     IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, OutgoingMessage, StoredResponse, TxnId,

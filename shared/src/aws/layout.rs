@@ -1,150 +1,14 @@
-//! Where the protocol's records live in DynamoDB: the table, the names of its key
-//! attributes and of its TTL attribute, so that the records fit a dedicated table with a
-//! string hash key as well as the application's own single-table design (`PK` + `SK`).
-//!
-//! Every protocol record has a *logical key*, a string such as `TXN#{txn_id}` or
-//! `IDEM#{scope}#{hash}`. It is written to the partition key attribute; a table with a
-//! sort key gets either the same string there or one constant for every record. The
-//! portable form's business items (`ItemKey`s) are laid out the same way.
-//!
-//! Only string keys are supported (`S`), and the key and TTL attributes must not be named
-//! like the attributes the records carry ([`RESERVED_ATTRIBUTES`]).
+//! How the protocol's records are keyed in DynamoDB's terms: keys, whole items and
+//! expression names under a [`TableLayout`] (the layout itself is a setting:
+//! [`crate::settings::TableLayout`]).
 
 use std::collections::HashMap;
-use std::fmt;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-/// The partition key attribute of a dedicated table.
-pub const DEFAULT_PARTITION_KEY: &str = "pk";
-/// The TTL attribute (unix seconds) by default.
-pub const DEFAULT_TTL_ATTRIBUTE: &str = "expires_at";
-
-/// Attribute names the protocol's records use for their content: key and TTL attributes
-/// must be named otherwise.
-pub const RESERVED_ATTRIBUTES: &[&str] = &[
-    "version",
-    "data",
-    "txn_id",
-    "state",
-    "created_at",
-    "messages",
-    "parts",
-    "scope",
-    "key_hash",
-    "fingerprint",
-    "status",
-    "headers",
-    "body",
-];
-
-/// What a protocol record writes in the table's sort key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SortKeyValue {
-    /// The same string as in the partition key (`PK = SK = "TXN#…"`).
-    SameAsPartitionKey,
-    /// One constant for every record (`SK = "OUTBOX"`).
-    Constant(String),
-}
-
-/// The table's sort key, when it has one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SortKey {
-    /// The attribute's name (`SK`).
-    pub attribute: String,
-    /// What the protocol writes in it.
-    pub value: SortKeyValue,
-}
-
-/// The table of the protocol's records and how they are keyed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableLayout {
-    /// The table's name.
-    pub table: String,
-    /// The partition key attribute's name (a string attribute).
-    pub partition_key: String,
-    /// The sort key, if the table has one (a string attribute).
-    pub sort_key: Option<SortKey>,
-    /// The TTL attribute's name (a number of unix seconds).
-    pub ttl_attribute: String,
-}
-
-/// A layout that cannot work.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("table layout: {0}")]
-pub struct LayoutError(pub String);
+use crate::settings::{SortKeyValue, TableLayout};
 
 impl TableLayout {
-    /// A dedicated table `table`: partition key `pk`, no sort key, TTL on `expires_at`.
-    pub fn dedicated(table: impl Into<String>) -> Self {
-        Self {
-            table: table.into(),
-            partition_key: DEFAULT_PARTITION_KEY.to_owned(),
-            sort_key: None,
-            ttl_attribute: DEFAULT_TTL_ATTRIBUTE.to_owned(),
-        }
-    }
-
-    /// This layout with partition key attribute `name`.
-    pub fn with_partition_key(mut self, name: impl Into<String>) -> Self {
-        self.partition_key = name.into();
-        self
-    }
-
-    /// This layout with sort key attribute `name`, holding `value`.
-    pub fn with_sort_key(mut self, name: impl Into<String>, value: SortKeyValue) -> Self {
-        self.sort_key = Some(SortKey {
-            attribute: name.into(),
-            value,
-        });
-        self
-    }
-
-    /// This layout with TTL attribute `name`.
-    pub fn with_ttl_attribute(mut self, name: impl Into<String>) -> Self {
-        self.ttl_attribute = name.into();
-        self
-    }
-
-    /// Checks the names: present, distinct, and none of them an attribute the records
-    /// carry.
-    pub fn validate(&self) -> Result<(), LayoutError> {
-        if self.table.trim().is_empty() {
-            return Err(LayoutError("the table name is empty".into()));
-        }
-        let mut names = vec![
-            ("partition key", &self.partition_key),
-            ("TTL attribute", &self.ttl_attribute),
-        ];
-        if let Some(sort_key) = &self.sort_key {
-            names.push(("sort key", &sort_key.attribute));
-            if let SortKeyValue::Constant(value) = &sort_key.value {
-                if value.is_empty() {
-                    return Err(LayoutError("the sort key's constant value is empty".into()));
-                }
-            }
-        }
-        for (what, name) in &names {
-            if name.is_empty() || name.len() > 255 {
-                return Err(LayoutError(format!("the {what} name must be 1 to 255 bytes")));
-            }
-            if RESERVED_ATTRIBUTES.contains(&name.as_str()) {
-                return Err(LayoutError(format!(
-                    "the {what} must not be named {name:?}: the protocol's records use that attribute"
-                )));
-            }
-        }
-        for (index, (what, name)) in names.iter().enumerate() {
-            if let Some((other, _)) = names[index + 1..].iter().find(|(_, other)| other == name) {
-                return Err(LayoutError(format!(
-                    "the {what} and the {other} are both named {name:?}"
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// The key of the record whose logical key is `logical`.
     pub(crate) fn key(&self, logical: &str) -> HashMap<String, AttributeValue> {
         let mut key = HashMap::from([(self.partition_key.clone(), AttributeValue::S(logical.to_owned()))]);
@@ -193,30 +57,6 @@ impl TableLayout {
     }
 }
 
-impl From<&str> for TableLayout {
-    fn from(table: &str) -> Self {
-        Self::dedicated(table)
-    }
-}
-
-impl From<String> for TableLayout {
-    fn from(table: String) -> Self {
-        Self::dedicated(table)
-    }
-}
-
-impl fmt::Display for TableLayout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "table {} (partition key {}", self.table, self.partition_key)?;
-        if let Some(sort_key) = &self.sort_key {
-            match &sort_key.value {
-                SortKeyValue::SameAsPartitionKey => write!(f, ", sort key {} = partition key", sort_key.attribute)?,
-                SortKeyValue::Constant(value) => write!(f, ", sort key {} = {value:?}", sort_key.attribute)?,
-            }
-        }
-        write!(f, ", TTL {})", self.ttl_attribute)
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -239,24 +79,5 @@ mod tests {
         let item = constant.item("TXN#1", [("state".to_owned(), AttributeValue::S("pending".into()))]);
         assert_eq!(item["SK"], AttributeValue::S("OUTBOX".into()));
         assert_eq!(constant.logical_key(&item), Some("TXN#1"));
-    }
-
-    #[test]
-    fn layouts_that_would_clash_with_the_records_are_refused() {
-        assert!(TableLayout::dedicated("t").validate().is_ok());
-        assert!(TableLayout::dedicated("").validate().is_err());
-        assert!(TableLayout::dedicated("t")
-            .with_partition_key("state")
-            .validate()
-            .is_err());
-        assert!(TableLayout::dedicated("t").with_ttl_attribute("pk").validate().is_err());
-        assert!(TableLayout::dedicated("t")
-            .with_sort_key("pk", SortKeyValue::SameAsPartitionKey)
-            .validate()
-            .is_err());
-        assert!(TableLayout::dedicated("t")
-            .with_sort_key("sk", SortKeyValue::Constant(String::new()))
-            .validate()
-            .is_err());
     }
 }

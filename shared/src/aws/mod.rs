@@ -2,6 +2,7 @@
 //! SQS queues, SNS topics and EventBridge buses, client construction, and the bootstrap of
 //! local resources (for the emulator).
 
+mod backend;
 mod bootstrap;
 mod dynamodb;
 mod eventbridge;
@@ -19,9 +20,10 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 pub use aws_config::SdkConfig;
 
+pub use backend::{native_outbox, AwsBackend, NotOnAws};
 pub use bootstrap::{bootstrap, outbox_event_pattern, BootstrapError, DestinationResource, ResourceNames, Resources};
 pub use dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
-pub use layout::{
+pub use crate::settings::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
 };
 pub use publisher::AwsPublisher;
@@ -50,53 +52,6 @@ pub fn timeouts(operation_timeout: Duration) -> TimeoutConfig {
         .operation_attempt_timeout(operation_timeout / 2)
         .connect_timeout(operation_timeout.min(Duration::from_secs(2)))
         .build()
-}
-
-/// The settings name the embedded backend, where a service needs DynamoDB and SQS.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{} must be aws: native DynamoDB actions need the DynamoDB store",
-    crate::settings::vars::BACKEND
-)]
-pub struct NotOnAws;
-
-/// The request path with native actions on the table and control queue `settings` name
-/// (the layout of the protocol's records included), with clients from `config`: what a
-/// service's `main` builds once.
-pub fn native_outbox(
-    settings: &crate::settings::Settings,
-    config: &SdkConfig,
-) -> Result<crate::native::NativeOutbox, NotOnAws> {
-    use std::sync::Arc;
-
-    use crate::ports::{Clock, RandomIds, SystemClock};
-    use crate::request::{Outbox, RequestPorts};
-    use crate::settings::Backend;
-
-    let Backend::Aws {
-        layout,
-        control_queue_url,
-    } = &settings.backend
-    else {
-        return Err(NotOnAws);
-    };
-    let clients = AwsClients::new(config);
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let ports = RequestPorts {
-        store: Arc::new(DynamoStore::new(
-            clients.dynamodb.clone(),
-            layout.clone(),
-            clock.clone(),
-        )),
-        control_queue: Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone())),
-        clock,
-        ids: Arc::new(RandomIds),
-    };
-    let mut outbox = Outbox::new(ports, settings.timing, settings.limits);
-    if settings.inline_publish {
-        outbox = outbox.with_inline_publisher(Arc::new(AwsPublisher::new(clients, settings.destinations.clone())));
-    }
-    crate::native::NativeOutbox::new(outbox).map_err(|_| NotOnAws)
 }
 
 /// The clients, built once per process from one [`SdkConfig`] (building one makes no

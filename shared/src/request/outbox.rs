@@ -8,7 +8,7 @@ use super::watch::BEGIN_WATCH;
 use super::{Transaction, TxnError};
 use crate::ports::{Clock, ControlQueue, IdSource, Publisher, QueueError, Store, StoreError};
 use crate::protocol::{ControlMessage, OutboxState, TxnId};
-use crate::settings::{Timing, TransactionLimits};
+use crate::settings::{Settings, Timing, TransactionLimits};
 use crate::time::Timestamp;
 
 /// The ports the request path uses.
@@ -52,6 +52,17 @@ impl Outbox {
         }
     }
 
+    /// The request path over `ports` as `settings` configure it: their timing, limits
+    /// and service name, publishing inline through `publisher` unless they turn that off.
+    pub fn from_settings(ports: RequestPorts, settings: &Settings, publisher: Arc<dyn Publisher>) -> Self {
+        let outbox = Self::new(ports, settings.timing, settings.limits).with_service_name(&settings.service_name);
+        if settings.inline_publish {
+            outbox.with_inline_publisher(publisher)
+        } else {
+            outbox
+        }
+    }
+
     /// This request path, its metrics under service name `service` (the `Service`
     /// dimension) instead of [`DEFAULT_SERVICE`]: the application's name, so that each
     /// service that commits through the outbox counts its own.
@@ -73,6 +84,11 @@ impl Outbox {
     /// The table, for reads outside a transaction (idempotency look-ups, queries).
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.ports.store
+    }
+
+    /// The `Service` dimension of its metrics (the application's own metrics can use it).
+    pub fn service_name(&self) -> &str {
+        &self.service
     }
 
     /// The clock.

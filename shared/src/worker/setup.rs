@@ -2,11 +2,10 @@
 
 use std::sync::Arc;
 
-use crate::aws::SdkConfig;
-use crate::aws::{load_sdk_config, AwsClients, AwsPublisher, DynamoStore, SqsControlQueue};
-use crate::control::{ControlPath, ControlPorts};
+use crate::aws::{load_sdk_config, AwsBackend, AwsClients, SdkConfig, SqsControlQueue};
+use crate::control::ControlPath;
 use crate::ports::{Clock, SystemClock};
-use crate::settings::{vars, Backend, Settings};
+use crate::settings::{vars, Settings};
 
 /// What the worker runs with.
 pub struct Worker {
@@ -43,32 +42,15 @@ impl Worker {
 
     /// Builds the clients from `sdk_config` and the control path from `settings`.
     pub fn new(settings: &Settings, sdk_config: &SdkConfig) -> Result<Self, SetupError> {
-        let Backend::Aws {
-            layout,
-            control_queue_url,
-        } = &settings.backend
-        else {
-            return Err(SetupError::EmbeddedBackend);
-        };
-        let clients = AwsClients::new(sdk_config);
+        let backend = AwsBackend::new(settings, sdk_config).map_err(|_| SetupError::EmbeddedBackend)?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let control_queue = Arc::new(SqsControlQueue::new(clients.sqs.clone(), control_queue_url.clone()));
-        let ports = ControlPorts {
-            store: Arc::new(DynamoStore::new(
-                clients.dynamodb.clone(),
-                layout.clone(),
-                clock.clone(),
-            )),
-            control_queue: control_queue.clone(),
-            publisher: Arc::new(AwsPublisher::new(clients.clone(), settings.destinations.clone())),
-            clock: clock.clone(),
-        };
+        let ports = backend.control_ports(clock.clone());
         Ok(Self {
             control: ControlPath::new(ports, settings.timing),
-            control_queue,
+            control_queue: backend.control_queue(),
             clock,
-            clients,
-            control_queue_url: control_queue_url.clone(),
+            clients: backend.clients,
+            control_queue_url: backend.control_queue_url,
         })
     }
 }

@@ -5,9 +5,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use crate::aws::{SortKeyValue, TableLayout};
 use crate::destination::{Parsed, Target};
 use crate::protocol::DestinationName;
+
+mod layout;
+
+pub use layout::{
+    LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
+};
 
 /// Which adapters the process uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +99,9 @@ pub struct Settings {
     /// (and marks its record dispatched) before answering; the control worker remains
     /// the guarantee either way. On by default.
     pub inline_publish: bool,
+    /// The `Service` dimension of the request path's metrics: this service's name, so
+    /// that each service committing through the outbox counts its own.
+    pub service_name: String,
 }
 
 /// The variables, by the names `template.yaml` uses.
@@ -138,6 +146,9 @@ pub mod vars {
     pub const MAX_REQUEST_BYTES: &str = "OUTBOX_MAX_REQUEST_BYTES";
     /// `true` (default) or `false`: the request path publishes committed messages itself.
     pub const INLINE_PUBLISH: &str = "OUTBOX_INLINE_PUBLISH";
+    /// The `Service` dimension of the request path's metrics; by default the
+    /// executable's name (`api`, `shop`), or `outbox`.
+    pub const SERVICE_NAME: &str = "OUTBOX_SERVICE_NAME";
 }
 
 /// One setting that is wrong.
@@ -172,6 +183,8 @@ impl fmt::Display for SettingsError {
 
 /// Set by AWS Lambda in every function's environment: where its runtime API is.
 const LAMBDA_RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
+/// Lambda's variable naming the function.
+const LAMBDA_FUNCTION_NAME: &str = "AWS_LAMBDA_FUNCTION_NAME";
 
 impl Settings {
     /// Reads the process environment.
@@ -243,6 +256,14 @@ impl Settings {
         // for one SendMessageBatch and one BatchWriteItem more in the request (about 18 ms at
         // AWS-like latencies; README, "Settling in the request path", gives the measurements).
         let inline_publish = reader.flag(vars::INLINE_PUBLISH, true);
+        let service_name = lookup(vars::SERVICE_NAME)
+            .filter(|name| !name.trim().is_empty())
+            .or_else(|| {
+                // On Lambda every executable is `bootstrap`: the function's name says more.
+                Some(executable_name()).filter(|name| !name.is_empty() && name != "bootstrap")
+            })
+            .or_else(|| lookup(LAMBDA_FUNCTION_NAME))
+            .unwrap_or_else(|| crate::request::DEFAULT_SERVICE.to_owned());
 
         // A commit can reach the table as late as the API's timeout plus one SDK operation
         // after the first control message. The window must outlast that, or the worker
@@ -287,10 +308,19 @@ impl Settings {
                 cors_allowed_origins,
                 max_request_bytes,
                 inline_publish,
+                service_name,
             }),
             _ => Err(SettingsError { errors: reader.errors }),
         }
     }
+}
+
+/// The running executable's file name without extension.
+fn executable_name() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|path| path.file_stem().map(|stem| stem.to_string_lossy().into_owned()))
+        .unwrap_or_default()
 }
 
 /// The protocol table's layout from the environment (`OUTBOX_TABLE_NAME`, defaulting to
@@ -519,6 +549,15 @@ mod tests {
         assert_eq!(settings.timing.max_commit_duration, Duration::from_secs(30));
         assert_eq!(settings.timing.retention, Duration::from_secs(604_800));
         assert!(settings.destinations.is_empty());
+    }
+
+    #[test]
+    fn metrics_are_counted_under_the_service_named_or_the_executable() {
+        assert_eq!(settings(&[(vars::SERVICE_NAME, "shop")]).unwrap().service_name, "shop");
+        // The unit tests' executable is `outbox-<hash>`: never the API's name.
+        let default = settings(&[]).unwrap().service_name;
+        assert!(default.starts_with("outbox"), "{default}");
+        assert_eq!(settings(&[(vars::SERVICE_NAME, " ")]).unwrap().service_name, default);
     }
 
     #[test]
