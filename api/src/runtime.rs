@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use outbox::aws::AwsBackend;
+use outbox::control::poller;
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::destination::Target;
 use outbox::embedded::EmbeddedBackend;
-use outbox::poller;
 use outbox::ports::{Clock, EntryFailure, PublishError, Publisher, SystemClock};
 use outbox::protocol::{DestinationName, OutgoingMessage};
 use outbox::request::Outbox;

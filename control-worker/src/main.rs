@@ -1,4 +1,4 @@
-//! The control worker's binary: thin, over [`outbox::worker`] (deploy it unchanged; it
+//! The control worker's binary: thin, over [`outbox::control::worker`] (deploy it unchanged; it
 //! reads the `OUTBOX_*` settings).
 //!
 //! - Inside Lambda (the runtime API is in the environment): handles the control queue's
@@ -25,9 +25,9 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{service_fn, LambdaEvent};
 use outbox::aws::SortKeyValue;
 use outbox::aws::{bootstrap, load_sdk_config, redrive, AwsClients, ResourceNames};
+use outbox::control::worker::lambda::handle_event;
+use outbox::control::worker::setup::Worker;
 use outbox::settings::{layout_from_env, vars, Settings};
-use outbox::worker::lambda::handle_event;
-use outbox::worker::setup::Worker;
 
 fn report(error: &dyn std::error::Error) -> ExitCode {
     eprintln!("error: {error}");
@@ -106,7 +106,7 @@ async fn run_worker(on_lambda: bool, redrive_from: Option<&str>) -> ExitCode {
             Err(error) => report(error.as_ref()),
         };
     }
-    outbox::worker::poll::run(&worker, shutdown_signal()).await;
+    outbox::control::worker::poll::run(&worker, shutdown_signal()).await;
     ExitCode::SUCCESS
 }
 

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox::control::poller::poll_once;
 use outbox::control::ControlPath;
 use outbox::embedded::{EmbeddedBackend, ManualClock};
-use outbox::poller::poll_once;
 use outbox::ports::{Clock, ExpectedVersion};
 use outbox::protocol::{DestinationName, Message};
 use outbox::request::Outbox;

@@ -12,15 +12,12 @@
 //!   outbox and idempotency records. Pure data.
 //! - [`ports`]: the traits for the store, the control queue, the publisher and the clock.
 //! - [`request`]: the request path. [`native`]: the application's own DynamoDB actions
-//!   in its commits. [`control`]: the control path. [`publish`]: batching and retrying
-//!   sends, shared by every publisher.
+//!   in its commits. [`control`]: the control path, with its poller, the redelivery of
+//!   failed control messages and (feature `worker`) the control worker's Lambda handler
+//!   and set-up. [`publish`]: batching and retrying sends, shared by every publisher.
 //! - [`settings`]: configuration from the environment, validated.
-//! - [`poller`]: receiving and acknowledging control messages outside Lambda.
-//!   [`redelivery`]: bringing failed control messages back in seconds.
 //! - [`embedded`]: the in-process backend. [`aws`]: the DynamoDB and SQS adapters.
 //! - [`time`]: the protocol's timestamps.
-//! - `worker` (feature `worker`): the control worker as a Lambda SQS handler and a local
-//!   poller, set up from the settings.
 //! - `logging` (feature `logging`): one logging set-up for the binaries, honouring
 //!   Lambda's advanced logging controls.
 //! - `http` (feature `axum`): the glue for axum handlers: problem+json answers,
@@ -40,18 +37,14 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod native;
-pub mod poller;
 pub mod ports;
 pub mod protocol;
 pub mod publish;
-pub mod redelivery;
 pub mod request;
 pub mod settings;
 #[cfg(test)]
 mod test_log;
 pub mod time;
-#[cfg(feature = "worker")]
-pub mod worker;
 
 /// The README's examples, compiled as doc tests so that they cannot rot (with the HTTP
 /// glue, which they use).

@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use outbox::control::worker::lambda::handle_event;
 use outbox::control::{ControlOutcome, ControlPath};
 use outbox::ports::ExpectedVersion;
 use outbox::protocol::DestinationName;
 use outbox::protocol::{Message, TxnId};
 use outbox::request::{InlineDispatch, Settlement};
 use outbox::settings::Timing;
-use outbox::worker::lambda::handle_event;
 use outbox_tests::calls::CallCounter;
 use outbox_tests::conformance::{bus, events, fanout, Backend};
 use outbox_tests::emulator::emulator;

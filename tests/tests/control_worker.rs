@@ -12,16 +12,16 @@ use outbox::aws::{
     bootstrap, redrive, AwsClients, AwsPublisher, DestinationResource, DynamoStore, ResourceNames, SqsControlQueue,
     TableLayout,
 };
+use outbox::control::poller;
+use outbox::control::worker::lambda::handle_event;
 use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
 use outbox::destination::Target;
 use outbox::embedded::{EmbeddedBackend, ManualClock};
-use outbox::poller;
 use outbox::ports::{Clock, CommitRequest, ControlDelivery, ControlInbox, QueueError, RandomIds, Store, SystemClock};
 use outbox::protocol::{ControlMessage, DestinationName, Message, OutboxRecord, OutboxState, OutgoingMessage, TxnId};
 use outbox::request::{Outbox, RequestPorts, TxnStatus};
 use outbox::settings::{vars, Settings, Timing, TransactionLimits};
 use outbox::time::Timestamp;
-use outbox::worker::lambda::handle_event;
 use outbox_tests::calls::CallCounter;
 use outbox_tests::conformance::Backend;
 use outbox_tests::emulator::{emulator, unique_name};
@@ -452,15 +452,15 @@ async fn the_local_worker_with_default_settings_dispatches_promptly_after_an_idl
     let settings = default_settings(&resources);
     assert_eq!(settings.sdk_operation_timeout, Duration::from_secs(5), "the default");
     let sdk_config = emulator().sdk_config_with(settings.sdk_operation_timeout).await;
-    let worker = Arc::new(outbox::worker::setup::Worker::new(&settings, &sdk_config).unwrap());
+    let worker = Arc::new(outbox::control::worker::setup::Worker::new(&settings, &sdk_config).unwrap());
     let stop = Arc::new(Notify::new());
     let poller = tokio::spawn({
         let (worker, stop) = (worker.clone(), stop.clone());
-        async move { outbox::worker::poll::run(&worker, async move { stop.notified().await }).await }
+        async move { outbox::control::worker::poll::run(&worker, async move { stop.notified().await }).await }
     });
 
     // One whole long poll on an idle queue, and a bit: the receive must outwait it.
-    tokio::time::sleep(outbox::worker::poll::LONG_POLL_WAIT + Duration::from_secs(2)).await;
+    tokio::time::sleep(outbox::control::worker::poll::LONG_POLL_WAIT + Duration::from_secs(2)).await;
     let outbox = Outbox::new(
         RequestPorts {
             store: Arc::new(DynamoStore::new(
@@ -510,7 +510,8 @@ async fn a_failed_control_message_comes_back_in_seconds_in_poll_and_in_lambda_mo
         .await
         .unwrap();
     let worker =
-        outbox::worker::setup::Worker::new(&default_settings(&resources), &emulator().sdk_config().await).unwrap();
+        outbox::control::worker::setup::Worker::new(&default_settings(&resources), &emulator().sdk_config().await)
+            .unwrap();
     clients
         .sqs
         .send_message()

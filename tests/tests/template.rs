@@ -13,13 +13,13 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
+use outbox::control::worker::lambda::handle_event;
 use outbox::ports::Clock;
 use outbox::protocol::DestinationName;
 use outbox::protocol::{ControlMessage, TxnId};
 use outbox::settings::vars;
 use outbox::settings::{Settings, Timing};
 use outbox::time::Timestamp;
-use outbox::worker::lambda::handle_event;
 use outbox_tests::calls::CallCounter;
 use outbox_tests::conformance::{bus, events, fanout, Backend};
 use outbox_tests::emulator::emulator;
@@ -437,7 +437,7 @@ fn the_queues_and_the_event_source_follow_the_rules() {
     );
     assert_eq!(
         control["RedrivePolicy"]["maxReceiveCount"].as_i64(),
-        Some(i64::from(outbox::redelivery::MAX_RECEIVE_COUNT)),
+        Some(i64::from(outbox::control::redelivery::MAX_RECEIVE_COUNT)),
         "the control queue's redrive policy is the one the worker's retry backoff is sized for"
     );
     for queue in ["ControlQueue", "EventsQueue"] {
@@ -531,7 +531,7 @@ fn the_failed_control_messages_alarm_watches_what_the_worker_emits() {
             ))),
         }],
     };
-    let record = outbox::worker::batch_metrics::for_batch(&report, outbox::time::Timestamp::from_millis(0));
+    let record = outbox::control::worker::batch_metrics::for_batch(&report, outbox::time::Timestamp::from_millis(0));
     let emitted = record.to_json();
     assert_eq!(emitted["FailedControlMessages"].as_f64(), Some(1.0), "{emitted}");
     // Exactly the dimensions the record declares, with its values: an extra one would

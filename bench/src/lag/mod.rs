@@ -5,7 +5,7 @@
 //! Everything runs the real code over the embedded backend: the request path
 //! ([`Outbox`]: begin with its control message overlapped with the read, as the orders
 //! API does, then commit, and with inline publishing its publish and mark) and the
-//! control path ([`ControlPath`] behind [`outbox::poller::process`], as the local
+//! control path ([`ControlPath`] behind [`outbox::control::poller::process`], as the local
 //! poller runs it). Every port call takes a modelled AWS latency in virtual time
 //! ([`ports`]), and a discrete-event executor ([`executor`]) interleaves the requests
 //! and the workers in time order, so that a control message with a 0 s delay really
@@ -44,9 +44,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox::control::poller::{process, MAX_BATCH};
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
-use outbox::poller::{process, MAX_BATCH};
 use outbox::ports::{Clock, ControlInbox, ControlQueue, ExpectedVersion, IdSource, ItemKey, Publisher, Store};
 use outbox::protocol::{DestinationName, Message, TxnId, TXN_ID_ATTRIBUTE};
 use outbox::request::{Outbox, RequestPorts};

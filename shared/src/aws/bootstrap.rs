@@ -13,11 +13,11 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 
-use crate::settings::TableLayout;
 use super::AwsClients;
 use crate::destination::Target;
 use crate::ports::BoxError;
 use crate::protocol::{DestinationName, MESSAGE_ID_ATTRIBUTE};
+use crate::settings::TableLayout;
 
 /// Receives before a destination queue's consumer gives a message up to its dead-letter
 /// queue (`template.yaml`'s events queue).
@@ -55,7 +55,7 @@ impl ResourceNames {
                 },
             )],
             control_visibility_timeout: Duration::from_secs(60),
-            max_receive_count: crate::redelivery::MAX_RECEIVE_COUNT,
+            max_receive_count: crate::control::redelivery::MAX_RECEIVE_COUNT,
         }
     }
 }

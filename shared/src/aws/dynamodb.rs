@@ -27,13 +27,13 @@ use super::item::{
     business_from_item, business_item, dispatched_item, idempotency_from_item, idempotency_item, idempotency_pk, n,
     outbox_from_items, outbox_items, outbox_pk, part_pk, split_messages, Item, Reader, PART_BYTES,
 };
-use crate::settings::TableLayout;
 use super::size::{action_bytes, item_bytes};
 use crate::ports::{
     BoxError, BusinessWrite, Clock, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction, OutboxReads,
     Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
+use crate::settings::TableLayout;
 use crate::time::Timestamp;
 
 /// Most actions in one `TransactWriteItems`.

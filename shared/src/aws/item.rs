@@ -15,11 +15,11 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Map, Number, Value};
 
-use crate::settings::TableLayout;
 use crate::ports::{ItemKey, StoreError, VersionedItem};
 use crate::protocol::{
     IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, OutgoingMessage, StoredResponse, TxnId,
 };
+use crate::settings::TableLayout;
 use crate::time::Timestamp;
 
 /// An item as the SDK holds it.

@@ -57,7 +57,6 @@ impl TableLayout {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

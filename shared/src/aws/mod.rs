@@ -20,12 +20,12 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 pub use aws_config::SdkConfig;
 
-pub use backend::{native_outbox, AwsBackend, NotOnAws};
-pub use bootstrap::{bootstrap, outbox_event_pattern, BootstrapError, DestinationResource, ResourceNames, Resources};
-pub use dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use crate::settings::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
 };
+pub use backend::{native_outbox, AwsBackend, NotOnAws};
+pub use bootstrap::{bootstrap, outbox_event_pattern, BootstrapError, DestinationResource, ResourceNames, Resources};
+pub use dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use publisher::AwsPublisher;
 pub use sqs::{receive_timeouts, redrive, SqsControlQueue, RECEIVE_TIMEOUT_MARGIN};
 

@@ -299,7 +299,7 @@ impl Backend {
     pub async fn settle(&self, timing: Timing) {
         let control = self.control(timing);
         for _ in 0..10 {
-            let report = outbox::poller::poll_once(self.inbox.as_ref(), &control, Duration::from_secs(1))
+            let report = outbox::control::poller::poll_once(self.inbox.as_ref(), &control, Duration::from_secs(1))
                 .await
                 .expect("poll the control queue");
             if report.items.is_empty() {

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use outbox::control::poller::poll_once;
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
-use outbox::poller::poll_once;
 use outbox::ports::{Clock, ExpectedVersion, IdSource, ItemKey};
 use outbox::protocol::{DestinationName, IdempotencyKey, IdempotencySlot, Message, StoredResponse, TxnId};
 use outbox::publish::RetryPolicy;

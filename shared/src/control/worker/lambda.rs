@@ -4,13 +4,13 @@
 //! messages that must be retried are listed, so one bad message never sends its
 //! neighbours round again, and a message that keeps failing reaches the dead-letter
 //! queue after the redrive policy's receive count. Before answering, it shortens the
-//! failed messages' visibility ([`crate::redelivery`]): the event source mapping
+//! failed messages' visibility ([`crate::control::redelivery`]): the event source mapping
 //! leaves them in the queue, and they come back in seconds instead of after the
 //! queue's visibility timeout.
 
+use crate::control::redelivery::retry_failed_soon;
 use crate::control::{BatchReport, ControlPath};
 use crate::ports::{Clock, ControlDelivery, ControlInbox};
-use crate::redelivery::retry_failed_soon;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 
 use super::batch_metrics;

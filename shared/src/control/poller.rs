@@ -3,15 +3,15 @@
 //!
 //! One cycle receives a batch, hands it to the [`ControlPath`], deletes exactly the
 //! messages that were handled, and brings the failed ones back in seconds
-//! ([`crate::redelivery`]); their receive count (and the dead-letter policy) keeps
+//! ([`crate::control::redelivery`]); their receive count (and the dead-letter policy) keeps
 //! meaning something.
 
 use std::future::Future;
 use std::time::Duration;
 
+use crate::control::redelivery::retry_failed_soon;
 use crate::control::{BatchReport, ControlPath};
 use crate::ports::{ControlDelivery, ControlInbox, QueueError};
-use crate::redelivery::retry_failed_soon;
 
 /// Most messages one receive asks for (SQS's limit).
 pub const MAX_BATCH: usize = 10;

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::poller::{self, PollerStats};
+use crate::control::poller::{self, PollerStats};
 
 use super::batch_metrics;
 use super::setup::Worker;

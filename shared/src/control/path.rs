@@ -1,11 +1,4 @@
-//! The control path (DESIGN.md section 4): settle transactions named by control
-//! messages, a batch at a time.
-//!
-//! For each transaction: read its outbox record (one consistent batched read for the
-//! batch); `pending` → publish its messages and mark it dispatched; `dispatched` or
-//! `tombstone` → nothing to do; absent within the commit window → send a new, later
-//! control message; absent after it → write a tombstone, and if a record appeared
-//! meanwhile, handle that record instead.
+//! The control path's handling of one batch of control messages: the [`ControlPath`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,0 +1,21 @@
+//! The control path (DESIGN.md section 4): settle transactions named by control
+//! messages, a batch at a time.
+//!
+//! For each transaction: read its outbox record (one consistent batched read for the
+//! batch); `pending` → publish its messages and mark it dispatched; `dispatched` or
+//! `tombstone` → nothing to do; absent within the commit window → send a new, later
+//! control message; absent after it → write a tombstone, and if a record appeared
+//! meanwhile, handle that record instead.
+//!
+//! - [`ControlPath`] handles a batch; [`poller`] receives and acknowledges control messages
+//!   outside Lambda; [`redelivery`] brings failed ones back in seconds.
+//! - `worker` (feature `worker`): the control worker as a Lambda SQS handler and a local
+//!   poller, set up from the settings.
+
+mod path;
+pub mod poller;
+pub mod redelivery;
+#[cfg(feature = "worker")]
+pub mod worker;
+
+pub use path::{BatchReport, ControlError, ControlOutcome, ControlPath, ControlPorts, ItemReport, MAX_ATTEMPTS};
