@@ -105,7 +105,7 @@ impl Outbox {
 
     /// Begins a transaction that must be answered by `deadline` (an HTTP request's
     /// deadline, less a margin to answer): the control send is cut short there, commit
-    /// attempts [`SETTLE_RESERVE`] before it (no retry starts after that), and the
+    /// attempts [`super::SETTLE_RESERVE`] before it (no retry starts after that), and the
     /// tombstone that settles a failed commit is written by it. A commit cut short in
     /// flight is then [`TxnError::Fenced`] (nothing written), `Ok` (it had applied), or
     /// [`TxnError::Ambiguous`] if the tombstone could not be written in time; a deadline

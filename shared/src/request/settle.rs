@@ -83,7 +83,7 @@ impl Outbox {
     /// until the window ends. A commit of it that is still in flight, or tried later,
     /// then fails. Never fails itself: what it cannot write, the control message settles.
     ///
-    /// [`Transaction::abandon`] does this for a transaction in hand; the HTTP glue does
+    /// [`super::Transaction::abandon`] does this for a transaction in hand; the HTTP glue does
     /// it for a request whose handler began a transaction and answered without
     /// committing it.
     pub async fn abandon(&self, txn_id: TxnId, deadline: Option<Timestamp>) -> Settlement {
