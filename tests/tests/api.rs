@@ -1262,7 +1262,7 @@ where
     Router::new()
         .route("/", axum::routing::post(handler))
         .route_layer(axum::middleware::from_fn_with_state(
-            Deadlines::new(clock, Duration::from_secs(2)),
+            Deadlines::new(outbox.as_ref().clone(), Duration::from_secs(2)),
             enforce_deadline,
         ))
         .with_state(outbox)
@@ -1299,7 +1299,7 @@ async fn the_deadline_middleware_answers_for_a_stalled_commit_with_outcome_unkno
         let txn = outbox.begin().await?;
         scope.begun(txn.id());
         let answer = Answer::json(StatusCode::CREATED, &json!({"ok": true}));
-        scope.commit(txn, &outbox, None, answer).await
+        scope.commit(txn, answer).await
     }
     assert_answered_outcome_unknown(stalled_commit_app(handler)).await;
 }
@@ -1310,11 +1310,12 @@ async fn the_deadline_middleware_answers_for_a_stalled_commit_with_outcome_unkno
 /// unknown", never "nothing was written".
 #[tokio::test(start_paused = true)]
 async fn a_transaction_begun_through_the_scope_records_its_commit_however_it_is_committed() {
-    use axum::extract::State;
     use outbox::http::{HttpError, RequestScope};
 
-    async fn handler(State(outbox): State<Arc<Outbox>>, scope: RequestScope) -> Result<StatusCode, HttpError> {
-        let txn = scope.begin(&outbox).await?;
+    async fn handler(scope: RequestScope) -> Result<StatusCode, HttpError> {
+        let outbox::http::Begun::Started(txn) = scope.begin(None).await? else {
+            unreachable!("no key, no replay")
+        };
         let committed = txn.commit().await;
         // Whatever the handler does next takes longer than the request may.
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -1384,12 +1385,13 @@ async fn a_transaction_begun_without_the_scope_is_seen_by_the_middleware() {
 async fn a_commit_hook_of_the_handler_adds_to_the_scopes() {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use axum::extract::State;
     use outbox::http::{HttpError, RequestScope};
 
     static TOLD: AtomicBool = AtomicBool::new(false);
-    async fn handler(State(outbox): State<Arc<Outbox>>, scope: RequestScope) -> Result<StatusCode, HttpError> {
-        let mut txn = scope.begin(&outbox).await?;
+    async fn handler(scope: RequestScope) -> Result<StatusCode, HttpError> {
+        let outbox::http::Begun::Started(mut txn) = scope.begin(None).await? else {
+            unreachable!("no key, no replay")
+        };
         txn.on_commit_attempt(|_| TOLD.store(true, Ordering::SeqCst));
         let committed = txn.commit().await;
         // Whatever the handler does next takes longer than the request may.
@@ -1413,7 +1415,9 @@ async fn a_second_transaction_in_one_request_is_refused_naming_the_first() {
 
     static FIRST: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     async fn handler(State(outbox): State<Arc<Outbox>>, scope: RequestScope) -> Result<StatusCode, HttpError> {
-        let first = scope.begin(&outbox).await?;
+        let outbox::http::Begun::Started(first) = scope.begin(None).await? else {
+            unreachable!("no key, no replay")
+        };
         *FIRST.lock().unwrap() = Some(first.id().to_string());
         match outbox.begin().await {
             Err(error @ TxnError::SecondInRequest { txn_id }) if txn_id == first.id() => Err(error.into()),

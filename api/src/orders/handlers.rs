@@ -3,9 +3,10 @@
 
 use std::time::Instant;
 
-use axum::extract::{OriginalUri, State};
+use axum::body::Bytes;
+use axum::extract::State;
 use axum::http::header::{ETAG, LOCATION};
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use outbox::http::HttpError;
 use outbox::metrics::{MetricRecord, Unit};
@@ -14,7 +15,7 @@ use outbox::protocol::Message;
 use outbox::request::{Transaction, TxnError};
 use uuid::Uuid;
 
-use outbox::http::{etag, Answer, Idempotency, IdempotencyKeyHeader, IfMatch, RequestScope};
+use outbox::http::{etag, Answer, Begun, Idempotency, Idempotent, IfMatch, RequestScope};
 
 use super::model::{self, CreateOrder, Event, LineItem, Order, OrderView};
 use crate::error::{ApiError, FieldError, Problem, TRANSACTION_ID_HEADER};
@@ -22,8 +23,6 @@ use crate::extract::{JsonBody, Path};
 use crate::rules::{self, schema};
 use crate::state::AppState;
 
-/// The scope of this API's idempotency keys: one key serves one request of this API.
-const IDEMPOTENCY_SCOPE: &str = "orders-api";
 /// The `source` of the orders' events on an EventBridge bus.
 pub const EVENT_SOURCE: &str = "com.example.orders";
 
@@ -81,7 +80,6 @@ async fn commit(
     scope: &RequestScope,
     mut txn: Transaction,
     change: Change,
-    idempotency: Option<Idempotency>,
     precondition: bool,
 ) -> Result<Response, ApiError> {
     let answer = order_response(change.status, &change.view, change.created).under_precondition(precondition);
@@ -100,7 +98,7 @@ async fn commit(
         txn.emit(message);
     }
     let started = Instant::now();
-    let result = scope.commit(txn, &state.outbox, idempotency.as_ref(), answer).await;
+    let result = scope.commit(txn, answer).await;
     let refused_late = matches!(
         &result,
         Err(HttpError::Transaction(TxnError::CommitWindowExpired { .. })
@@ -118,11 +116,15 @@ async fn commit(
     Ok(result?)
 }
 
-/// Begins a transaction within the request's deadline (recorded in the request's scope,
-/// so that even a timeout names it).
-async fn begin(state: &AppState, scope: &RequestScope) -> Result<Transaction, ApiError> {
+/// Begins the request's transaction within its deadline (recorded in the request's
+/// scope, so that even a timeout names it), or finds the request a repeat to replay.
+async fn begin(
+    state: &AppState,
+    scope: &RequestScope,
+    idempotency: Option<Idempotency>,
+) -> Result<Begun<Transaction>, ApiError> {
     let started = Instant::now();
-    let result = scope.begin(&state.outbox).await;
+    let result = scope.begin(idempotency).await;
     MetricRecord::new(state.outbox.service_name().to_owned(), state.outbox.clock().now())
         .add(
             "ControlSendLatency",
@@ -150,17 +152,13 @@ async fn begin(state: &AppState, scope: &RequestScope) -> Result<Transaction, Ap
 pub async fn orders_create(
     State(state): State<AppState>,
     scope: RequestScope,
-    key: IdempotencyKeyHeader,
-    method: Method,
-    OriginalUri(uri): OriginalUri,
-    body: JsonBody<CreateOrder>,
+    Idempotent { idempotency, body }: Idempotent<JsonBody<CreateOrder>>,
 ) -> Result<Response, ApiError> {
     body.value.validate()?;
-    let idempotency = key.for_request(IDEMPOTENCY_SCOPE, &method, uri.path(), &body.raw);
-    if let Some(replay) = scope.replay(&state.outbox, idempotency.as_ref()).await? {
-        return Ok(replay);
-    }
-    let txn = begin(&state, &scope).await?;
+    let txn = match begin(&state, &scope, idempotency).await? {
+        Begun::Replay(replay) => return Ok(replay),
+        Begun::Started(txn) => txn,
+    };
     let (order, event) = model::place(Uuid::now_v7(), body.value);
     let change = Change {
         status: StatusCode::CREATED,
@@ -168,7 +166,7 @@ pub async fn orders_create(
         created: true,
         write: Some((order, ExpectedVersion::Absent, event)),
     };
-    commit(&state, &scope, txn, change, idempotency, false).await
+    commit(&state, &scope, txn, change, false).await
 }
 
 /// Reads an order.
@@ -199,11 +197,14 @@ async fn change_order(
     idempotency: Option<Idempotency>,
     decide: impl FnOnce(&Order) -> Result<Option<(Order, Event)>, ApiError>,
 ) -> Result<Response, ApiError> {
-    if let Some(replay) = scope.replay(&state.outbox, idempotency.as_ref()).await? {
-        return Ok(replay);
-    }
+    let keyed = idempotency.is_some();
     // The control message goes out while the order is read; the commit waits for both.
-    let (txn, loaded) = tokio::join!(begin(state, scope), load(state, id));
+    let (txn, loaded) = tokio::join!(begin(state, scope, idempotency), load(state, id));
+    let txn = match txn {
+        Ok(Begun::Replay(replay)) => return Ok(replay),
+        Ok(Begun::Started(txn)) => Ok(txn),
+        Err(error) => Err(error),
+    };
     // Once the control message went out, every answer names the transaction, the
     // refusals decided after it included: the client can always ask what became of it.
     let txn_id = txn.as_ref().ok().map(Transaction::id);
@@ -229,7 +230,7 @@ async fn change_order(
         // (the deadline middleware tombstones the transaction before answering, and its
         // control message finds it settled); with one, the answer is committed so that
         // repeats replay it.
-        None if idempotency.is_none() => {
+        None if !keyed => {
             let Answer {
                 status,
                 mut headers,
@@ -249,7 +250,7 @@ async fn change_order(
             write: None,
         },
     };
-    commit(state, scope, txn, change, idempotency, if_match.is_present()).await
+    commit(state, scope, txn, change, if_match.is_present()).await
 }
 
 /// Adds a line, or changes the line of the same SKU; emits `ItemAdded` when the order
@@ -276,21 +277,15 @@ async fn change_order(
         (status = 503, description = "Nothing written, or outcome unknown (see transaction_id)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = inline(schema::RetryAfter)), ("x-transaction-id" = inline(schema::TransactionId)))),
     ))]
-// An axum handler takes one argument per extractor.
-#[allow(clippy::too_many_arguments)]
 pub async fn orders_add_item(
     State(state): State<AppState>,
     scope: RequestScope,
     Path(id): Path<String>,
     if_match: IfMatch,
-    key: IdempotencyKeyHeader,
-    method: Method,
-    OriginalUri(uri): OriginalUri,
-    body: JsonBody<LineItem>,
+    Idempotent { idempotency, body }: Idempotent<JsonBody<LineItem>>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     body.value.validate()?;
-    let idempotency = key.for_request(IDEMPOTENCY_SCOPE, &method, uri.path(), &body.raw);
     let item = body.value;
     change_order(&state, &scope, id, if_match, idempotency, move |order| {
         model::add_item(order, item)
@@ -324,13 +319,10 @@ pub async fn orders_remove_item(
     scope: RequestScope,
     Path((id, sku)): Path<(String, String)>,
     if_match: IfMatch,
-    key: IdempotencyKeyHeader,
-    method: Method,
-    OriginalUri(uri): OriginalUri,
+    Idempotent { idempotency, .. }: Idempotent<Bytes>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     model::check_sku(&sku, "sku").map_err(|error| ApiError::Validation(vec![error]))?;
-    let idempotency = key.for_request(IDEMPOTENCY_SCOPE, &method, uri.path(), b"");
     change_order(&state, &scope, id, if_match, idempotency, move |order| {
         model::remove_item(order, &sku)
     })
@@ -362,12 +354,9 @@ pub async fn orders_cancel(
     scope: RequestScope,
     Path(id): Path<String>,
     if_match: IfMatch,
-    key: IdempotencyKeyHeader,
-    method: Method,
-    OriginalUri(uri): OriginalUri,
+    Idempotent { idempotency, .. }: Idempotent<Bytes>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let idempotency = key.for_request(IDEMPOTENCY_SCOPE, &method, uri.path(), b"");
     change_order(&state, &scope, id, if_match, idempotency, |order| {
         Ok(model::cancel(order))
     })

@@ -40,7 +40,7 @@ pub struct Shop {
 /// The shop's routes, each request under a deadline of `timeout` (or the Lambda
 /// invocation's, if sooner).
 pub fn router(shop: Shop, timeout: Duration) -> Router {
-    let deadlines = Deadlines::new(shop.outbox.outbox().clock().clone(), timeout);
+    let deadlines = Deadlines::new(shop.outbox.outbox().clone(), timeout);
     Router::new()
         .route("/products/{sku}", get(reservations::product_get))
         .route("/products/{sku}/reservations", post(reservations::reserve))

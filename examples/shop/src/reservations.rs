@@ -6,13 +6,13 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::{Path, State};
 use axum::http::header::LOCATION;
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use outbox::http::problem::respond;
-use outbox::http::{Answer, FieldError, HttpError, IdempotencyKeyHeader, Problem, RequestScope};
+use outbox::http::{Answer, Begun, FieldError, HttpError, Idempotent, Problem, RequestScope};
 use outbox::protocol::{Message, TxnId};
 use outbox::request::TxnError;
 use serde::{Deserialize, Serialize};
@@ -184,19 +184,15 @@ fn parse(sku: &str, body: &[u8]) -> Result<Reserve, ShopError> {
 pub async fn reserve(
     State(shop): State<Shop>,
     scope: RequestScope,
-    key: IdempotencyKeyHeader,
-    method: Method,
-    OriginalUri(uri): OriginalUri,
     sku: Result<Path<String>, PathRejection>,
-    body: Bytes,
+    Idempotent { idempotency, body }: Idempotent<Bytes>,
 ) -> Result<Response, ShopError> {
     let Path(sku) = sku.map_err(|rejection| ShopError::Malformed(rejection.body_text()))?;
     let request = parse(&sku, &body)?;
-    let idempotency = key.for_request("shop", &method, uri.path(), &body);
-    if let Some(replay) = scope.replay(shop.outbox.outbox(), idempotency.as_ref()).await? {
-        return Ok(replay);
-    }
-    let mut txn = scope.begin_native(&shop.outbox).await?;
+    let mut txn = match scope.begin_native(idempotency).await? {
+        Begun::Replay(replay) => return Ok(replay),
+        Begun::Started(txn) => txn,
+    };
     let txn_id = txn.id();
     let product: Product = shop
         .catalog
@@ -229,9 +225,7 @@ pub async fn reserve(
         LOCATION,
         &format!("/products/{sku}/reservations/{}", reservation.reservation_id),
     );
-    Ok(scope
-        .commit(txn, shop.outbox.outbox(), idempotency.as_ref(), answer)
-        .await?)
+    Ok(scope.commit(txn, answer).await?)
 }
 
 /// A product's stock, as `GET /products/{sku}` answers it.

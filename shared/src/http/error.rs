@@ -39,6 +39,21 @@ pub enum HttpError {
     /// for it, from how far its transaction got (503).
     #[error("the request timed out ({0:?})")]
     Timeout(Progress),
+    /// The service is built wrong (a handler takes a [`super::RequestScope`] without the
+    /// deadline middleware, say): a 500, the problem logged, never answered.
+    #[error("misconfigured: {problem}")]
+    Misconfigured {
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// The request's body could not be read (400), or is over the body limit (413).
+    #[error("the body could not be read: {detail}")]
+    Body {
+        /// 400 or 413.
+        status: StatusCode,
+        /// Why.
+        detail: String,
+    },
     /// `error`, met after transaction `txn_id` began: answered naming it.
     #[error("in transaction {txn_id}")]
     InTransaction {
@@ -77,6 +92,16 @@ impl HttpError {
                 .with_detail("nothing was written; retry the request")
                 .retryable(),
             Self::Timeout(progress) => timeout_problem(*progress),
+            Self::Misconfigured { .. } => {
+                Problem::new(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error")
+            }
+            Self::Body { status, detail } if *status == S::PAYLOAD_TOO_LARGE => {
+                Problem::new(S::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large")
+                    .with_detail(detail.clone())
+            }
+            Self::Body { detail, .. } => {
+                Problem::new(S::BAD_REQUEST, "malformed-body", "Malformed request body").with_detail(detail.clone())
+            }
             Self::InTransaction { txn_id, error } => error.problem().naming(*txn_id),
         }
     }

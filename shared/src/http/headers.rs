@@ -9,10 +9,8 @@
 use axum::extract::FromRequestParts;
 use axum::http::header::IF_MATCH;
 use axum::http::request::Parts;
-use axum::http::Method;
 
 use super::error::HttpError;
-use super::idempotency::Idempotency;
 use crate::protocol::IdempotencyKey;
 
 /// The `Idempotency-Key` header's name.
@@ -53,16 +51,6 @@ pub fn parse_idempotency_key(value: &[u8]) -> Option<IdempotencyKey> {
 /// The `Idempotency-Key` header, when sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyKeyHeader(pub Option<IdempotencyKey>);
-
-impl IdempotencyKeyHeader {
-    /// The key's context for this request (`scope` names the operation or API, so that one
-    /// key may serve unrelated ones), when a key was sent.
-    pub fn for_request(&self, scope: &str, method: &Method, path: &str, body: &[u8]) -> Option<Idempotency> {
-        self.0
-            .as_ref()
-            .map(|key| Idempotency::new(scope, key, method, path, body))
-    }
-}
 
 impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKeyHeader {
     type Rejection = HttpError;

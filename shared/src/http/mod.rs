@@ -5,7 +5,8 @@
 //!   [`TxnError`](crate::request::TxnError) to its status (409, 412, 422, 503 with
 //!   `Retry-After`), always naming the transaction once one began.
 //! - [`headers`]: the `Idempotency-Key` and `If-Match` extractors, and ETags.
-//! - [`idempotency`]: a request's key and fingerprint, the stored answer's replay.
+//! - [`idempotency`]: the [`Idempotent`] extractor (a request's key and fingerprint, from
+//!   its method, path and body), the stored answer's replay.
 //! - [`scope`]: each request's deadline (the Lambda invocation's, or a timeout) as a
 //!   middleware, and the request's transaction from `begin` to the answer, so that even a
 //!   timeout names it.
@@ -17,23 +18,18 @@
 //!
 //! ```no_run
 //! use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
-//! use axum::extract::{OriginalUri, State};
-//! use axum::http::{Method, StatusCode};
+//! use axum::body::Bytes;
+//! use axum::http::StatusCode;
 //! use axum::response::Response;
-//! use outbox::http::{Answer, HttpError, IdempotencyKeyHeader, RequestScope};
-//! use outbox::native::NativeOutbox;
+//! use outbox::http::{Answer, Begun, HttpError, Idempotent, RequestScope};
 //! use outbox::protocol::Message;
 //!
-//! #[derive(Clone)]
-//! struct App { outbox: NativeOutbox }
-//!
-//! async fn reserve(State(app): State<App>, scope: RequestScope, key: IdempotencyKeyHeader,
-//!     method: Method, OriginalUri(uri): OriginalUri, body: axum::body::Bytes) -> Result<Response, HttpError> {
-//!     let idempotency = key.for_request("shop", &method, uri.path(), &body);
-//!     if let Some(replay) = scope.replay(app.outbox.outbox(), idempotency.as_ref()).await? {
-//!         return Ok(replay);
-//!     }
-//!     let mut txn = scope.begin_native(&app.outbox).await?;
+//! async fn reserve(scope: RequestScope, Idempotent { idempotency, body }: Idempotent<Bytes>)
+//!     -> Result<Response, HttpError> {
+//!     let mut txn = match scope.begin_native(idempotency).await? {
+//!         Begun::Replay(first_answer) => return Ok(first_answer),
+//!         Begun::Started(txn) => txn,
+//!     };
 //!     let sku = AttributeValue::S("PRODUCT#1".into());
 //!     let update = Update::builder().table_name("shop").key("PK", sku.clone()).key("SK", sku)
 //!         .update_expression("ADD reserved :one").condition_expression("attribute_exists(PK)")
@@ -43,7 +39,7 @@
 //!     let event = serde_json::json!({"type": "Reserved", "sku": "PRODUCT#1"});
 //!     txn.emit(Message::json("events".parse().expect("a destination"), &event).expect("JSON"));
 //!     let answer = Answer::json(StatusCode::CREATED, &serde_json::json!({"reserved": 1}));
-//!     scope.commit(txn, app.outbox.outbox(), idempotency.as_ref(), answer).await
+//!     scope.commit(txn, answer).await
 //! }
 //! ```
 
@@ -57,8 +53,8 @@ pub mod stage;
 
 pub use error::HttpError;
 pub use headers::{etag, IdempotencyKeyHeader, IfMatch};
-pub use idempotency::Idempotency;
+pub use idempotency::{Idempotency, Idempotent};
 pub use problem::{FieldError, Problem, TRANSACTION_ID_HEADER};
-pub use scope::{enforce_deadline, Answer, Deadlines, Progress, RequestScope};
+pub use scope::{enforce_deadline, Answer, Begun, Deadlines, Progress, RequestScope};
 #[cfg(feature = "lambda")]
 pub use stage::serve_under_stage;

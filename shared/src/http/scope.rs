@@ -35,7 +35,6 @@ use super::error::{timeout_problem, HttpError};
 use super::idempotency::{stored, Idempotency};
 use super::problem::TRANSACTION_ID_HEADER;
 use crate::native::{NativeOutbox, NativeTransaction};
-use crate::ports::Clock;
 use crate::protocol::TxnId;
 use crate::request::{watch_begins, BeginWatch, Committable, Outbox, Settlement, Transaction, TxnError};
 use crate::time::Timestamp;
@@ -57,18 +56,30 @@ pub enum Progress {
     Committing(TxnId),
 }
 
-/// What a handler learns of its request's time, and where its transaction's progress is
-/// recorded. An extractor: the scope [`enforce_deadline`] gave the request, or one without
-/// a deadline where the middleware is not installed.
-#[derive(Clone, Default)]
+/// A request's transaction, from its begin to the answer: how it begins (through the
+/// request path [`Deadlines`] names, within the request's deadline), what it commits
+/// with (the answer, stored under the request's idempotency key), and how far it got.
+/// An extractor: the scope [`enforce_deadline`] gave the request (a handler without the
+/// middleware is refused, with a 500 that says so in the log).
+#[derive(Clone)]
 pub struct RequestScope {
     /// When the handler must have finished, if the request has a deadline.
     pub deadline: Option<Timestamp>,
-    progress: Arc<Mutex<Progress>>,
-    /// The request path the transaction was begun on, to abandon it through.
-    outbox: Arc<Mutex<Option<Outbox>>>,
+    outbox: Outbox,
+    state: Arc<Mutex<ScopeState>>,
+}
+
+/// What a scope records as its request runs.
+#[derive(Default)]
+struct ScopeState {
+    progress: Progress,
     /// The transaction admitted and beginning, if any: the request's one place is taken.
-    beginning: Arc<Mutex<Option<TxnId>>>,
+    beginning: Option<TxnId>,
+    /// The request path the transaction began on (through the scope or not), to abandon
+    /// it through.
+    begun_on: Option<Outbox>,
+    /// The request's key and fingerprint, given at begin: the answer is stored under it.
+    idempotency: Option<Idempotency>,
 }
 
 impl std::fmt::Debug for RequestScope {
@@ -78,6 +89,17 @@ impl std::fmt::Debug for RequestScope {
             .field("progress", &self.progress())
             .finish_non_exhaustive()
     }
+}
+
+/// What [`RequestScope::begin`] found: a repeat of a request that was answered already,
+/// or a new transaction.
+#[must_use]
+pub enum Begun<T> {
+    /// The request repeats one, under the same idempotency key, that committed: its
+    /// stored answer, with `Idempotent-Replayed: true`. Nothing began.
+    Replay(Response),
+    /// The transaction began (its control message is sent).
+    Started(T),
 }
 
 /// An answer to commit with a transaction: its status, headers and body. The transaction
@@ -137,14 +159,22 @@ impl IntoResponse for Answer {
 }
 
 impl RequestScope {
-    /// A scope with `deadline`.
-    pub fn new(deadline: Option<Timestamp>) -> Self {
+    /// A scope whose transactions begin on `outbox`, by `deadline`.
+    pub fn new(outbox: Outbox, deadline: Option<Timestamp>) -> Self {
         Self {
             deadline,
-            progress: Arc::default(),
-            outbox: Arc::default(),
-            beginning: Arc::default(),
+            outbox,
+            state: Arc::default(),
         }
+    }
+
+    /// The request path its transactions begin on.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ScopeState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Records that transaction `txn_id` began.
@@ -159,75 +189,80 @@ impl RequestScope {
 
     /// How far the transaction got.
     pub fn progress(&self) -> Progress {
-        *self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state().progress
     }
 
     fn set(&self, progress: Progress) {
-        *self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = progress;
+        self.state().progress = progress;
     }
 
-    /// Begins a transaction within this request's deadline, and records its progress.
-    pub async fn begin(&self, outbox: &Outbox) -> Result<Transaction, TxnError> {
+    /// The request's transaction, begun within its deadline with its progress recorded;
+    /// or, when `idempotency` names a request that was answered already, that answer to
+    /// give again (the same key on a different request is
+    /// [`HttpError::IdempotencyKeyReused`]). Under a key, [`Self::commit`] stores the
+    /// answer with the transaction.
+    pub async fn begin(&self, idempotency: Option<Idempotency>) -> Result<Begun<Transaction>, HttpError> {
+        if let Some(replay) = self.replay(idempotency).await? {
+            return Ok(Begun::Replay(replay));
+        }
+        let begin = async {
+            match self.deadline {
+                Some(deadline) => self.outbox.begin_within(deadline).await,
+                None => self.outbox.begin().await,
+            }
+        };
+        // The middleware watches the whole request already; this covers a begin on
+        // another task.
+        Ok(Begun::Started(watch_begins(Arc::new(self.clone()), begin).await?))
+    }
+
+    /// [`Self::begin`] for a transaction with native actions (the request path must be on
+    /// the DynamoDB store, see [`NativeOutbox::new`]).
+    pub async fn begin_native(&self, idempotency: Option<Idempotency>) -> Result<Begun<NativeTransaction>, HttpError> {
+        let outbox = NativeOutbox::new(self.outbox.clone()).map_err(|_| HttpError::Misconfigured {
+            problem: "native actions need the request path on the DynamoDB store",
+        })?;
+        if let Some(replay) = self.replay(idempotency).await? {
+            return Ok(Begun::Replay(replay));
+        }
         let begin = async {
             match self.deadline {
                 Some(deadline) => outbox.begin_within(deadline).await,
                 None => outbox.begin().await,
             }
         };
-        // The middleware watches the whole request already; this covers a scope used
-        // without it, or a begin on another task.
-        watch_begins(Arc::new(self.clone()), begin).await
-    }
-
-    /// Begins a transaction with native actions within this request's deadline, and
-    /// records its progress.
-    pub async fn begin_native(&self, outbox: &NativeOutbox) -> Result<NativeTransaction, TxnError> {
-        let begin = async {
-            match self.deadline {
-                Some(deadline) => outbox.begin_within(deadline).await,
-                None => outbox.begin().await,
-            }
-        };
-        watch_begins(Arc::new(self.clone()), begin).await
-    }
-
-    /// Settles transaction `txn_id`, begun through this scope, with its tombstone by
-    /// `deadline` (see [`Outbox::abandon`]); `None` when no transaction was begun through
-    /// it.
-    async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> Option<Settlement> {
-        let outbox = self
-            .outbox
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()?;
-        Some(outbox.abandon(txn_id, Some(deadline)).await)
+        Ok(Begun::Started(watch_begins(Arc::new(self.clone()), begin).await?))
     }
 
     /// The stored answer of a repeated request (see [`Idempotency::replay`]); `None`
-    /// without a key, or for a new one.
-    pub async fn replay(
-        &self,
-        outbox: &Outbox,
-        idempotency: Option<&Idempotency>,
-    ) -> Result<Option<Response>, HttpError> {
-        match idempotency {
-            Some(idempotency) => idempotency.replay(outbox.store().as_ref()).await,
-            None => Ok(None),
+    /// without a key, or for a new one, which the scope then keeps for the commit.
+    async fn replay(&self, idempotency: Option<Idempotency>) -> Result<Option<Response>, HttpError> {
+        let Some(idempotency) = idempotency else {
+            return Ok(None);
+        };
+        let replay = idempotency.replay(self.outbox.store().as_ref()).await?;
+        if replay.is_none() {
+            self.state().idempotency = Some(idempotency);
         }
+        Ok(replay)
     }
 
-    /// Commits `txn` with `answer` (stored for replays under `idempotency`) and answers
-    /// with it, naming the transaction. When a concurrent request with the same key
-    /// committed first, answers as it did. A failure names the transaction; under
-    /// `If-Match` ([`Answer::under_precondition`]) a failed business condition is a 412.
-    pub async fn commit<T: Committable>(
-        &self,
-        mut txn: T,
-        outbox: &Outbox,
-        idempotency: Option<&Idempotency>,
-        answer: Answer,
-    ) -> Result<Response, HttpError> {
+    /// Settles transaction `txn_id`, begun in this scope, with its tombstone by
+    /// `deadline` (see [`Outbox::abandon`]); `None` when no transaction began in it.
+    async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> Option<Settlement> {
+        let outbox = self.state().begun_on.clone()?;
+        Some(outbox.abandon(txn_id, Some(deadline)).await)
+    }
+
+    /// Commits `txn` with `answer` (stored for replays under the idempotency key given at
+    /// begin) and answers with it, naming the transaction. When a concurrent request with
+    /// the same key committed first, answers as it did. A failure names the transaction;
+    /// under `If-Match` ([`Answer::under_precondition`]) a failed business condition is a
+    /// 412.
+    pub async fn commit<T: Committable>(&self, mut txn: T, answer: Answer) -> Result<Response, HttpError> {
         let txn_id = txn.id();
+        let idempotency = self.state().idempotency.clone();
+        let idempotency = idempotency.as_ref();
         let Answer {
             status,
             mut headers,
@@ -253,7 +288,7 @@ impl RequestScope {
             Err(TxnError::IdempotencyKeyUsed { .. }) if idempotency.is_some() => {
                 let idempotency = idempotency.expect("checked");
                 let replay = idempotency
-                    .replay(outbox.store().as_ref())
+                    .replay(self.outbox.store().as_ref())
                     .await
                     .map_err(|error| error.in_transaction(txn_id))?;
                 // Its record expired in between: nothing of this request was written.
@@ -278,38 +313,47 @@ impl RequestScope {
 /// transaction.
 impl BeginWatch for RequestScope {
     fn admit(&self, txn_id: TxnId) -> Result<(), TxnError> {
-        let mut beginning = self.beginning.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match (self.progress(), *beginning) {
+        let mut state = self.state();
+        match (state.progress, state.beginning) {
             (Progress::Begun(first) | Progress::Committing(first), _) | (Progress::NotBegun, Some(first)) => {
                 Err(TxnError::SecondInRequest { txn_id: first })
             }
             // The first to get here takes the place, even against a begin running at once.
             (Progress::NotBegun, None) => {
-                *beginning = Some(txn_id);
+                state.beginning = Some(txn_id);
                 Ok(())
             }
         }
     }
 
     fn not_started(&self) {
-        *self.beginning.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        self.state().beginning = None;
     }
 
     fn started(&self, outbox: &Outbox, txn: &mut Transaction) {
-        *self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(outbox.clone());
-        self.begun(txn.id());
-        let progress = self.progress.clone();
+        {
+            let mut state = self.state();
+            state.begun_on = Some(outbox.clone());
+            state.progress = Progress::Begun(txn.id());
+        }
+        let state = self.state.clone();
         txn.on_commit_attempt(move |txn_id| {
-            *progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Progress::Committing(txn_id);
+            state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).progress = Progress::Committing(txn_id);
         });
     }
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for RequestScope {
-    type Rejection = std::convert::Infallible;
+    type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        Ok(parts.extensions.get::<RequestScope>().cloned().unwrap_or_default())
+        parts
+            .extensions
+            .get::<RequestScope>()
+            .cloned()
+            .ok_or(HttpError::Misconfigured {
+                problem: "a handler takes a RequestScope, and the enforce_deadline middleware is not installed",
+            })
     }
 }
 
@@ -341,18 +385,19 @@ pub fn request_end(now: Timestamp, timeout: Duration, lambda_deadline_millis: Op
     }
 }
 
-/// The state of [`enforce_deadline`]: the clock, and how long a request may take
-/// (locally; on Lambda the invocation's deadline may end it sooner).
+/// The state of [`enforce_deadline`]: the request path the requests' transactions begin
+/// on (its clock times them), and how long a request may take (locally; on Lambda the
+/// invocation's deadline may end it sooner).
 #[derive(Clone)]
 pub struct Deadlines {
-    clock: Arc<dyn Clock>,
+    outbox: Outbox,
     timeout: Duration,
 }
 
 impl Deadlines {
-    /// Requests of at most `timeout`, timed by `clock`.
-    pub fn new(clock: Arc<dyn Clock>, timeout: Duration) -> Self {
-        Self { clock, timeout }
+    /// Requests of at most `timeout`, their transactions on `outbox`.
+    pub fn new(outbox: Outbox, timeout: Duration) -> Self {
+        Self { outbox, timeout }
     }
 }
 
@@ -376,13 +421,13 @@ fn lambda_deadline(request: &Request) -> Option<u64> {
 /// overruns, and settles a transaction the handler began and left without committing
 /// (a 404, a no-op, an early return on an error): it writes the transaction's tombstone
 /// before answering, so that its control message finds it settled. Install it with
-/// `axum::middleware::from_fn_with_state(Deadlines::new(clock, timeout), enforce_deadline)`.
+/// `axum::middleware::from_fn_with_state(Deadlines::new(outbox, timeout), enforce_deadline)`.
 pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: Request, next: Next) -> Response {
-    let clock = deadlines.clock.clone();
+    let clock = deadlines.outbox.clock().clone();
     let now = clock.now();
     let end = request_end(now, deadlines.timeout, lambda_deadline(&request));
     let margin = margin(deadlines.timeout);
-    let scope = RequestScope::new(Some(end.minus(margin)));
+    let scope = RequestScope::new(deadlines.outbox.clone(), Some(end.minus(margin)));
     request.extensions_mut().insert(scope.clone());
     let backstop = end.minus(margin / 2).since(now);
     // Settling writes by then, leaving the rest of the margin to answer.

@@ -437,8 +437,7 @@ impl World {
         }
         let future: ActorFuture = match middleware {
             Some(timeout) => {
-                let clock = self.clock_for(&gate, 0);
-                Box::pin(async move { End::Request(increment_over_http(outbox, clock, timeout, key, abandons).await) })
+                Box::pin(async move { End::Request(increment_over_http(outbox, timeout, key, abandons).await) })
             }
             None => {
                 Box::pin(async move { End::Request(increment(&outbox, key, idempotency, deadline, abandons).await) })
@@ -532,13 +531,7 @@ async fn stage_increment(
 /// in an axum handler that begins through its [`RequestScope`] and commits through it;
 /// a request that abandons answers 404 and leaves the middleware to settle its
 /// transaction.
-async fn increment_over_http(
-    outbox: Outbox,
-    clock: Arc<dyn Clock>,
-    timeout: Duration,
-    key: ItemKey,
-    abandons: bool,
-) -> ApiResult {
+async fn increment_over_http(outbox: Outbox, timeout: Duration, key: ItemKey, abandons: bool) -> ApiResult {
     use axum::response::IntoResponse;
     use outbox::http::{Answer, Deadlines, HttpError, RequestScope};
     use tower::ServiceExt;
@@ -547,7 +540,9 @@ async fn increment_over_http(
     let handler_began = began.clone();
     let handler = move |scope: RequestScope| async move {
         let result: Result<axum::response::Response, HttpError> = async {
-            let mut txn = scope.begin(&outbox).await?;
+            let outbox::http::Begun::Started(mut txn) = scope.begin(None).await? else {
+                unreachable!("a request without a key is never a replay")
+            };
             *handler_began.lock().expect("lock") = Some(txn.id());
             let current = txn.get(&key).await.map_err(HttpError::from)?;
             if abandons {
@@ -555,7 +550,7 @@ async fn increment_over_http(
             }
             let count = stage(&mut txn, key, current);
             let answer = Answer::json(axum::http::StatusCode::OK, &count);
-            scope.commit(txn, &outbox, None, answer).await
+            scope.commit(txn, answer).await
         }
         .await;
         result.into_response()
@@ -563,7 +558,7 @@ async fn increment_over_http(
     let app = axum::Router::new()
         .route("/", axum::routing::post(handler))
         .layer(axum::middleware::from_fn_with_state(
-            Deadlines::new(clock, timeout),
+            Deadlines::new(outbox, timeout),
             outbox::http::enforce_deadline,
         ));
     let request = axum::http::Request::post("/")
