@@ -1,0 +1,370 @@
+//! The commit: one `TransactWriteItems`, its actions, and a cancellation explained item
+//! by item.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, CancellationReason, ConditionCheck, Delete, Put, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem,
+};
+
+use crate::aws::item::{business_item, idempotency_item, n, outbox_items};
+use crate::aws::size::{action_bytes, item_bytes};
+use crate::ports::{
+    BoxError, BusinessWrite, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction, Store,
+};
+use crate::protocol::{IdempotencySlot, OutboxState, TxnId};
+use crate::settings::TableLayout;
+
+use super::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES, PART_ORPHAN_GUARD};
+
+/// What each action of a commit stands for, to read its cancellation reason.
+enum Role {
+    Native(usize),
+    Business(ItemKey),
+    Outbox,
+    Part,
+    Idempotency(IdempotencySlot),
+}
+
+/// What a cancelled commit's reasons say.
+enum Explained {
+    /// Decided by the reasons alone.
+    Decided(Result<(), CommitError>),
+    /// The outbox record's condition failed and the record did not come back with the
+    /// reasons: it is this transaction's own (success) or a tombstone (`otherwise`), and
+    /// only a read tells.
+    ReadRecord { otherwise: CommitError },
+}
+
+/// The actions of one commit, what each stands for, and the budget they use.
+struct Actions {
+    items: Vec<TransactWriteItem>,
+    roles: Vec<Role>,
+}
+
+/// The cancellation codes that mean "another request held an item, or capacity ran
+/// out": nothing was written, and trying again may succeed.
+const CONTENTION_CODES: &[&str] = &[
+    "TransactionConflict",
+    "ThrottlingError",
+    "ProvisionedThroughputExceeded",
+    "RequestLimitExceeded",
+];
+
+impl DynamoStore {
+    /// The condition of a portable write expecting `expected`, with its names and values.
+    fn version_condition(&self, expected: ExpectedVersion) -> (&'static str, Option<HashMap<String, AttributeValue>>) {
+        match expected {
+            ExpectedVersion::Absent => (TableLayout::NOT_EXISTS, None),
+            ExpectedVersion::Exactly(version) => (
+                "attribute_exists(#pk) AND version = :expected",
+                Some(HashMap::from([(":expected".to_owned(), n(version))])),
+            ),
+        }
+    }
+
+    fn portable(&self, write: &BusinessWrite) -> Result<(TransactWriteItem, usize), CommitError> {
+        let table = &self.layout.table;
+        let names = Some(self.layout.key_names());
+        let action = match write {
+            BusinessWrite::Put { key, data, expected } => {
+                let (condition, values) = self.version_condition(*expected);
+                let item = business_item(&self.layout, key, expected.next(), data);
+                let bytes = item_bytes(&item);
+                let put = Put::builder()
+                    .table_name(table)
+                    .set_item(Some(item))
+                    .condition_expression(condition)
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
+                    .build()
+                    .map_err(invalid)?;
+                return Ok((TransactWriteItem::builder().put(put).build(), bytes));
+            }
+            BusinessWrite::Delete { key, version } => {
+                let (condition, values) = self.version_condition(ExpectedVersion::Exactly(*version));
+                let delete = Delete::builder()
+                    .table_name(table)
+                    .set_key(Some(self.key(key.as_str())))
+                    .condition_expression(condition)
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
+                    .build()
+                    .map_err(invalid)?;
+                TransactWriteItem::builder().delete(delete).build()
+            }
+            BusinessWrite::Check { key, expected } => {
+                let (condition, values) = self.version_condition(*expected);
+                let check = ConditionCheck::builder()
+                    .table_name(table)
+                    .set_key(Some(self.key(key.as_str())))
+                    .condition_expression(condition)
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
+                    .build()
+                    .map_err(invalid)?;
+                TransactWriteItem::builder().condition_check(check).build()
+            }
+        };
+        let bytes = action_bytes(&action);
+        Ok((action, bytes))
+    }
+
+    /// Every action of a commit, checked against DynamoDB's budget before anything is
+    /// sent: the error says how much of it the protocol's own records took.
+    fn actions(&self, request: &CommitRequest, native: &[NativeAction]) -> Result<Actions, CommitError> {
+        // Every attempt of one commit must send the same request under its token (else
+        // DynamoDB answers IdempotentParameterMismatch): times come from the request,
+        // built once, never from the clock of the attempt.
+        let now = request.outbox.created_at;
+        let mut items = Vec::new();
+        let mut roles = Vec::new();
+        let mut application_bytes = 0;
+        for (index, action) in native.iter().enumerate() {
+            application_bytes += action_bytes(action);
+            items.push(action.clone());
+            roles.push(Role::Native(index));
+        }
+        for write in &request.writes {
+            let (action, bytes) = self.portable(write)?;
+            application_bytes += bytes;
+            items.push(action);
+            roles.push(Role::Business(write.key().clone()));
+        }
+        let application_actions = items.len();
+
+        let mut protocol_bytes = 0;
+        let part_expiry = now.plus(PART_ORPHAN_GUARD);
+        let outbox = outbox_items(&self.layout, &request.outbox, part_expiry, self.part_bytes)
+            .map_err(|reason| CommitError::TooLarge { reason })?;
+        let record_items = outbox.len();
+        for (index, item) in outbox.into_iter().enumerate() {
+            protocol_bytes += item_bytes(&item);
+            let mut put = Put::builder()
+                .table_name(&self.layout.table)
+                .set_item(Some(item))
+                .condition_expression(TableLayout::NOT_EXISTS)
+                .set_expression_attribute_names(Some(self.layout.key_names()));
+            if index == 0 {
+                // What blocks the put, if anything: this transaction's own record
+                // (committed already) or a tombstone (never will).
+                put = put.return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+            }
+            items.push(TransactWriteItem::builder().put(put.build().map_err(invalid)?).build());
+            roles.push(if index == 0 { Role::Outbox } else { Role::Part });
+        }
+        if let Some(record) = &request.idempotency {
+            let item = idempotency_item(&self.layout, record);
+            protocol_bytes += item_bytes(&item);
+            // An expired record may linger until TTL deletes it; it no longer counts.
+            let put = Put::builder()
+                .table_name(&self.layout.table)
+                .set_item(Some(item))
+                .condition_expression(format!("{} OR #ttl <= :now", TableLayout::NOT_EXISTS))
+                .set_expression_attribute_names(Some(self.layout.key_and_ttl_names()))
+                .expression_attribute_values(":now", n(now.as_unix_seconds()))
+                .build()
+                .map_err(invalid)?;
+            items.push(TransactWriteItem::builder().put(put).build());
+            roles.push(Role::Idempotency(record.slot.clone()));
+        }
+        let protocol_actions = items.len() - application_actions;
+        let share = || {
+            format!(
+                "the outbox's records take {protocol_actions} action(s) ({record_items} for the outbox record, {} for the idempotency record) and about {protocol_bytes} bytes",
+                usize::from(request.idempotency.is_some())
+            )
+        };
+        if items.len() > MAX_ACTIONS {
+            return Err(CommitError::TooLarge {
+                reason: format!(
+                    "{} actions, at most {MAX_ACTIONS}: the application's {application_actions}; {}",
+                    items.len(),
+                    share()
+                ),
+            });
+        }
+        let bytes = application_bytes + protocol_bytes;
+        if bytes > MAX_TRANSACTION_BYTES {
+            return Err(CommitError::TooLarge {
+                reason: format!(
+                    "about {bytes} bytes, at most {MAX_TRANSACTION_BYTES}: the application's about {application_bytes}; {}",
+                    share()
+                ),
+            });
+        }
+        Ok(Actions { items, roles })
+    }
+
+    /// Explains a cancelled commit from its reasons, which come in request order.
+    fn explain(request: &CommitRequest, roles: &[Role], reasons: &[CancellationReason], source: BoxError) -> Explained {
+        // Several conditions may fail at once; the one reported is the one that decides
+        // what the caller does: a used idempotency key (replay) before a tombstone
+        // (never commits) before a business condition (conflict).
+        let mut failures = Vec::new();
+        // The outbox record's condition failed, but the record did not come back.
+        let mut unread_record = false;
+        for (role, reason) in roles.iter().zip(reasons) {
+            let code = match reason.code() {
+                None | Some("None") => continue,
+                Some(code) => code,
+            };
+            if CONTENTION_CODES.contains(&code) {
+                return Explained::Decided(Err(CommitError::Contention(source)));
+            }
+            match (role, code) {
+                (Role::Outbox, "ConditionalCheckFailed") => {
+                    let state = reason
+                        .item()
+                        .and_then(|item| item.get("state"))
+                        .and_then(|v| v.as_s().ok());
+                    let txn = reason
+                        .item()
+                        .and_then(|item| item.get("txn_id"))
+                        .and_then(|v| v.as_s().ok());
+                    match state.map(String::as_str) {
+                        // This transaction's own record: an earlier attempt (whose reply was
+                        // lost) committed everything. Atomicity makes the other reasons moot.
+                        Some("pending" | "dispatched") if txn == Some(&request.txn_id.to_string()) => {
+                            return Explained::Decided(Ok(()))
+                        }
+                        // No old item came back (an engine that leaves `ALL_OLD` out): the
+                        // record may be this transaction's own as well as a tombstone.
+                        _ if reason.item().is_none() => {
+                            unread_record = true;
+                            failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id }))
+                        }
+                        _ => failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id })),
+                    }
+                }
+                (Role::Part, "ConditionalCheckFailed") => {
+                    failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id }))
+                }
+                (Role::Business(key), "ConditionalCheckFailed") => {
+                    failures.push((2, CommitError::VersionConflict { key: key.clone() }))
+                }
+                (Role::Idempotency(slot), "ConditionalCheckFailed") => {
+                    failures.push((0, CommitError::IdempotencyKeyUsed { slot: slot.clone() }))
+                }
+                // The application's own action: whatever DynamoDB says of it is the
+                // application's to read (its condition, its item collection, its
+                // expression).
+                (Role::Native(index), code) => failures.push((
+                    2,
+                    CommitError::ActionCancelled {
+                        index: *index,
+                        code: code.to_owned(),
+                        item: reason.item().cloned(),
+                    },
+                )),
+                (_, "ItemCollectionSizeLimitExceeded") => {
+                    return Explained::Decided(Err(CommitError::TooLarge {
+                        reason: "item collection size limit exceeded".into(),
+                    }))
+                }
+                (_, "ValidationError") => {
+                    return Explained::Decided(Err(CommitError::Invalid {
+                        reason: reason
+                            .message()
+                            .unwrap_or("DynamoDB refused an action of the outbox as invalid")
+                            .to_owned(),
+                    }))
+                }
+                (_, _) => return Explained::Decided(Err(CommitError::Ambiguous(source))),
+            }
+        }
+        match failures.into_iter().min_by_key(|(rank, _)| *rank) {
+            Some((_, otherwise)) if unread_record => Explained::ReadRecord { otherwise },
+            Some((_, error)) => Explained::Decided(Err(error)),
+            None => Explained::Decided(Err(CommitError::Ambiguous(source))),
+        }
+    }
+
+    /// Reads the record that blocked transaction `txn_id`'s commit, when the cancellation
+    /// did not return it: its own committed record means an earlier attempt committed
+    /// everything; a tombstone (or nothing any more) leaves `otherwise`.
+    async fn blocked_by(&self, txn_id: TxnId, otherwise: CommitError) -> Result<(), CommitError> {
+        match self.get_outboxes(&[txn_id]).await {
+            Ok(mut found) => match found.remove(&txn_id) {
+                Some(record) if record.state != OutboxState::Tombstone => Ok(()),
+                _ => Err(otherwise),
+            },
+            // This request wrote nothing, but whether an earlier one did is unknown.
+            Err(read) => Err(CommitError::Ambiguous(Box::new(read))),
+        }
+    }
+
+    pub(super) async fn transact(&self, request: &CommitRequest, native: &[NativeAction]) -> Result<(), CommitError> {
+        let Actions { items, roles } = self.actions(request, native)?;
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(request.txn_id.to_string())
+            // One request per call: the SDK would retry a timed-out request and return
+            // only the last request's error, hiding one that may still apply (DESIGN.md
+            // section 3). The request path retries instead, and counts every request.
+            .customize()
+            .config_override(aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled()))
+            .send()
+            .await;
+        let error = match result {
+            Ok(_) => return Ok(()),
+            Err(error) => error,
+        };
+        match &error {
+            SdkError::ServiceError(service) => match service.err() {
+                TransactWriteItemsError::TransactionCanceledException(cancelled) => {
+                    let reasons = cancelled.cancellation_reasons().to_vec();
+                    match Self::explain(request, &roles, &reasons, Box::new(error)) {
+                        Explained::Decided(result) => result,
+                        Explained::ReadRecord { otherwise } => self.blocked_by(request.txn_id, otherwise).await,
+                    }
+                }
+                TransactWriteItemsError::ProvisionedThroughputExceededException(_)
+                | TransactWriteItemsError::RequestLimitExceeded(_)
+                | TransactWriteItemsError::ThrottlingException(_) => Err(CommitError::Contention(Box::new(error))),
+                // An earlier attempt under this token is still running, or one with other
+                // parameters ran: either may have committed. Trying again settles it.
+                TransactWriteItemsError::TransactionInProgressException(_)
+                | TransactWriteItemsError::IdempotentParameterMismatchException(_) => {
+                    Err(CommitError::Ambiguous(Box::new(error)))
+                }
+                TransactWriteItemsError::ResourceNotFoundException(_) => Err(CommitError::Unavailable(Box::new(error))),
+                // Refused before anything ran: the function may not write there.
+                other
+                    if matches!(
+                        other.code(),
+                        Some("AccessDeniedException" | "UnrecognizedClientException")
+                    ) =>
+                {
+                    Err(CommitError::Unavailable(Box::new(error)))
+                }
+                // A request DynamoDB refused before doing anything: a malformed
+                // expression, a key that does not match the table's schema, two actions
+                // on one item. Its message is for the developer who wrote the action.
+                other if other.code() == Some("ValidationException") => Err(CommitError::Invalid {
+                    reason: other.message().unwrap_or("DynamoDB refused the request").to_owned(),
+                }),
+                // An internal error may or may not have applied the commit.
+                _ => Err(CommitError::Ambiguous(Box::new(error))),
+            },
+            // Never sent.
+            SdkError::ConstructionFailure(_) => Err(CommitError::Invalid {
+                reason: "the request could not be built".into(),
+            }),
+            // Sent, or maybe sent: a timeout, a lost connection, an unreadable reply.
+            _ => Err(CommitError::Ambiguous(Box::new(error))),
+        }
+    }
+}
+
+fn invalid(_: aws_smithy_types::error::operation::BuildError) -> CommitError {
+    CommitError::Invalid {
+        reason: "a commit action misses a required field".into(),
+    }
+}

@@ -1,0 +1,309 @@
+//! The store port on DynamoDB.
+//!
+//! The commit is one `TransactWriteItems` whose `ClientRequestToken` is the transaction
+//! id: the application's native actions first, in its order, then the portable business
+//! writes, then the protocol's records. A cancelled commit is explained item by item from
+//! `CancellationReasons` (never from message text), and the outbox put asks for `ALL_OLD`
+//! so that finding this transaction's own record means "already committed". Reads are
+//! consistent; items whose TTL has passed read as absent. Where the protocol's records
+//! live is the [`TableLayout`].
+
+mod batch;
+mod commit;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, DeleteRequest, PutRequest, ReturnValuesOnConditionCheckFailure, WriteRequest,
+};
+use aws_sdk_dynamodb::Client;
+
+use crate::aws::item::{
+    business_from_item, dispatched_item, idempotency_from_item, idempotency_pk, outbox_from_items, outbox_items,
+    outbox_pk, part_pk, split_messages, Reader, PART_BYTES,
+};
+use crate::ports::{
+    Clock, CommitError, CommitRequest, ItemKey, NativeAction, OutboxReads, Store, StoreError, TombstoneOutcome,
+    VersionedItem,
+};
+use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
+use crate::settings::TableLayout;
+use crate::time::Timestamp;
+
+/// Most actions in one `TransactWriteItems`.
+pub const MAX_ACTIONS: usize = 100;
+/// Most bytes in one `TransactWriteItems` (4 MB), less a margin for the request's own
+/// overhead.
+pub const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
+/// Reads of a split record whose main item names a part that is missing, before that is
+/// the record's error: a mark between the main item's read and the parts' read (it puts
+/// the dispatched main item, then deletes the parts) is seen on the next read.
+const TORN_READ_ROUNDS: usize = 3;
+
+/// How long parts of a split record outlive their commit, in case marking it
+/// dispatched puts the main item and then fails before deleting them.
+const PART_ORPHAN_GUARD: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The store on a DynamoDB table.
+#[derive(Clone)]
+pub struct DynamoStore {
+    client: Client,
+    layout: TableLayout,
+    clock: Arc<dyn Clock>,
+    part_bytes: usize,
+}
+
+fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::Unavailable(Box::new(error))
+}
+
+impl DynamoStore {
+    /// The store on the table `layout` describes (a table name alone means a dedicated
+    /// table with partition key `pk` and TTL attribute `expires_at`), reading TTLs
+    /// against `clock`.
+    pub fn new(client: Client, layout: impl Into<TableLayout>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            client,
+            layout: layout.into(),
+            clock,
+            part_bytes: PART_BYTES,
+        }
+    }
+
+    /// Splits records at `bytes` of messages per item instead of [`PART_BYTES`]: for
+    /// simulations, which split records without moving megabytes per schedule.
+    #[doc(hidden)]
+    pub fn with_part_bytes(mut self, bytes: usize) -> Self {
+        self.part_bytes = bytes;
+        self
+    }
+
+    /// Where the protocol's records live.
+    pub fn layout(&self) -> &TableLayout {
+        &self.layout
+    }
+
+    fn key(&self, logical: &str) -> HashMap<String, AttributeValue> {
+        self.layout.key(logical)
+    }
+}
+
+#[async_trait]
+impl Store for DynamoStore {
+    #[tracing::instrument(skip_all, fields(txn_id = %request.txn_id))]
+    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
+        self.transact(request, &[]).await
+    }
+
+    fn runs_native_actions(&self) -> bool {
+        true
+    }
+
+    #[tracing::instrument(skip_all, fields(txn_id = %request.txn_id, native_actions = actions.len()))]
+    async fn commit_native(&self, request: &CommitRequest, actions: &[NativeAction]) -> Result<(), CommitError> {
+        self.transact(request, actions).await
+    }
+
+    async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
+        let pks: Vec<String> = keys.iter().map(|key| key.as_str().to_owned()).collect();
+        let found = self.batch_get(&pks).await?;
+        keys.iter()
+            .filter_map(|key| {
+                found
+                    .get(key.as_str())
+                    .map(|item| business_from_item(&self.layout, key, item).map(|v| (key.clone(), v)))
+            })
+            .collect()
+    }
+
+    async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
+        self.get_outboxes_each(txn_ids)
+            .await?
+            .into_iter()
+            .map(|(txn_id, record)| record.map(|record| (txn_id, record)))
+            .collect()
+    }
+
+    async fn get_outboxes_each(&self, txn_ids: &[TxnId]) -> Result<OutboxReads, StoreError> {
+        let mut records = BTreeMap::new();
+        let mut to_read = txn_ids.to_vec();
+        for round in 1..=TORN_READ_ROUNDS {
+            let (read, torn) = match self.read_outboxes(&to_read).await {
+                Ok(result) => result,
+                // A re-read that fails fails only the records it was for.
+                Err(error) if round > 1 => {
+                    let shared = Arc::new(error);
+                    records.extend(to_read.iter().map(|txn_id| {
+                        let error = StoreError::Unavailable(Box::new(SharedError(shared.clone())));
+                        (*txn_id, Err(error))
+                    }));
+                    break;
+                }
+                Err(error) => return Err(error),
+            };
+            records.extend(read);
+            if round == TORN_READ_ROUNDS {
+                records.extend(torn);
+                break;
+            }
+            // A main item read before a concurrent mark put its dispatched form, with
+            // parts read after that mark deleted them: read those again.
+            to_read = torn.into_keys().collect();
+            if to_read.is_empty() {
+                break;
+            }
+        }
+        Ok(records)
+    }
+
+    async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.key(&idempotency_pk(slot))))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+        match output.item() {
+            Some(item) if !Reader::new(&self.layout, item).is_expired(self.clock.now())? => {
+                Ok(Some(idempotency_from_item(&self.layout, item)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(txn_id = %txn_id))]
+    async fn put_tombstone(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<TombstoneOutcome, StoreError> {
+        let record = OutboxRecord::tombstone(txn_id, now, expires_at);
+        let item =
+            outbox_items(&self.layout, &record, expires_at, self.part_bytes).map_err(|reason| StoreError::Corrupt {
+                key: outbox_pk(txn_id),
+                reason,
+            })?;
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.layout.table)
+            .set_item(item.into_iter().next())
+            .condition_expression(TableLayout::NOT_EXISTS)
+            .set_expression_attribute_names(Some(self.layout.key_names()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(TombstoneOutcome::Written),
+            Err(SdkError::ServiceError(service))
+                if matches!(service.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+            {
+                let old = match service.err() {
+                    PutItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
+                    _ => None,
+                };
+                match old {
+                    Some(main) if Reader::new(&self.layout, &main).part_count()? == 0 => {
+                        Ok(TombstoneOutcome::Exists(outbox_from_items(&self.layout, &main, &[])?))
+                    }
+                    // A split record: read it whole.
+                    _ => match self.get_outboxes(&[txn_id]).await?.remove(&txn_id) {
+                        Some(record) => Ok(TombstoneOutcome::Exists(record)),
+                        None => Err(StoreError::Corrupt {
+                            key: outbox_pk(txn_id),
+                            reason: "blocked by a record that cannot be read".into(),
+                        }),
+                    },
+                }
+            }
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
+        // A record read as pending can only become dispatched (it can never be a
+        // tombstone), so an unconditional put of its dispatched form is safe, and lets a
+        // whole batch be marked in one `BatchWriteItem`. The parts of split records are
+        // deleted only after their main item no longer names them: a reader never finds
+        // a main item without its parts. A part left behind expires (PART_ORPHAN_GUARD).
+        let mut puts = Vec::new();
+        let mut owners: HashMap<String, usize> = HashMap::new();
+        for (index, record) in records.iter().enumerate() {
+            let main = dispatched_item(&self.layout, record, expires_at);
+            owners.insert(outbox_pk(record.txn_id), index);
+            puts.push(
+                WriteRequest::builder()
+                    .put_request(PutRequest::builder().set_item(Some(main)).build().expect("item is set"))
+                    .build(),
+            );
+        }
+        let results: Vec<Result<(), StoreError>> = match self.batch_write(puts).await {
+            Ok(left_over) => {
+                let mut results: Vec<Result<(), StoreError>> = records.iter().map(|_| Ok(())).collect();
+                for request in &left_over {
+                    if let Some(index) = self.pk_of(request).and_then(|pk| owners.get(pk)) {
+                        results[*index] = Err(StoreError::Unavailable(
+                            "DynamoDB left the write unprocessed after retries".into(),
+                        ));
+                    }
+                }
+                results
+            }
+            Err(error) => {
+                let shared = Arc::new(error);
+                return records
+                    .iter()
+                    .map(|_| Err(StoreError::Unavailable(Box::new(SharedError(shared.clone())))))
+                    .collect();
+            }
+        };
+        let mut deletes = Vec::new();
+        for (record, _) in records.iter().zip(&results).filter(|(_, marked)| marked.is_ok()) {
+            let parts = split_messages(&record.messages, self.part_bytes).map_or(1, |groups| groups.len());
+            for part in 1..parts {
+                let delete = DeleteRequest::builder()
+                    .set_key(Some(self.key(&part_pk(record.txn_id, part))))
+                    .build()
+                    .expect("key is set");
+                deletes.push(WriteRequest::builder().delete_request(delete).build());
+            }
+        }
+        if !deletes.is_empty() {
+            // The records are marked whatever happens here: a part not deleted is no
+            // longer named by anything and expires by itself.
+            match self.batch_write(deletes).await {
+                Ok(left_over) if left_over.is_empty() => {}
+                Ok(left_over) => {
+                    tracing::warn!(parts = left_over.len(), "parts of dispatched records left to expire")
+                }
+                Err(error) => tracing::warn!(error = %error, "parts of dispatched records left to expire"),
+            }
+        }
+        results
+    }
+}
+
+/// One error reported for several records, its source chain kept.
+#[derive(Debug)]
+struct SharedError(Arc<StoreError>);
+
+impl std::fmt::Display for SharedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(self.0.as_ref())
+    }
+}

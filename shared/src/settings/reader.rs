@@ -1,0 +1,191 @@
+//! Reading variables: each value parsed and checked, each problem recorded with the
+//! variable it is about, so that one start-up reports them all.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::{vars, SettingError, SortKeyValue, TableLayout};
+use crate::destination::{Parsed, Target};
+use crate::protocol::DestinationName;
+
+pub(super) struct Reader<'a, F: Fn(&str) -> Option<String>> {
+    pub(super) lookup: &'a F,
+    pub(super) errors: Vec<SettingError>,
+}
+
+impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
+    pub(super) fn fail(&mut self, variable: &str, problem: String) {
+        self.errors.push(SettingError {
+            variable: variable.to_owned(),
+            problem,
+        });
+    }
+
+    /// The trimmed value; an empty one counts as unset.
+    pub(super) fn text(&self, name: &str) -> Option<String> {
+        (self.lookup)(name)
+            .map(|value| value.trim().to_owned())
+            .filter(|value| !value.is_empty())
+    }
+
+    pub(super) fn required(&mut self, name: &str, what: &str) -> Option<String> {
+        let value = self.text(name);
+        if value.is_none() {
+            self.fail(name, format!("is required with {}=aws: {what}", vars::BACKEND));
+        }
+        value
+    }
+
+    /// The table and its layout; `None` (with the errors recorded) when it is wrong. The
+    /// table name is required unless there is a `default_table`.
+    pub(super) fn layout(&mut self, default_table: Option<&str>) -> Option<TableLayout> {
+        let table = match default_table {
+            Some(default) => self.text(vars::TABLE_NAME).unwrap_or_else(|| default.to_owned()),
+            None => self.required(vars::TABLE_NAME, "the DynamoDB table's name")?,
+        };
+        let mut layout = TableLayout::dedicated(table);
+        if let Some(name) = self.text(vars::PARTITION_KEY) {
+            layout = layout.with_partition_key(name);
+        }
+        if let Some(name) = self.text(vars::TTL_ATTRIBUTE) {
+            layout = layout.with_ttl_attribute(name);
+        }
+        match (self.text(vars::SORT_KEY), self.text(vars::SORT_KEY_VALUE)) {
+            (Some(name), None) => layout = layout.with_sort_key(name, SortKeyValue::SameAsPartitionKey),
+            (Some(name), Some(value)) => layout = layout.with_sort_key(name, SortKeyValue::Constant(value)),
+            (None, Some(_)) => {
+                self.fail(
+                    vars::SORT_KEY_VALUE,
+                    format!("is set, but {} is not: a value needs a sort key", vars::SORT_KEY),
+                );
+                return None;
+            }
+            (None, None) => {}
+        }
+        if let Err(error) = layout.validate() {
+            self.fail(
+                &format!(
+                    "{}, {}, {} and {}",
+                    vars::TABLE_NAME,
+                    vars::PARTITION_KEY,
+                    vars::SORT_KEY,
+                    vars::TTL_ATTRIBUTE
+                ),
+                error.0,
+            );
+            return None;
+        }
+        Some(layout)
+    }
+
+    pub(super) fn flag(&mut self, name: &str, default: bool) -> bool {
+        match self.text(name).as_deref() {
+            None => default,
+            Some("true") => true,
+            Some("false") => false,
+            Some(other) => {
+                self.fail(name, format!("must be true or false, not {other:?}"));
+                default
+            }
+        }
+    }
+
+    pub(super) fn count(&mut self, name: &str, default: usize, min: usize, max: usize) -> usize {
+        let Some(text) = self.text(name) else { return default };
+        match text.parse::<usize>() {
+            Ok(value) if (min..=max).contains(&value) => value,
+            _ => {
+                self.fail(
+                    name,
+                    format!("must be a whole number from {min} to {max}, not {text:?}"),
+                );
+                default
+            }
+        }
+    }
+
+    pub(super) fn seconds(&mut self, name: &str, default: Duration, min: u64, max: u64) -> Duration {
+        let Some(text) = self.text(name) else { return default };
+        match text.parse::<u64>() {
+            Ok(value) if (min..=max).contains(&value) => Duration::from_secs(value),
+            _ => {
+                self.fail(name, format!("must be whole seconds from {min} to {max}, not {text:?}"));
+                default
+            }
+        }
+    }
+
+    pub(super) fn origins(&mut self) -> Vec<String> {
+        let Some(text) = self.text(vars::CORS_ALLOWED_ORIGINS) else {
+            return Vec::new();
+        };
+        let origins: Vec<String> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|o| !o.is_empty())
+            .map(str::to_owned)
+            .collect();
+        for origin in &origins {
+            let valid = origin == "*" || origin.starts_with("https://") || origin.starts_with("http://");
+            if !valid {
+                self.fail(
+                    vars::CORS_ALLOWED_ORIGINS,
+                    format!("each origin must be * or start with http:// or https://, not {origin:?}"),
+                );
+            }
+        }
+        origins
+    }
+
+    pub(super) fn destinations(&mut self) -> BTreeMap<DestinationName, Target> {
+        let mut destinations = BTreeMap::new();
+        let Some(text) = self.text(vars::DESTINATIONS) else {
+            return destinations;
+        };
+        for pair in text.split(',').map(str::trim).filter(|pair| !pair.is_empty()) {
+            let Some((name, target)) = pair.split_once('=') else {
+                self.fail(
+                    vars::DESTINATIONS,
+                    format!(
+                        "each entry must be name=kind:target (kind sqs, sqs-fifo, sns, sns-fifo or eventbridge), not {pair:?}"
+                    ),
+                );
+                continue;
+            };
+            let (name, target) = (name.trim(), target.trim());
+            let parsed_name = match name.parse::<DestinationName>() {
+                Ok(_) if target.is_empty() => {
+                    self.fail(vars::DESTINATIONS, format!("destination {name:?} has no target"));
+                    continue;
+                }
+                Ok(parsed) => parsed,
+                Err(error) => {
+                    self.fail(vars::DESTINATIONS, error.to_string());
+                    continue;
+                }
+            };
+            let parsed_target = match Target::parse(target) {
+                Ok(Parsed {
+                    target: parsed,
+                    migrate_to,
+                }) => {
+                    if let Some(new_form) = migrate_to {
+                        tracing::info!(
+                            "{}: {name}={target} is read as an SQS queue; write it {name}={new_form}",
+                            vars::DESTINATIONS
+                        );
+                    }
+                    parsed
+                }
+                Err(error) => {
+                    self.fail(vars::DESTINATIONS, format!("destination {name:?}: {error}"));
+                    continue;
+                }
+            };
+            if destinations.insert(parsed_name, parsed_target).is_some() {
+                self.fail(vars::DESTINATIONS, format!("destination {name:?} is named twice"));
+            }
+        }
+        destinations
+    }
+}

@@ -1,0 +1,227 @@
+//! The settings' tests: defaults, and each rule naming its variable.
+
+use super::*;
+
+fn settings(pairs: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    let map: BTreeMap<String, String> = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    Settings::from_lookup(|name| map.get(name).cloned())
+}
+
+fn only_error(pairs: &[(&str, &str)]) -> SettingError {
+    let errors = settings(pairs).unwrap_err().errors;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    errors.into_iter().next().unwrap()
+}
+
+#[test]
+fn nothing_set_means_embedded_with_the_documented_defaults() {
+    let settings = settings(&[]).unwrap();
+    assert_eq!(settings.backend, Backend::Embedded);
+    assert_eq!(settings.timing.first_check_delay, Duration::from_secs(1));
+    assert_eq!(settings.timing.max_commit_duration, Duration::from_secs(30));
+    assert_eq!(settings.timing.retention, Duration::from_secs(604_800));
+    assert!(settings.destinations.is_empty());
+}
+
+#[test]
+fn metrics_are_counted_under_the_service_named_or_the_executable() {
+    assert_eq!(settings(&[(vars::SERVICE_NAME, "shop")]).unwrap().service_name, "shop");
+    // The unit tests' executable is `outbox-<hash>`: never the API's name.
+    let default = settings(&[]).unwrap().service_name;
+    assert!(default.starts_with("outbox"), "{default}");
+    assert_eq!(settings(&[(vars::SERVICE_NAME, " ")]).unwrap().service_name, default);
+}
+
+#[test]
+fn inside_lambda_the_embedded_backend_is_refused_naming_the_variable() {
+    for backend in [None, Some("embedded")] {
+        let mut pairs = vec![("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")];
+        pairs.extend(backend.map(|backend| (vars::BACKEND, backend)));
+        let error = only_error(&pairs);
+        assert_eq!(error.variable, vars::BACKEND);
+        assert!(error.problem.contains("must be `aws` inside AWS Lambda"), "{error:?}");
+    }
+    let aws = settings(&[
+        ("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"),
+        (vars::BACKEND, "aws"),
+        (vars::TABLE_NAME, "t"),
+        (vars::CONTROL_QUEUE_URL, "https://sqs.us-east-1.amazonaws.com/1/c"),
+    ]);
+    assert!(aws.is_ok(), "{aws:?}");
+}
+
+#[test]
+fn the_aws_backend_needs_its_table_and_queue() {
+    let errors = settings(&[(vars::BACKEND, "aws")]).unwrap_err().errors;
+    let named: Vec<_> = errors.iter().map(|e| e.variable.as_str()).collect();
+    assert_eq!(named, [vars::TABLE_NAME, vars::CONTROL_QUEUE_URL]);
+    let ok = settings(&[
+        (vars::BACKEND, "aws"),
+        (vars::TABLE_NAME, "outbox"),
+        (vars::CONTROL_QUEUE_URL, "http://localhost/q"),
+        (
+            vars::DESTINATIONS,
+            "events=http://localhost/events, audit = http://localhost/audit.fifo",
+        ),
+    ])
+    .unwrap();
+    assert_eq!(
+        ok.backend,
+        Backend::Aws {
+            layout: TableLayout::dedicated("outbox"),
+            control_queue_url: "http://localhost/q".into()
+        }
+    );
+    assert_eq!(ok.destinations.len(), 2);
+    assert_eq!(
+        ok.destinations[&"audit".parse().unwrap()],
+        Target::SqsQueue {
+            url: "http://localhost/audit.fifo".into(),
+            fifo: true
+        }
+    );
+    // The new form, kind stated; a FIFO queue must say so.
+    let aws = [
+        (vars::BACKEND, "aws"),
+        (vars::TABLE_NAME, "outbox"),
+        (vars::CONTROL_QUEUE_URL, "http://localhost/q"),
+    ];
+    let with = |destinations: &str| {
+        let pairs: Vec<(&str, &str)> = aws
+            .iter()
+            .copied()
+            .chain([(vars::DESTINATIONS, destinations)])
+            .collect();
+        settings(&pairs)
+    };
+    let new_form = with("events=sqs:http://localhost/events,audit=sqs-fifo:http://localhost/audit.fifo").unwrap();
+    assert_eq!(new_form.destinations, ok.destinations);
+    let every_kind = with(
+        "queue=sqs:http://localhost/events, topic=sns-fifo:arn:aws:sns:us-east-1:123456789012:t.fifo, bus=eventbridge:orders",
+    )
+    .unwrap();
+    let written: Vec<String> = every_kind
+        .destinations
+        .iter()
+        .map(|(name, target)| format!("{name}={target}"))
+        .collect();
+    assert_eq!(
+        written,
+        [
+            "bus=eventbridge:orders",
+            "queue=sqs:http://localhost/events",
+            "topic=sns-fifo:arn:aws:sns:us-east-1:123456789012:t.fifo"
+        ]
+    );
+    for (entry, says) in [
+        ("audit=sqs:http://localhost/audit.fifo", "takes the -fifo kind"),
+        (
+            "events=sns:arn:aws:sns:us-east-1:123456789012:events.fifo",
+            "takes the -fifo kind",
+        ),
+        ("events=eventbridge:", "names no target"),
+        ("events=kafka:x", "unknown destination kind"),
+        ("events", "each entry must be name=kind:target"),
+    ] {
+        let errors = with(entry).unwrap_err().errors;
+        assert_eq!(errors.len(), 1, "{entry}: {errors:?}");
+        assert_eq!(errors[0].variable, vars::DESTINATIONS);
+        assert!(errors[0].to_string().contains(says), "{entry}: {}", errors[0]);
+    }
+}
+
+#[test]
+fn the_protocol_records_go_where_the_layout_says() {
+    let aws = [
+        (vars::BACKEND, "aws"),
+        (vars::TABLE_NAME, "shop"),
+        (vars::CONTROL_QUEUE_URL, "http://localhost/q"),
+    ];
+    let layout = |extra: &[(&str, &str)]| {
+        let pairs: Vec<(&str, &str)> = aws.iter().chain(extra).copied().collect();
+        settings(&pairs).map(|settings| match settings.backend {
+            Backend::Aws { layout, .. } => layout,
+            Backend::Embedded => unreachable!("the aws backend was asked for"),
+        })
+    };
+    assert_eq!(
+        layout(&[
+            (vars::PARTITION_KEY, "PK"),
+            (vars::SORT_KEY, "SK"),
+            (vars::TTL_ATTRIBUTE, "ttl")
+        ])
+        .unwrap(),
+        TableLayout::dedicated("shop")
+            .with_partition_key("PK")
+            .with_sort_key("SK", SortKeyValue::SameAsPartitionKey)
+            .with_ttl_attribute("ttl")
+    );
+    assert_eq!(
+        layout(&[(vars::SORT_KEY, "SK"), (vars::SORT_KEY_VALUE, "OUTBOX")]).unwrap(),
+        TableLayout::dedicated("shop").with_sort_key("SK", SortKeyValue::Constant("OUTBOX".into()))
+    );
+    let errors = layout(&[(vars::SORT_KEY_VALUE, "OUTBOX")]).unwrap_err().errors;
+    assert_eq!(errors[0].variable, vars::SORT_KEY_VALUE);
+    let errors = layout(&[(vars::PARTITION_KEY, "state")]).unwrap_err().errors;
+    assert!(errors[0].variable.contains(vars::PARTITION_KEY), "{errors:?}");
+    assert!(errors[0].problem.contains("\"state\""), "{errors:?}");
+}
+
+#[test]
+fn each_bad_value_names_its_variable_and_rule() {
+    let error = only_error(&[(vars::FIRST_CHECK_DELAY_SECONDS, "901")]);
+    assert_eq!(error.variable, vars::FIRST_CHECK_DELAY_SECONDS);
+    assert!(error.problem.contains("0 to 900"), "{error}");
+    assert_eq!(only_error(&[(vars::BACKEND, "gcp")]).variable, vars::BACKEND);
+    assert_eq!(
+        only_error(&[(vars::MAX_MESSAGES_PER_TRANSACTION, "many")]).variable,
+        vars::MAX_MESSAGES_PER_TRANSACTION
+    );
+    assert_eq!(
+        only_error(&[(vars::DESTINATIONS, "events")]).variable,
+        vars::DESTINATIONS
+    );
+    assert_eq!(
+        only_error(&[(vars::DESTINATIONS, "bad name=http://x")]).variable,
+        vars::DESTINATIONS
+    );
+    assert_eq!(
+        only_error(&[(vars::DESTINATIONS, "a=http://x,a=http://y")]).variable,
+        vars::DESTINATIONS
+    );
+}
+
+#[test]
+fn the_commit_window_must_outlast_the_api_and_sdk_timeouts() {
+    let error = only_error(&[
+        (vars::MAX_COMMIT_DURATION_SECONDS, "15"),
+        (vars::API_TIMEOUT_SECONDS, "10"),
+        (vars::SDK_OPERATION_TIMEOUT_SECONDS, "5"),
+    ]);
+    assert!(error.variable.contains(vars::MAX_COMMIT_DURATION_SECONDS), "{error}");
+    assert!(error.problem.contains("must exceed"), "{error}");
+    assert!(settings(&[(vars::MAX_COMMIT_DURATION_SECONDS, "16")]).is_ok());
+}
+
+#[test]
+fn inconsistent_backoff_and_retention_are_refused() {
+    assert!(only_error(&[
+        (vars::FIRST_CHECK_DELAY_SECONDS, "20"),
+        (vars::BACKOFF_CAP_SECONDS, "10")
+    ])
+    .variable
+    .contains(vars::BACKOFF_CAP_SECONDS));
+    assert!(only_error(&[
+        (vars::RETENTION_SECONDS, "3600"),
+        (vars::MAX_COMMIT_DURATION_SECONDS, "3600")
+    ])
+    .variable
+    .contains(vars::RETENTION_SECONDS));
+}
+
+#[test]
+fn all_problems_are_reported_at_once() {
+    let errors = settings(&[(vars::BACKEND, "aws"), (vars::RETENTION_SECONDS, "x")]).unwrap_err();
+    assert_eq!(errors.errors.len(), 3);
+    assert!(errors.to_string().starts_with("invalid settings: "));
+}
