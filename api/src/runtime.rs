@@ -22,6 +22,10 @@ use crate::state::AppState;
 /// The destination of order events.
 pub const EVENTS: &str = "events";
 
+/// Events each embedded destination keeps for inspection (nobody receives from them in
+/// the server; every event is in the log as it is dispatched).
+pub const KEPT_EVENTS: usize = 1000;
+
 /// A publisher that logs each message its inner publisher accepted.
 pub struct LoggingPublisher {
     inner: Arc<dyn Publisher>,
@@ -79,7 +83,14 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                 url: "embedded://events".into(),
                 fifo: false,
             });
-            let backend = EmbeddedBackend::for_targets(clock.clone(), &destinations);
+            let backend = EmbeddedBackend::for_server(clock.clone(), &destinations, KEPT_EVENTS);
+            tracing::info!(
+                retention_seconds = settings.timing.retention.as_secs(),
+                kept_events = KEPT_EVENTS,
+                "embedded backend: finished records are kept {}s ({}), each destination its last {KEPT_EVENTS} events",
+                settings.timing.retention.as_secs(),
+                outbox::settings::vars::RETENTION_SECONDS,
+            );
             let publisher: Arc<dyn Publisher> = Arc::new(LoggingPublisher {
                 inner: backend.publisher.clone(),
             });

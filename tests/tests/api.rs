@@ -60,6 +60,7 @@ fn app_with_config(
 ) -> TestApp {
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
     let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    backend.record();
     let outbox = Outbox::new(
         ports(&backend, clock.clone()),
         Timing::default(),
@@ -1337,6 +1338,7 @@ async fn the_embedded_api_runs_with_an_eventbridge_destination_and_names_its_eve
             .expect("valid settings");
     let parts = api::runtime::start(&settings, std::future::pending()).await;
     let embedded = parts.embedded.clone().expect("the embedded backend");
+    embedded.record();
     let router = router(parts.state, &api::runtime::http_config(&settings));
     let response = router
         .oneshot(json_request(Method::POST, "/orders", &new_order()))

@@ -36,6 +36,7 @@ fn fixture() -> Fixture {
 fn fixture_with_limits(limits: TransactionLimits) -> Fixture {
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
     let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    backend.record();
     let timing = Timing::default();
     let outbox = Outbox::new(backend.request_ports(clock.clone()), timing, limits);
     let control = ControlPath::new(backend.control_ports(clock.clone()), timing);

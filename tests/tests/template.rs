@@ -69,6 +69,8 @@ fn every_variable_the_code_reads_is_set_on_each_function() {
     // Set by Lambda itself in every function (the settings read it to refuse the
     // embedded backend there), never by the template.
     assert!(needed.remove("AWS_LAMBDA_RUNTIME_API"), "the settings look for Lambda");
+    // Set by Lambda too: the service name's fallback on Lambda (read only there).
+    needed.remove("AWS_LAMBDA_FUNCTION_NAME");
     needed.insert("RUST_LOG".into());
     for function in FUNCTIONS {
         let mut set = globals.clone();

@@ -148,6 +148,7 @@ pub fn simulate(config: &Config, scenario: Scenario) -> Outcome {
     let env = Env::new(time.clone(), Draws::new(config.latencies.clone(), config.seed));
     let events: DestinationName = "events".parse().expect("a valid destination name");
     let backend = EmbeddedBackend::new(clock.clone(), [(events.clone(), false)]);
+    backend.record();
     let store: Arc<dyn Store> = Arc::new(SimStore {
         inner: backend.store.clone(),
         env: env.clone(),

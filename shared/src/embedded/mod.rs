@@ -45,8 +45,17 @@ pub const CONTROL_MAX_RECEIVE_COUNT: u32 = crate::control::redelivery::MAX_RECEI
 
 impl EmbeddedBackend {
     /// A backend whose time is `clock`, with the given destinations (a name marked
-    /// `true` is a FIFO queue).
+    /// `true` is a FIFO queue). Nothing is recorded unless asked ([`Self::record`]).
     pub fn new(clock: Arc<dyn Clock>, destinations: impl IntoIterator<Item = (DestinationName, bool)>) -> Self {
+        Self::holding(clock, destinations, None)
+    }
+
+    /// [`Self::new`], each destination holding at most `max_messages` if given.
+    fn holding(
+        clock: Arc<dyn Clock>,
+        destinations: impl IntoIterator<Item = (DestinationName, bool)>,
+        max_messages: Option<usize>,
+    ) -> Self {
         let dead_letters = Arc::new(EmbeddedQueue::new(QueueConfig::standard("control-dlq"), clock.clone()));
         let control = EmbeddedQueue::new(
             QueueConfig {
@@ -59,10 +68,13 @@ impl EmbeddedBackend {
         let destinations: BTreeMap<DestinationName, Arc<EmbeddedQueue>> = destinations
             .into_iter()
             .map(|(name, fifo)| {
-                let config = if fifo {
-                    QueueConfig::fifo(name.as_str())
-                } else {
-                    QueueConfig::standard(name.as_str())
+                let config = QueueConfig {
+                    max_messages,
+                    ..if fifo {
+                        QueueConfig::fifo(name.as_str())
+                    } else {
+                        QueueConfig::standard(name.as_str())
+                    }
                 };
                 (name, Arc::new(EmbeddedQueue::new(config, clock.clone())))
             })
@@ -79,9 +91,24 @@ impl EmbeddedBackend {
     /// event as a rule's SQS target would ([`EmbeddedPublisher`]). So a service
     /// configured for AWS destinations runs on the embedded backend unchanged.
     pub fn for_targets(clock: Arc<dyn Clock>, targets: &BTreeMap<DestinationName, Target>) -> Self {
-        let mut backend = Self::new(
+        Self::for_targets_holding(clock, targets, None)
+    }
+
+    /// The embedded server's backend ([`Self::for_targets`]): nobody receives from its
+    /// destinations, so each keeps only its last `kept` messages, for inspection.
+    pub fn for_server(clock: Arc<dyn Clock>, targets: &BTreeMap<DestinationName, Target>, kept: usize) -> Self {
+        Self::for_targets_holding(clock, targets, Some(kept))
+    }
+
+    fn for_targets_holding(
+        clock: Arc<dyn Clock>,
+        targets: &BTreeMap<DestinationName, Target>,
+        max_messages: Option<usize>,
+    ) -> Self {
+        let mut backend = Self::holding(
             clock,
             targets.iter().map(|(name, target)| (name.clone(), target.is_fifo())),
+            max_messages,
         );
         let buses = targets
             .iter()
@@ -90,6 +117,21 @@ impl EmbeddedBackend {
         backend.publisher =
             Arc::new(EmbeddedPublisher::new(backend.publisher.destinations().clone()).with_buses(buses));
         backend
+    }
+
+    /// Records what happens from now on, for tests that check it: the store's history and
+    /// every queue's send log (the control queue, its dead-letter queue, the
+    /// destinations). Off by default: a long-running process would keep everything.
+    pub fn record(&self) {
+        self.store.record_history();
+        let control = self.control_queue.queue();
+        control.record_sends();
+        if let Some(dead_letters) = control.dead_letter_queue() {
+            dead_letters.record_sends();
+        }
+        for queue in self.publisher.destinations().values() {
+            queue.record_sends();
+        }
     }
 
     /// The request path's ports over this backend, with random transaction ids.

@@ -25,6 +25,10 @@ pub struct QueueConfig {
     pub fifo: bool,
     /// How long a received message stays invisible.
     pub visibility_timeout: Duration,
+    /// Most messages it holds: a send beyond drops the oldest (counted in
+    /// [`EmbeddedQueue::dropped`]). `None`, as SQS, holds everything; the embedded
+    /// server bounds the destinations nobody receives from.
+    pub max_messages: Option<usize>,
 }
 
 impl QueueConfig {
@@ -34,7 +38,14 @@ impl QueueConfig {
             name: name.to_owned(),
             fifo: false,
             visibility_timeout: Duration::from_secs(30),
+            max_messages: None,
         }
+    }
+
+    /// This configuration, holding at most `max` messages (the oldest dropped).
+    pub fn holding_at_most(mut self, max: usize) -> Self {
+        self.max_messages = Some(max.max(1));
+        self
     }
 
     /// A FIFO queue with SQS's default visibility timeout.
@@ -110,8 +121,29 @@ struct Stored {
 struct State {
     messages: VecDeque<Stored>,
     next_id: u64,
-    log: Vec<SentMessage>,
+    /// Every message sent, when a test asked for it ([`EmbeddedQueue::record_sends`]).
+    log: Option<Vec<SentMessage>>,
     deduplication: BTreeMap<String, (Timestamp, String)>,
+    dropped: usize,
+}
+
+impl State {
+    fn record(&mut self, sent: impl FnOnce() -> SentMessage) {
+        if let Some(log) = &mut self.log {
+            log.push(sent());
+        }
+    }
+
+    /// Adds `message`, dropping the oldest beyond `max`.
+    fn push(&mut self, message: Stored, max: Option<usize>) {
+        self.messages.push_back(message);
+        if let Some(max) = max {
+            while self.messages.len() > max {
+                self.messages.pop_front();
+                self.dropped += 1;
+            }
+        }
+    }
 }
 
 /// An in-process queue.
@@ -185,7 +217,7 @@ impl EmbeddedQueue {
                 .retain(|_, (at, _)| now.since(*at) < DEDUPLICATION_WINDOW);
             if let Some((_, message_id)) = state.deduplication.get(id) {
                 let message_id = message_id.clone();
-                state.log.push(SentMessage {
+                state.record(|| SentMessage {
                     message_id: message_id.clone(),
                     request,
                     sent_at: now,
@@ -199,20 +231,23 @@ impl EmbeddedQueue {
         if let Some(id) = request.deduplication_id.as_ref().filter(|_| self.config.fifo) {
             state.deduplication.insert(id.clone(), (now, message_id.clone()));
         }
-        state.log.push(SentMessage {
+        state.record(|| SentMessage {
             message_id: message_id.clone(),
             request: request.clone(),
             sent_at: now,
             deduplicated: false,
         });
         let visible_at = now.plus(request.delay);
-        state.messages.push_back(Stored {
-            message_id: message_id.clone(),
-            request,
-            visible_at,
-            receive_count: 0,
-            receipt: None,
-        });
+        state.push(
+            Stored {
+                message_id: message_id.clone(),
+                request,
+                visible_at,
+                receive_count: 0,
+                receipt: None,
+            },
+            self.config.max_messages,
+        );
         Ok(message_id)
     }
 
@@ -329,7 +364,7 @@ impl EmbeddedQueue {
         message.receive_count = 0;
         message.receipt = None;
         let mut state = self.lock();
-        state.log.push(SentMessage {
+        state.record(|| SentMessage {
             message_id: message.message_id.clone(),
             request: SendRequest {
                 delay: Duration::ZERO,
@@ -338,7 +373,7 @@ impl EmbeddedQueue {
             sent_at: now,
             deduplicated: false,
         });
-        state.messages.push_back(message);
+        state.push(message, self.config.max_messages);
     }
 
     /// Messages in the queue, visible or not.
@@ -368,10 +403,28 @@ impl EmbeddedQueue {
             .min()
     }
 
-    /// Every message ever accepted, in order (including moved ones and, flagged,
-    /// deduplicated ones).
+    /// Keeps a log of every message accepted from now on, for [`Self::sent`]: for tests
+    /// (a long-running process would hold every message it ever sent).
+    pub fn record_sends(&self) {
+        self.lock().log.get_or_insert_with(Vec::new);
+    }
+
+    /// Every message accepted since [`Self::record_sends`], in order (including moved
+    /// ones and, flagged, deduplicated ones).
+    ///
+    /// # Panics
+    ///
+    /// If sends are not recorded: a test that reads the log must ask for it.
     pub fn sent(&self) -> Vec<SentMessage> {
-        self.lock().log.clone()
+        self.lock()
+            .log
+            .clone()
+            .unwrap_or_else(|| panic!("queue {}: call record_sends() before reading sent()", self.config.name))
+    }
+
+    /// Messages dropped because the queue held [`QueueConfig::max_messages`].
+    pub fn dropped(&self) -> usize {
+        self.lock().dropped
     }
 
     /// The bodies of the messages now in the queue, oldest first.
@@ -391,7 +444,22 @@ mod tests {
 
     fn setup(config: QueueConfig) -> (Arc<ManualClock>, EmbeddedQueue) {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
-        (clock.clone(), EmbeddedQueue::new(config, clock))
+        let queue = EmbeddedQueue::new(config, clock.clone());
+        queue.record_sends();
+        (clock, queue)
+    }
+
+    #[test]
+    fn a_bounded_queue_drops_its_oldest_and_nothing_is_logged_unless_asked() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
+        let queue = EmbeddedQueue::new(QueueConfig::standard("q").holding_at_most(2), clock);
+        for text in ["a", "b", "c"] {
+            queue.send(body(text)).unwrap();
+        }
+        assert_eq!(queue.bodies(), vec!["b", "c"]);
+        assert_eq!(queue.dropped(), 1);
+        let unlogged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| queue.sent()));
+        assert!(unlogged.is_err(), "reading a log nobody asked for is a test's mistake, said loudly");
     }
 
     fn body(text: &str) -> SendRequest {

@@ -4,9 +4,10 @@
 //!
 //! An expired item is treated as deleted the instant it expires, for reads and for
 //! conditions alike: the most eager deletion DynamoDB's TTL could perform, so tests see
-//! the worst case.
+//! the worst case. Each write also sweeps the items that have expired (through an index
+//! by expiry), so that a long-running process holds only live records.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -37,6 +38,14 @@ impl Item {
             Self::Business(_) => false,
             Self::Outbox(record) => record.is_expired(now),
             Self::Idempotency(record) => record.is_expired(now),
+        }
+    }
+
+    fn expires_at(&self) -> Option<Timestamp> {
+        match self {
+            Self::Business(_) => None,
+            Self::Outbox(record) => record.expires_at,
+            Self::Idempotency(record) => Some(record.expires_at),
         }
     }
 }
@@ -71,7 +80,39 @@ pub enum StoreEvent {
 #[derive(Debug, Default)]
 struct State {
     items: BTreeMap<String, Item>,
-    history: Vec<StoreEvent>,
+    /// Each item with a TTL by its expiry, for the sweep (an entry whose item has since
+    /// been replaced is skipped when its time comes).
+    expiries: BTreeSet<(Timestamp, String)>,
+    /// What the store did, when a test asked for it ([`EmbeddedStore::record_history`]).
+    history: Option<Vec<StoreEvent>>,
+}
+
+impl State {
+    fn insert(&mut self, key: String, item: Item) {
+        if let Some(at) = item.expires_at() {
+            self.expiries.insert((at, key.clone()));
+        }
+        self.items.insert(key, item);
+    }
+
+    fn record(&mut self, event: impl FnOnce() -> StoreEvent) {
+        if let Some(history) = &mut self.history {
+            history.push(event());
+        }
+    }
+
+    /// Removes the items expired at `now` (reads treat them as gone already).
+    fn sweep(&mut self, now: Timestamp) {
+        while let Some((at, key)) = self.expiries.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.expiries.pop_first();
+            if self.items.get(&key).is_some_and(|item| item.is_expired(now)) {
+                self.items.remove(&key);
+            }
+        }
+    }
 }
 
 /// The embedded table.
@@ -102,13 +143,26 @@ impl EmbeddedStore {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Everything the store has done, in order.
+    /// Keeps what the store does from now on, for [`Self::history`]: for tests (a
+    /// long-running process would hold every commit it ever made).
+    pub fn record_history(&self) {
+        self.lock().history.get_or_insert_with(Vec::new);
+    }
+
+    /// Everything the store has done since [`Self::record_history`], in order.
+    ///
+    /// # Panics
+    ///
+    /// If the history is not recorded: a test that reads it must ask for it.
     pub fn history(&self) -> Vec<StoreEvent> {
-        self.lock().history.clone()
+        self.lock()
+            .history
+            .clone()
+            .expect("call record_history() before reading history()")
     }
 
     /// Every outbox record physically present, expired or not (what a table scan would
-    /// show before TTL deletion).
+    /// show before TTL deletion; the next write sweeps the expired ones).
     pub fn outbox_records(&self) -> Vec<OutboxRecord> {
         self.lock()
             .items
@@ -154,6 +208,7 @@ impl Store for EmbeddedStore {
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
         let now = self.clock.now();
         let mut state = self.lock();
+        state.sweep(now);
         let outbox_key = outbox_key(request.txn_id);
         let idem_key = request.idempotency.as_ref().map(|record| idempotency_key(&record.slot));
 
@@ -238,7 +293,7 @@ impl Store for EmbeddedStore {
                         version: expected.next(),
                         data: data.clone(),
                     };
-                    state.items.insert(key.as_str().to_owned(), Item::Business(item));
+                    state.insert(key.as_str().to_owned(), Item::Business(item));
                 }
                 BusinessWrite::Delete { key, .. } => {
                     state.items.remove(key.as_str());
@@ -246,11 +301,11 @@ impl Store for EmbeddedStore {
                 BusinessWrite::Check { .. } => {}
             }
         }
-        state.items.insert(outbox_key, Item::Outbox(request.outbox.clone()));
+        state.insert(outbox_key, Item::Outbox(request.outbox.clone()));
         if let (Some(key), Some(record)) = (idem_key, &request.idempotency) {
-            state.items.insert(key, Item::Idempotency(record.clone()));
+            state.insert(key, Item::Idempotency(record.clone()));
         }
-        state.history.push(StoreEvent::Committed {
+        state.record(|| StoreEvent::Committed {
             request: Box::new(request.clone()),
             at: now,
         });
@@ -298,6 +353,7 @@ impl Store for EmbeddedStore {
     ) -> Result<TombstoneOutcome, StoreError> {
         let clock_now = self.clock.now();
         let mut state = self.lock();
+        state.sweep(clock_now);
         let key = outbox_key(txn_id);
         match Self::live(&state, &key, clock_now) {
             Some(Item::Outbox(record)) => Ok(TombstoneOutcome::Exists(record.clone())),
@@ -306,10 +362,8 @@ impl Store for EmbeddedStore {
                 reason: "not an outbox record".into(),
             }),
             None => {
-                state
-                    .items
-                    .insert(key, Item::Outbox(OutboxRecord::tombstone(txn_id, now, expires_at)));
-                state.history.push(StoreEvent::Tombstoned { txn_id, at: clock_now });
+                state.insert(key, Item::Outbox(OutboxRecord::tombstone(txn_id, now, expires_at)));
+                state.record(|| StoreEvent::Tombstoned { txn_id, at: clock_now });
                 Ok(TombstoneOutcome::Written)
             }
         }
@@ -318,6 +372,7 @@ impl Store for EmbeddedStore {
     async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
         let now = self.clock.now();
         let mut state = self.lock();
+        state.sweep(now);
         records
             .iter()
             .map(|read| {
@@ -336,8 +391,8 @@ impl Store for EmbeddedStore {
                         })
                     }
                 };
-                state.items.insert(key, Item::Outbox(record));
-                state.history.push(StoreEvent::MarkedDispatched {
+                state.insert(key, Item::Outbox(record));
+                state.record(|| StoreEvent::MarkedDispatched {
                     txn_id: *txn_id,
                     at: now,
                 });

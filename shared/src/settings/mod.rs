@@ -132,7 +132,7 @@ pub mod vars {
     pub const BACKOFF_CAP_SECONDS: &str = "OUTBOX_BACKOFF_CAP_SECONDS";
     /// Seconds, default 30.
     pub const MAX_COMMIT_DURATION_SECONDS: &str = "OUTBOX_MAX_COMMIT_DURATION_SECONDS";
-    /// Seconds, default 604800 (7 days).
+    /// Seconds, 60 to a year; default 604800 (7 days), or 60 on the embedded backend.
     pub const RETENTION_SECONDS: &str = "OUTBOX_RETENTION_SECONDS";
     /// Count, default 250.
     pub const MAX_MESSAGES_PER_TRANSACTION: &str = "OUTBOX_MAX_MESSAGES_PER_TRANSACTION";
@@ -182,6 +182,11 @@ impl fmt::Display for SettingsError {
         Ok(())
     }
 }
+
+/// How long the embedded backend keeps finished records unless told otherwise: long
+/// enough for a client to replay an idempotent request or read a transaction's status
+/// during development, short enough that a local server's memory stays flat.
+pub const EMBEDDED_RETENTION: Duration = Duration::from_secs(60);
 
 /// Set by AWS Lambda in every function's environment: where its runtime API is.
 const LAMBDA_RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
@@ -235,6 +240,12 @@ impl Settings {
             }
         };
         let destinations = reader.destinations();
+        // The embedded backend is for development: a long-running local server keeps
+        // finished records only briefly, so that its memory stays flat.
+        let default_retention = match backend {
+            Some(Backend::Embedded) => EMBEDDED_RETENTION,
+            _ => defaults.retention,
+        };
         let timing = Timing {
             first_check_delay: reader.seconds(vars::FIRST_CHECK_DELAY_SECONDS, defaults.first_check_delay, 0, 900),
             backoff_cap: reader.seconds(vars::BACKOFF_CAP_SECONDS, defaults.backoff_cap, 1, 900),
@@ -244,7 +255,7 @@ impl Settings {
                 1,
                 3600,
             ),
-            retention: reader.seconds(vars::RETENTION_SECONDS, defaults.retention, 3600, 365 * 24 * 3600),
+            retention: reader.seconds(vars::RETENTION_SECONDS, default_retention, 60, 365 * 24 * 3600),
         };
         let limits = TransactionLimits {
             max_messages: reader.count(vars::MAX_MESSAGES_PER_TRANSACTION, limits.max_messages, 1, 10_000),

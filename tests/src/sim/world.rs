@@ -340,8 +340,11 @@ impl World {
             (EVENTS.parse().expect("valid"), false),
             (AUDIT.parse().expect("valid"), true),
         ];
+        // The invariants are checked against what really happened.
+        let backend = EmbeddedBackend::new(clock.clone(), destinations);
+        backend.record();
         Self {
-            backend: EmbeddedBackend::new(clock.clone(), destinations),
+            backend,
             clock,
             gates: Gates::default(),
             ids: Arc::new(SimIds(AtomicU64::new(1))),
