@@ -304,6 +304,7 @@ class Load:
             while time.monotonic() < deadline:
                 kind, method, path, body, headers, order, context = self.plan()
                 started = time.perf_counter()
+                began = time.monotonic()
                 try:
                     status, answer_headers, answer = await conn.request(method, path, body, headers)
                 except (OSError, asyncio.IncompleteReadError, ValueError) as error:
@@ -315,7 +316,8 @@ class Load:
                 latency = time.perf_counter() - started
                 txn = answer_headers.get("x-transaction-id")
                 order_id = self.learn(kind, status, order, context, txn, answer)
-                record = {"kind": kind, "status": status, "latency": latency, "txn": txn, "order": order_id, "path": path}
+                record = {"kind": kind, "status": status, "latency": latency, "txn": txn, "order": order_id, "path": path,
+                          "began": began}
                 if (kind, status) not in EXPECTED or status >= 500:
                     record["body"] = answer.decode(errors="replace")[:300]
                 self.records.append(record)
@@ -330,7 +332,16 @@ class Load:
         others_cpu = {name: server_cpu_seconds(pid) for name, pid in self.args.other_pid}
         machine = machine_cpu()
         self.loadavg_before = loadavg()
+        self.rss = {"start": rss_mib(self.args.server_pid)}
+
+        async def middle():
+            await asyncio.sleep(self.args.duration / 2)
+            self.rss["middle"] = rss_mib(self.args.server_pid)
+
+        sampler = asyncio.ensure_future(middle())
         await asyncio.gather(*(self.worker(deadline) for _ in range(self.args.concurrency)))
+        self.rss["end"] = rss_mib(self.args.server_pid)
+        sampler.cancel()
         self.wall = time.monotonic() - started
         self.client_cpu = time.process_time() - cpu
         self.server_cpu = server_cpu_seconds(self.args.server_pid) - server_cpu
@@ -338,6 +349,18 @@ class Load:
         busy, total = (after - before for after, before in zip(machine_cpu(), machine))
         self.machine_busy = busy / total * os.cpu_count() * self.wall if total else float("nan")
         self.loadavg_after = loadavg()
+
+
+def rss_mib(pid):
+    """The resident set size of process `pid` in MiB, from /proc (None if unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def machine_cpu():
@@ -481,6 +504,9 @@ async def main():
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--duration", type=float, default=20)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--retention", type=float, default=604800,
+                        help="the server's OUTBOX_RETENTION_SECONDS: a transaction's record may be gone (status "
+                             "unknown) once this long has passed since its request began")
     parser.add_argument("--settle-timeout", type=float, default=30)
     parser.add_argument("--backend", choices=("embedded", "emulator"), default="embedded")
     parser.add_argument("--worker-log", help="the control worker's log (emulator)")
@@ -513,6 +539,10 @@ async def main():
     print(f"requests: {len(answered)} answered in {load.wall:.1f} s = {len(answered) / load.wall:.0f} requests/s; transport errors: {len(errors)}")
     print(f"latency (client-side, ms): p50 {percentile(latencies, 0.5):.2f}  p90 {percentile(latencies, 0.9):.2f}  "
           f"p99 {percentile(latencies, 0.99):.2f}  max {latencies[-1] if latencies else float('nan'):.2f}")
+    rss = {moment: load.rss.get(moment) for moment in ("start", "middle", "end")}
+    print("server memory (RSS, MiB): " + ", ".join(
+        f"{moment} {value:.0f}" if value is not None else f"{moment} ?" for moment, value in rss.items())
+        + (f"; end/middle {rss['end'] / rss['middle']:.2f}" if rss["end"] and rss["middle"] else ""))
     ncpu = os.cpu_count()
     print(f"cpu during the load: client (this Python process) {100 * load.client_cpu / load.wall:.0f}% of one core; "
           f"server {100 * load.server_cpu / load.wall:.0f}%; "
@@ -632,12 +662,21 @@ async def main():
     status_paths = [f"/transactions/{txn}" for txn in sorted(named)]
     order_paths = [f"/orders/{order_id}" for order_id in sorted(load.orders)]
     fetched = await fetch_all(args.port, status_paths + order_paths, args.concurrency)
+    fetched_by = time.monotonic()
     wrong_status = collections.Counter()
     examples = []
+    began = {r["txn"]: r["began"] for r in records if r.get("txn")}
+    expired = 0
     for txn in named:
         status, body = fetched[f"/transactions/{txn}"]
         state = json.loads(body).get("status") if status == 200 else f"HTTP {status}"
         expected = "dispatched" if txn in committed else "tombstoned"
+        # A record is written after its request began and kept for the retention from
+        # then at least: past that (with a margin), it may have expired, and its status
+        # is `unknown`; never the other outcome.
+        if state == "unknown" and began.get(txn, 0) + args.retention - 2 < fetched_by:
+            expired += 1
+            continue
         if state != expected:
             wrong_status[(expected, state)] += 1
             if len(examples) < 3:
@@ -657,7 +696,8 @@ async def main():
                 or events_of_order[order_id] != len(order.changes)):
             state_mismatch.append(f"{order_id}: version {view.get('version')}, {view.get('status')}, "
                                   f"{events_of_order[order_id]} events; expected {len(order.changes)} committed changes, {expected_status}")
-    print(f"checked {len(status_paths)} transaction statuses and {len(order_paths)} orders in {time.monotonic() - fetch_started:.1f} s")
+    print(f"checked {len(status_paths)} transaction statuses and {len(order_paths)} orders in {time.monotonic() - fetch_started:.1f} s"
+          + (f" ({expired} statuses `unknown`: their records had expired, {args.retention:g} s after their request)" if expired else ""))
 
     if emulator:
         print(f"messages published: {total_sends} events on the events queue for {len(published)} message ids "
