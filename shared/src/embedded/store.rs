@@ -25,17 +25,20 @@ const MAX_TRANSACTION_ACTIONS: usize = 100;
 /// adapter keeps for attribute names and overhead.
 const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
 
+/// An item as held: a business item's data as JSON text (a JSON value in memory takes
+/// several times its text, and a long-running server holds every order), the records
+/// boxed so that the map's nodes stay small.
 #[derive(Debug, Clone)]
 enum Item {
-    Business(VersionedItem),
-    Outbox(OutboxRecord),
-    Idempotency(IdempotencyRecord),
+    Business { version: u64, json: Box<str> },
+    Outbox(Box<OutboxRecord>),
+    Idempotency(Box<IdempotencyRecord>),
 }
 
 impl Item {
     fn is_expired(&self, now: Timestamp) -> bool {
         match self {
-            Self::Business(_) => false,
+            Self::Business { .. } => false,
             Self::Outbox(record) => record.is_expired(now),
             Self::Idempotency(record) => record.is_expired(now),
         }
@@ -43,7 +46,7 @@ impl Item {
 
     fn expires_at(&self) -> Option<Timestamp> {
         match self {
-            Self::Business(_) => None,
+            Self::Business { .. } => None,
             Self::Outbox(record) => record.expires_at,
             Self::Idempotency(record) => Some(record.expires_at),
         }
@@ -168,7 +171,7 @@ impl EmbeddedStore {
             .items
             .values()
             .filter_map(|item| match item {
-                Item::Outbox(record) => Some(record.clone()),
+                Item::Outbox(record) => Some(record.as_ref().clone()),
                 _ => None,
             })
             .collect()
@@ -180,7 +183,7 @@ impl EmbeddedStore {
             .items
             .values()
             .filter_map(|item| match item {
-                Item::Idempotency(record) => Some(record.clone()),
+                Item::Idempotency(record) => Some(record.as_ref().clone()),
                 _ => None,
             })
             .collect()
@@ -257,7 +260,7 @@ impl Store for EmbeddedStore {
         }
         for write in &request.writes {
             let current = match Self::live(&state, write.key().as_str(), now) {
-                Some(Item::Business(item)) => Some(item.version),
+                Some(Item::Business { version, .. }) => Some(*version),
                 _ => None,
             };
             let expected = match write {
@@ -288,12 +291,11 @@ impl Store for EmbeddedStore {
         for write in &request.writes {
             match write {
                 BusinessWrite::Put { key, data, expected } => {
-                    let item = VersionedItem {
-                        key: key.clone(),
+                    let item = Item::Business {
                         version: expected.next(),
-                        data: data.clone(),
+                        json: data.to_string().into_boxed_str(),
                     };
-                    state.insert(key.as_str().to_owned(), Item::Business(item));
+                    state.insert(key.as_str().to_owned(), item);
                 }
                 BusinessWrite::Delete { key, .. } => {
                     state.items.remove(key.as_str());
@@ -301,9 +303,9 @@ impl Store for EmbeddedStore {
                 BusinessWrite::Check { .. } => {}
             }
         }
-        state.insert(outbox_key, Item::Outbox(request.outbox.clone()));
+        state.insert(outbox_key, Item::Outbox(Box::new(request.outbox.clone())));
         if let (Some(key), Some(record)) = (idem_key, &request.idempotency) {
-            state.insert(key, Item::Idempotency(record.clone()));
+            state.insert(key, Item::Idempotency(Box::new(record.clone())));
         }
         state.record(|| StoreEvent::Committed {
             request: Box::new(request.clone()),
@@ -318,7 +320,14 @@ impl Store for EmbeddedStore {
         Ok(keys
             .iter()
             .filter_map(|key| match Self::live(&state, key.as_str(), now) {
-                Some(Item::Business(item)) => Some((key.clone(), item.clone())),
+                Some(Item::Business { version, json }) => Some((
+                    key.clone(),
+                    VersionedItem {
+                        key: key.clone(),
+                        version: *version,
+                        data: serde_json::from_str(json).expect("the store wrote this JSON itself"),
+                    },
+                )),
                 _ => None,
             })
             .collect())
@@ -330,7 +339,7 @@ impl Store for EmbeddedStore {
         Ok(txn_ids
             .iter()
             .filter_map(|txn_id| match Self::live(&state, &outbox_key(*txn_id), now) {
-                Some(Item::Outbox(record)) => Some((*txn_id, record.clone())),
+                Some(Item::Outbox(record)) => Some((*txn_id, record.as_ref().clone())),
                 _ => None,
             })
             .collect())
@@ -340,7 +349,7 @@ impl Store for EmbeddedStore {
         let now = self.clock.now();
         let state = self.lock();
         Ok(match Self::live(&state, &idempotency_key(slot), now) {
-            Some(Item::Idempotency(record)) => Some(record.clone()),
+            Some(Item::Idempotency(record)) => Some(record.as_ref().clone()),
             _ => None,
         })
     }
@@ -356,13 +365,13 @@ impl Store for EmbeddedStore {
         state.sweep(clock_now);
         let key = outbox_key(txn_id);
         match Self::live(&state, &key, clock_now) {
-            Some(Item::Outbox(record)) => Ok(TombstoneOutcome::Exists(record.clone())),
+            Some(Item::Outbox(record)) => Ok(TombstoneOutcome::Exists(record.as_ref().clone())),
             Some(_) => Err(StoreError::Corrupt {
                 key,
                 reason: "not an outbox record".into(),
             }),
             None => {
-                state.insert(key, Item::Outbox(OutboxRecord::tombstone(txn_id, now, expires_at)));
+                state.insert(key, Item::Outbox(Box::new(OutboxRecord::tombstone(txn_id, now, expires_at))));
                 state.record(|| StoreEvent::Tombstoned { txn_id, at: clock_now });
                 Ok(TombstoneOutcome::Written)
             }
@@ -391,7 +400,7 @@ impl Store for EmbeddedStore {
                         })
                     }
                 };
-                state.insert(key, Item::Outbox(record));
+                state.insert(key, Item::Outbox(Box::new(record)));
                 state.record(|| StoreEvent::MarkedDispatched {
                     txn_id: *txn_id,
                     at: now,
