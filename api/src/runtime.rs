@@ -50,6 +50,30 @@ impl Publisher for LoggingPublisher {
     }
 }
 
+/// How often the embedded server logs what it holds (while it works).
+const HELD_REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Logs what the embedded backend holds in memory: the application's items (they stay),
+/// the protocol's records (they expire), and the control and destination queues.
+fn log_held(backend: &EmbeddedBackend) {
+    let sizes = backend.store.sizes();
+    let destinations: usize = backend.publisher.destinations().values().map(|queue| queue.len()).sum();
+    let dropped: usize = backend
+        .publisher
+        .destinations()
+        .values()
+        .map(|queue| queue.dropped())
+        .sum();
+    tracing::info!(
+        business_items = sizes.business_items,
+        records = sizes.records,
+        control_messages = backend.control_queue.queue().len(),
+        events_kept = destinations,
+        events_dropped = dropped,
+        "embedded backend holds"
+    );
+}
+
 /// The HTTP configuration from the settings.
 pub fn http_config(settings: &Settings) -> HttpConfig {
     HttpConfig {
@@ -101,18 +125,30 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
             };
             let control = ControlPath::new(ports, settings.timing);
             let inbox = backend.control_queue.clone();
-            let worker =
-                tokio::spawn(async move {
-                    tracing::info!("control worker running in process (embedded backend)");
-                    poller::run(inbox.as_ref(), &control, std::time::Duration::from_millis(500), shutdown, |report| {
+            let held = backend.clone();
+            let worker = tokio::spawn(async move {
+                tracing::info!("control worker running in process (embedded backend)");
+                let mut last_report = std::time::Instant::now();
+                let on_batch = |report: &outbox::control::BatchReport| {
                     for item in &report.items {
                         if let Err(error) = &item.result {
                             tracing::warn!(message_id = %item.message_id, error = %error, "control message failed");
                         }
                     }
-                })
+                    if last_report.elapsed() >= HELD_REPORT_EVERY {
+                        last_report = std::time::Instant::now();
+                        log_held(&held);
+                    }
+                };
+                poller::run(
+                    inbox.as_ref(),
+                    &control,
+                    std::time::Duration::from_millis(500),
+                    shutdown,
+                    on_batch,
+                )
                 .await;
-                });
+            });
             Parts {
                 state: AppState {
                     outbox: Arc::new(outbox),

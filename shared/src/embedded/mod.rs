@@ -17,7 +17,7 @@ pub use clock::ManualClock;
 pub use control_queue::EmbeddedControlQueue;
 pub use publisher::EmbeddedPublisher;
 pub use queue::{EmbeddedQueue, QueueConfig, QueueFault, Received, SendRequest, SentMessage, DEDUPLICATION_WINDOW};
-pub use store::{EmbeddedStore, StoreEvent};
+pub use store::{EmbeddedStore, StoreEvent, StoreSizes};
 
 use crate::control::ControlPorts;
 use crate::destination::Target;

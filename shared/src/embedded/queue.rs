@@ -459,7 +459,10 @@ mod tests {
         assert_eq!(queue.bodies(), vec!["b", "c"]);
         assert_eq!(queue.dropped(), 1);
         let unlogged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| queue.sent()));
-        assert!(unlogged.is_err(), "reading a log nobody asked for is a test's mistake, said loudly");
+        assert!(
+            unlogged.is_err(),
+            "reading a log nobody asked for is a test's mistake, said loudly"
+        );
     }
 
     fn body(text: &str) -> SendRequest {

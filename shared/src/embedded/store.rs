@@ -118,6 +118,15 @@ impl State {
     }
 }
 
+/// What an embedded table holds, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreSizes {
+    /// The application's items: they stay until deleted.
+    pub business_items: usize,
+    /// The protocol's records: they expire after the retention.
+    pub records: usize,
+}
+
 /// The embedded table.
 pub struct EmbeddedStore {
     clock: Arc<dyn Clock>,
@@ -162,6 +171,21 @@ impl EmbeddedStore {
             .history
             .clone()
             .expect("call record_history() before reading history()")
+    }
+
+    /// How many items it holds: business items, and the protocol's records (outbox and
+    /// idempotency records, expired ones not yet swept included).
+    pub fn sizes(&self) -> StoreSizes {
+        let state = self.lock();
+        let business_items = state
+            .items
+            .values()
+            .filter(|item| matches!(item, Item::Business { .. }))
+            .count();
+        StoreSizes {
+            business_items,
+            records: state.items.len() - business_items,
+        }
     }
 
     /// Every outbox record physically present, expired or not (what a table scan would
@@ -371,7 +395,10 @@ impl Store for EmbeddedStore {
                 reason: "not an outbox record".into(),
             }),
             None => {
-                state.insert(key, Item::Outbox(Box::new(OutboxRecord::tombstone(txn_id, now, expires_at))));
+                state.insert(
+                    key,
+                    Item::Outbox(Box::new(OutboxRecord::tombstone(txn_id, now, expires_at))),
+                );
                 state.record(|| StoreEvent::Tombstoned { txn_id, at: clock_now });
                 Ok(TombstoneOutcome::Written)
             }

@@ -19,7 +19,10 @@ fn nothing_set_means_embedded_with_the_documented_defaults() {
     assert_eq!(settings.backend, Backend::Embedded);
     assert_eq!(settings.timing.first_check_delay, Duration::from_secs(1));
     assert_eq!(settings.timing.max_commit_duration, Duration::from_secs(30));
-    assert_eq!(settings.timing.retention, EMBEDDED_RETENTION, "a development backend keeps records briefly");
+    assert_eq!(
+        settings.timing.retention, EMBEDDED_RETENTION,
+        "a development backend keeps records briefly"
+    );
     assert!(settings.destinations.is_empty());
 }
 
@@ -48,7 +51,11 @@ fn inside_lambda_the_embedded_backend_is_refused_naming_the_variable() {
         (vars::CONTROL_QUEUE_URL, "https://sqs.us-east-1.amazonaws.com/1/c"),
     ]);
     assert!(aws.is_ok(), "{aws:?}");
-    assert_eq!(aws.unwrap().timing.retention, Duration::from_secs(604_800), "seven days on AWS");
+    assert_eq!(
+        aws.unwrap().timing.retention,
+        Duration::from_secs(604_800),
+        "seven days on AWS"
+    );
 }
 
 #[test]
