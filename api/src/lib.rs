@@ -12,7 +12,8 @@
 //! - [`orders`]: the example domain and its handlers, written against the public API of
 //!   the outbox library the way a user's own handlers would be.
 //! - [`transactions`]: the status of a transaction, for ambiguous answers.
-//! - [`extract`]: path parameters and JSON bodies that fail cleanly.
+//! - [`extract`]: path parameters and JSON bodies that fail cleanly; [`strict`]: the
+//!   document's rules serde's derive would not keep, as attributes.
 //! - [`rules`]: the input rules, written once for the checks and the document.
 //! - [`error`]: the one error type and its RFC 9457 mapping. [`openapi`]: the document.
 //! - [`runtime`]: from settings to a running service (embedded with its own worker, or
@@ -26,4 +27,5 @@ pub mod orders;
 pub mod rules;
 pub mod runtime;
 pub mod state;
+pub mod strict;
 pub mod transactions;

@@ -1,7 +1,7 @@
 //! The OpenAPI 3.1 document, generated from the handlers' annotations and the types
 //! they take and return, so that it cannot drift from the code. The input rules it states
 //! come from [`crate::rules`], which the handlers check; request bodies are held to it by
-//! [`crate::extract::JsonBody`].
+//! [`crate::extract::JsonBody`] with the rules of [`crate::strict`].
 
 use std::sync::OnceLock;
 

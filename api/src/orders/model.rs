@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::error::{ApiError, FieldError};
 use crate::rules::{self, schema};
+use crate::strict;
 
 /// Most line items an order may hold.
 pub const MAX_ITEMS: usize = *rules::LINE_ITEMS.end();
@@ -26,9 +27,11 @@ pub struct LineItem {
     pub sku: String,
     /// 1 to 999.
     #[schema(schema_with = schema::quantity)]
+    #[serde(deserialize_with = "strict::integer")]
     pub quantity: u32,
     /// Price of one unit in cents, 0 to 10,000,000.
     #[schema(schema_with = schema::unit_price_cents)]
+    #[serde(deserialize_with = "strict::integer")]
     pub unit_price_cents: u64,
 }
 
@@ -101,6 +104,7 @@ pub struct CreateOrder {
     pub customer_id: String,
     /// 1 to 50 lines with distinct SKUs.
     #[schema(schema_with = line_items)]
+    #[serde(deserialize_with = "strict::objects")]
     pub items: Vec<LineItem>,
 }
 
