@@ -235,9 +235,18 @@ async fn an_abandoned_transaction_costs_one_control_message_and_one_tombstone_wr
     let abandoned = txn.id();
     assert_eq!(txn.abandon().await, Settlement::Tombstoned);
     let request = counter.counts();
+    let request_replies = format!(
+        "PutItem {:?}, SendMessage {:?}",
+        counter.replies("PutItem"),
+        counter.replies("SendMessage")
+    );
     let (worker, checks) = settle_on_the_wire(&backend, &control, &counter, abandoned, timing.first_check_delay).await;
     println!("abandoned in the request path: request path {request:?}, control path {worker:?} over {checks} control message(s)");
-    assert_eq!(request, counts(&[("PutItem", 1), ("SendMessage", 1)]));
+    assert_eq!(
+        request,
+        counts(&[("PutItem", 1), ("SendMessage", 1)]),
+        "replies on the wire: {request_replies}"
+    );
     assert_eq!(worker, counts(&[("BatchGetItem", 1)]));
     assert_eq!(checks, 1);
 
@@ -249,7 +258,11 @@ async fn an_abandoned_transaction_costs_one_control_message_and_one_tombstone_wr
     assert_eq!(request, counts(&[("SendMessage", 1)]));
     assert_eq!(
         worker,
-        counts(&[("BatchGetItem", 2), ("PutItem", 1), ("SendMessage", 1)])
+        counts(&[("BatchGetItem", 2), ("PutItem", 1), ("SendMessage", 1)]),
+        "replies on the wire (the last check's): BatchGetItem {:?}, PutItem {:?}, SendMessage {:?}",
+        counter.replies("BatchGetItem"),
+        counter.replies("PutItem"),
+        counter.replies("SendMessage")
     );
     assert_eq!(checks, 2);
 }
