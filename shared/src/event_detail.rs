@@ -14,6 +14,11 @@
 
 use crate::protocol::OutgoingMessage;
 
+/// The field of `Detail` that holds the message's ids and attributes.
+pub const METADATA_FIELD: &str = "metadata";
+/// The field of `Detail` that holds the message's body.
+pub const DATA_FIELD: &str = "data";
+
 /// Most bytes of one `PutEvents` entry, as EventBridge counts them.
 pub const MAX_ENTRY_BYTES: usize = 256 * 1024;
 
@@ -27,7 +32,7 @@ pub fn detail(message: &OutgoingMessage) -> String {
     } else {
         serde_json::to_string(&message.body).expect("a string serialises")
     };
-    format!(r#"{{"metadata":{metadata},"data":{data}}}"#)
+    format!(r#"{{"{METADATA_FIELD}":{metadata},"{DATA_FIELD}":{data}}}"#)
 }
 
 /// The bytes EventBridge counts for the message's `PutEvents` entry: `Source`,

@@ -27,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod aws;
+pub mod consumer;
 pub mod control;
 pub mod destination;
 pub mod embedded;
@@ -42,6 +43,7 @@ pub mod protocol;
 pub mod publish;
 pub mod request;
 pub mod settings;
+pub mod staging;
 #[cfg(test)]
 mod test_log;
 pub mod time;

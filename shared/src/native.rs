@@ -117,13 +117,12 @@ impl NativeTransaction {
     /// idempotency record. A commit over the budget fails before it is sent, saying how
     /// much the outbox took. No two actions may touch one item.
     pub fn action(&mut self, action: NativeAction) -> usize {
-        self.inner.native.push(action);
-        self.inner.native.len() - 1
+        self.inner.staging.action(action)
     }
 
     /// The native actions added so far.
     pub fn actions(&self) -> &[NativeAction] {
-        &self.inner.native
+        self.inner.staging.actions()
     }
 
     /// Commits the native actions, the portable writes and the messages atomically with

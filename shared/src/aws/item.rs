@@ -30,11 +30,11 @@ pub(crate) type Item = HashMap<String, AttributeValue>;
 pub const PART_BYTES: usize = 350_000;
 
 pub(crate) fn outbox_pk(txn_id: TxnId) -> String {
-    format!("TXN#{txn_id}")
+    txn_id.record_key()
 }
 
 pub(crate) fn part_pk(txn_id: TxnId, part: usize) -> String {
-    format!("TXN#{txn_id}#PART#{part}")
+    format!("{}#PART#{part}", txn_id.record_key())
 }
 
 pub(crate) fn idempotency_pk(slot: &IdempotencySlot) -> String {
@@ -235,6 +235,9 @@ pub(crate) fn outbox_items(
     if let Some(at) = record.expires_at {
         main.insert(layout.ttl_attribute.clone(), n(ttl_seconds(at)));
     }
+    if let Some(attempt) = record.attempt {
+        main.insert("attempt".into(), s(attempt.to_string()));
+    }
     if groups.len() > 1 {
         main.insert("parts".into(), n(groups.len()));
     }
@@ -253,7 +256,7 @@ pub(crate) fn outbox_items(
 
 /// The main item of a record marked dispatched: its messages dropped, its TTL set.
 pub(crate) fn dispatched_item(layout: &TableLayout, record: &OutboxRecord, expires_at: Timestamp) -> Item {
-    layout.item(
+    let mut item = layout.item(
         &outbox_pk(record.txn_id),
         [
             ("txn_id".to_owned(), s(record.txn_id.to_string())),
@@ -261,7 +264,11 @@ pub(crate) fn dispatched_item(layout: &TableLayout, record: &OutboxRecord, expir
             ("created_at".to_owned(), n(record.created_at.as_millis())),
             (layout.ttl_attribute.clone(), n(ttl_seconds(expires_at))),
         ],
-    )
+    );
+    if let Some(attempt) = record.attempt {
+        item.insert("attempt".into(), s(attempt.to_string()));
+    }
+    item
 }
 
 /// An outbox record from its main item and its parts, in order.
@@ -297,7 +304,15 @@ pub(crate) fn outbox_from_items(
         messages,
         created_at: Timestamp::from_millis(reader.number("created_at")?),
         expires_at: reader.expires_at()?,
+        attempt: attempt_of(main).map_err(|()| reader.corrupt("bad attempt"))?,
     })
+}
+
+/// The `attempt` of a record's main item, if it names one.
+pub(crate) fn attempt_of(main: &Item) -> Result<Option<TxnId>, ()> {
+    main.get("attempt")
+        .map(|value| value.as_s().map_err(|_| ())?.parse().map_err(|_| ()))
+        .transpose()
 }
 
 pub(crate) fn idempotency_item(layout: &TableLayout, record: &IdempotencyRecord) -> Item {

@@ -5,6 +5,7 @@
 
 mod clock;
 mod control_queue;
+mod inbox;
 mod publisher;
 mod queue;
 mod store;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 pub use clock::ManualClock;
 pub use control_queue::EmbeddedControlQueue;
+pub use inbox::EmbeddedInbox;
 pub use publisher::EmbeddedPublisher;
 pub use queue::{EmbeddedQueue, QueueConfig, QueueFault, Received, SendRequest, SentMessage, DEDUPLICATION_WINDOW};
 pub use store::{EmbeddedStore, StoreEvent, StoreSizes};
@@ -139,6 +141,17 @@ impl EmbeddedBackend {
         RequestPorts {
             store: self.store.clone(),
             control_queue: self.control_queue.clone(),
+            clock,
+            ids: Arc::new(RandomIds),
+        }
+    }
+
+    /// A consumer's ports over this backend (its table and destinations), with random
+    /// attempt ids.
+    pub fn consumer_ports(&self, clock: Arc<dyn Clock>) -> crate::consumer::ConsumerPorts {
+        crate::consumer::ConsumerPorts {
+            store: self.store.clone(),
+            publisher: self.publisher.clone(),
             clock,
             ids: Arc::new(RandomIds),
         }

@@ -134,7 +134,7 @@ pub struct EmbeddedStore {
 }
 
 fn outbox_key(txn_id: TxnId) -> String {
-    format!("TXN#{txn_id}")
+    txn_id.record_key()
 }
 
 fn idempotency_key(slot: &IdempotencySlot) -> String {
@@ -224,7 +224,7 @@ impl EmbeddedStore {
 fn first_failure(reasons: Vec<CommitError>) -> Option<CommitError> {
     let rank = |error: &CommitError| match error {
         CommitError::IdempotencyKeyUsed { .. } => 0,
-        CommitError::Tombstoned { .. } => 1,
+        CommitError::Tombstoned { .. } | CommitError::Superseded { .. } => 1,
         _ => 2,
     };
     reasons.into_iter().min_by_key(rank)
@@ -279,7 +279,11 @@ impl Store for EmbeddedStore {
             None => {}
             // This transaction's own record: an earlier attempt applied. The commit is
             // atomic, so that attempt wrote everything; report success.
-            Some(Item::Outbox(record)) if record.state != OutboxState::Tombstone => return Ok(()),
+            Some(Item::Outbox(record)) if request.outbox.is_own(record) => return Ok(()),
+            // A rival attempt's (a consumed message's record, written by another copy).
+            Some(Item::Outbox(record)) if record.state != OutboxState::Tombstone => {
+                reasons.push(CommitError::Superseded { txn_id: request.txn_id })
+            }
             Some(_) => reasons.push(CommitError::Tombstoned { txn_id: request.txn_id }),
         }
         for write in &request.writes {

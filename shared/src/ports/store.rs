@@ -17,20 +17,20 @@ use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::time::Timestamp;
 
 /// The key of a business item, chosen by the application (`ORDER#42`). 1 to 1024 bytes;
-/// the prefixes `TXN#` and `IDEM#` belong to the protocol's records.
+/// the prefixes `TXN#`, `IN#` and `IDEM#` belong to the protocol's records.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ItemKey(String);
 
 /// A key that breaks the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("item key must be 1 to 1024 bytes and must not start with TXN# or IDEM#")]
+#[error("item key must be 1 to 1024 bytes and must not start with TXN#, IN# or IDEM#")]
 pub struct InvalidItemKey;
 
 impl FromStr for ItemKey {
     type Err = InvalidItemKey;
 
     fn from_str(input: &str) -> Result<Self, Self::Err> {
-        let reserved = input.starts_with("TXN#") || input.starts_with("IDEM#");
+        let reserved = ["TXN#", "IN#", "IDEM#"].iter().any(|prefix| input.starts_with(prefix));
         ((1..=1024).contains(&input.len()) && !reserved)
             .then(|| Self(input.to_owned()))
             .ok_or(InvalidItemKey)
@@ -151,6 +151,14 @@ pub enum CommitError {
         /// The transaction.
         txn_id: TxnId,
     },
+    /// Another attempt committed this transaction's record first (a consumed message's
+    /// record, which every copy of the message races to write). Nothing of this attempt
+    /// was written; the record found is the winner's.
+    #[error("another attempt committed record {txn_id} first")]
+    Superseded {
+        /// The transaction.
+        txn_id: TxnId,
+    },
     /// A business item was not at the expected version. Nothing was written.
     #[error("item {key} is not at the expected version")]
     VersionConflict {
@@ -245,9 +253,10 @@ pub trait Store: Send + Sync {
     /// Applies `request` atomically, or nothing of it.
     ///
     /// The outbox put succeeds only where no record exists for the transaction. If one
-    /// does and it is this transaction's own committed record (a retried commit whose
-    /// first attempt applied), the commit has happened and this returns `Ok`, whatever the
-    /// other conditions say.
+    /// does and it is this very record committed ([`OutboxRecord::is_own`]: a retried
+    /// commit whose first request applied), the commit has happened and this returns
+    /// `Ok`, whatever the other conditions say; another attempt's committed record is
+    /// [`CommitError::Superseded`], a tombstone [`CommitError::Tombstoned`].
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError>;
 
     /// Whether [`Self::commit_native`] runs native actions. False unless a store says
@@ -315,7 +324,7 @@ mod tests {
     #[test]
     fn item_keys_keep_out_of_the_protocol_prefixes() {
         assert!("ORDER#1".parse::<ItemKey>().is_ok());
-        for bad in ["", "TXN#x", "IDEM#x", &"k".repeat(1025)] {
+        for bad in ["", "TXN#x", "IN#x", "IDEM#x", &"k".repeat(1025)] {
             assert!(bad.parse::<ItemKey>().is_err(), "{bad:?} accepted");
         }
     }

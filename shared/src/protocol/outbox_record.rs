@@ -45,6 +45,11 @@ pub struct OutboxRecord {
     /// When it may be deleted (TTL). `None` only while pending: a pending record must
     /// outlive any delay in dispatching it (invariant I1); every other state expires (I6).
     pub expires_at: Option<Timestamp>,
+    /// The attempt that committed it, where several attempts race to commit one record
+    /// (a consumed message's, [`TxnId::consumed`]): the store tells its own record from
+    /// a rival's by it. `None` for the request path, whose transaction id is its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<TxnId>,
 }
 
 impl OutboxRecord {
@@ -63,7 +68,21 @@ impl OutboxRecord {
             messages,
             created_at: now,
             expires_at: (state != OutboxState::Pending).then_some(expires_at),
+            attempt: None,
         }
+    }
+
+    /// This record, committed by attempt `attempt` (see [`Self::attempt`]).
+    pub fn by_attempt(mut self, attempt: TxnId) -> Self {
+        self.attempt = Some(attempt);
+        self
+    }
+
+    /// Whether `other`, found where this record was to be written, is this very record
+    /// committed: same transaction, same attempt, not a tombstone. An earlier request of
+    /// the same commit applied, and the commit has happened.
+    pub fn is_own(&self, other: &OutboxRecord) -> bool {
+        other.txn_id == self.txn_id && other.attempt == self.attempt && other.state != OutboxState::Tombstone
     }
 
     /// A tombstone for `txn_id`.
@@ -74,6 +93,7 @@ impl OutboxRecord {
             messages: Vec::new(),
             created_at: now,
             expires_at: Some(expires_at),
+            attempt: None,
         }
     }
 

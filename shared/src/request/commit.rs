@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::settle::{settle_bound, within, SETTLE_RESERVE};
 use super::{Committed, Settlement, Transaction, TxnError};
 use crate::ports::{CommitError, CommitRequest};
-use crate::protocol::{IdempotencyRecord, MessageId, OutboxRecord, OutboxState, OutgoingMessage};
+use crate::protocol::{IdempotencyRecord, MessageId, OutboxRecord, OutboxState};
 use crate::time::Timestamp;
 
 /// Commits tried at most, when the store answers "contention" or "unknown outcome".
@@ -28,7 +28,7 @@ impl Transaction {
     #[tracing::instrument(skip_all, fields(txn_id = %self.txn_id))]
     pub async fn commit(mut self) -> Result<Committed, TxnError> {
         let txn_id = self.txn_id;
-        let message_ids: Vec<MessageId> = self.messages.iter().map(|message| message.id.clone()).collect();
+        let message_ids: Vec<MessageId> = self.staging.messages.iter().map(|message| message.id.clone()).collect();
         let mut request: Option<CommitRequest> = None;
         // The error of an attempt whose outcome was unknown, when a definite refusal
         // came after it.
@@ -131,7 +131,7 @@ impl Transaction {
                 *request = Some(self.request(now));
             }
             let sent = request.as_ref().expect("just built");
-            let commit = ports.store.commit_native(sent, &self.native);
+            let commit = ports.store.commit_native(sent, &self.staging.native);
             let outcome = within(ports.clock.as_ref(), attempts_until, commit).await;
             let error = match outcome {
                 Some(Ok(())) => {
@@ -174,7 +174,10 @@ impl Transaction {
                         item,
                     })
                 }
-                CommitError::NativeUnsupported => return Err(TxnError::NotCommitted { txn_id, source: error }),
+                // A request path's record has no rival attempts: its id is its own.
+                CommitError::NativeUnsupported | CommitError::Superseded { .. } => {
+                    return Err(TxnError::NotCommitted { txn_id, source: error })
+                }
                 CommitError::Contention(_) | CommitError::Unavailable(_) | CommitError::Invalid { .. } => {
                     return Err(match unknown.take() {
                         Some(source) => TxnError::Ambiguous { txn_id, source },
@@ -188,34 +191,20 @@ impl Transaction {
     }
 
     fn check_limits(&self) -> Result<(), TxnError> {
-        let limits = &self.outbox.limits;
-        let bytes: usize = self.messages.iter().map(OutgoingMessage::payload_bytes).sum();
-        let reason = if self.messages.len() > limits.max_messages {
-            format!(
-                "{} messages, at most {} allowed",
-                self.messages.len(),
-                limits.max_messages
-            )
-        } else if bytes > limits.max_message_bytes {
-            format!(
-                "{bytes} bytes of messages, at most {} allowed",
-                limits.max_message_bytes
-            )
-        } else {
-            return Ok(());
-        };
-        Err(TxnError::TooLarge {
-            txn_id: self.txn_id,
-            reason,
-        })
+        self.staging
+            .check_limits(&self.outbox.limits)
+            .map_err(|reason| TxnError::TooLarge {
+                txn_id: self.txn_id,
+                reason,
+            })
     }
 
     fn request(&self, now: Timestamp) -> CommitRequest {
         let expires_at = now.plus(self.outbox.timing.retention);
         CommitRequest {
             txn_id: self.txn_id,
-            writes: self.writes.values().cloned().collect(),
-            outbox: OutboxRecord::committed(self.txn_id, self.messages.clone(), now, expires_at),
+            writes: self.staging.writes.values().cloned().collect(),
+            outbox: OutboxRecord::committed(self.txn_id, self.staging.messages.clone(), now, expires_at),
             idempotency: self
                 .idempotency
                 .as_ref()

@@ -1,6 +1,5 @@
 //! The entry point of the request path: its ports, and beginning transactions.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::settle::within;
@@ -9,6 +8,7 @@ use super::{Transaction, TxnError};
 use crate::ports::{Clock, ControlQueue, IdSource, Publisher, QueueError, Store, StoreError};
 use crate::protocol::{ControlMessage, OutboxState, TxnId};
 use crate::settings::{Settings, Timing, TransactionLimits};
+use crate::staging::Staging;
 use crate::time::Timestamp;
 
 /// The ports the request path uses.
@@ -148,10 +148,8 @@ impl Outbox {
             txn_id,
             first_sent_at: now,
             deadline,
-            writes: BTreeMap::new(),
-            native: Vec::new(),
+            staging: Staging::new(txn_id, Arc::clone(&self.ports.store)),
             on_commit: Vec::new(),
-            messages: Vec::new(),
             idempotency: None,
         };
         if let Some(watch) = watch {

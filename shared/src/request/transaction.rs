@@ -6,8 +6,9 @@ use serde_json::Value;
 
 use super::settle::settle_bound;
 use super::{InlineDispatch, Outbox, Settlement, TxnError};
-use crate::ports::{BusinessWrite, ExpectedVersion, ItemKey, NativeAction, VersionedItem};
+use crate::ports::{ExpectedVersion, ItemKey, StoreError, VersionedItem};
 use crate::protocol::{IdempotencySlot, Message, MessageId, OutgoingMessage, StoredResponse, TxnId};
+use crate::staging::Staging;
 use crate::time::Timestamp;
 
 /// A transaction that can be committed: a [`Transaction`], or a
@@ -58,12 +59,10 @@ pub struct Transaction {
     pub(super) txn_id: TxnId,
     pub(super) first_sent_at: Timestamp,
     pub(super) deadline: Option<Timestamp>,
-    pub(super) writes: BTreeMap<ItemKey, BusinessWrite>,
-    /// The application's native actions ([`crate::native`] stages them), in order.
-    pub(crate) native: Vec<NativeAction>,
+    /// The business writes (portable, and native through [`crate::native`]) and messages.
+    pub(crate) staging: Staging,
     /// Each told once, just before the first commit attempt reaches the store.
     pub(super) on_commit: Vec<Box<dyn FnOnce(TxnId) + Send + Sync + 'static>>,
-    pub(super) messages: Vec<OutgoingMessage>,
     pub(super) idempotency: Option<(IdempotencySlot, String, StoredResponse)>,
 }
 
@@ -89,55 +88,49 @@ impl Transaction {
 
     /// Reads one business item, strongly consistent.
     pub async fn get(&self, key: &ItemKey) -> Result<Option<VersionedItem>, TxnError> {
-        Ok(self.get_many(std::slice::from_ref(key)).await?.remove(key))
+        self.staging.get(key).await.map_err(|source| self.read_error(source))
     }
 
     /// Reads several business items in one call, strongly consistent.
     pub async fn get_many(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, TxnError> {
-        self.outbox
-            .ports
-            .store
-            .get_items(keys)
+        self.staging
+            .get_many(keys)
             .await
-            .map_err(|source| TxnError::Read {
-                txn_id: self.txn_id,
-                source,
-            })
+            .map_err(|source| self.read_error(source))
+    }
+
+    fn read_error(&self, source: StoreError) -> TxnError {
+        TxnError::Read {
+            txn_id: self.txn_id,
+            source,
+        }
     }
 
     /// Stages a put of `data` to `key`, conditioned on `expected`. A later write to the
     /// same key replaces this one.
     pub fn put(&mut self, key: ItemKey, data: Value, expected: ExpectedVersion) {
-        self.stage(BusinessWrite::Put { key, data, expected });
+        self.staging.put(key, data, expected);
     }
 
     /// Stages a delete of `key`, conditioned on its `version`.
     pub fn delete(&mut self, key: ItemKey, version: u64) {
-        self.stage(BusinessWrite::Delete { key, version });
+        self.staging.delete(key, version);
     }
 
     /// Makes the commit depend on `key` being as `expected`, without writing it.
     pub fn check(&mut self, key: ItemKey, expected: ExpectedVersion) {
-        self.stage(BusinessWrite::Check { key, expected });
-    }
-
-    fn stage(&mut self, write: BusinessWrite) {
-        self.writes.insert(write.key().clone(), write);
+        self.staging.check(key, expected);
     }
 
     /// Emits a message, published if and only if this transaction commits. Returns its
     /// stable id.
     pub fn emit(&mut self, message: Message) -> MessageId {
-        let position = u32::try_from(self.messages.len()).unwrap_or(u32::MAX);
-        let outgoing = OutgoingMessage::new(self.txn_id, position, message);
-        let id = outgoing.id.clone();
-        self.messages.push(outgoing);
-        id
+        self.staging.emit(message)
     }
 
     /// The messages emitted so far.
     pub fn messages(&self) -> &[OutgoingMessage] {
-        &self.messages
+        self.staging.messages()
     }
 
     /// Commits, with the transaction, the response that repeats of this request under

@@ -11,12 +11,12 @@ use aws_sdk_dynamodb::types::{
     TransactWriteItem,
 };
 
-use crate::aws::item::{business_item, idempotency_item, n, outbox_items};
+use crate::aws::item::{attempt_of, business_item, idempotency_item, n, outbox_items};
 use crate::aws::size::{action_bytes, item_bytes};
 use crate::ports::{
     BoxError, BusinessWrite, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction, Store,
 };
-use crate::protocol::{IdempotencySlot, OutboxState, TxnId};
+use crate::protocol::{IdempotencySlot, OutboxRecord, OutboxState};
 use crate::settings::TableLayout;
 
 use super::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES, PART_ORPHAN_GUARD};
@@ -226,11 +226,18 @@ impl DynamoStore {
                         .item()
                         .and_then(|item| item.get("txn_id"))
                         .and_then(|v| v.as_s().ok());
+                    let attempt = reason.item().map(attempt_of);
+                    let same_txn = txn == Some(&request.txn_id.to_string());
                     match state.map(String::as_str) {
-                        // This transaction's own record: an earlier attempt (whose reply was
+                        // This transaction's own record: an earlier request (whose reply was
                         // lost) committed everything. Atomicity makes the other reasons moot.
-                        Some("pending" | "dispatched") if txn == Some(&request.txn_id.to_string()) => {
+                        Some("pending" | "dispatched") if same_txn && attempt == Some(Ok(request.outbox.attempt)) => {
                             return Explained::Decided(Ok(()))
+                        }
+                        // Another attempt's (a consumed message's record, which every copy
+                        // of the message races to write).
+                        Some("pending" | "dispatched") if same_txn => {
+                            failures.push((1, CommitError::Superseded { txn_id: request.txn_id }))
                         }
                         // No old item came back (an engine that leaves `ALL_OLD` out): the
                         // record may be this transaction's own as well as a tombstone.
@@ -287,10 +294,12 @@ impl DynamoStore {
     /// Reads the record that blocked transaction `txn_id`'s commit, when the cancellation
     /// did not return it: its own committed record means an earlier attempt committed
     /// everything; a tombstone (or nothing any more) leaves `otherwise`.
-    async fn blocked_by(&self, txn_id: TxnId, otherwise: CommitError) -> Result<(), CommitError> {
+    async fn blocked_by(&self, sent: &OutboxRecord, otherwise: CommitError) -> Result<(), CommitError> {
+        let txn_id = sent.txn_id;
         match self.get_outboxes(&[txn_id]).await {
             Ok(mut found) => match found.remove(&txn_id) {
-                Some(record) if record.state != OutboxState::Tombstone => Ok(()),
+                Some(record) if sent.is_own(&record) => Ok(()),
+                Some(record) if record.state != OutboxState::Tombstone => Err(CommitError::Superseded { txn_id }),
                 _ => Err(otherwise),
             },
             // This request wrote nothing, but whether an earlier one did is unknown.
@@ -304,7 +313,10 @@ impl DynamoStore {
             .client
             .transact_write_items()
             .set_transact_items(Some(items))
-            .client_request_token(request.txn_id.to_string())
+            // The attempt's own token where several attempts race for one record (a
+            // consumed message's): a rival's commit is then a cancellation naming the
+            // winner's record, not a repeat of it.
+            .client_request_token(request.outbox.attempt.unwrap_or(request.txn_id).to_string())
             // One request per call: the SDK would retry a timed-out request and return
             // only the last request's error, hiding one that may still apply (DESIGN.md
             // section 3). The request path retries instead, and counts every request.
@@ -322,7 +334,7 @@ impl DynamoStore {
                     let reasons = cancelled.cancellation_reasons().to_vec();
                     match Self::explain(request, &roles, &reasons, Box::new(error)) {
                         Explained::Decided(result) => result,
-                        Explained::ReadRecord { otherwise } => self.blocked_by(request.txn_id, otherwise).await,
+                        Explained::ReadRecord { otherwise } => self.blocked_by(&request.outbox, otherwise).await,
                     }
                 }
                 TransactWriteItemsError::ProvisionedThroughputExceededException(_)

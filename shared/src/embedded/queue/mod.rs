@@ -104,6 +104,8 @@ pub struct Received {
     pub body: String,
     /// The attributes.
     pub attributes: BTreeMap<String, String>,
+    /// The FIFO message group, on a FIFO queue.
+    pub group_id: Option<String>,
     /// Receives so far, this one included.
     pub receive_count: u32,
 }
@@ -304,6 +306,7 @@ impl EmbeddedQueue {
                     receipt,
                     body: message.request.body.clone(),
                     attributes: message.request.attributes.clone(),
+                    group_id: message.request.group_id.clone(),
                     receive_count: message.receive_count,
                 });
                 index += 1;

@@ -1,0 +1,94 @@
+//! A batch of deliveries: the messages of one FIFO group one after the other, in order,
+//! a failure failing the rest of its group; everything else concurrently. Each message
+//! gets its own result, so one failure never fails its neighbours.
+
+use std::collections::BTreeMap;
+
+use futures_util::future::join_all;
+
+use super::{ConsumeError, ConsumeOutcome, Consumer, Delivery};
+
+/// The result for one delivery of a batch.
+#[derive(Debug)]
+pub struct ItemReport {
+    /// The queue's id of the message.
+    pub message_id: String,
+    /// What happened.
+    pub result: Result<ConsumeOutcome, ConsumeError>,
+}
+
+/// The results for a batch, one per delivery, in the batch's order.
+#[derive(Debug, Default)]
+pub struct BatchReport {
+    /// One per delivery.
+    pub items: Vec<ItemReport>,
+}
+
+impl BatchReport {
+    /// The queue ids of the messages that must come back (the partial batch response).
+    pub fn failed_message_ids(&self) -> Vec<&str> {
+        self.items
+            .iter()
+            .filter(|item| item.result.is_err())
+            .map(|item| item.message_id.as_str())
+            .collect()
+    }
+}
+
+impl Consumer {
+    /// Processes a batch: each FIFO group in order (after a failure, the rest of that
+    /// group fails untried: SQS delivers a group in order only if its failures come back
+    /// before what follows them), every group and every message of a standard queue
+    /// concurrently.
+    pub async fn consume_batch(&self, deliveries: &[Delivery]) -> BatchReport {
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut fifo: BTreeMap<&str, usize> = BTreeMap::new();
+        for (index, delivery) in deliveries.iter().enumerate() {
+            match &delivery.group_id {
+                Some(group) => match fifo.get(group.as_str()) {
+                    Some(&at) => groups[at].push(index),
+                    None => {
+                        fifo.insert(group, groups.len());
+                        groups.push(vec![index]);
+                    }
+                },
+                None => groups.push(vec![index]),
+            }
+        }
+        let runs = groups.iter().map(|group| async move {
+            let mut results = Vec::with_capacity(group.len());
+            let mut failed = false;
+            for &index in group {
+                let result = if failed {
+                    Err(ConsumeError::EarlierInGroupFailed)
+                } else {
+                    self.consume(&deliveries[index]).await
+                };
+                failed |= result.is_err();
+                results.push((index, result));
+            }
+            results
+        });
+        let mut results: Vec<Option<Result<ConsumeOutcome, ConsumeError>>> =
+            std::iter::repeat_with(|| None).take(deliveries.len()).collect();
+        for (index, result) in join_all(runs).await.into_iter().flatten() {
+            results[index] = Some(result);
+        }
+        let items = deliveries
+            .iter()
+            .zip(results)
+            .map(|(delivery, result)| {
+                let result = result.expect("every delivery is in one group");
+                match &result {
+                    Ok(outcome) => tracing::info!(queue_message_id = %delivery.message_id, outcome = outcome.as_str(), "message consumed"),
+                    Err(error) => tracing::warn!(queue_message_id = %delivery.message_id, error = %aws_smithy_types::error::display::DisplayErrorContext(error), "message failed"),
+                }
+                ItemReport {
+                    message_id: delivery.message_id.clone(),
+                    result,
+                }
+            })
+            .collect();
+        BatchReport { items }
+    }
+}

@@ -1,0 +1,338 @@
+//! One incoming message through the application's handler, exactly once in effect
+//! (DESIGN.md section 10, steps 1 to 5).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::{ConsumerName, Delivery, Handler, HandlerError, Incoming, MessageIds, NoId};
+use crate::ports::{Clock, CommitError, CommitRequest, IdSource, Publisher, Store, StoreError};
+use crate::protocol::{OutboxRecord, OutboxState, OutgoingMessage, TxnId};
+use crate::publish::{publish_all, PublishFailure, RetryPolicy};
+use crate::settings::TransactionLimits;
+use crate::staging::Staging;
+
+/// Runs of the handler for one message at most, when a business condition fails at the
+/// commit (each run reads afresh); then the message fails, and the queue brings it back.
+pub const HANDLER_RUNS: u32 = 3;
+/// Reads of a message's record at most, each followed by a commit attempt when the record
+/// is absent: contention, an unknown outcome or a rival copy's commit start a new round.
+pub const ROUNDS: u32 = 6;
+/// The wait before a round that follows contention or an unknown outcome; doubled for
+/// each further one.
+const ROUND_DELAY: Duration = Duration::from_millis(25);
+
+/// The ports a consumer uses.
+#[derive(Clone)]
+pub struct ConsumerPorts {
+    /// The table of the consumer's business items and records.
+    pub store: Arc<dyn Store>,
+    /// Where its outgoing messages go.
+    pub publisher: Arc<dyn Publisher>,
+    /// Wall-clock time.
+    pub clock: Arc<dyn Clock>,
+    /// The ids of commit attempts (each attempt's own, so the store tells its record
+    /// from a rival copy's).
+    pub ids: Arc<dyn IdSource>,
+}
+
+/// What processing one message did. Logs, metrics and tests use these words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConsumeOutcome {
+    /// The handler ran, its effects committed, its messages went out.
+    Processed {
+        /// How many messages it emitted.
+        messages: usize,
+    },
+    /// A committed record was waiting (an earlier attempt crashed or failed after its
+    /// commit, or a copy is being processed concurrently): its stored messages went out;
+    /// the handler did not run.
+    Resumed {
+        /// How many messages were published.
+        messages: usize,
+    },
+    /// Another copy committed while this one ran the handler: this run's effects were
+    /// dropped, and the winner's stored messages went out.
+    Adopted {
+        /// How many messages were published.
+        messages: usize,
+    },
+    /// Processed before, its messages out: acknowledged with nothing done.
+    Duplicate,
+}
+
+impl ConsumeOutcome {
+    /// A short name for logs and metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Processed { .. } => "processed",
+            Self::Resumed { .. } => "resumed",
+            Self::Adopted { .. } => "adopted",
+            Self::Duplicate => "duplicate",
+        }
+    }
+}
+
+/// Why a message failed: it goes back to the queue (and after the redrive policy's
+/// receive count to the dead-letter queue). Whatever was committed stays committed, and
+/// the next delivery resumes from it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// The message has no usable id; it is never processed without one (C5).
+    #[error(transparent)]
+    NoId(#[from] NoId),
+    /// Reading the message's record failed.
+    #[error("reading the message's record failed")]
+    Read(#[source] StoreError),
+    /// The handler failed; nothing of its run was written.
+    #[error("the handler failed")]
+    Handler(#[source] HandlerError),
+    /// A business condition failed at every commit, however many times the handler ran
+    /// on fresh reads.
+    #[error("a business condition failed in each of {runs} runs of the handler")]
+    Conflict {
+        /// Runs of the handler.
+        runs: u32,
+        /// The last commit's refusal.
+        #[source]
+        source: CommitError,
+    },
+    /// The commit was refused for good (too large, invalid, native actions on a store
+    /// that cannot run them); nothing was written.
+    #[error("the commit was refused")]
+    Refused(#[source] CommitError),
+    /// Every round met contention or an unknown outcome; an attempt may still apply, and
+    /// the next delivery will find its record.
+    #[error("the commit was not settled in {ROUNDS} rounds")]
+    Unsettled(#[source] CommitError),
+    /// Some outgoing messages could not be published; the record stays pending and the
+    /// next delivery publishes them again, under the same ids.
+    #[error("{failed} of {total} outgoing messages could not be published")]
+    Publish {
+        /// How many failed.
+        failed: usize,
+        /// How many the message emitted.
+        total: usize,
+        /// The first failure.
+        first: PublishFailure,
+    },
+    /// The messages went out, but marking the record dispatched failed; the next
+    /// delivery publishes them again (same ids) and marks it.
+    #[error("marking the record dispatched failed")]
+    Mark(#[source] StoreError),
+    /// The record holds a state no consumer writes (a tombstone).
+    #[error("the message's record {txn_id} is a tombstone, which no consumer writes")]
+    Corrupt {
+        /// The record.
+        txn_id: TxnId,
+    },
+    /// An earlier message of its FIFO group failed in this batch: it was not tried, so
+    /// that the group stays in order.
+    #[error("an earlier message of its FIFO group failed")]
+    EarlierInGroupFailed,
+}
+
+/// A consumer: one handler, its name, and what it needs. Build one per process and share
+/// it.
+pub struct Consumer {
+    name: ConsumerName,
+    ports: ConsumerPorts,
+    handler: Arc<dyn Handler>,
+    retention: Duration,
+    message_ids: MessageIds,
+    limits: TransactionLimits,
+    retry: RetryPolicy,
+}
+
+impl Consumer {
+    /// Consumer `name` running `handler` over `ports`, keeping each message's dedup data
+    /// for `retention` from its dispatch ([`super::Retention`] derives it); messages are
+    /// recognised by this library's ids ([`MessageIds::Outbox`]).
+    pub fn new(name: ConsumerName, ports: ConsumerPorts, handler: Arc<dyn Handler>, retention: Duration) -> Self {
+        Self {
+            name,
+            ports,
+            handler,
+            retention,
+            message_ids: MessageIds::Outbox,
+            limits: TransactionLimits::default(),
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// This consumer, finding each message's id as `ids` says.
+    pub fn with_message_ids(mut self, ids: MessageIds) -> Self {
+        self.message_ids = ids;
+        self
+    }
+
+    /// This consumer, with `limits` on what one message may emit.
+    pub fn with_limits(mut self, limits: TransactionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// This consumer, retrying failed publish entries as `retry` says.
+    pub fn with_retry_policy(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &ConsumerName {
+        &self.name
+    }
+
+    /// How long a message's dedup data is kept from its dispatch.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// The id of the record (and the prefix of the outgoing ids) of the message whose id
+    /// is `incoming`.
+    pub fn txn_id(&self, incoming: &str) -> TxnId {
+        TxnId::consumed(self.name.as_str(), incoming)
+    }
+
+    /// Processes one delivered message: acknowledge it if this returns `Ok`.
+    pub async fn consume(&self, delivery: &Delivery) -> Result<ConsumeOutcome, ConsumeError> {
+        let incoming = self.message_ids.read(delivery).inspect_err(|error| {
+            tracing::error!(queue_message_id = %delivery.message_id, error = %error, "message without a usable id: failed, never processed without dedup");
+        })?;
+        let txn_id = self.txn_id(incoming.id.as_str());
+        let span = tracing::info_span!(
+            "consumed_message",
+            queue_message_id = %delivery.message_id,
+            incoming_id = %incoming.id,
+            txn_id = %txn_id,
+        );
+        self.consume_incoming(&incoming, txn_id).instrument(span).await
+    }
+
+    async fn consume_incoming(&self, incoming: &Incoming, txn_id: TxnId) -> Result<ConsumeOutcome, ConsumeError> {
+        let mut runs = 0;
+        let mut lost_race = false;
+        let mut last: Option<CommitError> = None;
+        let mut waits = 0;
+        for _ in 1..=ROUNDS {
+            // 1. The record says whether any attempt of any copy committed.
+            if let Some(record) = self.read(txn_id).await? {
+                return match record.state {
+                    OutboxState::Dispatched => Ok(ConsumeOutcome::Duplicate),
+                    OutboxState::Pending => {
+                        // Never this run's messages: the winner's, as stored.
+                        let messages = self.dispatch(&record).await?;
+                        Ok(if lost_race {
+                            ConsumeOutcome::Adopted { messages }
+                        } else {
+                            ConsumeOutcome::Resumed { messages }
+                        })
+                    }
+                    OutboxState::Tombstone => Err(ConsumeError::Corrupt { txn_id }),
+                };
+            }
+            // 2. The handler decides on fresh reads.
+            runs += 1;
+            let mut staging = Staging::new(txn_id, Arc::clone(&self.ports.store));
+            self.handler
+                .handle(incoming, &mut staging)
+                .await
+                .map_err(ConsumeError::Handler)?;
+            if let Err(reason) = staging.check_limits(&self.limits) {
+                return Err(ConsumeError::Refused(CommitError::TooLarge { reason }));
+            }
+            // 3. Its writes and the record, atomically; the record only where none is.
+            let now = self.ports.clock.now();
+            let attempt = self.ports.ids.next_txn_id(now);
+            let request = CommitRequest {
+                txn_id,
+                writes: staging.writes.into_values().collect(),
+                outbox: OutboxRecord::committed(txn_id, staging.messages, now, now.plus(self.retention))
+                    .by_attempt(attempt),
+                idempotency: None,
+            };
+            let error = match self.ports.store.commit_native(&request, &staging.native).await {
+                Ok(()) => {
+                    tracing::info!(messages = request.outbox.messages.len(), "committed");
+                    // Nothing to send: committed `dispatched`, its TTL running from now.
+                    if request.outbox.state == OutboxState::Dispatched {
+                        return Ok(ConsumeOutcome::Processed { messages: 0 });
+                    }
+                    let messages = self.dispatch(&request.outbox).await?;
+                    return Ok(ConsumeOutcome::Processed { messages });
+                }
+                Err(error) => error,
+            };
+            match error {
+                // Another copy won: the next round reads its record.
+                CommitError::Superseded { .. } => {
+                    tracing::info!("another copy of the message committed first; adopting its record");
+                    lost_race = true;
+                }
+                CommitError::VersionConflict { .. } | CommitError::ActionCancelled { .. } => {
+                    tracing::info!(error = %error, runs, "a business condition failed; running the handler again");
+                    if runs >= HANDLER_RUNS {
+                        return Err(ConsumeError::Conflict { runs, source: error });
+                    }
+                }
+                // Whether it applied (or still may) the next read tells: a later attempt
+                // can only apply where no record is, so an attempt still in flight loses
+                // to it, or wins and is adopted.
+                CommitError::Contention(_) | CommitError::Ambiguous(_) | CommitError::Unavailable(_) => {
+                    tracing::warn!(error = %error, "commit attempt failed; reading the record again");
+                    self.ports.clock.sleep(ROUND_DELAY * 2u32.pow(waits)).await;
+                    waits += 1;
+                    last = Some(error);
+                }
+                refused => return Err(ConsumeError::Refused(refused)),
+            }
+        }
+        Err(ConsumeError::Unsettled(last.unwrap_or_else(|| {
+            CommitError::Contention("copies of the message kept winning and losing".into())
+        })))
+    }
+
+    /// The message's record, read strongly consistent.
+    async fn read(&self, txn_id: TxnId) -> Result<Option<OutboxRecord>, ConsumeError> {
+        let mut records = self
+            .ports
+            .store
+            .get_outboxes_each(&[txn_id])
+            .await
+            .map_err(ConsumeError::Read)?;
+        records.remove(&txn_id).transpose().map_err(ConsumeError::Read)
+    }
+
+    /// Step 4: publishes a committed record's messages, then marks it dispatched with its
+    /// TTL from now (C4); returns how many went out.
+    async fn dispatch(&self, record: &OutboxRecord) -> Result<usize, ConsumeError> {
+        let messages: Vec<&OutgoingMessage> = record.messages.iter().collect();
+        let clock = self.ports.clock.as_ref();
+        let report = publish_all(self.ports.publisher.as_ref(), clock, &messages, self.retry).await;
+        if let Some(first) = report.failed.values().next() {
+            return Err(ConsumeError::Publish {
+                failed: report.failed.len(),
+                total: messages.len(),
+                first: first.clone(),
+            });
+        }
+        // Only once every message went out: marked first, a crash would lose them.
+        let expires_at = clock.now().plus(self.retention);
+        match self
+            .ports
+            .store
+            .mark_dispatched(std::slice::from_ref(record), expires_at)
+            .await
+            .pop()
+        {
+            Some(Ok(())) => Ok(messages.len()),
+            Some(Err(error)) => Err(ConsumeError::Mark(error)),
+            None => Err(ConsumeError::Mark(StoreError::Unavailable(
+                "the store gave no result for the record".into(),
+            ))),
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Message handlers that process each incoming message exactly once in effect: the outbox
+//! driven by the incoming message (DESIGN.md section 10).
+//!
+//! A consumer (a Lambda function triggered by a queue, or a local poller) hands each
+//! message to the application's [`Handler`], which reads (strongly consistent) and stages
+//! business writes and outgoing messages on a [`Staging`], as a request does. The library
+//! does the rest, for one message `m`:
+//!
+//! ```text
+//! read IN#(consumer, m) ── dispatched ─► acknowledge (a duplicate)
+//!   │                  └─ pending ────► publish its stored messages ─► mark ─► acknowledge
+//!   │ absent
+//! run the handler ─► commit its writes + the record `pending`, in one TransactWriteItems
+//!   ├── applied ─► publish ─► mark dispatched (TTL = now + retention) ─► acknowledge
+//!   ├── another copy's record is there ─► read it, publish *its* messages (never ours)
+//!   ├── a business condition failed ─► run the handler again on fresh reads (bounded)
+//!   └── outcome unknown ─► read again: the record says whether any attempt applied
+//! ```
+//!
+//! Every copy of `m` names the same record and the same outgoing ids (both derive from
+//! the consumer's name and `m`, [`crate::protocol::TxnId::consumed`]); the record's
+//! `attribute_not_exists` condition lets exactly one attempt's writes apply, and an
+//! attempt still in flight when another has won is cancelled by that same condition, so
+//! no fence is needed. A message is acknowledged only after its messages went out (C5),
+//! and one without a usable id fails ([`MessageIds`]).
+//!
+//! The modules: [`incoming`] reads a delivery and its id; `consume` processes one
+//! message; `batch` a batch (FIFO groups in order, the rest concurrently); `lambda`
+//! (feature `consumer`) the SQS event handler; `poller` the local poller; `retention`
+//! the dedup data's lifetime (C4).
+
+mod batch;
+mod consume;
+pub mod incoming;
+#[cfg(feature = "consumer")]
+pub mod lambda;
+mod name;
+mod poller;
+mod retention;
+#[cfg(test)]
+mod tests;
+
+use async_trait::async_trait;
+
+pub use batch::{BatchReport, ItemReport};
+pub use consume::{ConsumeError, ConsumeOutcome, Consumer, ConsumerPorts, HANDLER_RUNS, ROUNDS};
+pub use incoming::{Delivery, Incoming, IncomingId, MessageIds, NoId, Source};
+pub use name::{ConsumerName, InvalidConsumerName};
+pub use poller::{poll_once, run as run_poller, Inbox};
+pub use retention::{Retention, RetentionError};
+
+pub use crate::staging::Staging;
+
+/// Why a handler gave up on a message: anything it can say. The message fails, nothing
+/// of this run is written, and the queue delivers it again.
+pub type HandlerError = crate::ports::BoxError;
+
+/// The application's handler for one consumer's messages.
+///
+/// It reads what it needs through `staging` (strongly consistent) and stages writes and
+/// messages on it; it must not write or send anything itself, since it may run more than
+/// once for one message (a business condition that failed, a copy processed
+/// concurrently), and only one run's staging is ever committed. Whatever it decides is
+/// applied once, with its messages published, or not at all.
+#[async_trait]
+pub trait Handler: Send + Sync {
+    /// Handles `message`, staging its effects on `staging`.
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError>;
+}

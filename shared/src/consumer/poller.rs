@@ -1,0 +1,101 @@
+//! The local poller: what a Lambda event source mapping does for a consumer, done by hand
+//! against an [`Inbox`] (an embedded queue, or SQS outside Lambda).
+//!
+//! One cycle receives a batch, hands it to the [`Consumer`], and deletes exactly the
+//! messages that succeeded; the failed ones come back after the queue's visibility
+//! timeout and count toward its dead-letter policy.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{BatchReport, Consumer, Delivery};
+use crate::control::poller::{receive_backoff, PollerStats, MAX_BATCH};
+use crate::ports::QueueError;
+
+/// A queue a consumer receives from, when no Lambda event source mapping does it.
+#[async_trait]
+pub trait Inbox: Send + Sync {
+    /// Receives up to `max` visible messages (1 to 10) with their string attributes and
+    /// FIFO group, waiting up to `wait` for the first. Each becomes invisible for the
+    /// queue's visibility timeout and comes back after it unless acknowledged.
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError>;
+
+    /// Deletes received messages. A receipt that is no longer current does nothing.
+    async fn ack(&self, receipts: &[String]) -> Result<(), QueueError>;
+}
+
+/// Receives one batch (waiting up to `wait` for it), processes it, and acknowledges the
+/// messages that succeeded. Returns the batch's report; an empty one when nothing came.
+pub async fn poll_once(inbox: &dyn Inbox, consumer: &Consumer, wait: Duration) -> Result<BatchReport, QueueError> {
+    let deliveries = inbox.receive(MAX_BATCH, wait).await?;
+    process(inbox, consumer, &deliveries).await
+}
+
+async fn process(inbox: &dyn Inbox, consumer: &Consumer, deliveries: &[Delivery]) -> Result<BatchReport, QueueError> {
+    if deliveries.is_empty() {
+        return Ok(BatchReport::default());
+    }
+    let report = consumer.consume_batch(deliveries).await;
+    let failed = report.failed_message_ids();
+    let handled: Vec<String> = deliveries
+        .iter()
+        .filter(|delivery| !failed.contains(&delivery.message_id.as_str()))
+        .map(|delivery| delivery.receipt.clone())
+        .collect();
+    if !handled.is_empty() {
+        // If this fails the messages come back, and their records make that harmless.
+        inbox.ack(&handled).await?;
+    }
+    Ok(report)
+}
+
+/// Polls until `shutdown` completes, calling `on_batch` with each batch's report. A
+/// shutdown interrupts only the wait for messages: a batch in hand is always finished
+/// and acknowledged first. A failed receive is logged and retried after a short backoff.
+pub async fn run(
+    inbox: &dyn Inbox,
+    consumer: &Consumer,
+    wait: Duration,
+    shutdown: impl Future<Output = ()>,
+    mut on_batch: impl FnMut(&BatchReport),
+) -> PollerStats {
+    tokio::pin!(shutdown);
+    let mut stats = PollerStats::default();
+    let mut failures_in_a_row = 0;
+    loop {
+        let received = tokio::select! {
+            () = &mut shutdown => break,
+            received = inbox.receive(MAX_BATCH, wait) => received,
+        };
+        let result = match received {
+            Ok(deliveries) => {
+                stats.receives += 1;
+                stats.messages += deliveries.len() as u64;
+                process(inbox, consumer, &deliveries).await
+            }
+            Err(error) => Err(error),
+        };
+        match result {
+            Ok(report) => {
+                failures_in_a_row = 0;
+                if !report.items.is_empty() {
+                    on_batch(&report);
+                }
+            }
+            Err(error) => {
+                stats.failures += 1;
+                failures_in_a_row += 1;
+                let pause = receive_backoff(failures_in_a_row);
+                tracing::warn!(error = %error, retry_in_ms = pause.as_millis() as u64, "polling the source queue failed; retrying");
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
+    tracing::info!(?stats, consumer = %consumer.name(), "consumer poller stopped");
+    stats
+}
