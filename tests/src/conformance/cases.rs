@@ -1,9 +1,12 @@
 //! The conformance cases: each states one behaviour every backend must have.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use outbox::consumer::{ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming, Staging};
 use outbox::ports::Clock;
+use outbox::ports::RandomIds;
 use outbox::ports::{BusinessWrite, CommitError, CommitRequest, ExpectedVersion, ItemKey, TombstoneOutcome};
 use outbox::protocol::{
     ControlMessage, IdempotencyKey, IdempotencyRecord, IdempotencySlot, Message, OutboxRecord, OutboxState,
@@ -806,4 +809,186 @@ pub async fn a_commit_repeated_under_its_token_after_it_applied_reports_success(
     );
     let stored = record(b, txn).await.expect("the record");
     assert_eq!(stored, commit.outbox, "{}: the record as first committed", b.name);
+}
+
+/// A consumed message's record (`IN#…`, its id derived from consumer and incoming id)
+/// is won by one attempt: a repeat of that attempt's request reports the commit, while a
+/// rival attempt (another copy of the message) is told it was superseded, with nothing
+/// of its own written, before the record is dispatched and after.
+pub async fn a_consumed_messages_record_is_won_by_one_attempt(b: &Backend) {
+    let txn = TxnId::consumed("conformance", &format!("{}:0", TxnId::new_v7()));
+    let attempt = |n: u8, item: &str| {
+        let mut commit = request(
+            b,
+            txn,
+            vec![put(item, json!({"attempt": n}), ExpectedVersion::Absent)],
+            messages(txn, &[json!({"attempt": n})]),
+        );
+        commit.outbox = commit.outbox.by_attempt(TxnId::new_v7());
+        commit
+    };
+    let winner = attempt(1, "SHIPMENT#1");
+    let rival = attempt(2, "SHIPMENT#2");
+    b.store.commit(&winner).await.expect("the first attempt commits");
+    b.store
+        .commit(&winner)
+        .await
+        .expect("a repeat of the winning attempt reports the commit");
+    let found = record(b, txn).await.expect("the record");
+    assert_eq!(
+        found, winner.outbox,
+        "{}: the winner's record, with its attempt",
+        b.name
+    );
+    for stage in ["pending", "dispatched"] {
+        match b.store.commit(&rival).await {
+            Err(CommitError::Superseded { txn_id }) => assert_eq!(txn_id, txn),
+            other => panic!("{}: a rival attempt ({stage}) must be superseded: {other:?}", b.name),
+        }
+        if stage == "pending" {
+            let marked = b
+                .store
+                .mark_dispatched(
+                    std::slice::from_ref(&found),
+                    whole_second(b.clock.now().plus(RETENTION)),
+                )
+                .await;
+            assert!(marked.iter().all(Result::is_ok), "{marked:?}");
+        }
+    }
+    let items = b
+        .store
+        .get_items(&[key("SHIPMENT#1"), key("SHIPMENT#2")])
+        .await
+        .unwrap();
+    assert_eq!(
+        items.keys().cloned().collect::<Vec<_>>(),
+        [key("SHIPMENT#1")],
+        "{}: nothing of the rival",
+        b.name
+    );
+    let dispatched = record(b, txn).await.expect("the record");
+    assert_eq!(
+        (dispatched.state, dispatched.attempt),
+        (OutboxState::Dispatched, winner.outbox.attempt),
+        "the mark keeps the attempt"
+    );
+}
+
+/// Copies of one message committing at once: exactly one attempt's writes apply, and
+/// every other is told so (superseded) or to try again (contention), never success.
+pub async fn concurrent_copies_of_a_consumed_message_commit_once(b: &Backend) {
+    let txn = TxnId::consumed("conformance", &format!("{}:0", TxnId::new_v7()));
+    let commits: Vec<CommitRequest> = (0..4)
+        .map(|n| {
+            let mut commit = request(
+                b,
+                txn,
+                vec![put(&format!("COPY#{n}"), json!({"copy": n}), ExpectedVersion::Absent)],
+                messages(txn, &[json!({"copy": n})]),
+            );
+            commit.outbox = commit.outbox.by_attempt(TxnId::new_v7());
+            commit
+        })
+        .collect();
+    let results = join_all(commits.iter().map(|commit| b.store.commit(commit))).await;
+    let winners: Vec<usize> = (0..commits.len()).filter(|&n| results[n].is_ok()).collect();
+    assert_eq!(winners.len(), 1, "{}: {results:?}", b.name);
+    for result in &results {
+        assert!(
+            matches!(
+                result,
+                Ok(()) | Err(CommitError::Superseded { .. } | CommitError::Contention(_))
+            ),
+            "{}: a losing copy is told nothing of it was written: {result:?}",
+            b.name
+        );
+    }
+    let keys: Vec<ItemKey> = (0..commits.len()).map(|n| key(&format!("COPY#{n}"))).collect();
+    let items = b.store.get_items(&keys).await.unwrap();
+    assert_eq!(items.keys().cloned().collect::<Vec<_>>(), [keys[winners[0]].clone()]);
+    assert_eq!(record(b, txn).await.expect("the record"), commits[winners[0]].outbox);
+}
+
+/// Records each order once and emits `Recorded`, naming the run.
+struct RecordOnce;
+
+#[async_trait::async_trait]
+impl Handler for RecordOnce {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let order = message.json::<Value>()?["order_id"]
+            .as_str()
+            .ok_or("no order_id")?
+            .to_owned();
+        let item = key(&format!("RECORDED#{order}"));
+        let expected = match staging.get(&item).await? {
+            Some(found) => ExpectedVersion::Exactly(found.version),
+            None => ExpectedVersion::Absent,
+        };
+        staging.put(item, json!({"order_id": order}), expected);
+        staging.emit(Message::json(
+            events(),
+            &json!({"type": "Recorded", "order_id": order}),
+        )?);
+        Ok(())
+    }
+}
+
+/// A consumer takes an event as the bus's rule delivers it, applies it once, publishes
+/// what it emitted under ids derived from its name and the event's id, and acknowledges
+/// a second copy without doing anything.
+pub async fn a_consumer_processes_each_message_once_and_publishes_before_acknowledging(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let placed = OutgoingMessage::new(
+        txn,
+        0,
+        Message::json(bus(), &json!({"type": "OrderPlaced", "order_id": "o-1"}))
+            .unwrap()
+            .with_event("com.example.orders", "OrderPlaced"),
+    );
+    let failures = b
+        .publisher
+        .send_batch(&bus(), std::slice::from_ref(&placed))
+        .await
+        .expect("send");
+    assert!(failures.is_empty(), "{failures:?}");
+    let arrived = b.drain(&bus()).await;
+    assert_eq!(arrived.len(), 1, "{}", b.name);
+    let delivery = |queue_message_id: &str| Delivery {
+        message_id: queue_message_id.into(),
+        receipt: String::new(),
+        body: arrived[0].body.clone(),
+        attributes: Default::default(),
+        group_id: None,
+        receive_count: 1,
+    };
+    let consumer = Consumer::new(
+        "conformance".parse().unwrap(),
+        ConsumerPorts {
+            store: b.store.clone(),
+            publisher: b.publisher.clone(),
+            clock: b.clock.clone(),
+            ids: Arc::new(RandomIds),
+        },
+        Arc::new(RecordOnce),
+        RETENTION,
+    );
+    let first = consumer.consume(&delivery("q-1")).await;
+    assert_eq!(first.unwrap(), ConsumeOutcome::Processed { messages: 1 }, "{}", b.name);
+    let consumed = consumer.txn_id(placed.id.as_str());
+    let out = b.drain(&events()).await;
+    assert_eq!(
+        out.iter().map(|message| message.message_id.clone()).collect::<Vec<_>>(),
+        [Some(format!("{consumed}:0"))],
+        "{}",
+        b.name
+    );
+    let dispatched = record(b, consumed).await.expect("the consumer's record");
+    assert_eq!(dispatched.state, OutboxState::Dispatched);
+    // A copy (a producer's re-send): acknowledged, nothing applied or sent again.
+    let again = consumer.consume(&delivery("q-2")).await;
+    assert_eq!(again.unwrap(), ConsumeOutcome::Duplicate, "{}", b.name);
+    assert!(b.drain(&events()).await.is_empty());
+    let recorded = b.store.get_items(&[key("RECORDED#o-1")]).await.unwrap();
+    assert_eq!(recorded[&key("RECORDED#o-1")].version, 1, "applied once");
 }

@@ -36,7 +36,10 @@ macro_rules! conformance_suite {
             a_redelivered_dispatch_to_a_fifo_destination_is_deduplicated,
             an_unknown_destination_is_refused,
             messages_to_a_topic_arrive_with_their_ids,
-            events_on_a_bus_arrive_with_their_ids_and_type
+            events_on_a_bus_arrive_with_their_ids_and_type,
+            a_consumed_messages_record_is_won_by_one_attempt,
+            concurrent_copies_of_a_consumed_message_commit_once,
+            a_consumer_processes_each_message_once_and_publishes_before_acknowledging
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {
