@@ -213,3 +213,88 @@ mod split_records {
         );
     }
 }
+
+/// The local consumer poller on SQS: messages received with their attributes and FIFO
+/// group, processed, and deleted once processed.
+mod consumer_poller {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use outbox::aws::SqsInbox;
+    use outbox::consumer::{poll_once, Consumer, ConsumerPorts, Handler, HandlerError, Inbox, Incoming, Staging};
+    use outbox::destination::Target;
+    use outbox::ports::{ExpectedVersion, RandomIds};
+    use outbox::protocol::{Message, OutgoingMessage, TxnId};
+    use outbox_tests::conformance::audit;
+    use outbox_tests::emulator::emulator;
+
+    use super::*;
+
+    /// Records which group and id each message came with.
+    struct Note;
+
+    #[async_trait::async_trait]
+    impl Handler for Note {
+        async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+            let key = format!("NOTE#{}", message.id).parse()?;
+            staging.put(
+                key,
+                serde_json::json!({"group": message.group_id, "body": message.body}),
+                ExpectedVersion::Absent,
+            );
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn receives_with_attributes_and_group_processes_and_deletes() {
+        let backend = Backend::aws().await;
+        let Target::SqsQueue { url, .. } = &backend.targets[&audit()] else {
+            panic!("audit is a queue")
+        };
+        let txn = TxnId::new_v7();
+        let sent: Vec<OutgoingMessage> = (0..2)
+            .map(|n| {
+                let message = Message::json(audit(), &serde_json::json!({"n": n}))
+                    .unwrap()
+                    .with_group_id("g-1");
+                OutgoingMessage::new(txn, n, message)
+            })
+            .collect();
+        assert!(backend.publisher.send_batch(&audit(), &sent).await.unwrap().is_empty());
+        let clients = outbox::aws::AwsClients::new(&emulator().sdk_config().await);
+        let inbox = SqsInbox::new(clients.sqs, url.clone());
+        let consumer = Consumer::new(
+            "poller".parse().unwrap(),
+            ConsumerPorts {
+                store: backend.store.clone(),
+                publisher: backend.publisher.clone(),
+                clock: backend.clock.clone(),
+                ids: Arc::new(RandomIds),
+            },
+            Arc::new(Note),
+            Duration::from_secs(3600),
+        );
+        let mut processed = 0;
+        for _ in 0..4 {
+            let report = poll_once(&inbox, &consumer, Duration::from_secs(1))
+                .await
+                .expect("poll");
+            assert!(report.failed_message_ids().is_empty(), "{report:?}");
+            processed += report.items.len();
+            if processed == 2 {
+                break;
+            }
+        }
+        assert_eq!(processed, 2);
+        for message in &sent {
+            let key = format!("NOTE#{}", message.id).parse().unwrap();
+            let items = backend.store.get_items(std::slice::from_ref(&key)).await.unwrap();
+            assert_eq!(items[&key].data["group"], "g-1", "the FIFO group came with it");
+        }
+        assert!(
+            inbox.receive(10, Duration::from_secs(1)).await.unwrap().is_empty(),
+            "processed messages were deleted"
+        );
+    }
+}

@@ -1,4 +1,4 @@
-//! The control queue on SQS, and sends to destination queues.
+//! The control queue on SQS, a consumer's source queue, and sends to destination queues.
 
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use aws_sdk_sqs::types::{
 use aws_sdk_sqs::Client;
 
 use super::publisher::{failed_by_index, unavailable};
+use crate::consumer::{Delivery, Inbox};
 use crate::ports::{ControlDelivery, ControlInbox, ControlQueue, EntryFailure, PublishError, QueueError};
 use crate::protocol::{ControlMessage, DestinationName, OutgoingMessage, TXN_ID_ATTRIBUTE};
 
@@ -92,70 +93,95 @@ pub fn receive_timeouts(wait: Duration) -> TimeoutConfig {
         .build()
 }
 
-#[async_trait]
-impl ControlInbox for SqsControlQueue {
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError> {
-        let wait = wait.min(Duration::from_secs(20));
-        // No SDK retry either: a retried long poll would be cut short by the operation
-        // timeout and abandoned in turn. The poller retries, after a short pause.
-        let config = aws_sdk_sqs::config::Builder::default()
-            .timeout_config(receive_timeouts(wait))
-            .retry_config(RetryConfig::disabled());
-        let output = self
-            .client
-            .receive_message()
-            .queue_url(&self.queue_url)
-            .max_number_of_messages(max.clamp(1, 10) as i32)
-            .wait_time_seconds(wait.as_secs() as i32)
-            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
-            .customize()
-            .config_override(config)
+/// Long-polls the queue at `url` for up to `max` messages, with their string message
+/// attributes, receive count and FIFO group.
+async fn receive_messages(
+    client: &Client,
+    url: &str,
+    max: usize,
+    wait: Duration,
+) -> Result<Vec<aws_sdk_sqs::types::Message>, QueueError> {
+    let wait = wait.min(Duration::from_secs(20));
+    // No SDK retry either: a retried long poll would be cut short by the operation
+    // timeout and abandoned in turn. The poller retries, after a short pause.
+    let config = aws_sdk_sqs::config::Builder::default()
+        .timeout_config(receive_timeouts(wait))
+        .retry_config(RetryConfig::disabled());
+    let output = client
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(max.clamp(1, 10) as i32)
+        .wait_time_seconds(wait.as_secs() as i32)
+        .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+        .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+        .message_attribute_names("All")
+        .customize()
+        .config_override(config)
+        .send()
+        .await
+        .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
+    Ok(output.messages.unwrap_or_default())
+}
+
+/// Deletes received messages from the queue at `url`, ten per call. A failed entry only
+/// means its message comes back and is handled again.
+async fn delete_messages(client: &Client, url: &str, receipts: &[String]) -> Result<(), QueueError> {
+    for chunk in receipts.chunks(10) {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .map(|(index, receipt)| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(index.to_string())
+                    .receipt_handle(receipt)
+                    .build()
+                    .expect("id and receipt are set")
+            })
+            .collect();
+        let output = client
+            .delete_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
             .send()
             .await
             .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
-        Ok(output
-            .messages()
+        for failed in output.failed() {
+            tracing::warn!(code = failed.code(), "deleting a received message failed");
+        }
+    }
+    Ok(())
+}
+
+fn system_attribute(message: &aws_sdk_sqs::types::Message, name: MessageSystemAttributeName) -> Option<&str> {
+    message
+        .attributes()
+        .and_then(|attributes| attributes.get(&name))
+        .map(String::as_str)
+}
+
+fn receive_count(message: &aws_sdk_sqs::types::Message) -> u32 {
+    system_attribute(message, MessageSystemAttributeName::ApproximateReceiveCount)
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(1)
+}
+
+#[async_trait]
+impl ControlInbox for SqsControlQueue {
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError> {
+        let messages = receive_messages(&self.client, &self.queue_url, max, wait).await?;
+        Ok(messages
             .iter()
             .map(|message| ControlDelivery {
                 message_id: message.message_id().unwrap_or_default().to_owned(),
                 receipt: message.receipt_handle().unwrap_or_default().to_owned(),
                 body: message.body().unwrap_or_default().to_owned(),
-                receive_count: message
-                    .attributes()
-                    .and_then(|attributes| attributes.get(&MessageSystemAttributeName::ApproximateReceiveCount))
-                    .and_then(|count| count.parse().ok())
-                    .unwrap_or(1),
+                receive_count: receive_count(message),
             })
             .collect())
     }
 
     async fn ack(&self, receipts: &[String]) -> Result<(), QueueError> {
-        for chunk in receipts.chunks(10) {
-            let entries = chunk
-                .iter()
-                .enumerate()
-                .map(|(index, receipt)| {
-                    DeleteMessageBatchRequestEntry::builder()
-                        .id(index.to_string())
-                        .receipt_handle(receipt)
-                        .build()
-                        .expect("id and receipt are set")
-                })
-                .collect();
-            let output = self
-                .client
-                .delete_message_batch()
-                .queue_url(&self.queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
-            // A failed delete only means the message comes back and is handled again.
-            for failed in output.failed() {
-                tracing::warn!(code = failed.code(), "deleting a control message failed");
-            }
-        }
-        Ok(())
+        delete_messages(&self.client, &self.queue_url, receipts).await
     }
 
     async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
@@ -190,6 +216,54 @@ impl ControlInbox for SqsControlQueue {
             }
         }
         Ok(())
+    }
+}
+
+/// A consumer's source queue on SQS, for the local poller (on Lambda the event source
+/// mapping receives and deletes).
+#[derive(Clone)]
+pub struct SqsInbox {
+    client: Client,
+    queue_url: String,
+}
+
+impl SqsInbox {
+    /// The queue at `queue_url`.
+    pub fn new(client: Client, queue_url: impl Into<String>) -> Self {
+        Self {
+            client,
+            queue_url: queue_url.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl Inbox for SqsInbox {
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
+        let messages = receive_messages(&self.client, &self.queue_url, max, wait).await?;
+        Ok(messages
+            .iter()
+            .map(|message| Delivery {
+                message_id: message.message_id().unwrap_or_default().to_owned(),
+                receipt: message.receipt_handle().unwrap_or_default().to_owned(),
+                body: message.body().unwrap_or_default().to_owned(),
+                attributes: message
+                    .message_attributes()
+                    .map(|attributes| {
+                        attributes
+                            .iter()
+                            .filter_map(|(name, value)| Some((name.clone(), value.string_value()?.to_owned())))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                group_id: system_attribute(message, MessageSystemAttributeName::MessageGroupId).map(str::to_owned),
+                receive_count: receive_count(message),
+            })
+            .collect())
+    }
+
+    async fn ack(&self, receipts: &[String]) -> Result<(), QueueError> {
+        delete_messages(&self.client, &self.queue_url, receipts).await
     }
 }
 

@@ -9,9 +9,11 @@ use crate::destination::Target;
 use crate::protocol::DestinationName;
 use reader::Reader;
 
+mod consumer;
 mod layout;
 mod reader;
 
+pub use consumer::{consumer_vars, ConsumerBackend, ConsumerSettings};
 pub use layout::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
 };
