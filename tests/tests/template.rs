@@ -13,21 +13,26 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
+use outbox::aws::AwsPublisher;
+use outbox::consumer::{ConsumeOutcome, Consumer, ConsumerPorts, Delivery};
 use outbox::control::worker::lambda::handle_event;
-use outbox::ports::Clock;
+use outbox::destination::Target;
+use outbox::ports::{Clock, RandomIds};
 use outbox::protocol::DestinationName;
-use outbox::protocol::{ControlMessage, TxnId};
+use outbox::protocol::{ControlMessage, TxnId, MESSAGE_ID_ATTRIBUTE};
 use outbox::settings::vars;
 use outbox::settings::{Settings, Timing};
 use outbox::time::Timestamp;
 use outbox_tests::calls::CallCounter;
-use outbox_tests::conformance::{bus, events, fanout, Backend};
+use outbox_tests::conformance::{audit, bus, events, fanout, Backend};
 use outbox_tests::emulator::emulator;
 use serde_json::json;
 use tower::ServiceExt;
 use yaml_rust2::{Yaml, YamlLoader};
 
-const FUNCTIONS: [&str; 2] = ["ApiFunction", "ControlWorkerFunction"];
+/// The functions that commit through the outbox, and the consumer.
+const PRODUCERS: [&str; 2] = ["ApiFunction", "ControlWorkerFunction"];
+const FUNCTIONS: [&str; 3] = ["ApiFunction", "ControlWorkerFunction", "ShippingFunction"];
 
 fn template() -> Yaml {
     let text =
@@ -60,6 +65,20 @@ fn variables_the_settings_read() -> BTreeSet<String> {
     seen.into_inner().unwrap()
 }
 
+fn variables_the_consumer_settings_read() -> BTreeSet<String> {
+    let seen = Mutex::new(BTreeSet::new());
+    let _ = outbox::settings::ConsumerSettings::from_lookup(|name| {
+        seen.lock().unwrap().insert(name.to_owned());
+        match name {
+            vars::BACKEND => Some("aws".to_owned()),
+            // Set, so that the variable a set retention is checked against is read too.
+            vars::RETENTION_SECONDS => Some("86400".to_owned()),
+            _ => None,
+        }
+    });
+    seen.into_inner().unwrap()
+}
+
 #[test]
 fn every_variable_the_code_reads_is_set_on_each_function() {
     let template = template();
@@ -72,7 +91,19 @@ fn every_variable_the_code_reads_is_set_on_each_function() {
     // Set by Lambda too: the service name's fallback on Lambda (read only there).
     needed.remove("AWS_LAMBDA_FUNCTION_NAME");
     needed.insert("RUST_LOG".into());
+    let mut consumer = variables_the_consumer_settings_read();
+    consumer.remove("AWS_LAMBDA_RUNTIME_API");
+    consumer.insert("RUST_LOG".into());
+    assert!(
+        consumer.contains("OUTBOX_CONSUMER_NAME"),
+        "the recorder saw too little: {consumer:?}"
+    );
     for function in FUNCTIONS {
+        let needed = if function == "ShippingFunction" {
+            &consumer
+        } else {
+            &needed
+        };
         let mut set = globals.clone();
         set.extend(names(
             &template["Resources"][function]["Properties"]["Environment"]["Variables"],
@@ -98,6 +129,7 @@ fn iam_actions(operation: &str) -> Vec<&'static str> {
         // A batch publish is authorised as one sns:Publish per entry.
         "Publish" | "PublishBatch" => vec!["sns:Publish"],
         "PutEvents" => vec!["events:PutEvents"],
+        "GetQueueAttributes" => vec!["sqs:GetQueueAttributes"],
         other => panic!("the code calls {other}: add its IAM actions to this table"),
     }
 }
@@ -188,7 +220,7 @@ async fn operations_by_function(
     let app = router(
         AppState {
             outbox: Arc::new(outbox),
-            events: destination,
+            events: destination.clone(),
         },
         &HttpConfig::default(),
     );
@@ -256,6 +288,67 @@ async fn operations_by_function(
         "only the undecodable message fails"
     );
     operations.insert("ControlWorkerFunction", counter.counts().into_keys().collect());
+
+    // The shipping consumer: its start-up check of the source queue, then the order's
+    // event as the events queue delivers it (twice: a copy is acknowledged).
+    let delivered = backend.drain(&destination).await;
+    let placed = delivered
+        .iter()
+        .find(|message| message.body.contains("OrderPlaced"))
+        .expect("the order's event was published");
+    counter.reset();
+    let (Target::SqsQueue { url: audit_url, .. }, clients) = (
+        &backend.targets[&audit()],
+        counter.clients(&emulator().sdk_config().await),
+    ) else {
+        panic!("audit is a queue")
+    };
+    outbox::aws::queue_retention(&clients.sqs, audit_url)
+        .await
+        .expect("the queue's retention");
+    let shipments: DestinationName = shipping::SHIPMENTS.parse().unwrap();
+    let consumer = Consumer::new(
+        "shipping".parse().unwrap(),
+        ConsumerPorts {
+            store: backend.store.clone(),
+            publisher: Arc::new(AwsPublisher::new(
+                clients,
+                BTreeMap::from([(
+                    shipments,
+                    Target::SqsQueue {
+                        url: audit_url.clone(),
+                        fifo: true,
+                    },
+                )]),
+            )),
+            clock: backend.clock.clone(),
+            ids: Arc::new(RandomIds),
+        },
+        Arc::new(shipping::Shipping),
+        Duration::from_secs(3600),
+    );
+    let copy = |n: usize| Delivery {
+        message_id: format!("q-{n}"),
+        receipt: String::new(),
+        body: placed.body.clone(),
+        attributes: placed
+            .message_id
+            .iter()
+            .map(|id| (MESSAGE_ID_ATTRIBUTE.to_owned(), id.clone()))
+            .collect(),
+        group_id: None,
+        receive_count: 1,
+    };
+    let report = consumer.consume_batch(&[copy(0)]).await;
+    assert!(report.failed_message_ids().is_empty(), "{report:?}");
+    assert_eq!(
+        consumer.consume_batch(&[copy(1)]).await.items[0]
+            .result
+            .as_ref()
+            .unwrap(),
+        &ConsumeOutcome::Duplicate
+    );
+    operations.insert("ShippingFunction", counter.counts().into_keys().collect());
     operations
 }
 
@@ -320,7 +413,7 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
         }
     }
     // Sending control messages is always granted, on the control queue alone.
-    for function in FUNCTIONS {
+    for function in PRODUCERS {
         let always: Vec<&Grant> = granted[function]["sqs:SendMessage"]
             .iter()
             .filter(|grant| grant.condition.is_none())
@@ -452,6 +545,36 @@ fn the_queues_and_the_event_source_follow_the_rules() {
     let event = &resources["ControlWorkerFunction"]["Properties"]["Events"]["ControlQueue"]["Properties"];
     assert!(event["BatchSize"].as_i64().unwrap() <= 10);
     assert_eq!(strings(&event["FunctionResponseTypes"]), ["ReportBatchItemFailures"]);
+    // The shipping consumer on the events queue: the same rules, and its dedup data
+    // outlives the queue's retention (its settings derive it from the same parameter).
+    let shipping = &resources["ShippingFunction"]["Properties"];
+    let events_queue = &resources["EventsQueue"]["Properties"];
+    assert!(
+        events_queue["VisibilityTimeout"].as_i64().unwrap() >= 6 * shipping["Timeout"].as_i64().unwrap(),
+        "events queue: visibility timeout under 6 × the consumer's timeout"
+    );
+    let event = &shipping["Events"]["EventsQueue"]["Properties"];
+    assert!(event["BatchSize"].as_i64().unwrap() <= 10);
+    assert_eq!(strings(&event["FunctionResponseTypes"]), ["ReportBatchItemFailures"]);
+    let consumer = &shipping["Environment"]["Variables"];
+    assert_eq!(
+        (
+            to_json(&events_queue["MessageRetentionPeriod"]),
+            to_json(&consumer[outbox::settings::consumer_vars::SOURCE_RETENTION_SECONDS])
+        ),
+        (
+            json!("EventsQueueRetentionSeconds"),
+            json!("EventsQueueRetentionSeconds")
+        ),
+        "the consumer's retention is derived from the events queue's own (both !Ref the parameter)"
+    );
+    assert_eq!(
+        consumer[outbox::settings::consumer_vars::DLQ_RETENTION_SECONDS]
+            .as_str()
+            .and_then(|seconds| seconds.parse::<i64>().ok()),
+        resources["EventsDeadLetterQueue"]["Properties"]["MessageRetentionPeriod"].as_i64(),
+        "and from its dead-letter queue's"
+    );
     let table = &resources["Table"]["Properties"];
     // The table's TTL, keys and the settings that name them come from the same parameters,
     // whose defaults are the library's.

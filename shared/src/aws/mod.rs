@@ -27,7 +27,7 @@ pub use backend::{native_outbox, AwsBackend, NotOnAws};
 pub use bootstrap::{bootstrap, outbox_event_pattern, BootstrapError, DestinationResource, ResourceNames, Resources};
 pub use dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use publisher::AwsPublisher;
-pub use sqs::{receive_timeouts, redrive, SqsControlQueue, SqsInbox, RECEIVE_TIMEOUT_MARGIN};
+pub use sqs::{queue_retention, receive_timeouts, redrive, SqsControlQueue, SqsInbox, RECEIVE_TIMEOUT_MARGIN};
 
 /// The SDK configuration for this process: the standard credential chain and region
 /// (and `AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_DYNAMODB`, for emulators), explicit

@@ -219,6 +219,26 @@ impl ControlInbox for SqsControlQueue {
     }
 }
 
+/// The `MessageRetentionPeriod` of the queue at `url`: how long a copy of a message can
+/// still be delivered from it.
+pub async fn queue_retention(client: &Client, url: &str) -> Result<Duration, QueueError> {
+    let output = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::MessageRetentionPeriod)
+        .send()
+        .await
+        .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
+    output
+        .attributes()
+        .and_then(|attributes| attributes.get(&aws_sdk_sqs::types::QueueAttributeName::MessageRetentionPeriod))
+        .and_then(|seconds| seconds.parse().ok())
+        .map(Duration::from_secs)
+        .ok_or(QueueError::Rejected {
+            reason: "the queue did not say its MessageRetentionPeriod",
+        })
+}
+
 /// A consumer's source queue on SQS, for the local poller (on Lambda the event source
 /// mapping receives and deletes).
 #[derive(Clone)]

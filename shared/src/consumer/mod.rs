@@ -27,7 +27,8 @@
 //! The modules: [`incoming`] reads a delivery and its id; `consume` processes one
 //! message; `batch` a batch (FIFO groups in order, the rest concurrently); `lambda`
 //! (feature `consumer`) the SQS event handler; `poller` the local poller; `retention`
-//! the dedup data's lifetime (C4).
+//! the dedup data's lifetime (C4); `serve` (feature `consumer`) a consumer's process
+//! from its settings, on Lambda or as a local poller.
 
 mod batch;
 mod consume;
@@ -37,6 +38,8 @@ pub mod lambda;
 mod name;
 mod poller;
 mod retention;
+#[cfg(feature = "consumer")]
+mod serve;
 #[cfg(test)]
 mod tests;
 
@@ -48,6 +51,8 @@ pub use incoming::{Delivery, Incoming, IncomingId, MessageIds, NoId, Source};
 pub use name::{ConsumerName, InvalidConsumerName};
 pub use poller::{poll_once, run as run_poller, Inbox};
 pub use retention::{Retention, RetentionError};
+#[cfg(feature = "consumer")]
+pub use serve::{serve, ServeError, Setup, LONG_POLL_WAIT};
 
 pub use crate::staging::Staging;
 

@@ -1,0 +1,23 @@
+//! The shipping consumer's binary: inside Lambda it handles the events queue's SQS
+//! events; elsewhere it polls `OUTBOX_CONSUMER_QUEUE_URL`. Its settings are the
+//! `OUTBOX_*` and `OUTBOX_CONSUMER_*` variables (README, "Handle messages exactly once").
+
+use std::error::Error;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    outbox::logging::init();
+    let Err(error) = outbox::consumer::serve(Arc::new(shipping::Shipping)).await else {
+        return ExitCode::SUCCESS;
+    };
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text = format!("{text}: {inner}");
+        cause = inner.source();
+    }
+    eprintln!("error: {text}");
+    ExitCode::FAILURE
+}

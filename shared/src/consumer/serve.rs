@@ -1,0 +1,164 @@
+//! A consumer's process from its settings (feature `consumer`): inside Lambda, the SQS
+//! event handler with partial batch responses; elsewhere, the local poller on
+//! `OUTBOX_CONSUMER_QUEUE_URL` until SIGINT or SIGTERM, the batch in hand finished first.
+//! A service's `main` is then one call: `outbox::consumer::serve(handler).await`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use lambda_runtime::{service_fn, LambdaEvent};
+
+use super::{Consumer, ConsumerPorts, Handler, Inbox, RetentionError};
+use crate::aws::{load_sdk_config, AwsClients, AwsPublisher, DynamoStore, SqsInbox};
+use crate::ports::{Clock, QueueError, RandomIds, SystemClock};
+use crate::settings::{consumer_vars, vars, ConsumerBackend, ConsumerSettings, SettingsError};
+
+/// How long one receive of the local poller waits: SQS's longest long poll.
+pub const LONG_POLL_WAIT: Duration = Duration::from_secs(20);
+
+/// Why a consumer cannot start, or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// A setting is wrong.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// A consumer process runs against AWS (or the emulators): an embedded producer's
+    /// queues live inside the producer's process.
+    #[error(
+        "a consumer process needs {}=aws; on the embedded backend, run the consumer inside the producer's process",
+        vars::BACKEND
+    )]
+    EmbeddedBackend,
+    /// Outside Lambda, the poller needs its queue.
+    #[error(
+        "{} is required outside Lambda: the queue the local poller receives from",
+        consumer_vars::QUEUE_URL
+    )]
+    NoQueue,
+    /// The source queue keeps messages longer than the consumer keeps their dedup data.
+    #[error("the source queue {queue_url} refuses this consumer's retention")]
+    Retention {
+        /// The queue.
+        queue_url: String,
+        /// Both figures.
+        #[source]
+        source: RetentionError,
+    },
+    /// The source queue's attributes could not be read at start-up.
+    #[error("reading the source queue's retention failed")]
+    QueueAttributes(#[source] QueueError),
+    /// The Lambda runtime failed.
+    #[error("the Lambda runtime failed")]
+    Lambda(#[source] lambda_runtime::Error),
+}
+
+/// A consumer ready to run: built once per process.
+pub struct Setup {
+    /// The consumer.
+    pub consumer: Consumer,
+    /// Its source queue, for the local poller (and the start-up retention check).
+    pub inbox: Option<(String, SqsInbox)>,
+    /// Its settings.
+    pub settings: ConsumerSettings,
+}
+
+impl Setup {
+    /// Builds the clients (the standard chain, the settings' timeouts) and the consumer of
+    /// `handler` from `settings`. When the source queue is named, its real message
+    /// retention is read and a consumer retention shorter than it is refused (C4).
+    pub async fn new(settings: ConsumerSettings, handler: Arc<dyn Handler>) -> Result<Self, ServeError> {
+        let ConsumerBackend::Aws { layout, queue_url } = &settings.backend else {
+            return Err(ServeError::EmbeddedBackend);
+        };
+        let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let ports = ConsumerPorts {
+            store: Arc::new(DynamoStore::new(
+                clients.dynamodb.clone(),
+                layout.clone(),
+                clock.clone(),
+            )),
+            publisher: Arc::new(AwsPublisher::new(clients.clone(), settings.destinations.clone())),
+            clock,
+            ids: Arc::new(RandomIds),
+        };
+        let consumer = Consumer::new(settings.name.clone(), ports, handler, settings.retention)
+            .with_message_ids(settings.message_ids.clone())
+            .with_limits(settings.limits);
+        let inbox = match queue_url {
+            Some(url) => {
+                let retention = crate::aws::queue_retention(&clients.sqs, url)
+                    .await
+                    .map_err(ServeError::QueueAttributes)?;
+                let figures = super::Retention {
+                    source_queue: retention,
+                    ..settings.sources
+                };
+                figures
+                    .check(settings.retention)
+                    .map_err(|source| ServeError::Retention {
+                        queue_url: url.clone(),
+                        source,
+                    })?;
+                Some((url.clone(), SqsInbox::new(clients.sqs.clone(), url.clone())))
+            }
+            None => None,
+        };
+        tracing::info!(
+            consumer = %settings.name,
+            retention_seconds = settings.retention.as_secs(),
+            message_ids = %settings.message_ids,
+            "consumer ready; dedup data kept from dispatch for the retention"
+        );
+        Ok(Self {
+            consumer,
+            inbox,
+            settings,
+        })
+    }
+}
+
+/// Runs a consumer of `handler` as the environment says: inside Lambda its SQS events,
+/// elsewhere the local poller on `OUTBOX_CONSUMER_QUEUE_URL` until SIGINT or SIGTERM.
+pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), ServeError> {
+    let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
+    let setup = Setup::new(ConsumerSettings::from_env()?, handler).await?;
+    if on_lambda {
+        let consumer = &setup.consumer;
+        let handler = service_fn(move |event: LambdaEvent<SqsEvent>| async move {
+            Ok::<_, lambda_runtime::Error>(super::lambda::handle_event(consumer, event.payload).await)
+        });
+        return lambda_runtime::run(handler).await.map_err(ServeError::Lambda);
+    }
+    let Some((url, inbox)) = &setup.inbox else {
+        return Err(ServeError::NoQueue);
+    };
+    tracing::info!(queue = %url, "polling the source queue");
+    super::run_poller(
+        inbox as &dyn Inbox,
+        &setup.consumer,
+        LONG_POLL_WAIT,
+        shutdown_signal(),
+        |_| {},
+    )
+    .await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = interrupt => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = interrupt.await;
+        }
+    }
+    tracing::info!("shutting down after the batch in hand");
+}
