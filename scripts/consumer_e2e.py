@@ -1,0 +1,252 @@
+"""The shipping consumer end to end on the emulators (run by scripts/consumer-e2e).
+
+The API and the control worker run as processes (started by the shell script); this
+drives them and the consumers:
+
+1. places orders through the API and reads their OrderPlaced events from the events
+   queue;
+2. delivers every event three times to the consumers' source queue with the same body
+   and attributes: two copies in one SendMessageBatch (received together, processed
+   concurrently), the third after the consumers started;
+3. starts two shipping consumers (processes, `OUTBOX_CONSUMER_QUEUE_URL` the source
+   queue), then a third for a second round of orders, which it kills with SIGKILL as
+   soon as it has committed one message, mid-batch; what it held comes back after the
+   source queue's visibility timeout;
+4. when the source queue is empty, reconciles: exactly one shipment per order placed,
+   one ShipmentRequested id per order received (every copy of it with one body), every
+   consumer record dispatched, nothing lost.
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter, defaultdict
+
+import boto3
+
+
+def post_order(port, n):
+    body = json.dumps(
+        {"customer_id": f"c-{n}", "items": [{"sku": f"SKU-{n % 7}", "quantity": 1 + n % 3, "unit_price_cents": 250}]}
+    ).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/orders", data=body, method="POST", headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 201, response.status
+        return json.loads(response.read())["id"]
+
+
+def drain(sqs, url, want=None, quiet=3.0, timeout=60.0):
+    """Receives and deletes until `want` messages came (if given) and the queue stayed
+    empty for `quiet` seconds."""
+    got = []
+    deadline = time.time() + timeout
+    last = time.time()
+    while time.time() < deadline:
+        reply = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, MessageAttributeNames=["All"]
+        )
+        messages = reply.get("Messages", [])
+        for message in messages:
+            attributes = {name: value["StringValue"] for name, value in message.get("MessageAttributes", {}).items()}
+            got.append((message["Body"], attributes))
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+        if messages:
+            last = time.time()
+        elif (want is None or len(got) >= want) and time.time() - last >= quiet:
+            break
+    return got
+
+
+def send_copies(sqs, url, events, copies):
+    """Sends copy number(s) `copies` of each event: one entry per copy, the copies of an
+    event in one SendMessageBatch."""
+    for index, (body, attributes) in enumerate(events):
+        entries = [
+            {
+                "Id": f"c{copy}",
+                "MessageBody": body,
+                "MessageAttributes": {name: {"DataType": "String", "StringValue": value} for name, value in attributes.items()},
+            }
+            for copy in copies
+        ]
+        reply = sqs.send_message_batch(QueueUrl=url, Entries=entries)
+        assert not reply.get("Failed"), reply
+
+
+def queue_depth(sqs, url):
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+
+def scan(dynamodb, table, prefix):
+    items = []
+    kwargs = {"TableName": table}
+    while True:
+        page = dynamodb.scan(**kwargs)
+        items += [item for item in page["Items"] if item["pk"]["S"].startswith(prefix)]
+        if "LastEvaluatedKey" not in page:
+            return items
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--api-port", type=int, required=True)
+    parser.add_argument("--events-queue-url", required=True)
+    parser.add_argument("--shipping", required=True, help="the shipping consumer's binary")
+    parser.add_argument("--work", required=True, help="where the consumers' logs go")
+    parser.add_argument("--orders", type=int, default=30, help="orders of the first round")
+    parser.add_argument("--killed-orders", type=int, default=30, help="orders of the round whose consumer is killed")
+    args = parser.parse_args()
+
+    region = os.environ.get("AWS_REGION", "us-east-1")
+    sqs = boto3.client("sqs", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name=region)
+    dynamodb = boto3.client("dynamodb", endpoint_url=os.environ["AWS_ENDPOINT_URL_DYNAMODB"], region_name=region)
+    table = os.environ["OUTBOX_TABLE_NAME"]
+    source = sqs.create_queue(QueueName="shipping-source", Attributes={"VisibilityTimeout": "5"})["QueueUrl"]
+    shipments = sqs.create_queue(QueueName="shipping-shipments")["QueueUrl"]
+    consumers = []
+
+    def start_consumer(name):
+        env = dict(os.environ)
+        env.update(
+            OUTBOX_CONSUMER_NAME="shipping",
+            OUTBOX_CONSUMER_QUEUE_URL=source,
+            OUTBOX_DESTINATIONS=f"shipments=sqs:{shipments}",
+            OUTBOX_RETENTION_SECONDS="",
+            OUTBOX_SERVICE_NAME=name,
+            RUST_LOG="info",
+            NO_COLOR="1",
+        )
+        log = open(os.path.join(args.work, f"{name}.log"), "w")
+        process = subprocess.Popen([args.shipping], env=env, stdout=log, stderr=subprocess.STDOUT)
+        consumers.append((name, process, log.name))
+        return process, log.name
+
+    def wait_for(log_path, text, process, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with open(log_path) as log:
+                if text in log.read():
+                    return True
+            if process.poll() is not None:
+                break
+            time.sleep(0.05)
+        with open(log_path) as log:
+            print(log.read()[-3000:], file=sys.stderr)
+        return False
+
+    try:
+        placed = [post_order(args.api_port, n) for n in range(args.orders)]
+        events = drain(sqs, args.events_queue_url, want=len(placed))
+        assert len(events) == len(placed), f"{len(events)} events for {len(placed)} orders"
+        # Copies 1 and 2 of each event in one batch: received together, processed at once.
+        send_copies(sqs, source, events, [1, 2])
+        for name in ["consumer-1", "consumer-2"]:
+            process, log = start_consumer(name)
+            assert wait_for(log, "polling the source queue", process), f"{name} did not start"
+        send_copies(sqs, source, events, [3])
+
+        # The second round: a third consumer killed mid-batch.
+        more = [post_order(args.api_port, args.orders + n) for n in range(args.killed_orders)]
+        placed += more
+        more_events = drain(sqs, args.events_queue_url, want=len(more))
+        assert len(more_events) == len(more), f"{len(more_events)} events for {len(more)} orders"
+        doomed, doomed_log = start_consumer("consumer-killed")
+        assert wait_for(doomed_log, "polling the source queue", doomed), "the third consumer did not start"
+        send_copies(sqs, source, more_events, [1, 2, 3])
+        assert wait_for(doomed_log, "committed", doomed, timeout=60), "the third consumer committed nothing"
+        os.kill(doomed.pid, signal.SIGKILL)
+        doomed.wait()
+        pending_at_kill = sum(1 for item in scan(dynamodb, table, "IN#") if item["state"]["S"] == "pending")
+        with open(doomed_log) as log:
+            killed_after = log.read().count("committed")
+
+        deadline = time.time() + 120
+        quiet_since = None
+        while time.time() < deadline:
+            if queue_depth(sqs, source) == 0:
+                quiet_since = quiet_since or time.time()
+                if time.time() - quiet_since > 6:
+                    break
+            else:
+                quiet_since = None
+            time.sleep(0.5)
+        left = queue_depth(sqs, source)
+
+        out = drain(sqs, shipments)
+        shipment_items = scan(dynamodb, table, "SHIPMENT#")
+        records = scan(dynamodb, table, "IN#")
+    finally:
+        for name, process, _ in consumers:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for name, process, _ in consumers:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+    shipments_per_order = Counter(item["data"]["M"]["order_id"]["S"] for item in shipment_items)
+    bodies_per_id = defaultdict(set)
+    order_per_id = {}
+    for body, attributes in out:
+        message_id = attributes.get("outbox-message-id")
+        bodies_per_id[message_id].add(body)
+        order_per_id[message_id] = json.loads(body)["order_id"]
+    received_orders = Counter(order_per_id.values())
+    states = Counter(item["state"]["S"] for item in records)
+    record_ids = {item["txn_id"]["S"] for item in records}
+    consumed_lines = Counter()
+    for name, _, log_path in consumers:
+        with open(log_path) as log:
+            for line in log:
+                if "message consumed" in line:
+                    found = re.search(r'outcome"?[=:]"?(\w+)', line)
+                    consumed_lines[found.group(1) if found else "unread"] += 1
+                elif "message failed" in line:
+                    consumed_lines["failed"] += 1
+
+    lost = [order for order in placed if shipments_per_order[order] != 1 or received_orders[order] < 1]
+    problems = []
+    if left:
+        problems.append(f"{left} messages left in the source queue")
+    if sorted(shipments_per_order) != sorted(placed) or any(count != 1 for count in shipments_per_order.values()):
+        problems.append(f"shipments per order: {dict(Counter(shipments_per_order.values()))} for {len(placed)} orders")
+    if len(bodies_per_id) != len(placed) or sorted(received_orders) != sorted(placed):
+        problems.append(f"{len(bodies_per_id)} ShipmentRequested ids received for {len(placed)} orders")
+    if any(len(bodies) != 1 for bodies in bodies_per_id.values()):
+        problems.append("an id was received with two bodies (a losing attempt's message)")
+    if any(message_id.split(":")[0] not in record_ids for message_id in bodies_per_id):
+        problems.append("an id names no consumer record")
+    if states != Counter({"dispatched": len(placed)}):
+        problems.append(f"consumer records: {dict(states)}")
+    if lost:
+        problems.append(f"lost: {len(lost)} orders")
+
+    print(
+        f"consumer end to end: {len(placed)} orders placed ({args.orders}, then {args.killed_orders} with a consumer killed"
+        f" by SIGKILL after {killed_after} commit(s), {pending_at_kill} record(s) then pending);"
+        f" {3 * len(placed)} deliveries (3 per event, 2 of them in one batch);"
+        f" outcomes logged {dict(consumed_lines)};"
+        f" shipments {sum(shipments_per_order.values())} ({len(shipments_per_order)} orders, at most {max(shipments_per_order.values(), default=0)} each);"
+        f" ShipmentRequested received {len(out)} times under {len(bodies_per_id)} ids, one body each;"
+        f" consumer records {dict(states)}; lost {len(lost)}"
+    )
+    if problems:
+        print("FAILED: " + "; ".join(problems), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
