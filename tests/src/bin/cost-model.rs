@@ -8,11 +8,13 @@
 //! Exits non-zero if a count on the wire differs from the code's call pattern.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
+use outbox::consumer::{ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming, Staging};
 use outbox::control::{ControlPath, MAX_ATTEMPTS};
-use outbox::ports::ExpectedVersion;
-use outbox::protocol::{Message, TxnId};
+use outbox::ports::{ExpectedVersion, RandomIds};
+use outbox::protocol::{Message, TxnId, MESSAGE_ID_ATTRIBUTE};
 use outbox::request::{InlineDispatch, Outbox, Settlement};
 use outbox::settings::Timing;
 use outbox_tests::calls::CallCounter;
@@ -43,6 +45,20 @@ const API_MS_INLINE_ON: f64 = 56.6;
 const API_MS_NSERVICEBUS: f64 = 43.7;
 const API_MS_STREAMS: f64 = 18.7;
 const WORKER_MS_PER_BATCH: f64 = 20.0;
+/// A consumed message's handling, modelled the same way (the same latencies summed, plus
+/// 5.7 ms): ours reads its record (5 ms) and the item (5), TransactWriteItems (25),
+/// SendMessageBatch (8), BatchWriteItem (8); NServiceBus's outbox Query (5), read (5),
+/// TransactWriteItems (25), send (8), SetAsDispatched (8), delete operations (8);
+/// Powertools' lock PutItem (8), read (5), the business PutItem (8), send (8), the
+/// record's completion (8).
+const CONSUMER_MS: f64 = 56.7;
+const CONSUMER_MS_NSERVICEBUS: f64 = 64.7;
+const CONSUMER_MS_POWERTOOLS: f64 = 42.7;
+/// A copy: its record's read 5 + 5.7.
+const CONSUMER_MS_COPY: f64 = 10.7;
+/// Powertools' idempotency record: its key hash, status, expiry and the stored result
+/// (an assumption, like NServiceBus's headers).
+const POWERTOOLS_RECORD_BYTES: usize = 300;
 
 /// NServiceBus transport headers stored with each outgoing operation (message id,
 /// conversation and correlation ids, enclosed types, time sent, ...): an assumption.
@@ -203,6 +219,124 @@ impl Rig {
     }
 }
 
+/// The handler of the consumer row: one read of an absent item, its put, one message.
+struct Ship;
+
+#[async_trait::async_trait]
+impl Handler for Ship {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let order = message.json::<serde_json::Value>()?["order_id"]
+            .as_str()
+            .ok_or("no order")?
+            .to_owned();
+        let key = format!("SHIPMENT#{order}").parse()?;
+        assert!(staging.get(&key).await?.is_none());
+        staging.put(
+            key,
+            json!({"order_id": order, "items": 2, "status": "requested"}),
+            ExpectedVersion::Absent,
+        );
+        staging.emit(Message::json(
+            "events".parse()?,
+            &json!({"type": "ShipmentRequested", "order_id": order, "items": 2}),
+        )?);
+        Ok(())
+    }
+}
+
+impl Rig {
+    /// One incoming event consumed, then a copy of it: the consumer's calls and usage on
+    /// the wire for each.
+    async fn consume(&self) -> (Bill, Bill) {
+        let consumer = Consumer::new(
+            "shipping".parse().unwrap(),
+            ConsumerPorts {
+                store: self.backend.store.clone(),
+                publisher: self.backend.publisher.clone(),
+                clock: self.backend.clock.clone(),
+                ids: Arc::new(RandomIds),
+            },
+            Arc::new(Ship),
+            Duration::from_secs(19 * 24 * 3600),
+        );
+        let delivery = Delivery {
+            message_id: "sqs-1".into(),
+            receipt: String::new(),
+            body: serde_json::to_string(&event(9, 0)).unwrap(),
+            attributes: BTreeMap::from([(MESSAGE_ID_ATTRIBUTE.to_owned(), format!("{}:0", TxnId::new_v7()))]),
+            group_id: None,
+            receive_count: 1,
+        };
+        self.reset();
+        let first = consumer.consume(&delivery).await.expect("consumed");
+        assert_eq!(first, ConsumeOutcome::Processed { messages: 1 });
+        let (calls, processed) = self.snapshot();
+        assert_eq!(
+            calls,
+            counts(&[
+                ("BatchGetItem", 2),
+                ("BatchWriteItem", 1),
+                ("SendMessageBatch", 1),
+                ("TransactWriteItems", 1)
+            ]),
+            "a consumed message: its record read, the handler's read, the commit, the send, the mark"
+        );
+        self.reset();
+        assert_eq!(
+            consumer.consume(&delivery).await.expect("a copy"),
+            ConsumeOutcome::Duplicate
+        );
+        let (calls, duplicate) = self.snapshot();
+        assert_eq!(calls, counts(&[("BatchGetItem", 1)]), "a copy: its record read");
+        assert_eq!(
+            self.backend.drain(&"events".parse().unwrap()).await.len(),
+            1,
+            "published once"
+        );
+        (processed, duplicate)
+    }
+}
+
+fn nservicebus_consumed(sizes: &Sizes, batch: f64) -> Cost {
+    let metadata = 200;
+    let operation = sizes.message_body + NSERVICEBUS_HEADER_BYTES + 150;
+    let mut cost = Cost::default();
+    cost.consumer(batch, CONSUMER_MS_NSERVICEBUS)
+        .modelled("Query (outbox record)", 1.0, 0.0, read_units(metadata))
+        .modelled("GetItem (business read)", 1.0, 0.0, sizes.business_read_rru)
+        .modelled(
+            "TransactWriteItems",
+            1.0,
+            2.0 * (write_units(sizes.business_item) + write_units(metadata) + write_units(operation)),
+            0.0,
+        )
+        .modelled("SendMessageBatch", 1.0, 0.0, 0.0)
+        .modelled("UpdateItem (SetAsDispatched)", 1.0, write_units(metadata), 0.0)
+        .modelled("BatchWriteItem (delete operations)", 1.0, write_units(operation), 0.0);
+    cost
+}
+
+fn powertools_consumed(sizes: &Sizes, batch: f64) -> Cost {
+    let mut cost = Cost::default();
+    cost.consumer(batch, CONSUMER_MS_POWERTOOLS)
+        .modelled(
+            "PutItem (idempotency record, INPROGRESS)",
+            1.0,
+            write_units(POWERTOOLS_RECORD_BYTES),
+            0.0,
+        )
+        .modelled("GetItem (business read)", 1.0, 0.0, sizes.business_read_rru)
+        .modelled("PutItem (business write)", 1.0, write_units(sizes.business_item), 0.0)
+        .modelled("SendMessage (the handler's own send)", 1.0, 0.0, 0.0)
+        .modelled(
+            "UpdateItem (idempotency record, COMPLETED)",
+            1.0,
+            write_units(POWERTOOLS_RECORD_BYTES),
+            0.0,
+        );
+    cost
+}
+
 fn order(n: usize) -> serde_json::Value {
     json!({
         "id": format!("order-{n}"),
@@ -308,6 +442,14 @@ impl Cost {
         self.modelled("ReceiveMessage (ESM)", messages / batch, 0.0, 0.0)
             .modelled("DeleteMessageBatch (ESM)", messages / batch, 0.0, 0.0)
             .lambda(messages / batch, WORKER_MS_PER_BATCH)
+    }
+
+    /// The event source mapping's receive and delete for one consumed message in batches
+    /// of `batch`, and its invocation's share: `ms` per message.
+    fn consumer(&mut self, batch: f64, ms: f64) -> &mut Self {
+        self.modelled("ReceiveMessage (ESM)", 1.0 / batch, 0.0, 0.0)
+            .modelled("DeleteMessageBatch (ESM)", 1.0 / batch, 0.0, 0.0)
+            .lambda(1.0 / batch, ms * batch)
     }
 
     fn merged(&self) -> BTreeMap<String, (Usage, bool)> {
@@ -492,6 +634,7 @@ async fn run(batch_size: f64) {
         (6, 5),
         "the README's count at the 30 s window"
     );
+    let (consumed, duplicate) = rig.consume().await;
     let (responses, with_capacity, reported) = rig.meter.consumed_capacity_seen();
 
     let business = off1
@@ -619,6 +762,30 @@ async fn run(batch_size: f64) {
         streams
             .modelled("GetItem (business read)", 1.0, 0.0, read)
             .lambda(1.0, API_MS_STREAMS);
+        // A consumed message: the event source mapping's receive and delete and one
+        // invocation per batch, the handler's time per message.
+        let mut ours_consumed = Cost::default();
+        ours_consumed.counted(&consumed).consumer(batch, CONSUMER_MS);
+        let mut ours_copy = Cost::default();
+        ours_copy.counted(&duplicate).consumer(batch, CONSUMER_MS_COPY);
+        out.push((
+            "consumed messages (1 incoming event: 1 read, 1 write, 1 outgoing message)".to_owned(),
+            vec![
+                ("this outbox's consumer (outbox::consumer)".to_owned(), ours_consumed),
+                (
+                    "this outbox's consumer, a copy (duplicate) of a consumed message".to_owned(),
+                    ours_copy,
+                ),
+                (
+                    "NServiceBus Outbox, DynamoDB persistence".to_owned(),
+                    nservicebus_consumed(&sizes, batch),
+                ),
+                (
+                    "Powertools idempotency + a separate business write and send (not atomic)".to_owned(),
+                    powertools_consumed(&sizes, batch),
+                ),
+            ],
+        ));
         out.push((
             "abandoned transactions (decided by the reads: 404/409/412)".to_owned(),
             vec![
