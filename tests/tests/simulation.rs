@@ -781,3 +781,135 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
     assert!(ends.publish_exhausted > 0, "{ends:?}");
     assert!(ends.settle_exhausted > 0, "{ends:?}");
 }
+
+use outbox_tests::sim::{run_consumer_schedule, ConsumerCounts, ConsumerSimConfig};
+
+/// Asserts that the consumer schedules reached each rare path at least once.
+fn assert_consumer_reached(name: &str, counts: &ConsumerCounts, outcomes: &[&str]) {
+    for outcome in outcomes {
+        assert!(
+            counts.outcome(outcome) > 0,
+            "{name}: no copy ended {outcome:?}: {counts:?}"
+        );
+    }
+    assert!(
+        counts.crashed_after_commit_before_publish() > 0,
+        "{name}: no crash between the commit and the publish: {counts:?}"
+    );
+    assert!(
+        counts.crashed_after_publish_before_mark() > 0,
+        "{name}: no crash between the publish and the mark: {counts:?}"
+    );
+    assert!(
+        counts.redeliveries > 0,
+        "{name}: nothing was delivered again: {counts:?}"
+    );
+    assert!(counts.superseded > 0, "{name}: no commit lost a race: {counts:?}");
+    assert!(
+        counts.business_reruns > 0,
+        "{name}: no business condition failed: {counts:?}"
+    );
+    assert!(counts.late_applied > 0, "{name}: no late commit applied: {counts:?}");
+    assert!(
+        counts.late_superseded > 0,
+        "{name}: no late commit arrived after another attempt had won: {counts:?}"
+    );
+}
+
+/// Message handlers (DESIGN.md section 10): one copy of an incoming message, every fault
+/// at every gated step (its record read, its handler's read, its commit, including one
+/// timed out on its way and applied later, its publishes, its mark) and every order of a
+/// late commit against the copy's next rounds, then redelivered until acknowledged; once
+/// more beside a writer that changes the handler's counter behind its back. After each
+/// schedule C1 to C5 hold.
+#[test]
+fn consumer_every_crash_point_of_one_copy_then_a_redelivery() {
+    let started = Instant::now();
+    let sweeps = [
+        ("one copy", ConsumerSimConfig::new(1, false, false, 3)),
+        ("one copy beside a writer", ConsumerSimConfig::new(1, false, true, 1)),
+    ];
+    let mut counts = ConsumerCounts::default();
+    let (mut schedules, mut with_fault, mut longest) = (0, 0, 0);
+    for (name, config) in &sweeps {
+        let mut prefix = Some(Vec::new());
+        while let Some(choices) = prefix {
+            let mut chooser = DepthFirst::new(choices.clone());
+            let outcome = run_consumer_schedule(&mut chooser, config)
+                .unwrap_or_else(|error| panic!("consumer, {name}: schedule {choices:?}: {error}"));
+            schedules += 1;
+            with_fault += usize::from(outcome.faults > 0);
+            longest = longest.max(outcome.steps);
+            counts.add(&outcome.counts);
+            prefix = chooser.next_prefix();
+        }
+    }
+    println!(
+        "consumer, one copy: {schedules} schedules ({with_fault} with a fault, longest {longest} steps) in {:.2?}: {counts:?}",
+        started.elapsed()
+    );
+    assert_consumer_reached(
+        "one copy",
+        &counts,
+        &[
+            "processed",
+            "resumed",
+            "adopted",
+            "duplicate",
+            "crashed",
+            "failed: publish",
+            "failed: mark",
+        ],
+    );
+}
+
+/// The configuration of consumer schedule `seed`: every other one with the conflicting
+/// writer, up to 4 faults.
+fn consumer_random_config(copies: usize, concurrent: bool, seed: u64) -> ConsumerSimConfig {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0xc0de);
+    ConsumerSimConfig::new(copies, concurrent, seed % 2 == 1, rng.usize(0..=4))
+}
+
+/// Two and three copies of an incoming message, delivered one after another or all at
+/// once, under seeded random interleavings and faults, half of them beside a conflicting
+/// writer: C1 to C5 hold after each, and the races (a copy adopting a rival's record, a
+/// late commit refused after another copy won) are reached.
+#[test]
+fn consumer_two_and_three_copies_one_after_another_and_concurrently() {
+    let count: u64 = std::env::var("SIM_CONSUMER_SCHEDULES")
+        .map(|n| n.parse().expect("SIM_CONSUMER_SCHEDULES is a number"))
+        .unwrap_or(2_000);
+    let started = Instant::now();
+    let mut counts = ConsumerCounts::default();
+    let (mut schedules, mut faults, mut steps) = (0, 0, 0);
+    for copies in [2, 3] {
+        for concurrent in [false, true] {
+            for seed in 0..count {
+                let config = consumer_random_config(copies, concurrent, seed);
+                let mut chooser = Seeded::new(seed, 15);
+                let outcome = run_consumer_schedule(&mut chooser, &config).unwrap_or_else(|error| {
+                    panic!("consumer, {copies} copies, concurrent {concurrent}, seed {seed}: {error}")
+                });
+                schedules += 1;
+                faults += outcome.faults;
+                steps += outcome.steps;
+                counts.add(&outcome.counts);
+            }
+        }
+    }
+    println!(
+        "consumer, 2 and 3 copies: {schedules} schedules ({faults} faults, {steps} steps) in {:.2?}: {counts:?}",
+        started.elapsed()
+    );
+    if count >= 500 {
+        assert_consumer_reached(
+            "copies",
+            &counts,
+            &["processed", "resumed", "adopted", "duplicate", "crashed"],
+        );
+        assert!(
+            counts.late_superseded_by_other_copy > 0,
+            "no late commit arrived after another copy had won: {counts:?}"
+        );
+    }
+}

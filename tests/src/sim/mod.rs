@@ -12,8 +12,13 @@
 //! After the chaotic phase, recovery runs with no faults: crashed workers are replaced,
 //! the clock advances to each next delivery, and the dead-letter queue is redriven, until
 //! nothing is left to do. Then [`invariants`] checks I1 to I7 and the business state.
+//!
+//! Message handlers (DESIGN.md section 10) have a schedule of their own
+//! ([`run_consumer_schedule`]): copies of one incoming message, each a consumer over the
+//! same gated ports, delivered again until acknowledged; then C1 to C5.
 
 mod chooser;
+mod consumer;
 mod gate;
 pub mod invariants;
 mod ports;
@@ -21,6 +26,10 @@ mod split;
 mod world;
 
 pub use chooser::{Chooser, DepthFirst, FaultsDepthFirst, Seeded};
+pub use consumer::{
+    consumer_faults, run_consumer_schedule, ConsumerCounts, ConsumerOutcome, ConsumerSimConfig, CONSUMER, INCOMING_ID,
+    RETENTION,
+};
 pub use gate::{Fault, Op};
 pub use split::{run_split_schedule, SplitConfig, SplitCounts, SplitOutcome};
 pub use world::{run_schedule, sim_timing, ApiResult, LateOps, LoopEnds, Outcome, SimConfig, UnknownCommits};
