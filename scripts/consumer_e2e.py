@@ -165,12 +165,12 @@ def main():
         doomed, doomed_log = start_consumer("consumer-killed")
         assert wait_for(doomed_log, "polling the source queue", doomed), "the third consumer did not start"
         send_copies(sqs, source, more_events, [1, 2, 3])
-        assert wait_for(doomed_log, "committed", doomed, timeout=60), "the third consumer committed nothing"
+        assert wait_for(doomed_log, "committed messages=", doomed, timeout=60), "the third consumer committed nothing"
         os.kill(doomed.pid, signal.SIGKILL)
         doomed.wait()
         pending_at_kill = sum(1 for item in scan(dynamodb, table, "IN#") if item["state"]["S"] == "pending")
         with open(doomed_log) as log:
-            killed_after = log.read().count("committed")
+            killed_after = log.read().count("committed messages=")
 
         deadline = time.time() + 120
         quiet_since = None
@@ -198,12 +198,17 @@ def main():
                 process.kill()
 
     shipments_per_order = Counter(item["data"]["M"]["order_id"]["S"] for item in shipment_items)
+    # Each run of the handler draws a new shipment id: the committed run's is the stored one.
+    stored_shipment = {item["data"]["M"]["order_id"]["S"]: item["data"]["M"]["shipment_id"]["S"] for item in shipment_items}
     bodies_per_id = defaultdict(set)
     order_per_id = {}
+    losers = 0
     for body, attributes in out:
         message_id = attributes.get("outbox-message-id")
         bodies_per_id[message_id].add(body)
-        order_per_id[message_id] = json.loads(body)["order_id"]
+        requested = json.loads(body)
+        order_per_id[message_id] = requested["order_id"]
+        losers += requested["shipment_id"] != stored_shipment.get(requested["order_id"])
     received_orders = Counter(order_per_id.values())
     states = Counter(item["state"]["S"] for item in records)
     record_ids = {item["txn_id"]["S"] for item in records}
@@ -227,6 +232,8 @@ def main():
         problems.append(f"{len(bodies_per_id)} ShipmentRequested ids received for {len(placed)} orders")
     if any(len(bodies) != 1 for bodies in bodies_per_id.values()):
         problems.append("an id was received with two bodies (a losing attempt's message)")
+    if losers:
+        problems.append(f"{losers} ShipmentRequested name a shipment id that was not committed (a losing run's)")
     if any(message_id.split(":")[0] not in record_ids for message_id in bodies_per_id):
         problems.append("an id names no consumer record")
     if states != Counter({"dispatched": len(placed)}):
@@ -240,7 +247,8 @@ def main():
         f" {3 * len(placed)} deliveries (3 per event, 2 of them in one batch);"
         f" outcomes logged {dict(consumed_lines)};"
         f" shipments {sum(shipments_per_order.values())} ({len(shipments_per_order)} orders, at most {max(shipments_per_order.values(), default=0)} each);"
-        f" ShipmentRequested received {len(out)} times under {len(bodies_per_id)} ids, one body each;"
+        f" ShipmentRequested received {len(out)} times under {len(bodies_per_id)} ids, one body each,"
+        f" {losers} naming an uncommitted run's shipment;"
         f" consumer records {dict(states)}; lost {len(lost)}"
     )
     if problems:

@@ -49,7 +49,7 @@ mod test_log;
 pub mod time;
 
 /// The README's examples, compiled as doc tests so that they cannot rot (with the HTTP
-/// glue, which they use).
+/// glue and the consumer, which they use).
 #[doc = include_str!("../../README.md")]
-#[cfg(all(doctest, feature = "axum"))]
+#[cfg(all(doctest, feature = "axum", feature = "consumer"))]
 pub struct ReadmeDoctests;

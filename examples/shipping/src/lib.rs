@@ -10,6 +10,7 @@ use outbox::consumer::{Handler, HandlerError, Incoming, Staging};
 use outbox::ports::{ExpectedVersion, ItemKey};
 use outbox::protocol::{DestinationName, Message};
 use serde_json::{json, Value};
+use uuid::Uuid;
 
 /// The destination of `ShipmentRequested`.
 pub const SHIPMENTS: &str = "shipments";
@@ -32,13 +33,16 @@ impl Handler for Shipping {
             return Ok(());
         }
         let items = event["items"].as_array().map_or(0, Vec::len);
+        // A new id on every run: only the committed run's may ever be seen outside.
+        let shipment_id = Uuid::now_v7();
         staging.put(
             key,
-            json!({"order_id": order_id, "items": items, "status": "requested", "placed_by": message.id.as_str()}),
+            json!({"order_id": order_id, "shipment_id": shipment_id, "items": items, "status": "requested", "placed_by": message.id.as_str()}),
             ExpectedVersion::Absent,
         );
         let destination: DestinationName = SHIPMENTS.parse()?;
-        let requested = json!({"type": "ShipmentRequested", "order_id": order_id, "items": items});
+        let requested =
+            json!({"type": "ShipmentRequested", "order_id": order_id, "shipment_id": shipment_id, "items": items});
         staging.emit(Message::json(destination, &requested)?.with_event("com.example.shipping", "ShipmentRequested"));
         Ok(())
     }

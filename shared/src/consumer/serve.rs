@@ -69,10 +69,28 @@ impl Setup {
     /// `handler` from `settings`. When the source queue is named, its real message
     /// retention is read and a consumer retention shorter than it is refused (C4).
     pub async fn new(settings: ConsumerSettings, handler: Arc<dyn Handler>) -> Result<Self, ServeError> {
-        let ConsumerBackend::Aws { layout, queue_url } = &settings.backend else {
+        let ConsumerBackend::Aws { layout, queue_url } = settings.backend.clone() else {
             return Err(ServeError::EmbeddedBackend);
         };
         let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
+        // The source queue's own retention, where it is named: the dedup data must
+        // outlive what the queue really keeps, whatever the settings say (C4).
+        let (settings, inbox) = match queue_url.clone() {
+            Some(url) => {
+                let real = crate::aws::queue_retention(&clients.sqs, &url)
+                    .await
+                    .map_err(ServeError::QueueAttributes)?;
+                let settings = settings
+                    .with_source_queue_retention(real)
+                    .map_err(|source| ServeError::Retention {
+                        queue_url: url.clone(),
+                        source,
+                    })?;
+                let inbox = SqsInbox::new(clients.sqs.clone(), url.clone());
+                (settings, Some((url, inbox)))
+            }
+            None => (settings, None),
+        };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ports = ConsumerPorts {
             store: Arc::new(DynamoStore::new(
@@ -87,25 +105,6 @@ impl Setup {
         let consumer = Consumer::new(settings.name.clone(), ports, handler, settings.retention)
             .with_message_ids(settings.message_ids.clone())
             .with_limits(settings.limits);
-        let inbox = match queue_url {
-            Some(url) => {
-                let retention = crate::aws::queue_retention(&clients.sqs, url)
-                    .await
-                    .map_err(ServeError::QueueAttributes)?;
-                let figures = super::Retention {
-                    source_queue: retention,
-                    ..settings.sources
-                };
-                figures
-                    .check(settings.retention)
-                    .map_err(|source| ServeError::Retention {
-                        queue_url: url.clone(),
-                        source,
-                    })?;
-                Some((url.clone(), SqsInbox::new(clients.sqs.clone(), url.clone())))
-            }
-            None => None,
-        };
         tracing::info!(
             consumer = %settings.name,
             retention_seconds = settings.retention.as_secs(),

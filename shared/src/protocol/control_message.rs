@@ -99,10 +99,17 @@ impl ControlMessage {
             return Err(DecodeError::UnknownVersion { version });
         }
         let txn_id = match required(&fields, "txn_id")? {
-            Value::String(text) => text.parse::<TxnId>().map_err(|_| DecodeError::InvalidField {
-                field: "txn_id",
-                rule: "a UUID v7 in hyphenated form",
-            })?,
+            // Only the request path's transactions have control messages: a consumed
+            // message's id (v8) in one is forged, and a tombstone for it would block
+            // every later copy of that message.
+            Value::String(text) => text
+                .parse::<TxnId>()
+                .ok()
+                .filter(|txn_id| !txn_id.is_consumed())
+                .ok_or(DecodeError::InvalidField {
+                    field: "txn_id",
+                    rule: "a UUID v7 in hyphenated form",
+                })?,
             _ => {
                 return Err(DecodeError::InvalidField {
                     field: "txn_id",
@@ -181,6 +188,18 @@ mod tests {
                 other => panic!("expected a missing {field}, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_consumed_messages_id_is_refused_no_control_message_names_one() {
+        let forged = format!(
+            r#"{{"version":1,"txn_id":"{}","first_sent_at":1,"attempt":1}}"#,
+            TxnId::consumed("shipping", "T:0")
+        );
+        assert!(matches!(
+            ControlMessage::decode(&forged),
+            Err(DecodeError::InvalidField { field: "txn_id", .. })
+        ));
     }
 
     #[test]

@@ -174,10 +174,11 @@ impl Transaction {
                         item,
                     })
                 }
-                // A request path's record has no rival attempts: its id is its own.
-                CommitError::NativeUnsupported | CommitError::Superseded { .. } => {
-                    return Err(TxnError::NotCommitted { txn_id, source: error })
-                }
+                CommitError::NativeUnsupported => return Err(TxnError::NotCommitted { txn_id, source: error }),
+                // A request path's record has no rival attempts (its id is its own): a
+                // record of T that is not its own is one it cannot read (a malformed
+                // attempt), and whether T committed is then unknown.
+                CommitError::Superseded { .. } => return Err(TxnError::Ambiguous { txn_id, source: error }),
                 CommitError::Contention(_) | CommitError::Unavailable(_) | CommitError::Invalid { .. } => {
                     return Err(match unknown.take() {
                         Some(source) => TxnError::Ambiguous { txn_id, source },

@@ -61,6 +61,9 @@ pub struct ConsumerSettings {
     pub sources: Retention,
     /// How long each message's dedup data is kept from its dispatch.
     pub retention: Duration,
+    /// Whether `retention` was set (`OUTBOX_RETENTION_SECONDS`) rather than derived from
+    /// `sources`.
+    pub retention_set: bool,
     /// What one message may emit.
     pub limits: TransactionLimits,
     /// The SDK's per-operation timeout.
@@ -70,6 +73,20 @@ pub struct ConsumerSettings {
 const DAY: u64 = 24 * 3600;
 
 impl ConsumerSettings {
+    /// These settings, with the source queue's real message retention (read from the
+    /// queue at start-up): a derived retention is derived again from the longer of it
+    /// and the configured figure; a set one is refused when shorter than the real one,
+    /// naming both (C4).
+    pub fn with_source_queue_retention(mut self, real: Duration) -> Result<Self, crate::consumer::RetentionError> {
+        self.sources.source_queue = self.sources.source_queue.max(real);
+        if self.retention_set {
+            self.sources.check(self.retention)?;
+        } else {
+            self.retention = self.sources.derived();
+        }
+        Ok(self)
+    }
+
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, SettingsError> {
         Self::from_lookup(|name| std::env::var(name).ok())
@@ -127,6 +144,7 @@ impl ConsumerSettings {
             dead_letter_queue: reader.seconds(cv::DLQ_RETENTION_SECONDS, Duration::from_secs(14 * DAY), 0, 14 * DAY),
             resend_window: reader.seconds(cv::RESEND_WINDOW_SECONDS, Duration::from_secs(DAY), 0, 365 * DAY),
         };
+        let retention_set = reader.text(vars::RETENTION_SECONDS).is_some();
         let retention = match reader.text(vars::RETENTION_SECONDS) {
             None => sources.derived(),
             Some(_) => {
@@ -157,6 +175,7 @@ impl ConsumerSettings {
                 destinations,
                 sources,
                 retention,
+                retention_set,
                 limits,
                 sdk_operation_timeout,
             }),
@@ -215,6 +234,31 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(settings.retention, Duration::from_secs(345_600));
+    }
+
+    #[test]
+    fn the_source_queues_real_retention_wins_over_the_configured_one() {
+        let configured = read(&[(cv::NAME, "shipping")]).unwrap();
+        // A queue that keeps messages 14 days where 4 were configured: derived again.
+        let real = configured
+            .clone()
+            .with_source_queue_retention(Duration::from_secs(14 * DAY))
+            .unwrap();
+        assert_eq!(real.retention, Duration::from_secs((14 + 14 + 1) * DAY));
+        // A shorter real queue changes nothing: the configured figure still counts.
+        let shorter = configured
+            .with_source_queue_retention(Duration::from_secs(DAY))
+            .unwrap();
+        assert_eq!(shorter.retention, Duration::from_secs(19 * DAY));
+        // A set retention is checked against the real figure.
+        let set = read(&[(cv::NAME, "shipping"), (vars::RETENTION_SECONDS, "432000")]).unwrap();
+        let error = set
+            .with_source_queue_retention(Duration::from_secs(14 * DAY))
+            .unwrap_err();
+        assert_eq!(
+            (error.retention_seconds, error.source_queue_seconds),
+            (432_000, 1_209_600)
+        );
     }
 
     #[test]

@@ -992,3 +992,32 @@ pub async fn a_consumer_processes_each_message_once_and_publishes_before_acknowl
     let recorded = b.store.get_items(&[key("RECORDED#o-1")]).await.unwrap();
     assert_eq!(recorded[&key("RECORDED#o-1")].version, 1, "applied once");
 }
+
+/// A consumed message's record whose retention has passed no longer blocks a new attempt,
+/// though the table may still hold it (TTL deletes lazily): a late copy is new again, as
+/// every read of the record already says.
+pub async fn an_expired_consumed_record_does_not_block_a_new_attempt(b: &Backend) {
+    let txn = TxnId::consumed("conformance", &format!("{}:0", TxnId::new_v7()));
+    let now = b.clock.now();
+    let mut old = request(b, txn, vec![], vec![]);
+    old.outbox = OutboxRecord::committed(txn, vec![], now, whole_second(now.plus(Duration::from_secs(60))))
+        .by_attempt(TxnId::new_v7());
+    b.store.commit(&old).await.expect("the first copy, long ago");
+    b.clock.advance(Duration::from_secs(120));
+    assert!(record(b, txn).await.is_none(), "{}: read as gone once expired", b.name);
+    let mut late = request(
+        b,
+        txn,
+        vec![put("LATE#1", json!({"late": true}), ExpectedVersion::Absent)],
+        vec![],
+    );
+    late.outbox = late.outbox.by_attempt(TxnId::new_v7());
+    b.store
+        .commit(&late)
+        .await
+        .unwrap_or_else(|error| panic!("{}: a late copy after the retention must commit: {error:?}", b.name));
+    assert_eq!(
+        record(b, txn).await.expect("the new record").attempt,
+        late.outbox.attempt
+    );
+}

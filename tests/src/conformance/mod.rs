@@ -39,7 +39,8 @@ macro_rules! conformance_suite {
             events_on_a_bus_arrive_with_their_ids_and_type,
             a_consumed_messages_record_is_won_by_one_attempt,
             concurrent_copies_of_a_consumed_message_commit_once,
-            a_consumer_processes_each_message_once_and_publishes_before_acknowledging
+            a_consumer_processes_each_message_once_and_publishes_before_acknowledging,
+            an_expired_consumed_record_does_not_block_a_new_attempt
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {

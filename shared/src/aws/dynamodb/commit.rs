@@ -142,6 +142,11 @@ impl DynamoStore {
         let outbox = outbox_items(&self.layout, &request.outbox, part_expiry, self.part_bytes)
             .map_err(|reason| CommitError::TooLarge { reason })?;
         let record_items = outbox.len();
+        // A consumed message's record that has expired (its retention passed) may still be
+        // in the table until TTL deletes it, days later; a late copy of the message is new
+        // again by then (as every read already says), so the expired record does not
+        // block it. A request path's record never expires within its commit window.
+        let consumed = request.outbox.txn_id.is_consumed();
         for (index, item) in outbox.into_iter().enumerate() {
             protocol_bytes += item_bytes(&item);
             let mut put = Put::builder()
@@ -149,6 +154,12 @@ impl DynamoStore {
                 .set_item(Some(item))
                 .condition_expression(TableLayout::NOT_EXISTS)
                 .set_expression_attribute_names(Some(self.layout.key_names()));
+            if consumed && index == 0 {
+                put = put
+                    .condition_expression(format!("{} OR #ttl <= :now", TableLayout::NOT_EXISTS))
+                    .set_expression_attribute_names(Some(self.layout.key_and_ttl_names()))
+                    .expression_attribute_values(":now", n(now.as_unix_seconds()));
+            }
             if index == 0 {
                 // What blocks the put, if anything: this transaction's own record
                 // (committed already) or a tombstone (never will).
