@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{BatchReport, Consumer, Delivery};
-use crate::control::poller::{receive_backoff, PollerStats, MAX_BATCH};
+use crate::control::poller::{poll_loop, PollerStats, MAX_BATCH};
 use crate::ports::QueueError;
 
 /// A queue a consumer receives from, when no Lambda event source mapping does it.
@@ -59,43 +59,17 @@ pub async fn run(
     consumer: &Consumer,
     wait: Duration,
     shutdown: impl Future<Output = ()>,
-    mut on_batch: impl FnMut(&BatchReport),
+    on_batch: impl FnMut(&BatchReport),
 ) -> PollerStats {
-    tokio::pin!(shutdown);
-    let mut stats = PollerStats::default();
-    let mut failures_in_a_row = 0;
-    loop {
-        let received = tokio::select! {
-            () = &mut shutdown => break,
-            received = inbox.receive(MAX_BATCH, wait) => received,
-        };
-        let result = match received {
-            Ok(deliveries) => {
-                stats.receives += 1;
-                stats.messages += deliveries.len() as u64;
-                process(inbox, consumer, &deliveries).await
-            }
-            Err(error) => Err(error),
-        };
-        match result {
-            Ok(report) => {
-                failures_in_a_row = 0;
-                if !report.items.is_empty() {
-                    on_batch(&report);
-                }
-            }
-            Err(error) => {
-                stats.failures += 1;
-                failures_in_a_row += 1;
-                let pause = receive_backoff(failures_in_a_row);
-                tracing::warn!(error = %error, retry_in_ms = pause.as_millis() as u64, "polling the source queue failed; retrying");
-                tokio::select! {
-                    () = &mut shutdown => break,
-                    () = tokio::time::sleep(pause) => {}
-                }
-            }
-        }
-    }
+    let stats = poll_loop(
+        || inbox.receive(MAX_BATCH, wait),
+        |deliveries| async move { process(inbox, consumer, &deliveries).await },
+        |report: &BatchReport| report.items.is_empty(),
+        shutdown,
+        on_batch,
+        "the source queue",
+    )
+    .await;
     tracing::info!(?stats, consumer = %consumer.name(), "consumer poller stopped");
     stats
 }

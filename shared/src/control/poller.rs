@@ -87,28 +87,56 @@ pub async fn run(
     control: &ControlPath,
     wait: Duration,
     shutdown: impl Future<Output = ()>,
-    mut on_batch: impl FnMut(&BatchReport),
+    on_batch: impl FnMut(&BatchReport),
 ) -> PollerStats {
+    let stats = poll_loop(
+        || inbox.receive(MAX_BATCH, wait),
+        |deliveries| async move { process(inbox, control, &deliveries).await },
+        |report: &BatchReport| report.items.is_empty(),
+        shutdown,
+        on_batch,
+        "the control queue",
+    )
+    .await;
+    tracing::info!(?stats, "control poller stopped");
+    stats
+}
+
+/// The loop of a poller (the control worker's, a consumer's): receive, interrupted only
+/// by `shutdown`; hand each batch to `process`; report the non-empty ones to `on_batch`;
+/// after a failed cycle, pause ([`receive_backoff`]) and try again.
+pub(crate) async fn poll_loop<D, R, Received, Processed>(
+    mut receive: impl FnMut() -> Received,
+    mut process: impl FnMut(Vec<D>) -> Processed,
+    is_empty: impl Fn(&R) -> bool,
+    shutdown: impl Future<Output = ()>,
+    mut on_batch: impl FnMut(&R),
+    queue: &str,
+) -> PollerStats
+where
+    Received: Future<Output = Result<Vec<D>, QueueError>>,
+    Processed: Future<Output = Result<R, QueueError>>,
+{
     tokio::pin!(shutdown);
     let mut stats = PollerStats::default();
     let mut failures_in_a_row = 0;
     loop {
         let received = tokio::select! {
             () = &mut shutdown => break,
-            received = inbox.receive(MAX_BATCH, wait) => received,
+            received = receive() => received,
         };
         let result = match received {
             Ok(deliveries) => {
                 stats.receives += 1;
                 stats.messages += deliveries.len() as u64;
-                process(inbox, control, &deliveries).await
+                process(deliveries).await
             }
             Err(error) => Err(error),
         };
         match result {
             Ok(report) => {
                 failures_in_a_row = 0;
-                if !report.items.is_empty() {
+                if !is_empty(&report) {
                     on_batch(&report);
                 }
             }
@@ -116,7 +144,7 @@ pub async fn run(
                 stats.failures += 1;
                 failures_in_a_row += 1;
                 let pause = receive_backoff(failures_in_a_row);
-                tracing::warn!(error = %error, retry_in_ms = pause.as_millis() as u64, "polling the control queue failed; retrying");
+                tracing::warn!(error = %error, retry_in_ms = pause.as_millis() as u64, "polling {queue} failed; retrying");
                 tokio::select! {
                     () = &mut shutdown => break,
                     () = tokio::time::sleep(pause) => {}
@@ -124,7 +152,6 @@ pub async fn run(
             }
         }
     }
-    tracing::info!(?stats, "control poller stopped");
     stats
 }
 

@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::inbox::EmbeddedInbox;
 use super::queue::{EmbeddedQueue, QueueFault, SendRequest};
+use crate::consumer::Inbox;
 use crate::ports::{Clock, ControlDelivery, ControlInbox, ControlQueue, QueueError};
 use crate::protocol::ControlMessage;
-
-/// How often a waiting receive looks again.
-const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// The control queue, embedded.
 pub struct EmbeddedControlQueue {
@@ -53,24 +52,18 @@ impl ControlQueue for EmbeddedControlQueue {
 #[async_trait]
 impl ControlInbox for EmbeddedControlQueue {
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError> {
-        let deadline = self.clock.now().plus(wait);
-        loop {
-            let received = self.queue.receive(max.clamp(1, 10));
-            if !received.is_empty() || self.clock.now() >= deadline {
-                return Ok(received
-                    .into_iter()
-                    .map(|message| ControlDelivery {
-                        message_id: message.message_id,
-                        receipt: message.receipt,
-                        body: message.body,
-                        receive_count: message.receive_count,
-                    })
-                    .collect());
-            }
-            self.clock
-                .sleep(POLL_INTERVAL.min(deadline.since(self.clock.now())))
-                .await;
-        }
+        // The same waiting receive as a consumer's: control messages carry no attributes.
+        let inbox = EmbeddedInbox::new(self.queue.clone(), self.clock.clone());
+        Ok(Inbox::receive(&inbox, max, wait)
+            .await?
+            .into_iter()
+            .map(|delivery| ControlDelivery {
+                message_id: delivery.message_id,
+                receipt: delivery.receipt,
+                body: delivery.body,
+                receive_count: delivery.receive_count,
+            })
+            .collect())
     }
 
     async fn ack(&self, receipts: &[String]) -> Result<(), QueueError> {

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::reader::Reader;
+use super::reader::{BackendKind, Reader};
 use super::{vars, SettingsError, TableLayout, TransactionLimits};
 use crate::consumer::{ConsumerName, MessageIds, Retention};
 use crate::destination::Target;
@@ -98,26 +98,13 @@ impl ConsumerSettings {
             lookup: &lookup,
             errors: Vec::new(),
         };
-        let on_lambda = lookup(super::LAMBDA_RUNTIME_API).is_some();
-        let backend = match reader.text(vars::BACKEND).as_deref() {
-            None | Some("embedded") if on_lambda => {
-                reader.fail(
-                    vars::BACKEND,
-                    "must be `aws` inside AWS Lambda (AWS_LAMBDA_RUNTIME_API is set): the embedded backend keeps \
-                     everything in one sandbox's memory"
-                        .to_owned(),
-                );
-                None
-            }
-            None | Some("embedded") => Some(ConsumerBackend::Embedded),
-            Some("aws") => reader.layout(None).map(|layout| ConsumerBackend::Aws {
+        let backend = match reader.backend_kind() {
+            Some(BackendKind::Embedded) => Some(ConsumerBackend::Embedded),
+            Some(BackendKind::Aws) => reader.layout(None).map(|layout| ConsumerBackend::Aws {
                 layout,
                 queue_url: reader.text(cv::QUEUE_URL),
             }),
-            Some(other) => {
-                reader.fail(vars::BACKEND, format!("must be `embedded` or `aws`, not {other:?}"));
-                None
-            }
+            None => None,
         };
         let name = match reader.text(cv::NAME).map(|text| text.parse::<ConsumerName>()) {
             Some(Ok(name)) => Some(name),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::destination::Target;
 use crate::protocol::DestinationName;
-use reader::Reader;
+use reader::{BackendKind, Reader};
 
 mod consumer;
 mod layout;
@@ -211,21 +211,9 @@ impl Settings {
         let defaults = Timing::default();
         let limits = TransactionLimits::default();
 
-        // Inside Lambda (its runtime API is in the environment) the embedded backend would
-        // serve from one sandbox's memory and lose everything with it.
-        let on_lambda = lookup(LAMBDA_RUNTIME_API).is_some();
-        let backend = match reader.text(vars::BACKEND).as_deref() {
-            None | Some("embedded") if on_lambda => {
-                reader.fail(
-                    vars::BACKEND,
-                    "must be `aws` inside AWS Lambda (AWS_LAMBDA_RUNTIME_API is set): the embedded backend keeps \
-                     everything in one sandbox's memory"
-                        .to_owned(),
-                );
-                None
-            }
-            None | Some("embedded") => Some(Backend::Embedded),
-            Some("aws") => {
+        let backend = match reader.backend_kind() {
+            Some(BackendKind::Embedded) => Some(Backend::Embedded),
+            Some(BackendKind::Aws) => {
                 let layout = reader.layout(None);
                 let control_queue_url = reader.required(vars::CONTROL_QUEUE_URL, "the control queue's URL");
                 match (layout, control_queue_url) {
@@ -236,10 +224,7 @@ impl Settings {
                     _ => None,
                 }
             }
-            Some(other) => {
-                reader.fail(vars::BACKEND, format!("must be `embedded` or `aws`, not {other:?}"));
-                None
-            }
+            None => None,
         };
         let destinations = reader.destinations();
         // The embedded backend is for development: a long-running local server keeps

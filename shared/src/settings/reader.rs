@@ -13,7 +13,37 @@ pub(super) struct Reader<'a, F: Fn(&str) -> Option<String>> {
     pub(super) errors: Vec<SettingError>,
 }
 
+/// Which kind of backend `OUTBOX_BACKEND` names.
+pub(super) enum BackendKind {
+    Embedded,
+    Aws,
+}
+
 impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
+    /// `OUTBOX_BACKEND`: `embedded` (the default) or `aws`; inside Lambda (its runtime
+    /// API is in the environment) only `aws`, since the embedded backend would serve from
+    /// one sandbox's memory and lose everything with it.
+    pub(super) fn backend_kind(&mut self) -> Option<BackendKind> {
+        let on_lambda = (self.lookup)(super::LAMBDA_RUNTIME_API).is_some();
+        match self.text(vars::BACKEND).as_deref() {
+            None | Some("embedded") if on_lambda => {
+                self.fail(
+                    vars::BACKEND,
+                    "must be `aws` inside AWS Lambda (AWS_LAMBDA_RUNTIME_API is set): the embedded backend keeps \
+                     everything in one sandbox's memory"
+                        .to_owned(),
+                );
+                None
+            }
+            None | Some("embedded") => Some(BackendKind::Embedded),
+            Some("aws") => Some(BackendKind::Aws),
+            Some(other) => {
+                self.fail(vars::BACKEND, format!("must be `embedded` or `aws`, not {other:?}"));
+                None
+            }
+        }
+    }
+
     pub(super) fn fail(&mut self, variable: &str, problem: String) {
         self.errors.push(SettingError {
             variable: variable.to_owned(),
