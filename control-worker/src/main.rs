@@ -24,10 +24,11 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{service_fn, LambdaEvent};
 use outbox::aws::SortKeyValue;
-use outbox::aws::{bootstrap, load_sdk_config, redrive, AwsClients, ResourceNames};
+use outbox::aws::{bootstrap, load_sdk_config, queue_retention, redrive, AwsClients, ResourceNames};
+use outbox::consumer::Retention;
 use outbox::control::worker::lambda::handle_event;
 use outbox::control::worker::setup::Worker;
-use outbox::settings::{layout_from_env, vars, Settings};
+use outbox::settings::{consumer_vars, layout_from_env, vars, Settings};
 
 fn report(error: &dyn std::error::Error) -> ExitCode {
     eprintln!("error: {error}");
@@ -156,6 +157,32 @@ async fn run_bootstrap(stack: &str, events_via: &str) -> ExitCode {
             );
             for (name, url) in &resources.delivery_queues {
                 println!("# {name}: read the messages from {url}");
+                // A consumer of this queue (outbox::consumer) keeps its dedup data for
+                // what these queues really keep, plus the producer's re-send window (C4).
+                let dead_letters = &resources.delivery_dead_letter_queues[name];
+                match (
+                    queue_retention(&clients.sqs, url).await,
+                    queue_retention(&clients.sqs, dead_letters).await,
+                ) {
+                    (Ok(source), Ok(dead_letter)) => {
+                        let retention = Retention {
+                            source_queue: source,
+                            dead_letter_queue: dead_letter,
+                            resend_window: Duration::from_secs(24 * 3600),
+                        };
+                        println!(
+                            "# a consumer of {name}: {}={url} {}={} {}={} (with the default 1-day {}: dedup data kept {} s from dispatch)",
+                            consumer_vars::QUEUE_URL,
+                            consumer_vars::SOURCE_RETENTION_SECONDS,
+                            source.as_secs(),
+                            consumer_vars::DLQ_RETENTION_SECONDS,
+                            dead_letter.as_secs(),
+                            consumer_vars::RESEND_WINDOW_SECONDS,
+                            retention.derived().as_secs()
+                        );
+                    }
+                    (Err(error), _) | (_, Err(error)) => return report(&error),
+                }
             }
             ExitCode::SUCCESS
         }

@@ -39,6 +39,20 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
     let first = bootstrap(&clients, &names).await.expect("bootstrap");
     let again = bootstrap(&clients, &names).await.expect("bootstrap again");
     assert_eq!(first, again, "a second bootstrap finds everything in place");
+    // The dead-letter queues keep messages 14 days, as template.yaml's: a consumer's
+    // retention counts them (C4), and `control-worker bootstrap` prints it from them.
+    for url in [&first.control_dead_letter_queue_url]
+        .into_iter()
+        .chain(first.delivery_dead_letter_queues.values())
+    {
+        assert_eq!(
+            outbox::aws::queue_retention(&clients.sqs, url)
+                .await
+                .expect("retention"),
+            Duration::from_secs(14 * 24 * 3600),
+            "{url}"
+        );
+    }
 
     let ttl = clients
         .dynamodb

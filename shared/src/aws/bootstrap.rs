@@ -143,6 +143,8 @@ pub struct Resources {
     pub destinations: BTreeMap<DestinationName, Target>,
     /// Each destination's queue: the URL where its messages can be read.
     pub delivery_queues: BTreeMap<DestinationName, String>,
+    /// Each destination queue's dead-letter queue, where a consumer's failures go.
+    pub delivery_dead_letter_queues: BTreeMap<DestinationName, String>,
 }
 
 /// A resource that could not be created.
@@ -201,7 +203,7 @@ pub enum BootstrapError {
 pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Resources, BootstrapError> {
     names.layout.validate()?;
     create_table(clients, &names.layout).await?;
-    let control_dead_letter_queue_url = create_queue(clients, &names.control_dead_letter_queue, None, None).await?;
+    let control_dead_letter_queue_url = create_dead_letter_queue(clients, &names.control_dead_letter_queue).await?;
     let control_queue_url = create_queue(
         clients,
         &names.control_queue,
@@ -211,13 +213,14 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
     .await?;
     let mut destinations = BTreeMap::new();
     let mut delivery_queues = BTreeMap::new();
+    let mut delivery_dead_letter_queues = BTreeMap::new();
     for (destination, resource) in &names.destinations {
         let queue = resource.queue();
         let dead_letter_name = match queue.strip_suffix(".fifo") {
             Some(base) => format!("{base}-dlq.fifo"),
             None => format!("{queue}-dlq"),
         };
-        let dead_letter_url = create_queue(clients, &dead_letter_name, None, None).await?;
+        let dead_letter_url = create_dead_letter_queue(clients, &dead_letter_name).await?;
         let url = create_queue(
             clients,
             queue,
@@ -235,6 +238,7 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
         };
         destinations.insert(destination.clone(), target);
         delivery_queues.insert(destination.clone(), url);
+        delivery_dead_letter_queues.insert(destination.clone(), dead_letter_url);
     }
     Ok(Resources {
         layout: names.layout.clone(),
@@ -242,6 +246,7 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
         control_dead_letter_queue_url,
         destinations,
         delivery_queues,
+        delivery_dead_letter_queues,
     })
 }
 
@@ -510,6 +515,30 @@ async fn create_table(clients: &AwsClients, layout: &TableLayout) -> Result<(), 
         }
     }
     Ok(())
+}
+
+/// How long a dead-letter queue keeps a message: SQS's most, as `template.yaml`'s dead-letter
+/// queues (a consumer's retention counts it, C4).
+const DEAD_LETTER_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
+
+/// A dead-letter queue keeping messages [`DEAD_LETTER_RETENTION`].
+async fn create_dead_letter_queue(clients: &AwsClients, name: &str) -> Result<String, BootstrapError> {
+    let url = create_queue(clients, name, None, None).await?;
+    clients
+        .sqs
+        .set_queue_attributes()
+        .queue_url(&url)
+        .attributes(
+            QueueAttributeName::MessageRetentionPeriod,
+            DEAD_LETTER_RETENTION.as_secs().to_string(),
+        )
+        .send()
+        .await
+        .map_err(|e| BootstrapError::Queue {
+            queue: name.to_owned(),
+            source: Box::new(e),
+        })?;
+    Ok(url)
 }
 
 async fn create_queue(
