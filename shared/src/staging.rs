@@ -21,6 +21,8 @@ pub struct Staging {
     /// The application's native actions, in order.
     pub(crate) native: Vec<NativeAction>,
     pub(crate) messages: Vec<OutgoingMessage>,
+    /// Items read before the handler ran (the entity mode's entity), served from here.
+    read_already: BTreeMap<ItemKey, Option<VersionedItem>>,
 }
 
 impl Staging {
@@ -32,7 +34,15 @@ impl Staging {
             writes: BTreeMap::new(),
             native: Vec::new(),
             messages: Vec::new(),
+            read_already: BTreeMap::new(),
         }
+    }
+
+    /// This staging, serving reads of `key` with `item` (read just before, strongly
+    /// consistent) instead of reading it again.
+    pub(crate) fn with_read(mut self, key: ItemKey, item: Option<VersionedItem>) -> Self {
+        self.read_already.insert(key, item);
+        self
     }
 
     /// The transaction whose commit this stages (its messages' ids derive from it).
@@ -47,7 +57,22 @@ impl Staging {
 
     /// Reads several business items in one call, strongly consistent.
     pub async fn get_many(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
-        self.store.get_items(keys).await
+        let to_read: Vec<ItemKey> = keys
+            .iter()
+            .filter(|key| !self.read_already.contains_key(*key))
+            .cloned()
+            .collect();
+        let mut found = if to_read.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.store.get_items(&to_read).await?
+        };
+        for key in keys {
+            if let Some(Some(item)) = self.read_already.get(key) {
+                found.insert(key.clone(), item.clone());
+            }
+        }
+        Ok(found)
     }
 
     /// Stages a put of `data` to `key`, conditioned on `expected`. A later write to the

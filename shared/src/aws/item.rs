@@ -151,6 +151,11 @@ impl<'a> Reader<'a> {
         Ok(self.expires_at()?.is_some_and(|at| at <= now))
     }
 
+    /// A business item's version, if it has a readable one.
+    pub(crate) fn version(&self) -> Option<u64> {
+        self.number("version").ok()
+    }
+
     /// How many parts beyond the main item an outbox item says it has.
     pub(crate) fn part_count(&self) -> Result<usize, StoreError> {
         Ok(self

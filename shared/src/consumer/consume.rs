@@ -21,7 +21,7 @@ pub const HANDLER_RUNS: u32 = 3;
 pub const ROUNDS: u32 = 6;
 /// The wait before a round that follows contention or an unknown outcome; doubled for
 /// each further one.
-const ROUND_DELAY: Duration = Duration::from_millis(25);
+pub(super) const ROUND_DELAY: Duration = Duration::from_millis(25);
 
 /// The ports a consumer uses.
 #[derive(Clone)]
@@ -129,6 +129,20 @@ pub enum ConsumeError {
         /// The record.
         txn_id: TxnId,
     },
+    /// In entity mode, the handler staged what one conditional write of its entity
+    /// cannot carry (another item, a delete, a native action, messages with no entity to
+    /// hold them); nothing was written. Such a message needs the transactional mode.
+    #[error("entity mode commits one item, {key}: {reason}")]
+    NotOneItem {
+        /// The entity.
+        key: crate::ports::ItemKey,
+        /// What the handler staged beyond it.
+        reason: String,
+    },
+    /// In entity mode, the messages went out and the deduplication record is written,
+    /// but removing the entry from the entity failed; the next delivery removes it.
+    #[error("removing the outbox entry from its entity failed")]
+    RemoveEntry(#[source] StoreError),
     /// An earlier message of its FIFO group failed in this batch: it was not tried, so
     /// that the group stays in order.
     #[error("an earlier message of its FIFO group failed")]
@@ -139,12 +153,12 @@ pub enum ConsumeError {
 /// it.
 pub struct Consumer {
     name: ConsumerName,
-    ports: ConsumerPorts,
-    handler: Arc<dyn Handler>,
-    retention: Duration,
+    pub(super) ports: ConsumerPorts,
+    pub(super) handler: Arc<dyn Handler>,
+    pub(super) retention: Duration,
     message_ids: MessageIds,
-    limits: TransactionLimits,
-    retry: RetryPolicy,
+    pub(super) limits: TransactionLimits,
+    pub(super) retry: RetryPolicy,
 }
 
 impl Consumer {
@@ -209,7 +223,11 @@ impl Consumer {
             incoming_id = %incoming.id,
             txn_id = %txn_id,
         );
-        self.consume_incoming(&incoming, txn_id).instrument(span).await
+        let entity = self.handler.entity(&incoming).map_err(ConsumeError::Handler)?;
+        match entity {
+            Some(key) => self.consume_entity(&incoming, txn_id, key).instrument(span).await,
+            None => self.consume_incoming(&incoming, txn_id).instrument(span).await,
+        }
     }
 
     async fn consume_incoming(&self, incoming: &Incoming, txn_id: TxnId) -> Result<ConsumeOutcome, ConsumeError> {
@@ -296,7 +314,7 @@ impl Consumer {
     }
 
     /// The message's record, read strongly consistent.
-    async fn read(&self, txn_id: TxnId) -> Result<Option<OutboxRecord>, ConsumeError> {
+    pub(super) async fn read(&self, txn_id: TxnId) -> Result<Option<OutboxRecord>, ConsumeError> {
         let mut records = self
             .ports
             .store
@@ -308,7 +326,7 @@ impl Consumer {
 
     /// Step 4: publishes a committed record's messages, then marks it dispatched with its
     /// TTL from now (C4); returns how many went out.
-    async fn dispatch(&self, record: &OutboxRecord) -> Result<usize, ConsumeError> {
+    pub(super) async fn dispatch(&self, record: &OutboxRecord) -> Result<usize, ConsumeError> {
         let messages: Vec<&OutgoingMessage> = record.messages.iter().collect();
         let clock = self.ports.clock.as_ref();
         let report = publish_all(self.ports.publisher.as_ref(), clock, &messages, self.retry).await;

@@ -32,6 +32,7 @@
 
 mod batch;
 mod consume;
+mod entity;
 pub mod incoming;
 #[cfg(feature = "consumer")]
 pub mod lambda;
@@ -71,4 +72,16 @@ pub type HandlerError = crate::ports::BoxError;
 pub trait Handler: Send + Sync {
     /// Handles `message`, staging its effects on `staging`.
     async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError>;
+
+    /// The one item `message` changes, where the handler changes only that item: the
+    /// message is then processed in entity mode (DESIGN.md section 11), its outbox entry
+    /// inside the item and its commit one conditional write, at about half the cost of
+    /// the transactional mode. The handler must then stage a put of that item (or
+    /// nothing) and no other write; anything more fails the message
+    /// ([`ConsumeError::NotOneItem`]), never a silent change of guarantees. `None`, the
+    /// default, is the transactional mode.
+    fn entity(&self, message: &Incoming) -> Result<Option<crate::ports::ItemKey>, HandlerError> {
+        let _ = message;
+        Ok(None)
+    }
 }

@@ -213,7 +213,7 @@ pub fn transaction_problem(error: &TxnError, precondition: bool) -> Problem {
         // Refused as malformed (an action's expression, two actions on one item): a bug
         // that retrying cannot fix, whose details stay in the log.
         TxnError::NotCommitted {
-            source: CommitError::Invalid { .. } | CommitError::NativeUnsupported,
+            source: CommitError::Invalid { .. } | CommitError::NativeUnsupported | CommitError::EntityUnsupported,
             ..
         } => Problem::new(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error")
             .with_detail("nothing was written"),

@@ -140,6 +140,32 @@ pub struct CommitRequest {
     pub idempotency: Option<IdempotencyRecord>,
 }
 
+/// A business item of the portable form as read with its outbox entries (entity mode,
+/// DESIGN.md section 11): the outbox records of the commits it carried, keyed by
+/// transaction (for a consumer, [`TxnId::consumed`] of the incoming message).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntityItem {
+    /// The item as [`Store::get_items`] reads it.
+    pub item: VersionedItem,
+    /// Its entries: committed (pending, or dispatched with nothing to send) until removed.
+    pub entries: BTreeMap<TxnId, OutboxRecord>,
+}
+
+/// A commit of one item that carries its outbox entry: one conditional write, no
+/// transaction (entity mode, DESIGN.md section 11).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntityCommit {
+    /// The item.
+    pub key: ItemKey,
+    /// Its new data (a JSON object); it is stored at version `expected.next()`.
+    pub data: Value,
+    /// The condition on the item.
+    pub expected: ExpectedVersion,
+    /// The entry, added where the item holds none for its transaction; the item's other
+    /// entries are left as they are.
+    pub entry: OutboxRecord,
+}
+
 /// Why a commit did not apply, per failed condition; or that nobody knows whether it did.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -191,6 +217,10 @@ pub enum CommitError {
     /// the DynamoDB store. Nothing was written.
     #[error("this store cannot run native DynamoDB actions")]
     NativeUnsupported,
+    /// The store cannot commit in entity mode (a store that wraps another and does not
+    /// forward [`Store::commit_entity`]). Nothing was written.
+    #[error("this store cannot commit in entity mode")]
+    EntityUnsupported,
     /// The commit exceeds what one `TransactWriteItems` can carry. Nothing was written.
     #[error("the commit exceeds one transaction's limits: {reason}")]
     TooLarge {
@@ -229,6 +259,10 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The store does not offer the operation (a store that wraps another and does not
+    /// forward the entity mode's operations). Nothing was written.
+    #[error("this store does not offer {0}")]
+    Unsupported(&'static str),
 }
 
 /// Outbox records read each on its own ([`Store::get_outboxes_each`]).
@@ -315,6 +349,40 @@ pub trait Store: Send + Sync {
     /// Returns one result per record, in order, so that one failure does not fail the
     /// others.
     async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>>;
+
+    /// Reads an item with its outbox entries, strongly consistent (entity mode). The
+    /// default answers [`StoreError::Unsupported`]: a store that wraps another forwards it.
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        let _ = key;
+        Err(StoreError::Unsupported("the entity mode"))
+    }
+
+    /// Writes `commit` as one conditional write (entity mode): the item at
+    /// `commit.expected`, holding no entry for the commit's transaction, gets the new
+    /// data and the entry; its other entries stay as they are (a concurrent removal is
+    /// never undone). If the entry is there already and is this very attempt's
+    /// ([`OutboxRecord::is_own`]), the commit has happened: `Ok`. Another attempt's is
+    /// [`CommitError::Superseded`], a fence [`CommitError::Tombstoned`], a version that
+    /// does not match [`CommitError::VersionConflict`].
+    async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        let _ = commit;
+        Err(CommitError::EntityUnsupported)
+    }
+
+    /// Removes transaction `txn_id`'s entry from item `key`, touching nothing else: a
+    /// change made meanwhile is kept, and an item deleted meanwhile is not brought back.
+    /// Removing an entry that is not there is harmless.
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        let _ = (key, txn_id);
+        Err(StoreError::Unsupported("the entity mode"))
+    }
+
+    /// Puts `txn_id`'s record `dispatched`, expiring at `expires_at`, whatever was there
+    /// (entity mode's deduplication record, written once its messages went out).
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
+        let _ = (txn_id, now, expires_at);
+        Err(StoreError::Unsupported("the entity mode"))
+    }
 }
 
 #[cfg(test)]

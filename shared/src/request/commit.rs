@@ -174,7 +174,9 @@ impl Transaction {
                         item,
                     })
                 }
-                CommitError::NativeUnsupported => return Err(TxnError::NotCommitted { txn_id, source: error }),
+                CommitError::NativeUnsupported | CommitError::EntityUnsupported => {
+                    return Err(TxnError::NotCommitted { txn_id, source: error })
+                }
                 // A request path's record has no rival attempts (its id is its own): a
                 // record of T that is not its own is one it cannot read (a malformed
                 // attempt), and whether T committed is then unknown.

@@ -19,6 +19,7 @@ use crate::ports::{
 use crate::protocol::{IdempotencySlot, OutboxRecord, OutboxState};
 use crate::settings::TableLayout;
 
+use super::entity::OUTBOX_ATTRIBUTE;
 use super::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES, PART_ORPHAN_GUARD};
 
 /// What each action of a commit stands for, to read its cancellation reason.
@@ -67,12 +68,39 @@ impl DynamoStore {
         }
     }
 
+    /// The condition of a put or a delete expecting `expected`: as
+    /// [`Self::version_condition`], and the item holds no outbox entry of the entity
+    /// mode (replacing or deleting it would drop the entry's messages before they went
+    /// out; the write waits until the entry is removed).
+    fn replace_condition(
+        &self,
+        expected: ExpectedVersion,
+    ) -> (
+        &'static str,
+        HashMap<String, String>,
+        Option<HashMap<String, AttributeValue>>,
+    ) {
+        let mut names = self.layout.key_names();
+        match expected {
+            ExpectedVersion::Absent => (TableLayout::NOT_EXISTS, names, None),
+            ExpectedVersion::Exactly(version) => {
+                names.insert("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned());
+                (
+                    "attribute_exists(#pk) AND version = :expected AND (attribute_not_exists(#outbox) OR size(#outbox) = :none)",
+                    names,
+                    Some(HashMap::from([(":expected".to_owned(), n(version)), (":none".to_owned(), n(0))])),
+                )
+            }
+        }
+    }
+
     fn portable(&self, write: &BusinessWrite) -> Result<(TransactWriteItem, usize), CommitError> {
         let table = &self.layout.table;
         let names = Some(self.layout.key_names());
         let action = match write {
             BusinessWrite::Put { key, data, expected } => {
-                let (condition, values) = self.version_condition(*expected);
+                let (condition, names, values) = self.replace_condition(*expected);
+                let names = Some(names);
                 let item = business_item(&self.layout, key, expected.next(), data);
                 let bytes = item_bytes(&item);
                 let put = Put::builder()
@@ -86,7 +114,8 @@ impl DynamoStore {
                 return Ok((TransactWriteItem::builder().put(put).build(), bytes));
             }
             BusinessWrite::Delete { key, version } => {
-                let (condition, values) = self.version_condition(ExpectedVersion::Exactly(*version));
+                let (condition, names, values) = self.replace_condition(ExpectedVersion::Exactly(*version));
+                let names = Some(names);
                 let delete = Delete::builder()
                     .table_name(table)
                     .set_key(Some(self.key(key.as_str())))

@@ -10,6 +10,7 @@
 
 mod batch;
 mod commit;
+mod entity;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -28,8 +29,8 @@ use crate::aws::item::{
     outbox_pk, part_pk, split_messages, Reader, PART_BYTES,
 };
 use crate::ports::{
-    Clock, CommitError, CommitRequest, ItemKey, NativeAction, OutboxReads, Store, StoreError, TombstoneOutcome,
-    VersionedItem,
+    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ItemKey, NativeAction, OutboxReads, Store, StoreError,
+    TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::settings::TableLayout;
@@ -289,6 +290,23 @@ impl Store for DynamoStore {
             }
         }
         results
+    }
+
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        self.read_entity(key).await
+    }
+
+    #[tracing::instrument(skip_all, fields(key = %commit.key, txn_id = %commit.entry.txn_id))]
+    async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        self.write_entity(commit).await
+    }
+
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        self.drop_entry(key, txn_id).await
+    }
+
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
+        self.put_dispatched_record(txn_id, now, expires_at).await
     }
 }
 

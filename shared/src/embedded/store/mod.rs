@@ -12,9 +12,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
+mod entity;
+
 use crate::ports::{
-    BusinessWrite, Clock, CommitError, CommitRequest, ExpectedVersion, ItemKey, Store, StoreError, TombstoneOutcome,
-    VersionedItem,
+    BusinessWrite, Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, ItemKey, Store,
+    StoreError, TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
 use crate::time::Timestamp;
@@ -30,7 +32,13 @@ const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
 /// boxed so that the map's nodes stay small.
 #[derive(Debug, Clone)]
 enum Item {
-    Business { version: u64, json: Box<str> },
+    /// The entity mode's outbox entries ride along (DESIGN.md section 11); an empty map
+    /// allocates nothing.
+    Business {
+        version: u64,
+        json: Box<str>,
+        entries: BTreeMap<TxnId, OutboxRecord>,
+    },
     Outbox(Box<OutboxRecord>),
     Idempotency(Box<IdempotencyRecord>),
 }
@@ -74,6 +82,22 @@ pub enum StoreEvent {
     /// A record was marked dispatched.
     MarkedDispatched {
         /// Which transaction.
+        txn_id: TxnId,
+        /// When.
+        at: Timestamp,
+    },
+    /// A commit in entity mode applied.
+    EntityCommitted {
+        /// What was committed.
+        commit: Box<EntityCommit>,
+        /// When.
+        at: Timestamp,
+    },
+    /// An entry was removed from its item.
+    EntryRemoved {
+        /// The item.
+        key: ItemKey,
+        /// The entry's transaction.
         txn_id: TxnId,
         /// When.
         at: Timestamp,
@@ -287,18 +311,22 @@ impl Store for EmbeddedStore {
             Some(_) => reasons.push(CommitError::Tombstoned { txn_id: request.txn_id }),
         }
         for write in &request.writes {
-            let current = match Self::live(&state, write.key().as_str(), now) {
-                Some(Item::Business { version, .. }) => Some(*version),
-                _ => None,
+            let (current, holds_entries) = match Self::live(&state, write.key().as_str(), now) {
+                Some(Item::Business { version, entries, .. }) => (Some(*version), !entries.is_empty()),
+                _ => (None, false),
             };
             let expected = match write {
                 BusinessWrite::Put { expected, .. } | BusinessWrite::Check { expected, .. } => *expected,
                 BusinessWrite::Delete { version, .. } => ExpectedVersion::Exactly(*version),
             };
-            let holds = match expected {
-                ExpectedVersion::Absent => current.is_none(),
-                ExpectedVersion::Exactly(version) => current == Some(version),
-            };
+            // A put or a delete would drop the entries of commits in entity mode that
+            // are still to be dispatched: it waits until they are removed.
+            let drops_entries = holds_entries && !matches!(write, BusinessWrite::Check { .. });
+            let holds = !drops_entries
+                && match expected {
+                    ExpectedVersion::Absent => current.is_none(),
+                    ExpectedVersion::Exactly(version) => current == Some(version),
+                };
             if !holds {
                 reasons.push(CommitError::VersionConflict {
                     key: write.key().clone(),
@@ -322,6 +350,7 @@ impl Store for EmbeddedStore {
                     let item = Item::Business {
                         version: expected.next(),
                         json: data.to_string().into_boxed_str(),
+                        entries: BTreeMap::new(),
                     };
                     state.insert(key.as_str().to_owned(), item);
                 }
@@ -348,7 +377,7 @@ impl Store for EmbeddedStore {
         Ok(keys
             .iter()
             .filter_map(|key| match Self::live(&state, key.as_str(), now) {
-                Some(Item::Business { version, json }) => Some((
+                Some(Item::Business { version, json, .. }) => Some((
                     key.clone(),
                     VersionedItem {
                         key: key.clone(),
@@ -439,6 +468,36 @@ impl Store for EmbeddedStore {
                 Ok(())
             })
             .collect()
+    }
+
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        let now = self.clock.now();
+        Ok(entity::read(&self.lock(), key, now))
+    }
+
+    async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        state.sweep(now);
+        entity::commit(&mut state, commit, now)
+    }
+
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        state.sweep(now);
+        entity::remove(&mut state, key, txn_id, now);
+        Ok(())
+    }
+
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
+        let clock_now = self.clock.now();
+        let mut state = self.lock();
+        state.sweep(clock_now);
+        let record = OutboxRecord::committed(txn_id, Vec::new(), now, expires_at);
+        state.insert(outbox_key(txn_id), Item::Outbox(Box::new(record)));
+        state.record(|| StoreEvent::MarkedDispatched { txn_id, at: clock_now });
+        Ok(())
     }
 }
 

@@ -1,5 +1,7 @@
 //! The consumer on the embedded backend: once in effect, the winner's messages, nothing
-//! acknowledged before its messages went out.
+//! acknowledged before its messages went out; `entity` the same in entity mode.
+
+mod entity;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -30,16 +32,22 @@ struct Counting {
     interleave: bool,
     /// Changes the item behind the first run's back, so that its commit fails.
     conflict_once: Option<Arc<crate::embedded::EmbeddedStore>>,
+    /// Processes in entity mode, `COUNT#{order}` being the entity.
+    entity: bool,
+}
+
+fn order_of(message: &Incoming) -> Result<String, HandlerError> {
+    Ok(message.json::<Value>()?["order_id"]
+        .as_str()
+        .ok_or("no order_id")?
+        .to_owned())
 }
 
 #[async_trait]
 impl Handler for Counting {
     async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
         let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
-        let order = message.json::<Value>()?["order_id"]
-            .as_str()
-            .ok_or("no order_id")?
-            .to_owned();
+        let order = order_of(message)?;
         let key: ItemKey = format!("COUNT#{order}").parse()?;
         let current = staging.get(&key).await?;
         if self.interleave {
@@ -75,6 +83,13 @@ impl Handler for Counting {
             &json!({"type": "Counted", "order_id": order, "run": run}),
         )?);
         Ok(())
+    }
+
+    fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        if !self.entity {
+            return Ok(None);
+        }
+        Ok(Some(format!("COUNT#{}", order_of(message)?).parse()?))
     }
 }
 

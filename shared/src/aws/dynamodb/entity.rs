@@ -1,0 +1,392 @@
+//! The entity mode on DynamoDB (DESIGN.md section 11): an item's outbox entries live in
+//! its map attribute `outbox` (transaction id to the record as JSON), a commit is one
+//! conditional `PutItem` (a new item) or `UpdateItem` (an existing one), and a removal is
+//! an `UpdateItem` that removes one entry and nothing else.
+//!
+//! The update sets the data, the version and `outbox.T` only, so an entry removed
+//! meanwhile is never brought back and no other entry is rewritten. DynamoDB cannot set
+//! `outbox.T` where the item has no map yet (an item written in the transactional mode):
+//! that item gets its first map in a second form of the update, conditioned on the map's
+//! absence, chosen from the old item the first form's failed condition returns.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+
+use crate::aws::item::{business_from_item, dispatched_item, n, s, to_attribute, Item, Reader};
+use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, StoreError};
+use crate::protocol::{OutboxRecord, OutboxState, TxnId};
+use crate::settings::TableLayout;
+use crate::time::Timestamp;
+
+use super::{unavailable, DynamoStore};
+
+/// The attribute that holds an item's outbox entries.
+pub(crate) const OUTBOX_ATTRIBUTE: &str = "outbox";
+
+/// DynamoDB's 400 KB item limit.
+const MAX_ITEM_BYTES: usize = 400 * 1024;
+
+/// Which update a commit of an existing item sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// Adds `outbox.T` to the item's map.
+    IntoMap,
+    /// Gives the item its first map, holding only `T`.
+    NewMap,
+}
+
+/// What the old item returned by a failed condition says.
+enum Verdict {
+    Decided(Result<(), CommitError>),
+    /// The item is as expected but has no map yet.
+    NeedsMap,
+}
+
+/// The entries of an item as stored, read back.
+fn entries_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
+    let reader = Reader::new(layout, item);
+    let Some(map) = item.get(OUTBOX_ATTRIBUTE) else {
+        return Ok(BTreeMap::new());
+    };
+    let map = map.as_m().map_err(|_| reader.corrupt("outbox is not a map"))?;
+    map.iter()
+        .map(|(txn, value)| {
+            let txn_id: TxnId = txn
+                .parse()
+                .map_err(|_| reader.corrupt(format!("bad entry key {txn}")))?;
+            let json = value
+                .as_s()
+                .map_err(|_| reader.corrupt(format!("entry {txn} is not a string")))?;
+            let record: OutboxRecord =
+                serde_json::from_str(json).map_err(|error| reader.corrupt(format!("entry {txn}: {error}")))?;
+            if record.txn_id != txn_id {
+                return Err(reader.corrupt(format!("entry {txn} names {}", record.txn_id)));
+            }
+            Ok((txn_id, record))
+        })
+        .collect()
+}
+
+fn entry_value(entry: &OutboxRecord) -> Result<AttributeValue, CommitError> {
+    serde_json::to_string(entry)
+        .map(s)
+        .map_err(|error| CommitError::Invalid {
+            reason: format!("the outbox entry cannot be written: {error}"),
+        })
+}
+
+/// The decision an item as it was (`old`, absent if the item is gone) gives a commit
+/// whose condition failed.
+fn judge(layout: &TableLayout, commit: &EntityCommit, old: Option<&Item>) -> Verdict {
+    let txn_id = commit.entry.txn_id;
+    let conflict = || {
+        Verdict::Decided(Err(CommitError::VersionConflict {
+            key: commit.key.clone(),
+        }))
+    };
+    let Some(old) = old else { return conflict() };
+    match entries_of(layout, old) {
+        Ok(entries) => {
+            if let Some(found) = entries.get(&txn_id) {
+                return Verdict::Decided(if commit.entry.is_own(found) {
+                    Ok(())
+                } else if found.state == OutboxState::Tombstone {
+                    Err(CommitError::Tombstoned { txn_id })
+                } else {
+                    Err(CommitError::Superseded { txn_id })
+                });
+            }
+        }
+        // An entry nobody can read may be this very attempt's: whether it applied is
+        // unknown.
+        Err(error) => return Verdict::Decided(Err(CommitError::Ambiguous(Box::new(error)))),
+    }
+    let version = Reader::new(layout, old).version();
+    match commit.expected {
+        ExpectedVersion::Exactly(expected) if version == Some(expected) && !old.contains_key(OUTBOX_ATTRIBUTE) => {
+            Verdict::NeedsMap
+        }
+        _ => conflict(),
+    }
+}
+
+/// A failed write's error, as the commit reports it.
+fn commit_error<E, R>(error: SdkError<E, R>) -> CommitError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match &error {
+        SdkError::ServiceError(service) => match service.err().code() {
+            // Another transaction holds the item, or capacity ran out: nothing written.
+            Some(
+                "TransactionConflictException"
+                | "ThrottlingException"
+                | "ProvisionedThroughputExceededException"
+                | "RequestLimitExceeded",
+            ) => CommitError::Contention(Box::new(error)),
+            Some("ValidationException") => {
+                let message = service.err().message().unwrap_or("DynamoDB refused the write");
+                if message.contains("size") {
+                    CommitError::TooLarge {
+                        reason: message.to_owned(),
+                    }
+                } else {
+                    CommitError::Invalid {
+                        reason: message.to_owned(),
+                    }
+                }
+            }
+            Some("ResourceNotFoundException" | "AccessDeniedException" | "UnrecognizedClientException") => {
+                CommitError::Unavailable(Box::new(error))
+            }
+            // An internal error may or may not have applied the write.
+            _ => CommitError::Ambiguous(Box::new(error)),
+        },
+        SdkError::ConstructionFailure(_) => CommitError::Invalid {
+            reason: "the request could not be built".into(),
+        },
+        // Sent, or maybe sent: a timeout, a lost connection, an unreadable reply.
+        _ => CommitError::Ambiguous(Box::new(error)),
+    }
+}
+
+/// One request per call, as for the transactional commit: the SDK would retry a request
+/// that timed out and report only the last one's error (DESIGN.md section 3).
+fn one_request() -> aws_sdk_dynamodb::config::Builder {
+    aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled())
+}
+
+impl DynamoStore {
+    pub(super) async fn read_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.key(key.as_str())))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        let Some(item) = output.item() else { return Ok(None) };
+        Ok(Some(EntityItem {
+            item: business_from_item(&self.layout, key, item)?,
+            entries: entries_of(&self.layout, item)?,
+        }))
+    }
+
+    pub(super) async fn write_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        let entry = entry_value(&commit.entry)?;
+        let data = to_attribute(&commit.data);
+        let bytes = commit.data.to_string().len() + entry.as_s().map_or(0, String::len);
+        if bytes > MAX_ITEM_BYTES {
+            return Err(CommitError::TooLarge {
+                reason: format!(
+                    "item {} would be about {bytes} bytes with its outbox entry, at most {MAX_ITEM_BYTES}",
+                    commit.key
+                ),
+            });
+        }
+        let verdict = match commit.expected {
+            ExpectedVersion::Absent => self.put_new(commit, data, entry).await?,
+            ExpectedVersion::Exactly(version) => {
+                match self.update(commit, version, Form::IntoMap, &data, &entry).await? {
+                    Verdict::NeedsMap => self.update(commit, version, Form::NewMap, &data, &entry).await?,
+                    decided => decided,
+                }
+            }
+        };
+        match verdict {
+            Verdict::Decided(result) => result,
+            // The map appeared between the two forms: the item changed, so its version did.
+            Verdict::NeedsMap => Err(CommitError::VersionConflict {
+                key: commit.key.clone(),
+            }),
+        }
+    }
+
+    /// A new item holding only this entry: `Ok(verdict)` when the condition failed.
+    async fn put_new(
+        &self,
+        commit: &EntityCommit,
+        data: AttributeValue,
+        entry: AttributeValue,
+    ) -> Result<Verdict, CommitError> {
+        let item = self.layout.item(
+            commit.key.as_str(),
+            [
+                ("version".to_owned(), n(commit.expected.next())),
+                ("data".to_owned(), data),
+                (
+                    OUTBOX_ATTRIBUTE.to_owned(),
+                    AttributeValue::M(HashMap::from([(commit.entry.txn_id.to_string(), entry)])),
+                ),
+            ],
+        );
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.layout.table)
+            .set_item(Some(item))
+            .condition_expression(TableLayout::NOT_EXISTS)
+            .set_expression_attribute_names(Some(self.layout.key_names()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .customize()
+            .config_override(one_request())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Verdict::Decided(Ok(()))),
+            Err(SdkError::ServiceError(service))
+                if matches!(service.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+            {
+                let old = match service.err() {
+                    PutItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
+                    _ => None,
+                };
+                self.judge_old(commit, old).await
+            }
+            Err(error) => Err(commit_error(error)),
+        }
+    }
+
+    /// The data, the version and the entry on the item at `version`, in `form`.
+    async fn update(
+        &self,
+        commit: &EntityCommit,
+        version: u64,
+        form: Form,
+        data: &AttributeValue,
+        entry: &AttributeValue,
+    ) -> Result<Verdict, CommitError> {
+        let txn = commit.entry.txn_id.to_string();
+        let mut names = self.layout.key_names();
+        names.extend([
+            ("#data".to_owned(), "data".to_owned()),
+            ("#version".to_owned(), "version".to_owned()),
+            ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
+        ]);
+        let mut values = HashMap::from([
+            (":data".to_owned(), data.clone()),
+            (":next".to_owned(), n(commit.expected.next())),
+            (":expected".to_owned(), n(version)),
+        ]);
+        let (update, condition) = match form {
+            Form::IntoMap => {
+                names.insert("#txn".to_owned(), txn);
+                values.insert(":entry".to_owned(), entry.clone());
+                (
+                    "SET #data = :data, #version = :next, #outbox.#txn = :entry",
+                    "attribute_exists(#pk) AND #version = :expected AND attribute_exists(#outbox) AND attribute_not_exists(#outbox.#txn)",
+                )
+            }
+            Form::NewMap => {
+                values.insert(
+                    ":map".to_owned(),
+                    AttributeValue::M(HashMap::from([(txn, entry.clone())])),
+                );
+                (
+                    "SET #data = :data, #version = :next, #outbox = :map",
+                    "attribute_exists(#pk) AND #version = :expected AND attribute_not_exists(#outbox)",
+                )
+            }
+        };
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.key(commit.key.as_str())))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .customize()
+            .config_override(one_request())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Verdict::Decided(Ok(()))),
+            Err(SdkError::ServiceError(service))
+                if matches!(service.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
+            {
+                let old = match service.err() {
+                    UpdateItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
+                    _ => None,
+                };
+                self.judge_old(commit, old).await
+            }
+            Err(error) => Err(commit_error(error)),
+        }
+    }
+
+    /// Judges a failed condition by the old item it returned, or, from an engine that
+    /// left it out, by a read.
+    async fn judge_old(&self, commit: &EntityCommit, old: Option<Item>) -> Result<Verdict, CommitError> {
+        let old = match old {
+            Some(old) => Some(old),
+            None => self
+                .client
+                .get_item()
+                .table_name(&self.layout.table)
+                .set_key(Some(self.key(commit.key.as_str())))
+                .consistent_read(true)
+                .send()
+                .await
+                // This request wrote nothing, but whether an earlier one did is unknown.
+                .map_err(|error| CommitError::Ambiguous(Box::new(error)))?
+                .item
+                .take(),
+        };
+        Ok(judge(&self.layout, commit, old.as_ref()))
+    }
+
+    pub(super) async fn drop_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        let names = HashMap::from([
+            ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
+            ("#txn".to_owned(), txn_id.to_string()),
+        ]);
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.key(key.as_str())))
+            .update_expression("REMOVE #outbox.#txn")
+            // Never creates the item again, nor a map on an item without one.
+            .condition_expression("attribute_exists(#outbox.#txn)")
+            .set_expression_attribute_names(Some(names))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(service))
+                if matches!(service.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
+            {
+                Ok(())
+            }
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    pub(super) async fn put_dispatched_record(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let record = OutboxRecord::committed(txn_id, Vec::new(), now, expires_at);
+        self.client
+            .put_item()
+            .table_name(&self.layout.table)
+            .set_item(Some(dispatched_item(&self.layout, &record, expires_at)))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,197 @@
+//! One incoming message in entity mode (DESIGN.md section 11): its outbox entry lives in
+//! the one item the message changes, and its commit is one conditional write of that
+//! item, with no transaction.
+//!
+//! ```text
+//! read K, then the dedup record IN#(consumer, m)  (both strongly consistent, in order)
+//!   ├── dedup record dispatched ─► remove K's entry m if still there ─► acknowledge
+//!   ├── K holds entry m ─► publish its messages ─► put the dedup record ─► remove the entry
+//!   └── neither ─► run the handler ─► write K with its data and entry m, conditioned on
+//!                  K's version and on no entry m ─► publish ─► dedup record ─► remove entry
+//! ```
+//!
+//! Why this order:
+//! - K before the dedup record: read the other way, a copy could find no record, then
+//!   let the first copy write its record and remove its entry, then read K without the
+//!   entry and apply the message again.
+//! - The dedup record before the entry's removal: removed first, a crash between the two
+//!   would leave neither, and the next copy would apply the message again.
+//! - The commit adds entry m and sets the data only, and the removal removes entry m only:
+//!   neither ever rewrites another message's entry, so a removed entry never comes back.
+
+use std::sync::Arc;
+
+use super::consume::{Consumer, HANDLER_RUNS, ROUNDS, ROUND_DELAY};
+use super::{ConsumeError, ConsumeOutcome, Incoming};
+use crate::ports::{BusinessWrite, CommitError, EntityCommit, ExpectedVersion, ItemKey, VersionedItem};
+use crate::protocol::{OutboxRecord, OutboxState, OutgoingMessage, TxnId};
+use crate::publish::publish_all;
+use crate::staging::Staging;
+
+/// What one write of the entity carries: its new data and the version it expects.
+/// `None`: the handler staged nothing at all for an entity that does not exist.
+fn entity_write(
+    staging: &Staging,
+    key: &ItemKey,
+    read: Option<&VersionedItem>,
+) -> Result<Option<(serde_json::Value, ExpectedVersion)>, ConsumeError> {
+    let refuse = |reason: String| ConsumeError::NotOneItem {
+        key: key.clone(),
+        reason,
+    };
+    if !staging.native.is_empty() {
+        return Err(refuse(format!("{} native action(s)", staging.native.len())));
+    }
+    if let Some(other) = staging.writes.keys().find(|staged| *staged != key) {
+        return Err(refuse(format!("a write to {other}")));
+    }
+    let unchanged = |expected: ExpectedVersion| read.map(|item| (item.data.clone(), expected));
+    let write = match staging.writes.get(key) {
+        Some(BusinessWrite::Put { data, expected, .. }) => Some((data.clone(), *expected)),
+        Some(BusinessWrite::Delete { .. }) => return Err(refuse("a delete of it, which cannot hold its entry".into())),
+        // Only messages, or a check: the entity keeps its data and carries the entry.
+        Some(BusinessWrite::Check { expected, .. }) => unchanged(*expected),
+        None => unchanged(read.map_or(ExpectedVersion::Absent, |item| ExpectedVersion::Exactly(item.version))),
+    };
+    if write.is_none() && !staging.messages.is_empty() {
+        return Err(refuse("messages, but the entity does not exist to hold them".into()));
+    }
+    Ok(write)
+}
+
+impl Consumer {
+    pub(super) async fn consume_entity(
+        &self,
+        incoming: &Incoming,
+        txn_id: TxnId,
+        key: ItemKey,
+    ) -> Result<ConsumeOutcome, ConsumeError> {
+        let store = &self.ports.store;
+        let mut runs = 0;
+        let mut lost_race = false;
+        let mut last: Option<CommitError> = None;
+        let mut waits = 0;
+        for _ in 1..=ROUNDS {
+            // 1. The entity, then the dedup record: this order only (see the module).
+            let entity = store.get_entity(&key).await.map_err(ConsumeError::Read)?;
+            let record = self.read(txn_id).await?;
+            let entry = entity.as_ref().and_then(|entity| entity.entries.get(&txn_id)).cloned();
+            match (record, entry) {
+                (Some(record), entry) if record.state == OutboxState::Dispatched => {
+                    if entry.is_some() {
+                        store
+                            .remove_entry(&key, txn_id)
+                            .await
+                            .map_err(ConsumeError::RemoveEntry)?;
+                    }
+                    return Ok(ConsumeOutcome::Duplicate);
+                }
+                // Committed in the transactional mode (the handler chose it before).
+                (Some(record), _) if record.state == OutboxState::Pending => {
+                    let messages = self.dispatch(&record).await?;
+                    return Ok(ConsumeOutcome::Resumed { messages });
+                }
+                (Some(_), _) => return Err(ConsumeError::Corrupt { txn_id }),
+                (None, Some(entry)) if entry.state == OutboxState::Tombstone => {
+                    return Err(ConsumeError::Corrupt { txn_id })
+                }
+                // Committed: never this run's messages, the entry's as stored.
+                (None, Some(entry)) => {
+                    let messages = self.dispatch_entry(&key, &entry).await?;
+                    return Ok(if lost_race {
+                        ConsumeOutcome::Adopted { messages }
+                    } else {
+                        ConsumeOutcome::Resumed { messages }
+                    });
+                }
+                (None, None) => {}
+            }
+            // 2. The handler decides on the entity as just read.
+            runs += 1;
+            let item = entity.map(|entity| entity.item);
+            let mut staging = Staging::new(txn_id, Arc::clone(store)).with_read(key.clone(), item.clone());
+            self.handler
+                .handle(incoming, &mut staging)
+                .await
+                .map_err(ConsumeError::Handler)?;
+            if let Err(reason) = staging.check_limits(&self.limits) {
+                return Err(ConsumeError::Refused(CommitError::TooLarge { reason }));
+            }
+            let now = self.ports.clock.now();
+            let Some((data, expected)) = entity_write(&staging, &key, item.as_ref())? else {
+                // Nothing to apply and nothing to send: only the decision is recorded.
+                store
+                    .put_dispatched(txn_id, now, now.plus(self.retention))
+                    .await
+                    .map_err(ConsumeError::Mark)?;
+                return Ok(ConsumeOutcome::Processed { messages: 0 });
+            };
+            // 3. One conditional write: the data and the entry, where K is as read and
+            // holds no entry of this message.
+            let attempt = self.ports.ids.next_txn_id(now);
+            let commit = EntityCommit {
+                key: key.clone(),
+                data,
+                expected,
+                entry: OutboxRecord::committed(txn_id, staging.messages, now, now.plus(self.retention))
+                    .by_attempt(attempt),
+            };
+            let error = match store.commit_entity(&commit).await {
+                Ok(()) => {
+                    tracing::info!(messages = commit.entry.messages.len(), "committed in entity mode");
+                    let messages = self.dispatch_entry(&key, &commit.entry).await?;
+                    return Ok(ConsumeOutcome::Processed { messages });
+                }
+                Err(error) => error,
+            };
+            match error {
+                CommitError::Superseded { .. } => {
+                    tracing::info!("another copy of the message committed first; adopting its entry");
+                    lost_race = true;
+                }
+                CommitError::VersionConflict { .. } => {
+                    tracing::info!(error = %error, runs, "the entity changed; running the handler again");
+                    if runs >= HANDLER_RUNS {
+                        return Err(ConsumeError::Conflict { runs, source: error });
+                    }
+                }
+                CommitError::Contention(_) | CommitError::Ambiguous(_) | CommitError::Unavailable(_) => {
+                    tracing::warn!(error = %error, "commit attempt failed; reading the entity again");
+                    self.ports.clock.sleep(ROUND_DELAY * 2u32.pow(waits)).await;
+                    waits += 1;
+                    last = Some(error);
+                }
+                refused => return Err(ConsumeError::Refused(refused)),
+            }
+        }
+        Err(ConsumeError::Unsettled(last.unwrap_or_else(|| {
+            CommitError::Contention("copies of the message kept winning and losing".into())
+        })))
+    }
+
+    /// Steps 4 to 6: publishes a committed entry's messages, then puts the dedup record
+    /// (its TTL from now, C4), then removes the entry; returns how many went out.
+    async fn dispatch_entry(&self, key: &ItemKey, entry: &OutboxRecord) -> Result<usize, ConsumeError> {
+        let messages: Vec<&OutgoingMessage> = entry.messages.iter().collect();
+        let clock = self.ports.clock.as_ref();
+        let report = publish_all(self.ports.publisher.as_ref(), clock, &messages, self.retry).await;
+        if let Some(first) = report.failed.values().next() {
+            return Err(ConsumeError::Publish {
+                failed: report.failed.len(),
+                total: messages.len(),
+                first: first.clone(),
+            });
+        }
+        let now = clock.now();
+        let store = &self.ports.store;
+        store
+            .put_dispatched(entry.txn_id, now, now.plus(self.retention))
+            .await
+            .map_err(ConsumeError::Mark)?;
+        store
+            .remove_entry(key, entry.txn_id)
+            .await
+            .map_err(ConsumeError::RemoveEntry)?;
+        Ok(messages.len())
+    }
+}

@@ -1,0 +1,305 @@
+//! The consumer in entity mode on the embedded backend: one conditional write per
+//! message, each ordering rule of DESIGN.md section 11 shown by the failure it prevents.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use super::*;
+use crate::embedded::{EmbeddedStore, StoreEvent};
+use crate::ports::{
+    CommitError, CommitRequest, EntityCommit, EntityItem, OutboxReads, Store, StoreError, TombstoneOutcome,
+    VersionedItem,
+};
+use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
+
+fn entity_mode() -> Counting {
+    Counting {
+        entity: true,
+        ..Counting::default()
+    }
+}
+
+/// The embedded store, with faults and a pause a test sets.
+struct Hooked {
+    inner: Arc<EmbeddedStore>,
+    /// Dedup record puts to fail before one goes through.
+    failing_dedup_puts: AtomicU32,
+    /// At the first read of a message's entity or record: once the read is done, says
+    /// so, then waits for the word to go on.
+    pause_after_first_read: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
+}
+
+impl Hooked {
+    fn new(inner: Arc<EmbeddedStore>) -> Self {
+        Self {
+            inner,
+            failing_dedup_puts: AtomicU32::new(0),
+            pause_after_first_read: Mutex::new(None),
+        }
+    }
+
+    async fn after_read(&self) {
+        let pause = self.pause_after_first_read.lock().unwrap().take();
+        if let Some((read_done, go_on)) = pause {
+            read_done.send(()).unwrap();
+            go_on.await.unwrap();
+        }
+    }
+}
+
+#[async_trait]
+impl Store for Hooked {
+    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
+        self.inner.commit(request).await
+    }
+    async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
+        self.inner.get_items(keys).await
+    }
+    async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
+        self.inner.get_outboxes(txn_ids).await
+    }
+    async fn get_outboxes_each(&self, txn_ids: &[TxnId]) -> Result<OutboxReads, StoreError> {
+        let read = self.inner.get_outboxes_each(txn_ids).await;
+        self.after_read().await;
+        read
+    }
+    async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.inner.get_idempotency(slot).await
+    }
+    async fn put_tombstone(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<TombstoneOutcome, StoreError> {
+        self.inner.put_tombstone(txn_id, now, expires_at).await
+    }
+    async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
+        self.inner.mark_dispatched(records, expires_at).await
+    }
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        let read = self.inner.get_entity(key).await;
+        self.after_read().await;
+        read
+    }
+    async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        self.inner.commit_entity(commit).await
+    }
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        self.inner.remove_entry(key, txn_id).await
+    }
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
+        let failing = self.failing_dedup_puts.load(Ordering::SeqCst);
+        if failing > 0 {
+            self.failing_dedup_puts.store(failing - 1, Ordering::SeqCst);
+            return Err(StoreError::Unavailable("the dedup record's put failed".into()));
+        }
+        self.inner.put_dispatched(txn_id, now, expires_at).await
+    }
+}
+
+/// A world in entity mode whose consumer works on a [`Hooked`] store.
+fn hooked_world(publish_failures: u32) -> (World, Arc<Hooked>) {
+    let mut world = world(entity_mode(), publish_failures);
+    let hooked = Arc::new(Hooked::new(world.backend.store.clone()));
+    let mut ports = world.backend.consumer_ports(world.clock.clone());
+    ports.store = hooked.clone();
+    world.consumer = Consumer::new("counter".parse().unwrap(), ports, world.handler.clone(), RETENTION);
+    (world, hooked)
+}
+
+impl World {
+    async fn entity(&self, order: &str) -> EntityItem {
+        let key: ItemKey = format!("COUNT#{order}").parse().unwrap();
+        self.backend.store.get_entity(&key).await.unwrap().unwrap()
+    }
+}
+
+#[tokio::test]
+async fn in_entity_mode_a_message_is_one_conditional_write_and_leaves_no_entry_behind() {
+    let world = world(entity_mode(), 0);
+    world.backend.store.record_history();
+    let started = world.clock.now();
+    let outcome = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
+    assert_eq!(outcome, ConsumeOutcome::Processed { messages: 1 });
+    assert_eq!(world.count("o-1").await, 1);
+    let published = world.published();
+    assert_eq!(published.len(), 1);
+    assert_eq!(published[0].0, format!("{}:0", world.consumer.txn_id("T:0")));
+    let history = world.backend.store.history();
+    assert!(
+        matches!(
+            history.as_slice(),
+            [
+                StoreEvent::EntityCommitted { .. },
+                StoreEvent::MarkedDispatched { .. },
+                StoreEvent::EntryRemoved { .. }
+            ]
+        ),
+        "no transaction: {history:?}"
+    );
+    assert!(world.entity("o-1").await.entries.is_empty(), "the entry is removed");
+    let record = world.record("T:0").unwrap();
+    assert_eq!(record.state, OutboxState::Dispatched);
+    assert_eq!(
+        record.expires_at,
+        Some(started.plus(Duration::from_secs(1)).plus(RETENTION)),
+        "the dedup record's TTL runs from dispatch"
+    );
+    let again = world.consumer.consume(&copy("q-2", "T:0", "o-1")).await.unwrap();
+    assert_eq!(again, ConsumeOutcome::Duplicate);
+    assert_eq!(world.runs(), 1);
+}
+
+#[tokio::test]
+async fn in_entity_mode_concurrent_copies_apply_once_and_only_the_winners_messages_go_out() {
+    for copies in [2usize, 3] {
+        let world = world(
+            Counting {
+                interleave: true,
+                ..entity_mode()
+            },
+            0,
+        );
+        let deliveries: Vec<Delivery> = (0..copies).map(|n| copy(&format!("q-{n}"), "T:0", "o-1")).collect();
+        let report = world.consumer.consume_batch(&deliveries).await;
+        let outcomes: Vec<&str> = report
+            .items
+            .iter()
+            .map(|item| item.result.as_ref().unwrap().as_str())
+            .collect();
+        assert_eq!(world.runs() as usize, copies, "the copies ran concurrently");
+        assert_eq!(
+            outcomes.iter().filter(|o| **o == "processed").count(),
+            1,
+            "{outcomes:?}"
+        );
+        assert_eq!(world.count("o-1").await, 1, "applied once");
+        let published = world.published();
+        let winner = published[0].1["run"].clone();
+        assert!(published.iter().all(|(_, body)| body["run"] == winner), "{published:?}");
+        assert!(world.entity("o-1").await.entries.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn in_entity_mode_a_publish_failure_leaves_the_entry_and_the_redelivery_sends_it() {
+    let world = world(entity_mode(), 1);
+    let failed = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await;
+    assert!(matches!(failed, Err(ConsumeError::Publish { .. })), "{failed:?}");
+    assert_eq!(
+        world.entity("o-1").await.entries.len(),
+        1,
+        "the entry waits in the item"
+    );
+    assert!(
+        world.record("T:0").is_none(),
+        "no dedup record before the messages went out"
+    );
+    let again = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
+    assert_eq!(again, ConsumeOutcome::Resumed { messages: 1 });
+    assert_eq!(world.runs(), 1);
+    assert_eq!(world.count("o-1").await, 1);
+    assert_eq!(world.published()[0].1["run"], 1);
+    assert!(world.entity("o-1").await.entries.is_empty());
+}
+
+/// The dedup record goes in before the entry comes out: the other order, with the
+/// record's put failing, leaves neither, and the redelivery applies the message again.
+#[tokio::test]
+async fn in_entity_mode_the_dedup_record_is_written_before_the_entry_is_removed() {
+    let (world, hooked) = hooked_world(0);
+    hooked.failing_dedup_puts.store(1, Ordering::SeqCst);
+    let failed = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await;
+    assert!(matches!(failed, Err(ConsumeError::Mark(_))), "{failed:?}");
+    let again = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
+    assert_eq!(again, ConsumeOutcome::Resumed { messages: 1 });
+    assert_eq!(world.count("o-1").await, 1, "applied once");
+    assert_eq!(world.runs(), 1);
+    assert!(world.entity("o-1").await.entries.is_empty());
+}
+
+/// The entity is read before the dedup record. A copy that read them the other way
+/// could find no record, then (while the first copy dispatches, writes its record and
+/// removes its entry) read the entity without the entry, and apply the message again.
+#[tokio::test]
+async fn in_entity_mode_the_entity_is_read_before_the_dedup_record() {
+    let (world, hooked) = hooked_world(0);
+    let (read_done, first_read) = oneshot::channel();
+    let (go_on, wait) = oneshot::channel();
+    *hooked.pause_after_first_read.lock().unwrap() = Some((read_done, wait));
+    let late = copy("q-2", "T:0", "o-1");
+    let (late_outcome, ()) = tokio::join!(world.consumer.consume(&late), async {
+        first_read.await.unwrap();
+        // Between the late copy's two reads, the first copy goes all the way.
+        let first = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
+        assert_eq!(first, ConsumeOutcome::Processed { messages: 1 });
+        go_on.send(()).unwrap();
+    });
+    assert_eq!(late_outcome.unwrap(), ConsumeOutcome::Duplicate);
+    assert_eq!(world.count("o-1").await, 1, "applied once");
+    assert_eq!(world.runs(), 1);
+}
+
+#[tokio::test]
+async fn in_entity_mode_a_handler_that_writes_another_item_fails_the_message_writing_nothing() {
+    struct TwoItems;
+    #[async_trait]
+    impl Handler for TwoItems {
+        async fn handle(&self, _: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+            staging.put("A#1".parse()?, json!({}), ExpectedVersion::Absent);
+            staging.put("B#1".parse()?, json!({}), ExpectedVersion::Absent);
+            Ok(())
+        }
+        fn entity(&self, _: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+            Ok(Some("A#1".parse()?))
+        }
+    }
+    let world = world(Counting::default(), 0);
+    let consumer = Consumer::new(
+        "two".parse().unwrap(),
+        world.backend.consumer_ports(world.clock.clone()),
+        Arc::new(TwoItems),
+        RETENTION,
+    );
+    let failed = consumer.consume(&copy("q-1", "T:0", "o-1")).await;
+    match failed {
+        Err(error @ ConsumeError::NotOneItem { .. }) => {
+            assert_eq!(error.to_string(), "entity mode commits one item, A#1: a write to B#1")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(world.backend.store.sizes().business_items, 0);
+    assert!(world.backend.store.outbox_records().is_empty());
+}
+
+/// A transactional put or delete of an item whose entry is still to be dispatched would
+/// drop the entry's messages: it is a version conflict until the entry is removed.
+#[tokio::test]
+async fn a_transactional_write_waits_for_the_items_entries_to_go() {
+    let world = world(entity_mode(), 1);
+    world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap_err();
+    let key: ItemKey = "COUNT#o-1".parse().unwrap();
+    let version = world.entity("o-1").await.item.version;
+    let txn_id = TxnId::new_v7();
+    let put = CommitRequest {
+        txn_id,
+        writes: vec![crate::ports::BusinessWrite::Put {
+            key: key.clone(),
+            data: json!({"count": 0}),
+            expected: ExpectedVersion::Exactly(version),
+        }],
+        outbox: OutboxRecord::committed(txn_id, vec![], world.clock.now(), world.clock.now().plus(RETENTION)),
+        idempotency: None,
+    };
+    let refused = world.backend.store.commit(&put).await;
+    assert!(
+        matches!(refused, Err(CommitError::VersionConflict { .. })),
+        "{refused:?}"
+    );
+    world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
+    world.backend.store.commit(&put).await.unwrap();
+    assert_eq!(world.count("o-1").await, 0);
+}
