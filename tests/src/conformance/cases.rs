@@ -16,20 +16,21 @@ use outbox::time::Timestamp;
 use serde_json::{json, Value};
 
 use super::backend::{audit, bus, events, fanout, Backend};
+pub use super::entity::*;
 
-const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(super) const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
-fn key(text: &str) -> ItemKey {
+pub(super) fn key(text: &str) -> ItemKey {
     text.parse().expect("valid key")
 }
 
 /// An instant on a whole second, so that TTLs (kept in seconds by DynamoDB) read back
 /// exactly.
-fn whole_second(at: Timestamp) -> Timestamp {
+pub(super) fn whole_second(at: Timestamp) -> Timestamp {
     Timestamp::from_millis(at.as_millis() / 1000 * 1000)
 }
 
-fn put(name: &str, data: Value, expected: ExpectedVersion) -> BusinessWrite {
+pub(super) fn put(name: &str, data: Value, expected: ExpectedVersion) -> BusinessWrite {
     BusinessWrite::Put {
         key: key(name),
         data,
@@ -37,7 +38,7 @@ fn put(name: &str, data: Value, expected: ExpectedVersion) -> BusinessWrite {
     }
 }
 
-fn messages(txn_id: TxnId, bodies: &[Value]) -> Vec<OutgoingMessage> {
+pub(super) fn messages(txn_id: TxnId, bodies: &[Value]) -> Vec<OutgoingMessage> {
     bodies
         .iter()
         .enumerate()
@@ -50,7 +51,7 @@ fn messages(txn_id: TxnId, bodies: &[Value]) -> Vec<OutgoingMessage> {
         .collect()
 }
 
-fn request(
+pub(super) fn request(
     backend: &Backend,
     txn_id: TxnId,
     writes: Vec<BusinessWrite>,
@@ -91,7 +92,7 @@ async fn tombstone(backend: &Backend, txn_id: TxnId) -> TombstoneOutcome {
         .expect("tombstone put")
 }
 
-async fn record(backend: &Backend, txn_id: TxnId) -> Option<OutboxRecord> {
+pub(super) async fn record(backend: &Backend, txn_id: TxnId) -> Option<OutboxRecord> {
     backend
         .store
         .get_outboxes(&[txn_id])

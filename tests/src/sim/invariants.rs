@@ -70,7 +70,10 @@ impl Observed {
                 StoreEvent::Tombstoned { txn_id, .. } => {
                     tombstones.insert(txn_id);
                 }
-                StoreEvent::MarkedDispatched { .. } => {}
+                // The request path's simulation commits no entity.
+                StoreEvent::MarkedDispatched { .. }
+                | StoreEvent::EntityCommitted { .. }
+                | StoreEvent::EntryRemoved { .. } => {}
             }
         }
         let published = backend

@@ -1,0 +1,324 @@
+//! The conformance cases of the entity mode (DESIGN.md section 11): an item carries its
+//! outbox entries, a commit is one conditional write of it, a removal touches one entry.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use outbox::consumer::{ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming, Staging};
+use outbox::ports::{Clock, CommitError, EntityCommit, ExpectedVersion, ItemKey, RandomIds};
+use outbox::protocol::{Message, OutboxRecord, OutboxState, TxnId, MESSAGE_ID_ATTRIBUTE};
+use serde_json::{json, Value};
+
+use super::backend::{events, Backend};
+use super::cases::{key, messages, put, record, request, whole_second, RETENTION};
+
+/// Commit of message `txn`'s entry into `item` by a fresh attempt.
+fn entity_commit(b: &Backend, item: &str, txn: TxnId, expected: ExpectedVersion, data: Value) -> EntityCommit {
+    let now = b.clock.now();
+    EntityCommit {
+        key: key(item),
+        data: data.clone(),
+        expected,
+        entry: OutboxRecord::committed(txn, messages(txn, &[data]), now, whole_second(now.plus(RETENTION)))
+            .by_attempt(TxnId::new_v7()),
+    }
+}
+
+fn consumed() -> TxnId {
+    TxnId::consumed("conformance", &format!("{}:0", TxnId::new_v7()))
+}
+
+/// One attempt's write applies with its entry; a repeat of it is success; a rival
+/// attempt of the same message is superseded whatever version it expects; a stale
+/// version is a conflict; another message's entry joins the first.
+pub async fn an_entity_commit_is_one_write_won_by_one_attempt(b: &Backend) {
+    let item = format!("ENTITY#{}", TxnId::new_v7());
+    let (m1, m2) = (consumed(), consumed());
+    let first = entity_commit(b, &item, m1, ExpectedVersion::Absent, json!({"n": 1}));
+    b.store.commit_entity(&first).await.expect("the first attempt");
+    b.store
+        .commit_entity(&first)
+        .await
+        .unwrap_or_else(|error| panic!("{}: a repeat of the applied attempt is success: {error:?}", b.name));
+    for expected in [ExpectedVersion::Absent, ExpectedVersion::Exactly(1)] {
+        let rival = entity_commit(b, &item, m1, expected, json!({"n": 99}));
+        match b.store.commit_entity(&rival).await {
+            Err(CommitError::Superseded { txn_id }) => assert_eq!(txn_id, m1),
+            other => panic!("{}: a rival attempt expecting {expected:?}: {other:?}", b.name),
+        }
+    }
+    let stale = entity_commit(b, &item, m2, ExpectedVersion::Absent, json!({"n": 2}));
+    assert!(
+        matches!(
+            b.store.commit_entity(&stale).await,
+            Err(CommitError::VersionConflict { .. })
+        ),
+        "{}",
+        b.name
+    );
+    let second = entity_commit(b, &item, m2, ExpectedVersion::Exactly(1), json!({"n": 2}));
+    b.store.commit_entity(&second).await.expect("the second message");
+    let found = b.store.get_entity(&key(&item)).await.unwrap().expect("the entity");
+    assert_eq!(
+        (found.item.version, found.item.data),
+        (2, json!({"n": 2})),
+        "{}",
+        b.name
+    );
+    assert_eq!(found.entries.len(), 2);
+    assert_eq!(
+        found.entries[&m1], first.entry,
+        "{}: the entry reads back as written",
+        b.name
+    );
+    assert_eq!(found.entries[&m2], second.entry);
+    let plain = b.store.get_items(&[key(&item)]).await.unwrap();
+    assert_eq!(
+        plain[&key(&item)].data,
+        json!({"n": 2}),
+        "a plain read sees the data only"
+    );
+}
+
+/// A removal takes one entry out and nothing else; a commit made after the removal from
+/// a read before it does not bring the entry back; removing twice, or from an item that
+/// is not there, changes nothing and creates nothing.
+pub async fn removing_an_entry_keeps_the_rest_and_never_brings_one_back(b: &Backend) {
+    let item = format!("ENTITY#{}", TxnId::new_v7());
+    let (m1, m2) = (consumed(), consumed());
+    b.store
+        .commit_entity(&entity_commit(b, &item, m1, ExpectedVersion::Absent, json!({"n": 1})))
+        .await
+        .unwrap();
+    let read = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
+    assert!(read.entries.contains_key(&m1));
+    b.store.remove_entry(&key(&item), m1).await.expect("the removal");
+    let second = entity_commit(
+        b,
+        &item,
+        m2,
+        ExpectedVersion::Exactly(read.item.version),
+        json!({"n": 2}),
+    );
+    b.store
+        .commit_entity(&second)
+        .await
+        .expect("a removal does not change the version");
+    let after = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
+    assert_eq!(
+        after.entries.keys().copied().collect::<Vec<_>>(),
+        [m2],
+        "{}: the removed entry stays removed",
+        b.name
+    );
+    b.store.remove_entry(&key(&item), m1).await.expect("removing again");
+    let again = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
+    assert_eq!(again, after, "{}: nothing changed", b.name);
+    // Removals and commits at once: each removal takes its entry only, and no commit or
+    // removal undoes another's.
+    let mut version = again.item.version;
+    let mut pending = vec![m2];
+    for n in 0..6 {
+        let m = consumed();
+        let commit = entity_commit(b, &item, m, ExpectedVersion::Exactly(version), json!({"n": n}));
+        b.store.commit_entity(&commit).await.unwrap();
+        version += 1;
+        pending.push(m);
+    }
+    let (leaving, staying) = pending.split_at(4);
+    let newcomer = consumed();
+    let late = entity_commit(
+        b,
+        &item,
+        newcomer,
+        ExpectedVersion::Exactly(version),
+        json!({"n": "late"}),
+    );
+    let entity = key(&item);
+    let removals = join_all(leaving.iter().map(|m| b.store.remove_entry(&entity, *m)));
+    let (removed, committed) = futures::join!(removals, b.store.commit_entity(&late));
+    assert!(removed.iter().all(Result::is_ok), "{removed:?}");
+    committed.unwrap_or_else(|error| panic!("{}: a commit beside removals: {error:?}", b.name));
+    let after = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
+    let mut expected: Vec<TxnId> = staying.iter().copied().chain([newcomer]).collect();
+    expected.sort();
+    assert_eq!(
+        after.entries.keys().copied().collect::<Vec<_>>(),
+        expected,
+        "{}: every removed entry gone, every other kept",
+        b.name
+    );
+    let nowhere = key(&format!("ENTITY#{}", TxnId::new_v7()));
+    b.store.remove_entry(&nowhere, m1).await.expect("removing from nothing");
+    assert!(
+        b.store.get_entity(&nowhere).await.unwrap().is_none(),
+        "{}: nothing created",
+        b.name
+    );
+}
+
+/// An item written in the transactional mode takes its first entry; while the entry is
+/// there a transactional put of the item is a conflict (it would drop the entry's
+/// messages); once it is removed the put applies.
+pub async fn an_item_of_the_transactional_mode_takes_entries_and_then_waits_for_them(b: &Backend) {
+    let item = format!("ENTITY#{}", TxnId::new_v7());
+    let txn = TxnId::new_v7();
+    b.store
+        .commit(&request(
+            b,
+            txn,
+            vec![put(&item, json!({"n": 0}), ExpectedVersion::Absent)],
+            vec![],
+        ))
+        .await
+        .unwrap();
+    let m = consumed();
+    let entry = entity_commit(b, &item, m, ExpectedVersion::Exactly(1), json!({"n": 1}));
+    b.store
+        .commit_entity(&entry)
+        .await
+        .unwrap_or_else(|error| panic!("{}: the first entry of a plain item: {error:?}", b.name));
+    b.store
+        .commit_entity(&entry)
+        .await
+        .unwrap_or_else(|error| panic!("{}: its repeat: {error:?}", b.name));
+    let replace = |version: u64| {
+        request(
+            b,
+            TxnId::new_v7(),
+            vec![put(&item, json!({"n": 10}), ExpectedVersion::Exactly(version))],
+            vec![],
+        )
+    };
+    let blocked = b.store.commit(&replace(2)).await;
+    assert!(
+        matches!(blocked, Err(CommitError::VersionConflict { .. })),
+        "{}: a transactional put over a pending entry: {blocked:?}",
+        b.name
+    );
+    b.store.remove_entry(&key(&item), m).await.unwrap();
+    b.store
+        .commit(&replace(2))
+        .await
+        .unwrap_or_else(|error| panic!("{}: the put once the entry is gone: {error:?}", b.name));
+    let after = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
+    assert_eq!((after.item.version, after.entries.len()), (3, 0), "{}", b.name);
+}
+
+/// Copies of one message committing into one item at once: exactly one applies, and
+/// every other is told nothing of it was written.
+pub async fn concurrent_entity_commits_of_one_message_apply_once(b: &Backend) {
+    let item = format!("ENTITY#{}", TxnId::new_v7());
+    let m = consumed();
+    let commits: Vec<EntityCommit> = (0..4)
+        .map(|n| entity_commit(b, &item, m, ExpectedVersion::Absent, json!({"copy": n})))
+        .collect();
+    let results = join_all(commits.iter().map(|commit| b.store.commit_entity(commit))).await;
+    let winners: Vec<usize> = (0..commits.len()).filter(|&n| results[n].is_ok()).collect();
+    assert_eq!(winners.len(), 1, "{}: {results:?}", b.name);
+    for result in &results {
+        assert!(
+            matches!(
+                result,
+                Ok(())
+                    | Err(CommitError::Superseded { .. }
+                        | CommitError::VersionConflict { .. }
+                        | CommitError::Contention(_))
+            ),
+            "{}: {result:?}",
+            b.name
+        );
+    }
+    let found = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
+    assert_eq!(found.item.data, commits[winners[0]].data);
+    assert_eq!(found.entries[&m], commits[winners[0]].entry);
+}
+
+/// Records each order in `ENTITY_ORDER#{order}`, in entity mode, and emits `Recorded`.
+struct RecordInEntity;
+
+fn entity_of(message: &Incoming) -> Result<ItemKey, HandlerError> {
+    let order = message.json::<Value>()?["order_id"]
+        .as_str()
+        .ok_or("no order_id")?
+        .to_owned();
+    Ok(format!("ENTITY_ORDER#{order}").parse()?)
+}
+
+#[async_trait::async_trait]
+impl Handler for RecordInEntity {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let item = entity_of(message)?;
+        let (seen, expected) = match staging.get(&item).await? {
+            Some(found) => (
+                found.data["seen"].as_u64().unwrap_or(0),
+                ExpectedVersion::Exactly(found.version),
+            ),
+            None => (0, ExpectedVersion::Absent),
+        };
+        staging.put(item, json!({"seen": seen + 1}), expected);
+        staging.emit(Message::json(events(), &json!({"type": "Recorded", "seen": seen + 1}))?);
+        Ok(())
+    }
+
+    fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        entity_of(message).map(Some)
+    }
+}
+
+/// A consumer in entity mode applies a message once, publishes under the derived id,
+/// writes its dedup record dispatched, leaves no entry, and acknowledges a copy with
+/// nothing done.
+pub async fn a_consumer_in_entity_mode_processes_each_message_once(b: &Backend) {
+    let order = TxnId::new_v7().to_string();
+    let id = format!("{}:0", TxnId::new_v7());
+    let delivery = |queue_message_id: &str| Delivery {
+        message_id: queue_message_id.into(),
+        receipt: String::new(),
+        body: json!({"type": "OrderPlaced", "order_id": order}).to_string(),
+        attributes: [(MESSAGE_ID_ATTRIBUTE.to_owned(), id.clone())].into(),
+        group_id: None,
+        receive_count: 1,
+    };
+    let consumer = Consumer::new(
+        "conformance".parse().unwrap(),
+        ConsumerPorts {
+            store: b.store.clone(),
+            publisher: b.publisher.clone(),
+            clock: b.clock.clone(),
+            ids: Arc::new(RandomIds),
+        },
+        Arc::new(RecordInEntity),
+        RETENTION,
+    );
+    let first = consumer.consume(&delivery("q-1")).await;
+    assert_eq!(first.unwrap(), ConsumeOutcome::Processed { messages: 1 }, "{}", b.name);
+    let consumed = consumer.txn_id(&id);
+    let out = b.drain(&events()).await;
+    assert_eq!(
+        out.iter().map(|message| message.message_id.clone()).collect::<Vec<_>>(),
+        [Some(format!("{consumed}:0"))],
+        "{}",
+        b.name
+    );
+    assert_eq!(
+        record(b, consumed).await.expect("the dedup record").state,
+        OutboxState::Dispatched
+    );
+    let again = consumer.consume(&delivery("q-2")).await;
+    assert_eq!(again.unwrap(), ConsumeOutcome::Duplicate, "{}", b.name);
+    assert!(b.drain(&events()).await.is_empty());
+    let entity = b
+        .store
+        .get_entity(&format!("ENTITY_ORDER#{order}").parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (entity.item.version, entity.item.data),
+        (1, json!({"seen": 1})),
+        "{}: applied once",
+        b.name
+    );
+    assert!(entity.entries.is_empty(), "{}: no entry left", b.name);
+}
