@@ -56,6 +56,12 @@ const CONSUMER_MS_NSERVICEBUS: f64 = 64.7;
 const CONSUMER_MS_POWERTOOLS: f64 = 42.7;
 /// A copy: its record's read 5 + 5.7.
 const CONSUMER_MS_COPY: f64 = 10.7;
+/// Entity mode: the entity's GetItem (5) and the dedup record's read (5), the entity's
+/// PutItem (8), SendMessageBatch (8), the dedup record's PutItem (8), the entry's
+/// UpdateItem (8), plus 5.7.
+const CONSUMER_MS_ENTITY: f64 = 47.7;
+/// A copy in entity mode: its two reads 5 + 5 + 5.7.
+const CONSUMER_MS_ENTITY_COPY: f64 = 15.7;
 /// Powertools' idempotency record: its key hash, status, expiry and the stored result
 /// (an assumption, like NServiceBus's headers).
 const POWERTOOLS_RECORD_BYTES: usize = 300;
@@ -219,17 +225,25 @@ impl Rig {
     }
 }
 
-/// The handler of the consumer row: one read of an absent item, its put, one message.
-struct Ship;
+/// The handler of the consumer rows: one read of an absent item, its put, one message;
+/// in entity mode when `entity`, the shipment being its entity.
+struct Ship {
+    entity: bool,
+}
+
+fn shipment_of(message: &Incoming) -> Result<(String, outbox::ports::ItemKey), HandlerError> {
+    let order = message.json::<serde_json::Value>()?["order_id"]
+        .as_str()
+        .ok_or("no order")?
+        .to_owned();
+    let key = format!("SHIPMENT#{order}").parse()?;
+    Ok((order, key))
+}
 
 #[async_trait::async_trait]
 impl Handler for Ship {
     async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
-        let order = message.json::<serde_json::Value>()?["order_id"]
-            .as_str()
-            .ok_or("no order")?
-            .to_owned();
-        let key = format!("SHIPMENT#{order}").parse()?;
+        let (order, key) = shipment_of(message)?;
         assert!(staging.get(&key).await?.is_none());
         staging.put(
             key,
@@ -242,12 +256,20 @@ impl Handler for Ship {
         )?);
         Ok(())
     }
+
+    fn entity(&self, message: &Incoming) -> Result<Option<outbox::ports::ItemKey>, HandlerError> {
+        Ok(self
+            .entity
+            .then(|| shipment_of(message))
+            .transpose()?
+            .map(|(_, key)| key))
+    }
 }
 
 impl Rig {
     /// One incoming event consumed, then a copy of it: the consumer's calls and usage on
-    /// the wire for each.
-    async fn consume(&self) -> (Bill, Bill) {
+    /// the wire for each, in the transactional mode or in entity mode.
+    async fn consume(&self, entity: bool) -> (Bill, Bill) {
         let consumer = Consumer::new(
             "shipping".parse().unwrap(),
             ConsumerPorts {
@@ -256,13 +278,13 @@ impl Rig {
                 clock: self.backend.clock.clone(),
                 ids: Arc::new(RandomIds),
             },
-            Arc::new(Ship),
+            Arc::new(Ship { entity }),
             Duration::from_secs(19 * 24 * 3600),
         );
         let delivery = Delivery {
             message_id: "sqs-1".into(),
             receipt: String::new(),
-            body: serde_json::to_string(&event(9, 0)).unwrap(),
+            body: serde_json::to_string(&event(if entity { 10 } else { 9 }, 0)).unwrap(),
             attributes: BTreeMap::from([(MESSAGE_ID_ATTRIBUTE.to_owned(), format!("{}:0", TxnId::new_v7()))]),
             group_id: None,
             receive_count: 1,
@@ -271,23 +293,43 @@ impl Rig {
         let first = consumer.consume(&delivery).await.expect("consumed");
         assert_eq!(first, ConsumeOutcome::Processed { messages: 1 });
         let (calls, processed) = self.snapshot();
-        assert_eq!(
-            calls,
-            counts(&[
-                ("BatchGetItem", 2),
-                ("BatchWriteItem", 1),
-                ("SendMessageBatch", 1),
-                ("TransactWriteItems", 1)
-            ]),
-            "a consumed message: its record read, the handler's read, the commit, the send, the mark"
-        );
+        if entity {
+            assert_eq!(
+                calls,
+                counts(&[
+                    ("BatchGetItem", 1),
+                    ("GetItem", 1),
+                    ("PutItem", 2),
+                    ("SendMessageBatch", 1),
+                    ("UpdateItem", 1)
+                ]),
+                "entity mode: the entity's read, the dedup record's read, the entity's write, the send, \
+                 the dedup record's put, the entry's removal"
+            );
+        } else {
+            assert_eq!(
+                calls,
+                counts(&[
+                    ("BatchGetItem", 2),
+                    ("BatchWriteItem", 1),
+                    ("SendMessageBatch", 1),
+                    ("TransactWriteItems", 1)
+                ]),
+                "a consumed message: its record read, the handler's read, the commit, the send, the mark"
+            );
+        }
         self.reset();
         assert_eq!(
             consumer.consume(&delivery).await.expect("a copy"),
             ConsumeOutcome::Duplicate
         );
         let (calls, duplicate) = self.snapshot();
-        assert_eq!(calls, counts(&[("BatchGetItem", 1)]), "a copy: its record read");
+        let copy_reads = if entity {
+            counts(&[("BatchGetItem", 1), ("GetItem", 1)])
+        } else {
+            counts(&[("BatchGetItem", 1)])
+        };
+        assert_eq!(calls, copy_reads, "a copy: its reads");
         assert_eq!(
             self.backend.drain(&"events".parse().unwrap()).await.len(),
             1,
@@ -634,7 +676,8 @@ async fn run(batch_size: f64) {
         (6, 5),
         "the README's count at the 30 s window"
     );
-    let (consumed, duplicate) = rig.consume().await;
+    let (consumed, duplicate) = rig.consume(false).await;
+    let (entity_consumed, entity_duplicate) = rig.consume(true).await;
     let (responses, with_capacity, reported) = rig.meter.consumed_capacity_seen();
 
     let business = off1
@@ -768,6 +811,14 @@ async fn run(batch_size: f64) {
         ours_consumed.counted(&consumed).consumer(batch, CONSUMER_MS);
         let mut ours_copy = Cost::default();
         ours_copy.counted(&duplicate).consumer(batch, CONSUMER_MS_COPY);
+        let mut ours_entity = Cost::default();
+        ours_entity
+            .counted(&entity_consumed)
+            .consumer(batch, CONSUMER_MS_ENTITY);
+        let mut ours_entity_copy = Cost::default();
+        ours_entity_copy
+            .counted(&entity_duplicate)
+            .consumer(batch, CONSUMER_MS_ENTITY_COPY);
         out.push((
             "consumed messages (1 incoming event: 1 read, 1 write, 1 outgoing message)".to_owned(),
             vec![
@@ -775,6 +826,14 @@ async fn run(batch_size: f64) {
                 (
                     "this outbox's consumer, a copy (duplicate) of a consumed message".to_owned(),
                     ours_copy,
+                ),
+                (
+                    "this outbox's consumer in entity mode (one item: no transaction)".to_owned(),
+                    ours_entity,
+                ),
+                (
+                    "this outbox's consumer in entity mode, a copy (duplicate)".to_owned(),
+                    ours_entity_copy,
                 ),
                 (
                     "NServiceBus Outbox, DynamoDB persistence".to_owned(),
