@@ -4,6 +4,10 @@
 //! API is acknowledged with nothing to do. The handler only reads and stages: dedup,
 //! commit, publishing and acknowledgement are the library's
 //! ([`outbox::consumer`]), so a copy of an event, however it arrives, ships nothing twice.
+//!
+//! Its change is one item, the order's shipment, so it runs in entity mode
+//! ([`Handler::entity`]): the shipment carries its outbox entry and is written with one
+//! conditional write, no transaction (DESIGN.md section 11).
 
 use async_trait::async_trait;
 use outbox::consumer::{Handler, HandlerError, Incoming, Staging};
@@ -45,5 +49,15 @@ impl Handler for Shipping {
             json!({"type": "ShipmentRequested", "order_id": order_id, "shipment_id": shipment_id, "items": items});
         staging.emit(Message::json(destination, &requested)?.with_event("com.example.shipping", "ShipmentRequested"));
         Ok(())
+    }
+
+    /// Every event of an order is about that order's shipment: the one item this handler
+    /// may write.
+    fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        let event: Value = message.json()?;
+        Ok(match event["order_id"].as_str() {
+            Some(order_id) => Some(format!("SHIPMENT#{order_id}").parse()?),
+            None => None,
+        })
     }
 }

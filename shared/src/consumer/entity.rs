@@ -29,7 +29,8 @@ use crate::publish::publish_all;
 use crate::staging::Staging;
 
 /// What one write of the entity carries: its new data and the version it expects.
-/// `None`: the handler staged nothing at all for an entity that does not exist.
+/// `None`: the handler staged nothing to write or send (a check at most), so only the
+/// decision is recorded, in the dedup record.
 fn entity_write(
     staging: &Staging,
     key: &ItemKey,
@@ -45,11 +46,19 @@ fn entity_write(
     if let Some(other) = staging.writes.keys().find(|staged| *staged != key) {
         return Err(refuse(format!("a write to {other}")));
     }
+    let nothing_to_write = !matches!(
+        staging.writes.get(key),
+        Some(BusinessWrite::Put { .. } | BusinessWrite::Delete { .. })
+    );
+    if nothing_to_write && staging.messages.is_empty() {
+        return Ok(None);
+    }
     let unchanged = |expected: ExpectedVersion| read.map(|item| (item.data.clone(), expected));
     let write = match staging.writes.get(key) {
         Some(BusinessWrite::Put { data, expected, .. }) => Some((data.clone(), *expected)),
         Some(BusinessWrite::Delete { .. }) => return Err(refuse("a delete of it, which cannot hold its entry".into())),
-        // Only messages, or a check: the entity keeps its data and carries the entry.
+        // Only messages (and maybe a check): the entity keeps its data and carries the
+        // entry.
         Some(BusinessWrite::Check { expected, .. }) => unchanged(*expected),
         None => unchanged(read.map_or(ExpectedVersion::Absent, |item| ExpectedVersion::Exactly(item.version))),
     };
