@@ -147,7 +147,7 @@ impl Consumer {
             };
             let error = match store.commit_entity(&commit).await {
                 Ok(()) => {
-                    tracing::info!(messages = commit.entry.messages.len(), "committed in entity mode");
+                    tracing::info!(messages = commit.entry.messages.len(), mode = "entity", "committed");
                     let messages = self.dispatch_entry(&key, &commit.entry).await?;
                     return Ok(ConsumeOutcome::Processed { messages });
                 }

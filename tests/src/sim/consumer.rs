@@ -21,6 +21,16 @@
 //! and the committed run's body, none went out before the commit), C4 (the record is
 //! dispatched, its TTL is the clock at a mark plus the retention, not before the first
 //! publish), C5 (every acknowledgement came after M's message had gone out).
+//!
+//! The same schedules run in entity mode (DESIGN.md section 11, [`ConsumerSimConfig::entity`]):
+//! the handler names the counter as its one item, so each copy reads the counter with its
+//! entries, then M's dedup record; commits the counter and M's entry in one conditional
+//! write; publishes; puts the dedup record; removes the entry. Each of those steps passes
+//! a gate and meets the same faults (its late commit, dedup put or removal applied by a
+//! ghost), and the conflicting writer commits into the counter in entity mode too, with
+//! an entry of its own that it removes. The checks are C1 to C5 on the entity's history,
+//! and that M's entry is gone after recovery and no removed entry ever came back
+//! ([`super::entity`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -37,11 +47,11 @@ use outbox::consumer::{
 };
 use outbox::embedded::{EmbeddedBackend, ManualClock, StoreEvent};
 use outbox::ports::{
-    BusinessWrite, Clock, CommitError, CommitRequest, ExpectedVersion, IdSource, ItemKey, Store, StoreError,
-    TombstoneOutcome, VersionedItem,
+    BusinessWrite, Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, IdSource, ItemKey,
+    Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use outbox::protocol::{
-    DestinationName, IdempotencyRecord, IdempotencySlot, Message, OutboxRecord, OutboxState, TxnId,
+    DestinationName, IdempotencyRecord, IdempotencySlot, Message, OutboxRecord, OutboxState, OutgoingMessage, TxnId,
     MESSAGE_ID_ATTRIBUTE,
 };
 use outbox::publish::RetryPolicy;
@@ -61,9 +71,9 @@ pub const CONSUMER: &str = "counter";
 pub const RETENTION: Duration = Duration::from_secs(3600);
 /// The order M is about, and the counter its handler increments.
 const ORDER: &str = "o-1";
-const COUNTER: &str = "COUNT#o-1";
+pub(super) const COUNTER: &str = "COUNT#o-1";
 /// What the conflicting writer adds to the counter.
-const WRITER_ADDS: u64 = 100;
+pub(super) const WRITER_ADDS: u64 = 100;
 /// How far the clock moves before every step: each operation takes a second, so that a
 /// TTL computed at the wrong moment shows.
 const STEP: Duration = Duration::from_secs(1);
@@ -87,6 +97,9 @@ pub struct ConsumerSimConfig {
     pub max_deliveries: u32,
     /// Steps after which the schedule counts as a livelock.
     pub max_steps: usize,
+    /// The handler names the counter as its entity: entity mode (DESIGN.md section 11),
+    /// and the conflicting writer commits in entity mode too.
+    pub entity: bool,
 }
 
 impl ConsumerSimConfig {
@@ -100,6 +113,16 @@ impl ConsumerSimConfig {
             faults: consumer_faults,
             max_deliveries: 12,
             max_steps: 1_000,
+            entity: false,
+        }
+    }
+
+    /// As [`Self::new`], in entity mode, with the fault menu [`entity_faults`].
+    pub fn entity(copies: usize, concurrent: bool, conflicting_writer: bool, fault_budget: usize) -> Self {
+        Self {
+            faults: entity_faults,
+            entity: true,
+            ..Self::new(copies, concurrent, conflicting_writer, fault_budget)
         }
     }
 }
@@ -118,15 +141,31 @@ pub fn consumer_faults(op: Op) -> Vec<Fault> {
     }
 }
 
+/// The faults of entity mode's operations, beyond none: as [`consumer_faults`], where the
+/// dedup record's put and the entry's removal (which pass the mark's gate) can also time
+/// out on their way, their ghosts applying them later or losing them.
+pub fn entity_faults(op: Op) -> Vec<Fault> {
+    use Fault::*;
+    match op {
+        Op::Mark => vec![CrashBefore, CrashAfter, ReplyLost, Fail, Late],
+        Op::LateMark => vec![Fail],
+        other => consumer_faults(other),
+    }
+}
+
 /// What the schedules did, summed over copies (and over schedules with [`Self::add`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConsumerCounts {
     /// How each delivery ended: `processed`, `resumed`, `adopted`, `duplicate`,
-    /// `failed: <kind>` for each [`ConsumeError`] kind, or `crashed`.
+    /// `failed: <kind>` for each [`ConsumeError`] kind (in entity mode `failed: dedup
+    /// put` where the mark's is, and `failed: remove entry`), or `crashed`.
     pub outcomes: BTreeMap<&'static str, usize>,
-    /// Crashes, by operation and side (`commit after`: committed, crashed before
-    /// publishing; `publish after`, `mark before`: published, crashed before the mark).
-    pub crashes: BTreeMap<&'static str, usize>,
+    /// Crashes, by step and side (`commit after`: committed, crashed before publishing;
+    /// `publish after`, `mark before`: published, crashed before the mark; in entity
+    /// mode `entity read`, `entity commit`, `dedup put` and `entry removal`).
+    pub crashes: BTreeMap<String, usize>,
+    /// The other faults injected, by step and fault (`entity commit: Late`).
+    pub faults: BTreeMap<String, usize>,
     /// Runs of the handler.
     pub handler_runs: usize,
     /// Commits of a copy refused because another attempt's record was there (lost races).
@@ -147,6 +186,12 @@ pub struct ConsumerCounts {
     pub late_superseded_by_other_copy: usize,
     /// Late commits lost on their way.
     pub late_lost: usize,
+    /// Other late writes (entity mode's dedup puts and removals), by step and end
+    /// (`late dedup put: applied`, `late entry removal: lost`).
+    pub late_writes: BTreeMap<String, usize>,
+    /// Duplicates that found M's entry still in the entity and removed it (entity mode:
+    /// an earlier copy put the dedup record, then crashed or failed before its removal).
+    pub leftover_entries_removed: usize,
     /// Schedules in which M's message went out again after the TTL's start (a copy that
     /// had read the record pending published after another copy's mark).
     pub republished_after_ttl_start: usize,
@@ -159,8 +204,15 @@ impl ConsumerCounts {
             *self.outcomes.entry(name).or_default() += n;
         }
         for (name, n) in &other.crashes {
-            *self.crashes.entry(name).or_default() += n;
+            *self.crashes.entry(name.clone()).or_default() += n;
         }
+        for (name, n) in &other.faults {
+            *self.faults.entry(name.clone()).or_default() += n;
+        }
+        for (name, n) in &other.late_writes {
+            *self.late_writes.entry(name.clone()).or_default() += n;
+        }
+        self.leftover_entries_removed += other.leftover_entries_removed;
         self.handler_runs += other.handler_runs;
         self.superseded += other.superseded;
         self.business_reruns += other.business_reruns;
@@ -179,14 +231,36 @@ impl ConsumerCounts {
         self.outcomes.get(name).copied().unwrap_or(0)
     }
 
-    /// Crashes after a commit applied, before anything was published.
+    /// Crashes after a commit (either mode's) applied, before anything was published.
     pub fn crashed_after_commit_before_publish(&self) -> usize {
-        self.crash("commit after")
+        self.crash("commit after") + self.crash("entity commit after")
     }
 
-    /// Crashes after the messages went out, before the mark applied.
+    /// Crashes after the messages went out, before the mark (or in entity mode the dedup
+    /// record's put) applied.
     pub fn crashed_after_publish_before_mark(&self) -> usize {
-        self.crash("publish after") + self.crash("mark before")
+        self.crash("publish after") + self.crash("mark before") + self.crash("dedup put before")
+    }
+
+    /// Entity mode: crashes after the dedup record's put applied, before the entry's
+    /// removal did.
+    pub fn crashed_after_dedup_put_before_removal(&self) -> usize {
+        self.crash("dedup put after") + self.crash("entry removal before")
+    }
+
+    /// Crashes at `step` (`entity read`), either side.
+    pub fn crashes_at(&self, step: &str) -> usize {
+        self.crash(&format!("{step} before")) + self.crash(&format!("{step} after"))
+    }
+
+    /// Faults other than crashes met at `step` (`entity commit`), of any kind.
+    pub fn faults_at(&self, step: &str) -> usize {
+        let prefix = format!("{step}: ");
+        self.faults
+            .iter()
+            .filter(|(name, _)| name.starts_with(&prefix))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     fn crash(&self, name: &str) -> usize {
@@ -209,16 +283,20 @@ pub struct ConsumerOutcome {
 
 /// What the consumers' probes and handlers saw, in order.
 #[derive(Debug, Clone)]
-enum Event {
+pub(super) enum Event {
     /// A read of M's record answered.
     RecordRead { actor: ActorId, found: bool },
+    /// Entity mode: a read of the entity answered; `found` whether it held M's entry.
+    EntityRead { actor: ActorId, found: bool },
+    /// Entity mode: a removal of M's entry was sent.
+    RemovalSent { actor: ActorId },
     /// The handler started a run.
     HandlerRun { actor: ActorId },
     /// A commit attempt was sent.
     CommitSent { actor: ActorId, attempt: Option<TxnId> },
     /// A commit attempt answered.
     CommitAnswered { actor: ActorId, result: &'static str },
-    /// A mark was sent, at `at`, with this TTL.
+    /// A mark (in entity mode, the dedup record's put) was sent, at `at`, with this TTL.
     MarkSent {
         actor: ActorId,
         at: Timestamp,
@@ -227,6 +305,10 @@ enum Event {
 }
 
 type Log = Arc<Mutex<Vec<Event>>>;
+
+/// The store call each actor made last, by the name of its step (`entity commit`): the
+/// gated store's operations share gates, so the gate's [`Op`] alone does not say.
+type Asking = Arc<Mutex<BTreeMap<ActorId, &'static str>>>;
 
 fn push(log: &Log, event: Event) {
     log.lock().expect("log lock").push(event);
@@ -251,12 +333,20 @@ struct Probe {
     actor: ActorId,
     clock: Arc<ManualClock>,
     log: Log,
+    asking: Asking,
 }
 
-#[async_trait]
-impl Store for Probe {
-    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
-        let attempt = request.outbox.attempt;
+impl Probe {
+    fn ask(&self, step: &'static str) {
+        self.asking.lock().expect("asking lock").insert(self.actor, step);
+    }
+
+    /// Sends a commit (either mode's) of attempt `attempt`, writing down its answer.
+    async fn commit_logged(
+        &self,
+        attempt: Option<TxnId>,
+        commit: impl Future<Output = Result<(), CommitError>>,
+    ) -> Result<(), CommitError> {
         push(
             &self.log,
             Event::CommitSent {
@@ -264,23 +354,45 @@ impl Store for Probe {
                 attempt,
             },
         );
-        let result = self.inner.commit(request).await;
-        let result_name = commit_result_name(&result);
+        let result = commit.await;
         push(
             &self.log,
             Event::CommitAnswered {
                 actor: self.actor,
-                result: result_name,
+                result: commit_result_name(&result),
             },
         );
         result
     }
 
+    /// Writes down a mark (or a dedup record's put) sent now with TTL `expires_at`.
+    fn mark_sent(&self, expires_at: Timestamp) {
+        push(
+            &self.log,
+            Event::MarkSent {
+                actor: self.actor,
+                at: self.clock.now(),
+                expires_at,
+            },
+        );
+    }
+}
+
+#[async_trait]
+impl Store for Probe {
+    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
+        self.ask("commit");
+        self.commit_logged(request.outbox.attempt, self.inner.commit(request))
+            .await
+    }
+
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
+        self.ask("read");
         self.inner.get_items(keys).await
     }
 
     async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
+        self.ask("read");
         let result = self.inner.get_outboxes(txn_ids).await;
         if let Ok(records) = &result {
             push(
@@ -295,6 +407,7 @@ impl Store for Probe {
     }
 
     async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.ask("read");
         self.inner.get_idempotency(slot).await
     }
 
@@ -304,19 +417,50 @@ impl Store for Probe {
         now: Timestamp,
         expires_at: Timestamp,
     ) -> Result<TombstoneOutcome, StoreError> {
+        self.ask("tombstone");
         self.inner.put_tombstone(txn_id, now, expires_at).await
     }
 
     async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
-        push(
-            &self.log,
-            Event::MarkSent {
-                actor: self.actor,
-                at: self.clock.now(),
-                expires_at,
-            },
-        );
+        self.ask("mark");
+        self.mark_sent(expires_at);
         self.inner.mark_dispatched(records, expires_at).await
+    }
+
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        self.ask("entity read");
+        let result = self.inner.get_entity(key).await;
+        if let Ok(entity) = &result {
+            let found = entity
+                .as_ref()
+                .is_some_and(|entity| entity.entries.contains_key(&incoming_txn_id()));
+            push(
+                &self.log,
+                Event::EntityRead {
+                    actor: self.actor,
+                    found,
+                },
+            );
+        }
+        result
+    }
+
+    async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        self.ask("entity commit");
+        self.commit_logged(commit.entry.attempt, self.inner.commit_entity(commit))
+            .await
+    }
+
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        self.ask("entry removal");
+        push(&self.log, Event::RemovalSent { actor: self.actor });
+        self.inner.remove_entry(key, txn_id).await
+    }
+
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
+        self.ask("dedup put");
+        self.mark_sent(expires_at);
+        self.inner.put_dispatched(txn_id, now, expires_at).await
     }
 }
 
@@ -324,16 +468,33 @@ fn destination() -> DestinationName {
     EVENTS.parse().expect("valid")
 }
 
-fn counter_key() -> ItemKey {
+pub(super) fn counter_key() -> ItemKey {
     COUNTER.parse().expect("valid key")
 }
 
+/// M's record id (its dedup record's, in entity mode), and its entry's in the counter.
+pub(super) fn incoming_txn_id() -> TxnId {
+    TxnId::consumed(CONSUMER, INCOMING_ID)
+}
+
+/// The order a message is about, and its counter.
+fn order_and_counter(message: &Incoming) -> Result<(String, ItemKey), HandlerError> {
+    let order = message.json::<Value>()?["order_id"]
+        .as_str()
+        .ok_or("no order_id")?
+        .to_owned();
+    let key = format!("COUNT#{order}").parse()?;
+    Ok((order, key))
+}
+
 /// The handler: increments the order's counter (not idempotent: a second applied run
-/// would count twice) and emits one message naming the run.
+/// would count twice) and emits one message naming the run. In entity mode it names the
+/// counter as the one item it changes.
 struct Counting {
     actor: ActorId,
     runs: Arc<AtomicU32>,
     log: Log,
+    entity: bool,
 }
 
 #[async_trait]
@@ -341,11 +502,7 @@ impl Handler for Counting {
     async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
         let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
         push(&self.log, Event::HandlerRun { actor: self.actor });
-        let order = message.json::<Value>()?["order_id"]
-            .as_str()
-            .ok_or("no order_id")?
-            .to_owned();
-        let key: ItemKey = format!("COUNT#{order}").parse()?;
+        let (order, key) = order_and_counter(message)?;
         let (count, expected) = match staging.get(&key).await? {
             Some(item) => (
                 item.data["count"].as_u64().ok_or("a counter without a count")?,
@@ -359,6 +516,13 @@ impl Handler for Counting {
             &json!({ "type": "Counted", "order_id": order, "run": run }),
         )?);
         Ok(())
+    }
+
+    fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        if !self.entity {
+            return Ok(None);
+        }
+        Ok(Some(order_and_counter(message)?.1))
     }
 }
 
@@ -380,18 +544,20 @@ enum Kind {
     Copy(usize),
     /// The conflicting writer.
     Writer,
-    /// A late commit of copy `origin_copy`'s on its way.
+    /// A late operation (a commit; in entity mode also a dedup put or a removal) of copy
+    /// `origin_copy`'s on its way.
     Ghost { origin_copy: usize },
 }
 
-enum End {
+pub(super) enum End {
     Consumed(Result<ConsumeOutcome, ConsumeError>),
     Writer,
-    /// A late operation reached the table (with the commit's answer) or was lost.
+    /// A late operation reached the table (with the commit's answer, or `applied`) or
+    /// was lost.
     Ghost(&'static str),
 }
 
-type ActorFuture = Pin<Box<dyn Future<Output = End>>>;
+pub(super) type ActorFuture = Pin<Box<dyn Future<Output = End>>>;
 
 struct Actor {
     id: ActorId,
@@ -417,19 +583,21 @@ fn delivery(copy: usize, receive_count: u32) -> Delivery {
     }
 }
 
-struct World {
-    clock: Arc<ManualClock>,
-    backend: EmbeddedBackend,
+pub(super) struct World {
+    pub(super) clock: Arc<ManualClock>,
+    pub(super) backend: EmbeddedBackend,
     gates: Gates,
     ids: Arc<SimIds>,
     runs: Arc<AtomicU32>,
     log: Log,
+    asking: Asking,
     in_flight: InFlight,
     next_actor: ActorId,
+    entity: bool,
 }
 
 impl World {
-    fn new() -> Self {
+    fn new(entity: bool) -> Self {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
         let backend = EmbeddedBackend::new(clock.clone(), [(destination(), false)]);
         backend.record();
@@ -440,8 +608,10 @@ impl World {
             ids: Arc::new(SimIds(AtomicU64::new(1))),
             runs: Arc::default(),
             log: Log::default(),
+            asking: Asking::default(),
             in_flight: InFlight::default(),
             next_actor: 0,
+            entity,
         }
     }
 
@@ -459,6 +629,22 @@ impl World {
         })
     }
 
+    /// The step `actor` waits to perform at a gate of `op`: the store call its probe saw
+    /// it make last (the store's calls share gates), or the operation itself.
+    fn step(&self, actor: ActorId, op: Op) -> &'static str {
+        match op {
+            Op::Publish => "publish",
+            Op::Sleep => "sleep",
+            _ => self
+                .asking
+                .lock()
+                .expect("asking lock")
+                .get(&actor)
+                .copied()
+                .unwrap_or("other"),
+        }
+    }
+
     /// A consumer consuming delivery `receive_count` of copy `copy`.
     fn copy(&mut self, copy: usize, receive_count: u32) -> Actor {
         let (id, gate) = self.gate();
@@ -468,6 +654,7 @@ impl World {
                 actor: id,
                 clock: self.clock.clone(),
                 log: self.log.clone(),
+                asking: self.asking.clone(),
             }),
             publisher: Arc::new(GatedPublisher {
                 inner: self.backend.publisher.clone(),
@@ -485,6 +672,7 @@ impl World {
             actor: id,
             runs: self.runs.clone(),
             log: self.log.clone(),
+            entity: self.entity,
         });
         let consumer =
             Consumer::new(CONSUMER.parse().expect("valid"), ports, handler, RETENTION).with_retry_policy(RetryPolicy {
@@ -499,13 +687,21 @@ impl World {
         }
     }
 
-    /// Another writer of the counter: reads it and adds 100 in a transaction of its own,
-    /// again on a conflict, until it applied once.
+    /// Another writer of the counter: reads it and adds 100 in a commit of its own (a
+    /// transaction; in entity mode, [`super::entity::writer`]), again on a conflict,
+    /// until it applied once.
     fn writer(&mut self) -> Actor {
         let (id, gate) = self.gate();
         let store = self.gated_store(&gate);
         let clock = self.clock.clone();
         let ids = self.ids.clone();
+        if self.entity {
+            return Actor {
+                id,
+                kind: Kind::Writer,
+                future: super::entity::writer(store, clock, ids),
+            };
+        }
         let future: ActorFuture = Box::pin(async move {
             let key = counter_key();
             loop {
@@ -550,21 +746,33 @@ impl World {
             .into_iter()
             .map(|(origin, late)| {
                 let (id, gate) = self.gate();
+                let step = match &late {
+                    LateOp::Commit(_) => "late commit",
+                    LateOp::EntityCommit(_) => "late entity commit",
+                    LateOp::PutDispatched { .. } => "late dedup put",
+                    LateOp::RemoveEntry { .. } => "late entry removal",
+                    _ => "late other",
+                };
+                self.asking.lock().expect("asking lock").insert(id, step);
                 let store: Arc<dyn Store> = self.backend.store.clone();
                 let queue: Arc<dyn outbox::ports::ControlQueue> = self.backend.control_queue.clone();
                 let future: ActorFuture = Box::pin(async move {
-                    match late {
-                        LateOp::Commit(request) => {
-                            if gate.pass(Op::LateCommit).await == Fault::Fail {
-                                return End::Ghost("lost");
-                            }
-                            End::Ghost(commit_result_name(&store.commit(&request).await))
-                        }
+                    let commit = match late {
+                        LateOp::Commit(request) => Either::Transaction(request),
+                        LateOp::EntityCommit(commit) => Either::Entity(commit),
                         other => {
-                            late_op(store, queue, gate, other).await;
-                            End::Ghost("other")
+                            let arrived = late_op(store, queue, gate, other).await;
+                            return End::Ghost(if arrived { "applied" } else { "lost" });
                         }
+                    };
+                    if gate.pass(Op::LateCommit).await == Fault::Fail {
+                        return End::Ghost("lost");
                     }
+                    let result = match commit {
+                        Either::Transaction(request) => store.commit(&request).await,
+                        Either::Entity(commit) => store.commit_entity(&commit).await,
+                    };
+                    End::Ghost(commit_result_name(&result))
                 });
                 Actor {
                     id,
@@ -578,7 +786,13 @@ impl World {
     }
 }
 
-fn outcome_name(result: &Result<ConsumeOutcome, ConsumeError>) -> &'static str {
+/// A late commit of either mode.
+enum Either {
+    Transaction(Box<CommitRequest>),
+    Entity(Box<EntityCommit>),
+}
+
+fn outcome_name(result: &Result<ConsumeOutcome, ConsumeError>, entity: bool) -> &'static str {
     match result {
         Ok(outcome) => outcome.as_str(),
         Err(ConsumeError::NoId(_)) => "failed: no id",
@@ -588,28 +802,14 @@ fn outcome_name(result: &Result<ConsumeOutcome, ConsumeError>) -> &'static str {
         Err(ConsumeError::Refused(_)) => "failed: refused",
         Err(ConsumeError::Unsettled(_)) => "failed: unsettled",
         Err(ConsumeError::Publish { .. }) => "failed: publish",
+        // In entity mode, the dedup record's put.
+        Err(ConsumeError::Mark(_)) if entity => "failed: dedup put",
         Err(ConsumeError::Mark(_)) => "failed: mark",
         Err(ConsumeError::Corrupt { .. }) => "failed: corrupt",
+        Err(ConsumeError::NotOneItem { .. }) => "failed: not one item",
+        Err(ConsumeError::RemoveEntry(_)) => "failed: remove entry",
         Err(_) => "failed: other",
     }
-}
-
-fn crash_name(op: Op, fault: Fault) -> Option<&'static str> {
-    let after = match fault {
-        Fault::CrashBefore => false,
-        Fault::CrashAfter => true,
-        _ => return None,
-    };
-    Some(match (op, after) {
-        (Op::Read, _) => "read before",
-        (Op::Commit, false) => "commit before",
-        (Op::Commit, true) => "commit after",
-        (Op::Publish, false) => "publish before",
-        (Op::Publish, true) => "publish after",
-        (Op::Mark, false) => "mark before",
-        (Op::Mark, true) => "mark after",
-        _ => "other",
-    })
 }
 
 /// The deliveries of each copy so far, and the copy each consumer actor delivered.
@@ -656,7 +856,7 @@ enum Action {
 /// Runs one consumer schedule with every decision taken from `chooser`, then checks C1
 /// to C5; an `Err` names the violated invariant (or the livelock) and the schedule.
 pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConfig) -> Result<ConsumerOutcome, String> {
-    let mut world = World::new();
+    let mut world = World::new(config.entity);
     let mut counts = ConsumerCounts::default();
     let mut trace: Vec<String> = Vec::new();
     let fail = |trace: &[String], what: String| format!("{what}\nschedule:\n  {}", trace.join("\n  "));
@@ -669,8 +869,9 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
     let mut acknowledged = vec![false; config.copies];
     // Copies waiting to be delivered (again), in the queue's order.
     let mut pending: Vec<usize> = Vec::new();
-    let mut ghost_ends: Vec<(usize, &'static str)> = Vec::new();
-    let expected_id = format!("{}:0", TxnId::consumed(CONSUMER, INCOMING_ID));
+    // Each late operation's end: its origin copy, its step, its answer.
+    let mut ghost_ends: Vec<(usize, &'static str, &'static str)> = Vec::new();
+    let expected_id = format!("{}:0", incoming_txn_id());
     let queue = world.backend.publisher.queue(&destination()).expect("events").clone();
     let published = || {
         queue
@@ -755,11 +956,15 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
             },
             _ => Fault::None,
         };
-        if let Some(name) = crash_name(op, fault) {
-            *counts.crashes.entry(name).or_default() += 1;
+        let step = world.step(actor_id, op);
+        match fault {
+            Fault::None => {}
+            Fault::CrashBefore => *counts.crashes.entry(format!("{step} before")).or_default() += 1,
+            Fault::CrashAfter => *counts.crashes.entry(format!("{step} after")).or_default() += 1,
+            other => *counts.faults.entry(format!("{step}: {other:?}")).or_default() += 1,
         }
         trace.push(format!(
-            "t+{:>3}s #{actor_id} {kind:?}: {op:?}{}",
+            "t+{:>3}s #{actor_id} {kind:?}: {op:?} ({step}){}",
             world.clock.now().since(began).as_secs(),
             if fault == Fault::None {
                 String::new()
@@ -787,8 +992,14 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
                 let Kind::Copy(copy) = kind else {
                     unreachable!("only copies consume")
                 };
-                let name = outcome_name(&result);
+                let name = outcome_name(&result, config.entity);
                 *counts.outcomes.entry(name).or_default() += 1;
+                if matches!(result, Ok(ConsumeOutcome::Duplicate)) {
+                    let removed = world.log.lock().expect("log lock").iter().any(
+                        |event| matches!(event, Event::RemovalSent { actor } if *actor == actor_id),
+                    );
+                    counts.leftover_entries_removed += usize::from(removed);
+                }
                 trace.push(format!("        copy {copy}: {name}"));
                 if result.is_ok() {
                     // C5: acknowledged only once M's messages went out.
@@ -810,13 +1021,17 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
             Poll::Ready(End::Ghost(result)) => {
                 actors.swap_remove(position);
                 if let Kind::Ghost { origin_copy } = kind {
-                    trace.push(format!("        late commit of copy {origin_copy}: {result}"));
-                    ghost_ends.push((origin_copy, result));
+                    let step = world.step(actor_id, Op::LateCommit);
+                    trace.push(format!("        {step} of copy {origin_copy}: {result}"));
+                    ghost_ends.push((origin_copy, step, result));
                 }
             }
         }
         for mut ghost in world.ghosts(&deliveries.copy_of) {
-            counts.late_commits += 1;
+            match world.step(ghost.id, Op::LateCommit) {
+                "late commit" | "late entity commit" => counts.late_commits += 1,
+                step => *counts.late_writes.entry(format!("{step}: sent")).or_default() += 1,
+            }
             if !matches!(poll(&mut ghost), Poll::Ready(_)) {
                 actors.push(ghost);
             }
@@ -829,8 +1044,12 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
     counts.handler_runs = world.runs.load(Ordering::SeqCst) as usize;
     counts.publishes = published();
     let events = world.log.lock().expect("log lock").clone();
-    let (winner_copy, republished) = check(&world, &events, &deliveries.copy_of, config.conflicting_writer)
-        .map_err(|violation| fail(&trace, violation))?;
+    let checked = if config.entity {
+        super::entity::check(&world, &events, &deliveries.copy_of, config.conflicting_writer)
+    } else {
+        check(&world, &events, &deliveries.copy_of, config.conflicting_writer)
+    };
+    let (winner_copy, republished) = checked.map_err(|violation| fail(&trace, violation))?;
     counts.republished_after_ttl_start += usize::from(republished);
     // What the copies met, from what their probes saw.
     let mut last_commit: BTreeMap<ActorId, &'static str> = BTreeMap::new();
@@ -847,7 +1066,11 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
             _ => {}
         }
     }
-    for (origin_copy, result) in ghost_ends {
+    for (origin_copy, step, result) in ghost_ends {
+        if !matches!(step, "late commit" | "late entity commit") {
+            *counts.late_writes.entry(format!("{step}: {result}")).or_default() += 1;
+            continue;
+        }
         match result {
             "applied" => counts.late_applied += 1,
             "superseded" => {
@@ -855,7 +1078,8 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
                 counts.late_superseded_by_other_copy += usize::from(Some(origin_copy) != winner_copy);
             }
             "lost" => counts.late_lost += 1,
-            _ => {}
+            // Refused otherwise (in entity mode, by the version another commit moved on).
+            other => *counts.late_writes.entry(format!("{step}: {other}")).or_default() += 1,
         }
     }
     Ok(ConsumerOutcome {
@@ -867,18 +1091,46 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
 }
 
 /// Checks C1 to C4 after recovery (C5 is checked at each acknowledgement); returns the
-/// copy whose attempt won, where known.
+/// copy whose attempt won, where known, and whether M's message went out again after
+/// the TTL's start.
 fn check(
     world: &World,
     events: &[Event],
     copy_of: &BTreeMap<ActorId, usize>,
     writer: bool,
 ) -> Result<(Option<usize>, bool), String> {
-    let txn_id = TxnId::consumed(CONSUMER, INCOMING_ID);
-    let expected_id = format!("{txn_id}:0");
+    let txn_id = incoming_txn_id();
 
     // C1: the state change applied once, and the handler never ran in a round whose read
     // found M's record (step 1: a committed record is used as it is).
+    check_counter(world, writer)?;
+    let commits: Vec<(Box<CommitRequest>, Timestamp)> = world
+        .backend
+        .store
+        .history()
+        .into_iter()
+        .filter_map(|event| match event {
+            StoreEvent::Committed { request, at } if request.txn_id == txn_id => Some((request, at)),
+            _ => None,
+        })
+        .collect();
+    let [(winner, committed_at)] = commits.as_slice() else {
+        return Err(format!(
+            "C1 once in effect: M's record was committed {} times",
+            commits.len()
+        ));
+    };
+    check_handler_runs(events, copy_of)?;
+    let winner_copy = winner_copy(events, copy_of, winner.outbox.attempt);
+
+    // C2 and C3, then C4.
+    check_messages(world, &winner.outbox.messages, *committed_at)?;
+    let republished = check_retention(world, events, copy_of)?;
+    Ok((winner_copy, republished))
+}
+
+/// C1, the business state: the counter counts M once (and the other writer's 100).
+pub(super) fn check_counter(world: &World, writer: bool) -> Result<(), String> {
     let key = counter_key();
     let items = Store::get_items(world.backend.store.as_ref(), std::slice::from_ref(&key))
         .now_or_never()
@@ -896,27 +1148,21 @@ fn check(
             if writer { ", plus the other writer's 100" } else { "" }
         ));
     }
-    let commits: Vec<(Box<CommitRequest>, Timestamp)> = world
-        .backend
-        .store
-        .history()
-        .into_iter()
-        .filter_map(|event| match event {
-            StoreEvent::Committed { request, at } if request.txn_id == txn_id => Some((request, at)),
-            _ => None,
-        })
-        .collect();
-    let [(winner, committed_at)] = commits.as_slice() else {
-        return Err(format!(
-            "C1 once in effect: M's record was committed {} times",
-            commits.len()
-        ));
-    };
+    Ok(())
+}
+
+/// C1, step 1: the handler never ran in a round whose reads found M committed (its
+/// record, or in entity mode its entry in the entity) or deduplicated.
+pub(super) fn check_handler_runs(events: &[Event], copy_of: &BTreeMap<ActorId, usize>) -> Result<(), String> {
     let mut last_read: BTreeMap<ActorId, bool> = BTreeMap::new();
+    let mut last_entity_read: BTreeMap<ActorId, bool> = BTreeMap::new();
     for event in events {
         match event {
             Event::RecordRead { actor, found } => {
                 last_read.insert(*actor, *found);
+            }
+            Event::EntityRead { actor, found } => {
+                last_entity_read.insert(*actor, *found);
             }
             Event::HandlerRun { actor } if last_read.get(actor) != Some(&false) => {
                 return Err(format!(
@@ -924,21 +1170,36 @@ fn check(
                     copy_of.get(actor)
                 ));
             }
+            Event::HandlerRun { actor } if last_entity_read.get(actor) == Some(&true) => {
+                return Err(format!(
+                    "C1 once in effect (step 1): copy {:?} ran the handler although its read of {COUNTER} found M's entry",
+                    copy_of.get(actor)
+                ));
+            }
             _ => {}
         }
     }
-    let winner_copy = events.iter().find_map(|event| match event {
-        Event::CommitSent { actor, attempt } if *attempt == winner.outbox.attempt => copy_of.get(actor).copied(),
-        _ => None,
-    });
+    Ok(())
+}
 
-    // C2 and C3: the winner's message, under its derived id, and nothing before the
-    // commit; never a losing run's.
-    let [message] = winner.outbox.messages.as_slice() else {
-        return Err(format!(
-            "the winning commit holds {} messages, not 1",
-            winner.outbox.messages.len()
-        ));
+/// The copy that sent the winning commit attempt `attempt`, where known.
+pub(super) fn winner_copy(events: &[Event], copy_of: &BTreeMap<ActorId, usize>, attempt: Option<TxnId>) -> Option<usize> {
+    events.iter().find_map(|event| match event {
+        Event::CommitSent { actor, attempt: sent } if *sent == attempt => copy_of.get(actor).copied(),
+        _ => None,
+    })
+}
+
+/// C2 and C3: the winner's message (`committed`, committed at `committed_at`), under its
+/// derived id, and nothing before the commit; never a losing run's.
+pub(super) fn check_messages(
+    world: &World,
+    committed: &[OutgoingMessage],
+    committed_at: Timestamp,
+) -> Result<(), String> {
+    let expected_id = format!("{}:0", incoming_txn_id());
+    let [message] = committed else {
+        return Err(format!("the winning commit holds {} messages, not 1", committed.len()));
     };
     let sent = world.backend.publisher.queue(&destination()).expect("events").sent();
     if sent.is_empty() {
@@ -957,16 +1218,25 @@ fn check(
                 send.request.body, message.body
             ));
         }
-        if send.sent_at < *committed_at {
+        if send.sent_at < committed_at {
             return Err(format!(
                 "C3 nothing before the commit: M's message went out at {} before the commit at {}",
                 send.sent_at, committed_at
             ));
         }
     }
+    Ok(())
+}
 
-    // C4: dispatched, its TTL the clock at a mark plus the retention, the clock started
-    // no earlier than the messages went out.
+/// C4: M's record (in entity mode its dedup record) is dispatched, its TTL the clock at
+/// a mark (a dedup put) plus the retention, the clock started no earlier than the
+/// messages went out. Returns whether M's message went out again after that start.
+pub(super) fn check_retention(
+    world: &World,
+    events: &[Event],
+    copy_of: &BTreeMap<ActorId, usize>,
+) -> Result<bool, String> {
+    let txn_id = incoming_txn_id();
     let record = world
         .backend
         .store
@@ -996,7 +1266,12 @@ fn check(
                 .collect::<Vec<_>>()
         ));
     }
-    let first_publish = sent.iter().map(|send| send.sent_at).min().expect("not empty");
+    let sent = world.backend.publisher.queue(&destination()).expect("events").sent();
+    let first_publish = sent
+        .iter()
+        .map(|send| send.sent_at)
+        .min()
+        .ok_or("C4 deterministic retention: M's record is dispatched, but M's message was never published")?;
     if expires_at < first_publish.plus(RETENTION) {
         return Err(format!(
             "C4 deterministic retention: the dedup clock started at {}, before M's message went out at {first_publish}",
@@ -1006,6 +1281,5 @@ fn check(
     // A copy that found the record pending may publish again after another copy's mark
     // started the clock (a harmless duplicate under the same id; its own mark, if it
     // lands last, moves the TTL on).
-    let republished = sent.iter().any(|send| send.sent_at > expires_at.minus(RETENTION));
-    Ok((winner_copy, republished))
+    Ok(sent.iter().any(|send| send.sent_at > expires_at.minus(RETENTION)))
 }

@@ -1,5 +1,11 @@
 //! Gated ports: each wraps an embedded port, parks at a gate before every operation,
 //! and applies the fault the scheduler chose.
+//!
+//! The store's entity-mode operations (DESIGN.md section 11) pass the gates of their
+//! transactional counterparts, and so meet the same faults: reading an item with its
+//! entries is a read ([`Op::Read`]), the one conditional write a commit ([`Op::Commit`],
+//! its late request a [`Op::LateCommit`]), and the dedup record's put and the entry's
+//! removal are writes like the mark ([`Op::Mark`], late: [`Op::LateMark`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,8 +14,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox::embedded::ManualClock;
 use outbox::ports::{
-    Clock, CommitError, CommitRequest, ControlDelivery, ControlInbox, ControlQueue, EntryFailure, ItemKey,
-    PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
+    Clock, CommitError, CommitRequest, ControlDelivery, ControlInbox, ControlQueue, EntityCommit, EntityItem,
+    EntryFailure, ItemKey, PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use outbox::protocol::{
     ControlMessage, DestinationName, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutgoingMessage, TxnId,
@@ -59,15 +65,28 @@ pub(crate) enum LateOp {
         message: ControlMessage,
         delay: Duration,
     },
+    /// An entity-mode commit (one conditional write of the item and its entry).
+    EntityCommit(Box<EntityCommit>),
+    /// An entity-mode dedup record's put.
+    PutDispatched {
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    },
+    /// An entry's removal from its item.
+    RemoveEntry {
+        key: ItemKey,
+        txn_id: TxnId,
+    },
 }
 
 impl LateOp {
     /// The gate its ghost passes.
     pub fn op(&self) -> Op {
         match self {
-            LateOp::Commit(_) => Op::LateCommit,
+            LateOp::Commit(_) | LateOp::EntityCommit(_) => Op::LateCommit,
             LateOp::Tombstone { .. } => Op::LateTombstone,
-            LateOp::Mark { .. } => Op::LateMark,
+            LateOp::Mark { .. } | LateOp::PutDispatched { .. } | LateOp::RemoveEntry { .. } => Op::LateMark,
             LateOp::ControlSend { .. } => Op::LateSend,
         }
     }
@@ -94,10 +113,10 @@ impl GatedStore {
 }
 
 /// The ghost of a [`Fault::Late`] operation: it reaches the table or the queue when the
-/// scheduler lets it, unless it is lost on its way.
-pub(crate) async fn late_op(store: Arc<dyn Store>, queue: Arc<dyn ControlQueue>, gate: Gate, op: LateOp) {
+/// scheduler lets it, unless it is lost on its way; returns whether it got there.
+pub(crate) async fn late_op(store: Arc<dyn Store>, queue: Arc<dyn ControlQueue>, gate: Gate, op: LateOp) -> bool {
     if gate.pass(op.op()).await == Fault::Fail {
-        return;
+        return false;
     }
     match op {
         LateOp::Commit(request) => {
@@ -116,7 +135,21 @@ pub(crate) async fn late_op(store: Arc<dyn Store>, queue: Arc<dyn ControlQueue>,
         LateOp::ControlSend { message, delay } => {
             let _ = queue.send(&message, delay).await;
         }
+        LateOp::EntityCommit(commit) => {
+            let _ = store.commit_entity(&commit).await;
+        }
+        LateOp::PutDispatched {
+            txn_id,
+            now,
+            expires_at,
+        } => {
+            let _ = store.put_dispatched(txn_id, now, expires_at).await;
+        }
+        LateOp::RemoveEntry { key, txn_id } => {
+            let _ = store.remove_entry(&key, txn_id).await;
+        }
     }
+    true
 }
 
 #[async_trait]
@@ -217,6 +250,85 @@ impl Store for GatedStore {
             }
             Fault::Fail => all_failed("mark refused"),
             Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => mark().await,
+        }
+    }
+
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        gated!(self.gate, Op::Read, self.inner.get_entity(key).await,
+            failed => Err(StoreError::Unavailable(injected("entity read failed"))),
+            lost => Err(StoreError::Unavailable(injected("entity read reply lost"))))
+    }
+
+    /// Meets what a transactional commit meets: its one conditional write is the commit.
+    async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        match self.gate.pass(Op::Commit).await {
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails => self.inner.commit_entity(commit).await,
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = self.inner.commit_entity(commit).await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = self.inner.commit_entity(commit).await;
+                Err(CommitError::Ambiguous(injected("entity commit reply lost")))
+            }
+            Fault::Fail => Err(CommitError::Unavailable(injected("entity commit refused"))),
+            Fault::Busy => Err(CommitError::Contention(injected("entity commit met contention"))),
+            Fault::Late => {
+                self.late(LateOp::EntityCommit(Box::new(commit.clone())));
+                Err(CommitError::Ambiguous(injected("entity commit timed out on its way")))
+            }
+        }
+    }
+
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        let remove = || self.inner.remove_entry(key, txn_id);
+        match self.gate.pass(Op::Mark).await {
+            Fault::Late => {
+                self.late(LateOp::RemoveEntry {
+                    key: key.clone(),
+                    txn_id,
+                });
+                Err(StoreError::Unavailable(injected("entry removal timed out on its way")))
+            }
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = remove().await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = remove().await;
+                Err(StoreError::Unavailable(injected("entry removal reply lost")))
+            }
+            Fault::Fail => Err(StoreError::Unavailable(injected("entry removal refused"))),
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => remove().await,
+        }
+    }
+
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
+        let put = || self.inner.put_dispatched(txn_id, now, expires_at);
+        match self.gate.pass(Op::Mark).await {
+            Fault::Late => {
+                self.late(LateOp::PutDispatched {
+                    txn_id,
+                    now,
+                    expires_at,
+                });
+                Err(StoreError::Unavailable(injected(
+                    "dedup record put timed out on its way",
+                )))
+            }
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = put().await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = put().await;
+                Err(StoreError::Unavailable(injected("dedup record put reply lost")))
+            }
+            Fault::Fail => Err(StoreError::Unavailable(injected("dedup record put refused"))),
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => put().await,
         }
     }
 }
