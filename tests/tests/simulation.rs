@@ -2,6 +2,8 @@
 //! backend, every interleaving and crash point for one transaction, and thousands of
 //! seeded random schedules with several transactions, duplicate deliveries and clock
 //! jumps. After each schedule the invariants I1 to I7 and the business state are checked.
+//! At the end, message handlers: copies of one incoming message through a consumer, in
+//! the transactional mode and in entity mode, checked against C1 to C5.
 //!
 //! Rerun one random schedule: `SIM_SEED=<seed> cargo test -p outbox-tests --test simulation -- --nocapture`.
 //! Run more: `SIM_SCHEDULES=100000 cargo test ...`.
@@ -782,7 +784,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
     assert!(ends.settle_exhausted > 0, "{ends:?}");
 }
 
-use outbox_tests::sim::{run_consumer_schedule, ConsumerCounts, ConsumerSimConfig};
+use outbox_tests::sim::{consumer_faults, run_consumer_schedule, ConsumerCounts, ConsumerSimConfig};
 
 /// Asserts that the consumer schedules reached each rare path at least once.
 fn assert_consumer_reached(name: &str, counts: &ConsumerCounts, outcomes: &[&str]) {
@@ -904,6 +906,208 @@ fn consumer_two_and_three_copies_one_after_another_and_concurrently() {
     if count >= 500 {
         assert_consumer_reached(
             "copies",
+            &counts,
+            &["processed", "resumed", "adopted", "duplicate", "crashed"],
+        );
+        assert!(
+            counts.late_superseded_by_other_copy > 0,
+            "no late commit arrived after another copy had won: {counts:?}"
+        );
+    }
+}
+
+/// The steps of entity mode (DESIGN.md section 11) that pass gates of their own kind.
+const ENTITY_STEPS: [&str; 4] = ["entity read", "entity commit", "dedup put", "entry removal"];
+
+/// Faults and crashes per entity-mode step, and the late writes, as one line.
+fn entity_steps_line(counts: &ConsumerCounts) -> String {
+    let steps: Vec<String> = ENTITY_STEPS
+        .iter()
+        .map(|step| {
+            format!(
+                "{step}: {} crashes, {} other faults",
+                counts.crashes_at(step),
+                counts.faults_at(step)
+            )
+        })
+        .collect();
+    format!(
+        "{}; late commits applied {}, superseded {}; late writes {:?}; leftover entries removed by a duplicate {}",
+        steps.join(", "),
+        counts.late_applied,
+        counts.late_superseded,
+        counts.late_writes,
+        counts.leftover_entries_removed
+    )
+}
+
+/// Asserts that the entity-mode schedules reached each rare path at least once: those of
+/// [`assert_consumer_reached`], a crash and another fault at each step of its own, and a
+/// crash between the dedup record's put and the entry's removal, mended by a duplicate.
+fn assert_entity_reached(name: &str, counts: &ConsumerCounts, outcomes: &[&str]) {
+    assert_consumer_reached(name, counts, outcomes);
+    for step in ENTITY_STEPS {
+        assert!(
+            counts.crashes_at(step) > 0,
+            "{name}: no crash at the {step}: {counts:?}"
+        );
+        // A read only crashes or fails: its failure is among the other faults.
+        assert!(counts.faults_at(step) > 0, "{name}: no fault at the {step}: {counts:?}");
+    }
+    assert!(
+        counts.crashed_after_dedup_put_before_removal() > 0,
+        "{name}: no crash between the dedup record's put and the entry's removal: {counts:?}"
+    );
+    assert!(
+        counts.leftover_entries_removed > 0,
+        "{name}: no duplicate removed an entry left behind: {counts:?}"
+    );
+}
+
+/// Message handlers in entity mode (DESIGN.md section 11): one copy of an incoming
+/// message, every fault at every gated step (its entity read, its dedup record read, its
+/// one conditional write, including one timed out on its way and applied later, its
+/// publishes, its dedup record's put, its entry's removal, both of which can also land
+/// late) and every order of a ghost against the copy's next rounds, then redelivered
+/// until acknowledged; once more beside a writer that commits into the same entity
+/// behind its back. After each schedule C1 to C5 hold, and the entity holds no entry.
+#[test]
+fn consumer_entity_mode_every_crash_point_of_one_copy_then_a_redelivery() {
+    let started = Instant::now();
+    // Each sweep: every interleaving (no seeds), or every sequence of faults under the
+    // orders each of `seeds` seeds picks.
+    let sweeps = [
+        // Up to three faults, none of them a late dedup put or removal (whose ghosts
+        // double the interleavings of every schedule they are in) ...
+        (
+            "one copy",
+            ConsumerSimConfig {
+                faults: consumer_faults,
+                ..ConsumerSimConfig::entity(1, false, false, 3)
+            },
+            0,
+        ),
+        // ... and up to two with them.
+        (
+            "one copy, late writes",
+            ConsumerSimConfig::entity(1, false, false, 2),
+            0,
+        ),
+        (
+            "one copy beside a writer",
+            ConsumerSimConfig::entity(1, false, true, 0),
+            0,
+        ),
+        (
+            "one copy beside a writer, faults",
+            ConsumerSimConfig::entity(1, false, true, 2),
+            4,
+        ),
+    ];
+    let mut counts = ConsumerCounts::default();
+    let (mut schedules, mut with_fault, mut longest) = (0, 0, 0);
+    let mut per_sweep = Vec::new();
+    for (name, config, seeds) in &sweeps {
+        let before = schedules;
+        let orders: Vec<Option<u64>> = if *seeds == 0 {
+            vec![None]
+        } else {
+            (0..*seeds).map(Some).collect()
+        };
+        for seed in orders {
+            let mut prefix = Some(Vec::new());
+            while let Some(choices) = prefix {
+                let (outcome, next) = match seed {
+                    None => {
+                        let mut chooser = DepthFirst::new(choices.clone());
+                        (run_consumer_schedule(&mut chooser, config), chooser.next_prefix())
+                    }
+                    Some(seed) => {
+                        let mut chooser = FaultsDepthFirst::new(choices.clone(), Some(seed));
+                        (run_consumer_schedule(&mut chooser, config), chooser.next_prefix())
+                    }
+                };
+                let outcome = outcome.unwrap_or_else(|error| {
+                    panic!("consumer in entity mode, {name}, seed {seed:?}: schedule {choices:?}: {error}")
+                });
+                schedules += 1;
+                with_fault += usize::from(outcome.faults > 0);
+                longest = longest.max(outcome.steps);
+                counts.add(&outcome.counts);
+                prefix = next;
+            }
+        }
+        per_sweep.push(format!("{name} {}", schedules - before));
+    }
+    println!(
+        "consumer in entity mode, one copy: {schedules} schedules ({}; {with_fault} with a fault, longest {longest} steps) in {:.2?}: {counts:?}",
+        per_sweep.join(", "),
+        started.elapsed()
+    );
+    println!(
+        "consumer in entity mode, one copy, per step: {}",
+        entity_steps_line(&counts)
+    );
+    assert_entity_reached(
+        "entity mode, one copy",
+        &counts,
+        &[
+            "processed",
+            "resumed",
+            "adopted",
+            "duplicate",
+            "crashed",
+            "failed: publish",
+            "failed: dedup put",
+            "failed: remove entry",
+        ],
+    );
+}
+
+/// Two and three copies of an incoming message in entity mode, delivered one after
+/// another or all at once, under seeded random interleavings and faults, half of them
+/// beside a writer committing into the same entity: C1 to C5 hold after each, no entry
+/// is left behind or brought back, and the races (a copy adopting a rival's entry, a
+/// late commit refused after another copy won) are reached.
+#[test]
+fn consumer_entity_mode_two_and_three_copies_one_after_another_and_concurrently() {
+    let count: u64 = std::env::var("SIM_CONSUMER_SCHEDULES")
+        .map(|n| n.parse().expect("SIM_CONSUMER_SCHEDULES is a number"))
+        .unwrap_or(2_000);
+    let started = Instant::now();
+    let mut counts = ConsumerCounts::default();
+    let (mut schedules, mut faults, mut steps) = (0, 0, 0);
+    for copies in [2, 3] {
+        for concurrent in [false, true] {
+            for seed in 0..count {
+                let ConsumerSimConfig {
+                    conflicting_writer,
+                    fault_budget,
+                    ..
+                } = consumer_random_config(copies, concurrent, seed);
+                let config = ConsumerSimConfig::entity(copies, concurrent, conflicting_writer, fault_budget);
+                let mut chooser = Seeded::new(seed, 15);
+                let outcome = run_consumer_schedule(&mut chooser, &config).unwrap_or_else(|error| {
+                    panic!("consumer in entity mode, {copies} copies, concurrent {concurrent}, seed {seed}: {error}")
+                });
+                schedules += 1;
+                faults += outcome.faults;
+                steps += outcome.steps;
+                counts.add(&outcome.counts);
+            }
+        }
+    }
+    println!(
+        "consumer in entity mode, 2 and 3 copies: {schedules} schedules ({faults} faults, {steps} steps) in {:.2?}: {counts:?}",
+        started.elapsed()
+    );
+    println!(
+        "consumer in entity mode, 2 and 3 copies, per step: {}",
+        entity_steps_line(&counts)
+    );
+    if count >= 500 {
+        assert_entity_reached(
+            "entity mode, copies",
             &counts,
             &["processed", "resumed", "adopted", "duplicate", "crashed"],
         );

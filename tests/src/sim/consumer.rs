@@ -635,14 +635,18 @@ impl World {
         match op {
             Op::Publish => "publish",
             Op::Sleep => "sleep",
-            _ => self
-                .asking
-                .lock()
-                .expect("asking lock")
-                .get(&actor)
-                .copied()
-                .unwrap_or("other"),
+            _ => self.asked(actor),
         }
+    }
+
+    /// The store call `actor` made last (a ghost's: its late operation).
+    fn asked(&self, actor: ActorId) -> &'static str {
+        self.asking
+            .lock()
+            .expect("asking lock")
+            .get(&actor)
+            .copied()
+            .unwrap_or("other")
     }
 
     /// A consumer consuming delivery `receive_count` of copy `copy`.
@@ -692,6 +696,7 @@ impl World {
     /// until it applied once.
     fn writer(&mut self) -> Actor {
         let (id, gate) = self.gate();
+        self.asking.lock().expect("asking lock").insert(id, "writer");
         let store = self.gated_store(&gate);
         let clock = self.clock.clone();
         let ids = self.ids.clone();
@@ -758,8 +763,8 @@ impl World {
                 let queue: Arc<dyn outbox::ports::ControlQueue> = self.backend.control_queue.clone();
                 let future: ActorFuture = Box::pin(async move {
                     let commit = match late {
-                        LateOp::Commit(request) => Either::Transaction(request),
-                        LateOp::EntityCommit(commit) => Either::Entity(commit),
+                        LateOp::Commit(request) => GhostCommit::Transaction(request),
+                        LateOp::EntityCommit(commit) => GhostCommit::Entity(commit),
                         other => {
                             let arrived = late_op(store, queue, gate, other).await;
                             return End::Ghost(if arrived { "applied" } else { "lost" });
@@ -769,8 +774,8 @@ impl World {
                         return End::Ghost("lost");
                     }
                     let result = match commit {
-                        Either::Transaction(request) => store.commit(&request).await,
-                        Either::Entity(commit) => store.commit_entity(&commit).await,
+                        GhostCommit::Transaction(request) => store.commit(&request).await,
+                        GhostCommit::Entity(commit) => store.commit_entity(&commit).await,
                     };
                     End::Ghost(commit_result_name(&result))
                 });
@@ -787,7 +792,7 @@ impl World {
 }
 
 /// A late commit of either mode.
-enum Either {
+enum GhostCommit {
     Transaction(Box<CommitRequest>),
     Entity(Box<EntityCommit>),
 }
@@ -995,9 +1000,12 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
                 let name = outcome_name(&result, config.entity);
                 *counts.outcomes.entry(name).or_default() += 1;
                 if matches!(result, Ok(ConsumeOutcome::Duplicate)) {
-                    let removed = world.log.lock().expect("log lock").iter().any(
-                        |event| matches!(event, Event::RemovalSent { actor } if *actor == actor_id),
-                    );
+                    let removed = world
+                        .log
+                        .lock()
+                        .expect("log lock")
+                        .iter()
+                        .any(|event| matches!(event, Event::RemovalSent { actor } if *actor == actor_id));
                     counts.leftover_entries_removed += usize::from(removed);
                 }
                 trace.push(format!("        copy {copy}: {name}"));
@@ -1021,14 +1029,14 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
             Poll::Ready(End::Ghost(result)) => {
                 actors.swap_remove(position);
                 if let Kind::Ghost { origin_copy } = kind {
-                    let step = world.step(actor_id, Op::LateCommit);
+                    let step = world.asked(actor_id);
                     trace.push(format!("        {step} of copy {origin_copy}: {result}"));
                     ghost_ends.push((origin_copy, step, result));
                 }
             }
         }
         for mut ghost in world.ghosts(&deliveries.copy_of) {
-            match world.step(ghost.id, Op::LateCommit) {
+            match world.asked(ghost.id) {
                 "late commit" | "late entity commit" => counts.late_commits += 1,
                 step => *counts.late_writes.entry(format!("{step}: sent")).or_default() += 1,
             }
@@ -1183,7 +1191,11 @@ pub(super) fn check_handler_runs(events: &[Event], copy_of: &BTreeMap<ActorId, u
 }
 
 /// The copy that sent the winning commit attempt `attempt`, where known.
-pub(super) fn winner_copy(events: &[Event], copy_of: &BTreeMap<ActorId, usize>, attempt: Option<TxnId>) -> Option<usize> {
+pub(super) fn winner_copy(
+    events: &[Event],
+    copy_of: &BTreeMap<ActorId, usize>,
+    attempt: Option<TxnId>,
+) -> Option<usize> {
     events.iter().find_map(|event| match event {
         Event::CommitSent { actor, attempt: sent } if *sent == attempt => copy_of.get(actor).copied(),
         _ => None,

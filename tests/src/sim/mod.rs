@@ -15,10 +15,13 @@
 //!
 //! Message handlers (DESIGN.md section 10) have a schedule of their own
 //! ([`run_consumer_schedule`]): copies of one incoming message, each a consumer over the
-//! same gated ports, delivered again until acknowledged; then C1 to C5.
+//! same gated ports, delivered again until acknowledged; then C1 to C5. The same
+//! schedules run in entity mode (section 11, [`ConsumerSimConfig::entity`]), where the
+//! checks also find no entry left behind or brought back.
 
 mod chooser;
 mod consumer;
+mod entity;
 mod gate;
 pub mod invariants;
 mod ports;
@@ -27,8 +30,8 @@ mod world;
 
 pub use chooser::{Chooser, DepthFirst, FaultsDepthFirst, Seeded};
 pub use consumer::{
-    consumer_faults, run_consumer_schedule, ConsumerCounts, ConsumerOutcome, ConsumerSimConfig, CONSUMER, INCOMING_ID,
-    RETENTION,
+    consumer_faults, entity_faults, run_consumer_schedule, ConsumerCounts, ConsumerOutcome, ConsumerSimConfig,
+    CONSUMER, INCOMING_ID, RETENTION,
 };
 pub use gate::{Fault, Op};
 pub use split::{run_split_schedule, SplitConfig, SplitCounts, SplitOutcome};
