@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use outbox::consumer::{ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming, Staging};
-use outbox::ports::{Clock, CommitError, EntityCommit, ExpectedVersion, ItemKey, RandomIds};
+use outbox::ports::{BusinessWrite, Clock, CommitError, EntityCommit, ExpectedVersion, ItemKey, RandomIds};
 use outbox::protocol::{Message, OutboxRecord, OutboxState, TxnId, MESSAGE_ID_ATTRIBUTE};
 use serde_json::{json, Value};
 
@@ -158,9 +158,9 @@ pub async fn removing_an_entry_keeps_the_rest_and_never_brings_one_back(b: &Back
 }
 
 /// An item written in the transactional mode takes its first entry; while the entry is
-/// there a transactional put of the item is a conflict (it would drop the entry's
-/// messages); once it is removed the put applies.
-pub async fn an_item_of_the_transactional_mode_takes_entries_and_then_waits_for_them(b: &Backend) {
+/// there a transactional put of the item keeps it, and a delete (which would drop the
+/// entry's messages) meets contention; once the entry is removed the delete applies.
+pub async fn an_item_of_the_transactional_mode_takes_entries_and_its_deletes_wait_for_them(b: &Backend) {
     let item = format!("ENTITY#{}", TxnId::new_v7());
     let txn = TxnId::new_v7();
     b.store
@@ -182,27 +182,50 @@ pub async fn an_item_of_the_transactional_mode_takes_entries_and_then_waits_for_
         .commit_entity(&entry)
         .await
         .unwrap_or_else(|error| panic!("{}: its repeat: {error:?}", b.name));
-    let replace = |version: u64| {
-        request(
-            b,
-            TxnId::new_v7(),
-            vec![put(&item, json!({"n": 10}), ExpectedVersion::Exactly(version))],
-            vec![],
-        )
-    };
-    let blocked = b.store.commit(&replace(2)).await;
+    let replace = request(
+        b,
+        TxnId::new_v7(),
+        vec![put(&item, json!({"n": 10}), ExpectedVersion::Exactly(2))],
+        vec![],
+    );
+    b.store
+        .commit(&replace)
+        .await
+        .unwrap_or_else(|error| panic!("{}: a transactional put over a pending entry: {error:?}", b.name));
+    let kept = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
+    assert_eq!(
+        (kept.item.version, kept.item.data.clone()),
+        (3, json!({"n": 10})),
+        "{}",
+        b.name
+    );
+    assert_eq!(
+        kept.entries.get(&m),
+        Some(&entry.entry),
+        "{}: the put keeps the entry",
+        b.name
+    );
+    let delete = request(
+        b,
+        TxnId::new_v7(),
+        vec![BusinessWrite::Delete {
+            key: key(&item),
+            version: 3,
+        }],
+        vec![],
+    );
+    let blocked = b.store.commit(&delete).await;
     assert!(
-        matches!(blocked, Err(CommitError::VersionConflict { .. })),
-        "{}: a transactional put over a pending entry: {blocked:?}",
+        matches!(blocked, Err(CommitError::Contention(_))),
+        "{}: a delete over a pending entry: {blocked:?}",
         b.name
     );
     b.store.remove_entry(&key(&item), m).await.unwrap();
     b.store
-        .commit(&replace(2))
+        .commit(&delete)
         .await
-        .unwrap_or_else(|error| panic!("{}: the put once the entry is gone: {error:?}", b.name));
-    let after = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
-    assert_eq!((after.item.version, after.entries.len()), (3, 0), "{}", b.name);
+        .unwrap_or_else(|error| panic!("{}: the delete once the entry is gone: {error:?}", b.name));
+    assert!(b.store.get_entity(&key(&item)).await.unwrap().is_none(), "{}", b.name);
 }
 
 /// Copies of one message committing into one item at once: exactly one applies, and
@@ -218,13 +241,7 @@ pub async fn concurrent_entity_commits_of_one_message_apply_once(b: &Backend) {
     assert_eq!(winners.len(), 1, "{}: {results:?}", b.name);
     for result in &results {
         assert!(
-            matches!(
-                result,
-                Ok(())
-                    | Err(CommitError::Superseded { .. }
-                        | CommitError::VersionConflict { .. }
-                        | CommitError::Contention(_))
-            ),
+            matches!(result, Ok(()) | Err(CommitError::Superseded { .. })),
             "{}: {result:?}",
             b.name
         );

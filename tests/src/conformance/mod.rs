@@ -44,7 +44,7 @@ macro_rules! conformance_suite {
             an_expired_consumed_record_does_not_block_a_new_attempt,
             an_entity_commit_is_one_write_won_by_one_attempt,
             removing_an_entry_keeps_the_rest_and_never_brings_one_back,
-            an_item_of_the_transactional_mode_takes_entries_and_then_waits_for_them,
+            an_item_of_the_transactional_mode_takes_entries_and_its_deletes_wait_for_them,
             concurrent_entity_commits_of_one_message_apply_once,
             a_consumer_in_entity_mode_processes_each_message_once
         );

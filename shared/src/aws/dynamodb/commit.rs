@@ -8,10 +8,10 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, CancellationReason, ConditionCheck, Delete, Put, ReturnValuesOnConditionCheckFailure,
-    TransactWriteItem,
+    TransactWriteItem, Update,
 };
 
-use crate::aws::item::{attempt_of, business_item, idempotency_item, n, outbox_items};
+use crate::aws::item::{attempt_of, business_item, idempotency_item, n, outbox_items, to_attribute};
 use crate::aws::size::{action_bytes, item_bytes};
 use crate::ports::{
     BoxError, BusinessWrite, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction, Store,
@@ -68,39 +68,52 @@ impl DynamoStore {
         }
     }
 
-    /// The condition of a put or a delete expecting `expected`: as
-    /// [`Self::version_condition`], and the item holds no outbox entry of the entity
-    /// mode (replacing or deleting it would drop the entry's messages before they went
-    /// out; the write waits until the entry is removed).
-    fn replace_condition(
+    /// The condition of a delete of the item at `version`: as [`Self::version_condition`],
+    /// and the item holds no outbox entry of the entity mode (deleting it would drop the
+    /// entries' messages before they went out; the delete waits until they are removed).
+    fn delete_condition(
         &self,
-        expected: ExpectedVersion,
-    ) -> (
-        &'static str,
-        HashMap<String, String>,
-        Option<HashMap<String, AttributeValue>>,
-    ) {
+        version: u64,
+    ) -> (&'static str, HashMap<String, String>, HashMap<String, AttributeValue>) {
         let mut names = self.layout.key_names();
-        match expected {
-            ExpectedVersion::Absent => (TableLayout::NOT_EXISTS, names, None),
-            ExpectedVersion::Exactly(version) => {
-                names.insert("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned());
-                (
-                    "attribute_exists(#pk) AND version = :expected AND (attribute_not_exists(#outbox) OR size(#outbox) = :none)",
-                    names,
-                    Some(HashMap::from([(":expected".to_owned(), n(version)), (":none".to_owned(), n(0))])),
-                )
-            }
-        }
+        names.insert("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned());
+        (
+            "attribute_exists(#pk) AND version = :expected AND (attribute_not_exists(#outbox) OR size(#outbox) = :none)",
+            names,
+            HashMap::from([(":expected".to_owned(), n(version)), (":none".to_owned(), n(0))]),
+        )
     }
 
     fn portable(&self, write: &BusinessWrite) -> Result<(TransactWriteItem, usize), CommitError> {
         let table = &self.layout.table;
         let names = Some(self.layout.key_names());
         let action = match write {
+            // An existing item is updated, not replaced: the outbox entries the entity mode
+            // keeps in it (DESIGN.md section 11) stay, with their messages still to go out.
+            BusinessWrite::Put {
+                key,
+                data,
+                expected: ExpectedVersion::Exactly(version),
+            } => {
+                let mut names = self.layout.key_names();
+                names.insert("#data".to_owned(), "data".to_owned());
+                let update = Update::builder()
+                    .table_name(table)
+                    .set_key(Some(self.key(key.as_str())))
+                    .update_expression("SET #data = :data, version = :next")
+                    .condition_expression("attribute_exists(#pk) AND version = :expected")
+                    .set_expression_attribute_names(Some(names))
+                    .set_expression_attribute_values(Some(HashMap::from([
+                        (":data".to_owned(), to_attribute(data)),
+                        (":next".to_owned(), n(version + 1)),
+                        (":expected".to_owned(), n(*version)),
+                    ])))
+                    .build()
+                    .map_err(invalid)?;
+                TransactWriteItem::builder().update(update).build()
+            }
             BusinessWrite::Put { key, data, expected } => {
-                let (condition, names, values) = self.replace_condition(*expected);
-                let names = Some(names);
+                let (condition, values) = self.version_condition(*expected);
                 let item = business_item(&self.layout, key, expected.next(), data);
                 let bytes = item_bytes(&item);
                 let put = Put::builder()
@@ -114,14 +127,15 @@ impl DynamoStore {
                 return Ok((TransactWriteItem::builder().put(put).build(), bytes));
             }
             BusinessWrite::Delete { key, version } => {
-                let (condition, names, values) = self.replace_condition(ExpectedVersion::Exactly(*version));
-                let names = Some(names);
+                let (condition, names, values) = self.delete_condition(*version);
                 let delete = Delete::builder()
                     .table_name(table)
                     .set_key(Some(self.key(key.as_str())))
                     .condition_expression(condition)
-                    .set_expression_attribute_names(names)
-                    .set_expression_attribute_values(values)
+                    .set_expression_attribute_names(Some(names))
+                    .set_expression_attribute_values(Some(values))
+                    // What blocked it: another version, or entries still to dispatch.
+                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
                     .build()
                     .map_err(invalid)?;
                 TransactWriteItem::builder().delete(delete).build()
@@ -290,6 +304,20 @@ impl DynamoStore {
                 }
                 (Role::Part, "ConditionalCheckFailed") => {
                     failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id }))
+                }
+                // A delete blocked by the entity mode's entries (only deletes return the
+                // old item): not a conflict the caller must resolve, but one that passes
+                // once they are dispatched, so the commit is tried again.
+                (Role::Business(_), "ConditionalCheckFailed")
+                    if reason
+                        .item()
+                        .and_then(|item| item.get(OUTBOX_ATTRIBUTE))
+                        .and_then(|outbox| outbox.as_m().ok())
+                        .is_some_and(|entries| !entries.is_empty()) =>
+                {
+                    return Explained::Decided(Err(CommitError::Contention(
+                        "the item holds outbox entries still to be dispatched".into(),
+                    )))
                 }
                 (Role::Business(key), "ConditionalCheckFailed") => {
                     failures.push((2, CommitError::VersionConflict { key: key.clone() }))

@@ -275,31 +275,41 @@ async fn in_entity_mode_a_handler_that_writes_another_item_fails_the_message_wri
     assert!(world.backend.store.outbox_records().is_empty());
 }
 
-/// A transactional put or delete of an item whose entry is still to be dispatched would
-/// drop the entry's messages: it is a version conflict until the entry is removed.
+/// A transactional put of an item whose entry is still to be dispatched keeps the entry;
+/// a delete would drop its messages, so it meets contention (tried again) until the entry
+/// is removed.
 #[tokio::test]
-async fn a_transactional_write_waits_for_the_items_entries_to_go() {
+async fn a_transactional_put_keeps_the_items_entries_and_a_delete_waits_for_them() {
     let world = world(entity_mode(), 1);
     world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap_err();
     let key: ItemKey = "COUNT#o-1".parse().unwrap();
-    let version = world.entity("o-1").await.item.version;
-    let txn_id = TxnId::new_v7();
-    let put = CommitRequest {
-        txn_id,
-        writes: vec![crate::ports::BusinessWrite::Put {
-            key: key.clone(),
-            data: json!({"count": 0}),
-            expected: ExpectedVersion::Exactly(version),
-        }],
-        outbox: OutboxRecord::committed(txn_id, vec![], world.clock.now(), world.clock.now().plus(RETENTION)),
-        idempotency: None,
+    let commit = |write: crate::ports::BusinessWrite| {
+        let txn_id = TxnId::new_v7();
+        CommitRequest {
+            txn_id,
+            writes: vec![write],
+            outbox: OutboxRecord::committed(txn_id, vec![], world.clock.now(), world.clock.now().plus(RETENTION)),
+            idempotency: None,
+        }
     };
-    let refused = world.backend.store.commit(&put).await;
-    assert!(
-        matches!(refused, Err(CommitError::VersionConflict { .. })),
-        "{refused:?}"
-    );
-    world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
+    let put = commit(crate::ports::BusinessWrite::Put {
+        key: key.clone(),
+        data: json!({"count": 7}),
+        expected: ExpectedVersion::Exactly(1),
+    });
     world.backend.store.commit(&put).await.unwrap();
-    assert_eq!(world.count("o-1").await, 0);
+    let entity = world.entity("o-1").await;
+    assert_eq!((entity.item.version, entity.entries.len()), (2, 1), "the entry stays");
+    let delete = commit(crate::ports::BusinessWrite::Delete {
+        key: key.clone(),
+        version: 2,
+    });
+    let refused = world.backend.store.commit(&delete).await;
+    assert!(matches!(refused, Err(CommitError::Contention(_))), "{refused:?}");
+    assert_eq!(
+        world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap(),
+        ConsumeOutcome::Resumed { messages: 1 }
+    );
+    world.backend.store.commit(&delete).await.unwrap();
+    assert_eq!(world.count("o-1").await, 0, "deleted");
 }

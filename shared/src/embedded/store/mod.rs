@@ -319,14 +319,18 @@ impl Store for EmbeddedStore {
                 BusinessWrite::Put { expected, .. } | BusinessWrite::Check { expected, .. } => *expected,
                 BusinessWrite::Delete { version, .. } => ExpectedVersion::Exactly(*version),
             };
-            // A put or a delete would drop the entries of commits in entity mode that
-            // are still to be dispatched: it waits until they are removed.
-            let drops_entries = holds_entries && !matches!(write, BusinessWrite::Check { .. });
-            let holds = !drops_entries
-                && match expected {
-                    ExpectedVersion::Absent => current.is_none(),
-                    ExpectedVersion::Exactly(version) => current == Some(version),
-                };
+            // A delete would drop the entries of commits in entity mode that are still to
+            // be dispatched: it waits until they are removed, and is tried again (a put
+            // keeps them).
+            if holds_entries && matches!(write, BusinessWrite::Delete { .. }) {
+                return Err(CommitError::Contention(
+                    "the item holds outbox entries still to be dispatched".into(),
+                ));
+            }
+            let holds = match expected {
+                ExpectedVersion::Absent => current.is_none(),
+                ExpectedVersion::Exactly(version) => current == Some(version),
+            };
             if !holds {
                 reasons.push(CommitError::VersionConflict {
                     key: write.key().clone(),
@@ -347,10 +351,15 @@ impl Store for EmbeddedStore {
         for write in &request.writes {
             match write {
                 BusinessWrite::Put { key, data, expected } => {
+                    // An update of an existing item keeps its entries.
+                    let entries = match state.items.remove(key.as_str()) {
+                        Some(Item::Business { entries, .. }) => entries,
+                        _ => BTreeMap::new(),
+                    };
                     let item = Item::Business {
                         version: expected.next(),
                         json: data.to_string().into_boxed_str(),
-                        entries: BTreeMap::new(),
+                        entries,
                     };
                     state.insert(key.as_str().to_owned(), item);
                 }
