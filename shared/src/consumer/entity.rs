@@ -86,6 +86,16 @@ impl Consumer {
             let record = self.read(txn_id).await?;
             let entry = entity.as_ref().and_then(|entity| entity.entries.get(&txn_id)).cloned();
             match (record, entry) {
+                // A pending entry beside the dedup record: a copy whose handler staged
+                // nothing recorded its decision while another copy committed this entry
+                // (on the entity as it changed meanwhile), whose messages may not have
+                // gone out. They go out now, under their ids.
+                (Some(record), Some(entry))
+                    if record.state == OutboxState::Dispatched && entry.state == OutboxState::Pending =>
+                {
+                    let messages = self.dispatch_entry(&key, &entry).await?;
+                    return Ok(ConsumeOutcome::Resumed { messages });
+                }
                 (Some(record), entry) if record.state == OutboxState::Dispatched => {
                     if entry.is_some() {
                         store

@@ -29,6 +29,8 @@ struct Hooked {
     /// At the first read of a message's entity or record: once the read is done, says
     /// so, then waits for the word to go on.
     pause_after_first_read: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
+    /// The same, at the first read of a record only.
+    pause_after_first_record_read: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
 }
 
 impl Hooked {
@@ -37,6 +39,7 @@ impl Hooked {
             inner,
             failing_dedup_puts: AtomicU32::new(0),
             pause_after_first_read: Mutex::new(None),
+            pause_after_first_record_read: Mutex::new(None),
         }
     }
 
@@ -63,6 +66,11 @@ impl Store for Hooked {
     async fn get_outboxes_each(&self, txn_ids: &[TxnId]) -> Result<OutboxReads, StoreError> {
         let read = self.inner.get_outboxes_each(txn_ids).await;
         self.after_read().await;
+        let pause = self.pause_after_first_record_read.lock().unwrap().take();
+        if let Some((read_done, go_on)) = pause {
+            read_done.send(()).unwrap();
+            go_on.await.unwrap();
+        }
         read
     }
     async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -312,4 +320,83 @@ async fn a_transactional_put_keeps_the_items_entries_and_a_delete_waits_for_them
     );
     world.backend.store.commit(&delete).await.unwrap();
     assert_eq!(world.count("o-1").await, 0, "deleted");
+}
+
+/// Stages nothing when its entity is absent, else bumps it and emits: a decision that
+/// depends on the entity.
+struct OnlyIfThere;
+
+#[async_trait]
+impl Handler for OnlyIfThere {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let key: ItemKey = format!("COUNT#{}", order_of(message)?).parse()?;
+        if let Some(item) = staging.get(&key).await? {
+            let count = item.data["count"].as_u64().unwrap_or(0);
+            staging.put(key, json!({"count": count + 1}), ExpectedVersion::Exactly(item.version));
+            staging.emit(Message::json(events(), &json!({"type": "Bumped", "count": count + 1}))?);
+        }
+        Ok(())
+    }
+
+    fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        Ok(Some(format!("COUNT#{}", order_of(message)?).parse()?))
+    }
+}
+
+/// A copy that decided "nothing" on the entity as it was records its decision after
+/// another copy committed on the entity as it became, and failed to publish: the record
+/// says dispatched, the entry says pending. The next copy publishes the entry's messages
+/// before removing it, rather than taking the record's word and losing them.
+#[tokio::test]
+async fn a_pending_entry_beside_a_dispatched_record_is_published_before_it_is_removed() {
+    let (mut world, hooked) = hooked_world(1);
+    let mut ports = world.backend.consumer_ports(world.clock.clone());
+    ports.store = hooked.clone();
+    ports.publisher = Arc::new(Flaky {
+        inner: world.backend.publisher.clone(),
+        failures: AtomicU32::new(1),
+        clock: world.clock.clone(),
+    });
+    world.consumer = Consumer::new("counter".parse().unwrap(), ports, Arc::new(OnlyIfThere), RETENTION)
+        .with_retry_policy(crate::publish::RetryPolicy {
+            attempts: 1,
+            ..Default::default()
+        });
+    let (read_done, reads_done) = oneshot::channel();
+    let (go_on, wait) = oneshot::channel();
+    *hooked.pause_after_first_record_read.lock().unwrap() = Some((read_done, wait));
+    let first = copy("q-1", "T:0", "o-1");
+    let (nothing, ()) = tokio::join!(world.consumer.consume(&first), async {
+        reads_done.await.unwrap();
+        // The entity appears (another message), then a second copy commits on it and
+        // fails to publish.
+        let other = EntityCommit {
+            key: "COUNT#o-1".parse().unwrap(),
+            data: json!({"count": 10}),
+            expected: ExpectedVersion::Absent,
+            entry: OutboxRecord::committed(TxnId::new_v7(), vec![], world.clock.now(), world.clock.now()),
+        };
+        world.backend.store.commit_entity(&other).await.unwrap();
+        world
+            .backend
+            .store
+            .remove_entry(&other.key, other.entry.txn_id)
+            .await
+            .unwrap();
+        let failed = world.consumer.consume(&copy("q-2", "T:0", "o-1")).await;
+        assert!(matches!(failed, Err(ConsumeError::Publish { .. })), "{failed:?}");
+        go_on.send(()).unwrap();
+    });
+    assert_eq!(
+        nothing.unwrap(),
+        ConsumeOutcome::Processed { messages: 0 },
+        "the first copy decided nothing"
+    );
+    assert_eq!(world.count("o-1").await, 11, "the second copy's change");
+    let third = world.consumer.consume(&copy("q-3", "T:0", "o-1")).await.unwrap();
+    assert_eq!(third, ConsumeOutcome::Resumed { messages: 1 });
+    let published = world.published();
+    assert_eq!(published.len(), 1, "the committed change's message went out");
+    assert_eq!(published[0].1["count"], 11);
+    assert!(world.entity("o-1").await.entries.is_empty());
 }
