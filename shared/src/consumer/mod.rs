@@ -74,12 +74,18 @@ pub trait Handler: Send + Sync {
     async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError>;
 
     /// The one item `message` changes, where the handler changes only that item: the
-    /// message is then processed in entity mode (DESIGN.md section 11), its outbox entry
-    /// inside the item and its commit one conditional write, at about half the cost of
-    /// the transactional mode. The handler must then stage a put of that item (or
-    /// nothing) and no other write; anything more fails the message
-    /// ([`ConsumeError::NotOneItem`]), never a silent change of guarantees. `None`, the
-    /// default, is the transactional mode.
+    /// message is then processed in entity mode (DESIGN.md section 11, `docs/ENTITY_MODE.md`),
+    /// its outbox entry inside the item and its commit one conditional write: 3 write
+    /// units instead of the transactional mode's 5, about a quarter less per message
+    /// (`docs/BENCHMARKS.md`).
+    ///
+    /// The handler must then stage a put of that item, or only messages (where the item
+    /// exists), or nothing, and no other write; anything more fails the message
+    /// ([`ConsumeError::NotOneItem`]), never a silent change of guarantees. The entry
+    /// must fit in the item (DynamoDB's 400 KB). What guards against a late attempt of a
+    /// message is the item's version, which a delete resets: an item deleted and created
+    /// again within minutes of a message about it belongs in the transactional mode.
+    /// `None`, the default, is the transactional mode.
     fn entity(&self, message: &Incoming) -> Result<Option<crate::ports::ItemKey>, HandlerError> {
         let _ = message;
         Ok(None)
