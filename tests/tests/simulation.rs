@@ -932,7 +932,7 @@ fn entity_steps_line(counts: &ConsumerCounts) -> String {
         })
         .collect();
     format!(
-        "{}; late commits applied {}, superseded {}; late writes {:?}; leftover entries removed by a duplicate {}",
+        "{}; late commits applied {}, superseded {}; late writes {:?}; leftover entries found beside the dedup record and removed {}",
         steps.join(", "),
         counts.late_applied,
         counts.late_superseded,
@@ -960,7 +960,7 @@ fn assert_entity_reached(name: &str, counts: &ConsumerCounts, outcomes: &[&str])
     );
     assert!(
         counts.leftover_entries_removed > 0,
-        "{name}: no duplicate removed an entry left behind: {counts:?}"
+        "{name}: no copy found an entry left beside the dedup record: {counts:?}"
     );
 }
 

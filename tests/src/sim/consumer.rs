@@ -189,8 +189,9 @@ pub struct ConsumerCounts {
     /// Other late writes (entity mode's dedup puts and removals), by step and end
     /// (`late dedup put: applied`, `late entry removal: lost`).
     pub late_writes: BTreeMap<String, usize>,
-    /// Duplicates that found M's entry still in the entity and removed it (entity mode:
-    /// an earlier copy put the dedup record, then crashed or failed before its removal).
+    /// Copies that found M's dedup record and M's entry still in the entity, and removed
+    /// it (entity mode: an earlier copy put the dedup record, then crashed or failed
+    /// before its removal; a pending entry goes out again first).
     pub leftover_entries_removed: usize,
     /// Schedules in which M's message went out again after the TTL's start (a copy that
     /// had read the record pending published after another copy's mark).
@@ -305,6 +306,19 @@ pub(super) enum Event {
 }
 
 type Log = Arc<Mutex<Vec<Event>>>;
+
+/// The actor an event is of.
+fn event_actor(event: &Event) -> Option<ActorId> {
+    match event {
+        Event::RecordRead { actor, .. }
+        | Event::EntityRead { actor, .. }
+        | Event::RemovalSent { actor }
+        | Event::HandlerRun { actor }
+        | Event::CommitSent { actor, .. }
+        | Event::CommitAnswered { actor, .. }
+        | Event::MarkSent { actor, .. } => Some(*actor),
+    }
+}
 
 /// The store call each actor made last, by the name of its step (`entity commit`): the
 /// gated store's operations share gates, so the gate's [`Op`] alone does not say.
@@ -999,14 +1013,16 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
                 };
                 let name = outcome_name(&result, config.entity);
                 *counts.outcomes.entry(name).or_default() += 1;
-                if matches!(result, Ok(ConsumeOutcome::Duplicate)) {
-                    let removed = world
-                        .log
-                        .lock()
-                        .expect("log lock")
-                        .iter()
-                        .any(|event| matches!(event, Event::RemovalSent { actor } if *actor == actor_id));
-                    counts.leftover_entries_removed += usize::from(removed);
+                if matches!(result, Ok(ConsumeOutcome::Duplicate | ConsumeOutcome::Resumed { .. })) {
+                    let log = world.log.lock().expect("log lock");
+                    let mine = |wanted: fn(&Event) -> bool| {
+                        log.iter()
+                            .any(|event| wanted(event) && event_actor(event) == Some(actor_id))
+                    };
+                    let leftover = mine(|event| matches!(event, Event::RecordRead { found: true, .. }))
+                        && mine(|event| matches!(event, Event::EntityRead { found: true, .. }))
+                        && mine(|event| matches!(event, Event::RemovalSent { .. }));
+                    counts.leftover_entries_removed += usize::from(leftover);
                 }
                 trace.push(format!("        copy {copy}: {name}"));
                 if result.is_ok() {
