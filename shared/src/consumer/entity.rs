@@ -53,14 +53,19 @@ fn entity_write(
     if nothing_to_write && staging.messages.is_empty() {
         return Ok(None);
     }
+    let as_read = read.map_or(ExpectedVersion::Absent, |item| ExpectedVersion::Exactly(item.version));
     let unchanged = |expected: ExpectedVersion| read.map(|item| (item.data.clone(), expected));
     let write = match staging.writes.get(key) {
         Some(BusinessWrite::Put { data, expected, .. }) => Some((data.clone(), *expected)),
         Some(BusinessWrite::Delete { .. }) => return Err(refuse("a delete of it, which cannot hold its entry".into())),
-        // Only messages (and maybe a check): the entity keeps its data and carries the
-        // entry.
-        Some(BusinessWrite::Check { expected, .. }) => unchanged(*expected),
-        None => unchanged(read.map_or(ExpectedVersion::Absent, |item| ExpectedVersion::Exactly(item.version))),
+        // Only messages (and maybe a check of the entity as read): the entity keeps the
+        // data read and carries the entry, conditioned on the version read.
+        Some(BusinessWrite::Check { expected, .. }) if *expected != as_read => {
+            return Err(refuse(format!(
+                "a check expecting {expected:?}, but it was read as {as_read:?}: its data as read cannot be kept"
+            )))
+        }
+        Some(BusinessWrite::Check { .. }) | None => unchanged(as_read),
     };
     if write.is_none() && !staging.messages.is_empty() {
         return Err(refuse("messages, but the entity does not exist to hold them".into()));
