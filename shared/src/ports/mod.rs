@@ -11,8 +11,8 @@ pub use clock::{Clock, IdSource, RandomIds, SystemClock};
 pub use control_queue::{ControlDelivery, ControlInbox, ControlQueue, QueueError};
 pub use publisher::{EntryFailure, PublishError, Publisher};
 pub use store::{
-    BusinessWrite, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, InvalidItemKey, ItemKey,
-    NativeAction, NativeItem, OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
+    BusinessWrite, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, InvalidItemKey,
+    ItemKey, NativeAction, NativeItem, OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 
 /// An error from outside this crate (an SDK, a socket), kept whole as a source.

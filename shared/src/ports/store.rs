@@ -278,6 +278,22 @@ pub enum TombstoneOutcome {
     Exists(OutboxRecord),
 }
 
+/// The result of trying to fence a transaction inside its entity (entity mode's request
+/// path, DESIGN.md section 11; `docs/ENTITY_MODE.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceOutcome {
+    /// The fence is in the item (now, or already): the transaction can never commit there.
+    Fenced,
+    /// The transaction committed into the item first: its entry, as it was.
+    Committed(OutboxRecord),
+    /// The transaction's outcome has moved out of the item to its record: it committed,
+    /// and was dispatched.
+    Dispatched(OutboxRecord),
+    /// The item does not exist: nothing to fence (a commit in entity mode changes an
+    /// existing item only).
+    NoItem,
+}
+
 /// The table of business items and protocol records.
 ///
 /// Reads are strongly consistent: they see every write acknowledged before they began.
@@ -374,6 +390,22 @@ pub trait Store: Send + Sync {
     /// Removing an entry that is not there is harmless.
     async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
         let _ = (key, txn_id);
+        Err(StoreError::Unsupported("the entity mode"))
+    }
+
+    /// Fences transaction `txn_id` inside item `key`: its entry slot takes a tombstone
+    /// that expires (is pruned) at `expires_at`, where the slot is empty *and* the
+    /// transaction has no record (its outcome moves to a record after dispatch: a fence
+    /// then would stand beside a committed transaction). Both conditions are checked in
+    /// one atomic write.
+    async fn fence_entity(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<FenceOutcome, StoreError> {
+        let _ = (key, txn_id, now, expires_at);
         Err(StoreError::Unsupported("the entity mode"))
     }
 

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use outbox::consumer::{ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming, Staging};
-use outbox::ports::{BusinessWrite, Clock, CommitError, EntityCommit, ExpectedVersion, ItemKey, RandomIds};
+use outbox::ports::{
+    BusinessWrite, Clock, CommitError, EntityCommit, ExpectedVersion, FenceOutcome, ItemKey, RandomIds,
+};
 use outbox::protocol::{Message, OutboxRecord, OutboxState, TxnId, MESSAGE_ID_ATTRIBUTE};
 use serde_json::{json, Value};
 
@@ -338,4 +340,108 @@ pub async fn a_consumer_in_entity_mode_processes_each_message_once(b: &Backend) 
         b.name
     );
     assert!(entity.entries.is_empty(), "{}: no entry left", b.name);
+}
+
+/// The request path's fence inside the entity (`docs/ENTITY_MODE.md`): it takes T's empty
+/// slot of an existing item (the item's first map, or its map), after which T's commit
+/// is refused as tombstoned; it finds T's entry where T committed first, T's record where
+/// T's outcome has moved out of the item, and no item where there is none; it is pruned
+/// by removing it.
+pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_one(b: &Backend) {
+    let item = format!("ENTITY#{}", TxnId::new_v7());
+    b.store
+        .commit(&request(
+            b,
+            TxnId::new_v7(),
+            vec![put(&item, json!({"n": 0}), ExpectedVersion::Absent)],
+            vec![],
+        ))
+        .await
+        .unwrap();
+    let now = b.clock.now();
+    let prune_at = whole_second(now.plus(std::time::Duration::from_secs(20 * 60)));
+    let request_commit = |txn: TxnId| {
+        let mut commit = entity_commit(b, &item, txn, ExpectedVersion::Exactly(1), json!({"n": 1}));
+        commit.entry.attempt = None;
+        commit
+    };
+    // Fenced first: the item had no map yet, then again (harmless).
+    let fenced = TxnId::new_v7();
+    for _ in 0..2 {
+        let outcome = b.store.fence_entity(&key(&item), fenced, now, prune_at).await;
+        assert_eq!(outcome.unwrap(), FenceOutcome::Fenced, "{}", b.name);
+    }
+    match b.store.commit_entity(&request_commit(fenced)).await {
+        Err(CommitError::Tombstoned { txn_id }) => assert_eq!(txn_id, fenced),
+        other => panic!("{}: a commit after its fence: {other:?}", b.name),
+    }
+    // Committed first: the fence finds the entry, and leaves it.
+    let committed = TxnId::new_v7();
+    let commit = request_commit(committed);
+    b.store.commit_entity(&commit).await.expect("a commit before its fence");
+    assert_eq!(
+        b.store
+            .fence_entity(&key(&item), committed, now, prune_at)
+            .await
+            .unwrap(),
+        FenceOutcome::Committed(commit.entry.clone()),
+        "{}",
+        b.name
+    );
+    // Dispatched, its outcome moved to its record: the fence finds the record, and the
+    // item gets no fence.
+    let dispatched = TxnId::new_v7();
+    b.store
+        .put_dispatched(dispatched, now, whole_second(now.plus(RETENTION)))
+        .await
+        .unwrap();
+    match b
+        .store
+        .fence_entity(&key(&item), dispatched, now, prune_at)
+        .await
+        .unwrap()
+    {
+        FenceOutcome::Dispatched(record) => assert_eq!(record.state, OutboxState::Dispatched),
+        other => panic!("{}: a fence after dispatch: {other:?}", b.name),
+    }
+    let entity = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
+    assert_eq!(entity.item.version, 2, "{}: only the commit changed the item", b.name);
+    assert_eq!(
+        entity
+            .entries
+            .keys()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        [fenced, committed].into(),
+        "{}",
+        b.name
+    );
+    assert_eq!(entity.entries[&fenced].state, OutboxState::Tombstone);
+    assert_eq!(
+        entity.entries[&fenced].expires_at,
+        Some(prune_at),
+        "{}: the prune time",
+        b.name
+    );
+    // Pruned: the slot is free, the rest stays.
+    b.store.remove_entry(&key(&item), fenced).await.unwrap();
+    let pruned = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
+    assert_eq!(
+        pruned.entries.keys().copied().collect::<Vec<_>>(),
+        [committed],
+        "{}",
+        b.name
+    );
+    // No item: nothing to fence, nothing created.
+    let nowhere = key(&format!("ENTITY#{}", TxnId::new_v7()));
+    assert_eq!(
+        b.store
+            .fence_entity(&nowhere, TxnId::new_v7(), now, prune_at)
+            .await
+            .unwrap(),
+        FenceOutcome::NoItem,
+        "{}",
+        b.name
+    );
+    assert!(b.store.get_entity(&nowhere).await.unwrap().is_none(), "{}", b.name);
 }

@@ -46,7 +46,8 @@ macro_rules! conformance_suite {
             removing_an_entry_keeps_the_rest_and_never_brings_one_back,
             an_item_of_the_transactional_mode_takes_entries_and_its_deletes_wait_for_them,
             concurrent_entity_commits_of_one_message_apply_once,
-            a_consumer_in_entity_mode_processes_each_message_once
+            a_consumer_in_entity_mode_processes_each_message_once,
+            a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_one
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {

@@ -14,11 +14,16 @@ use std::collections::{BTreeMap, HashMap};
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConditionCheck, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
 
-use crate::aws::item::{business_from_item, dispatched_item, n, s, to_attribute, Item, Reader};
-use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, StoreError};
+use crate::aws::item::{
+    business_from_item, dispatched_item, n, outbox_from_items, outbox_pk, s, to_attribute, Item, Reader,
+};
+use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, Store, StoreError};
 use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::settings::TableLayout;
 use crate::time::Timestamp;
@@ -388,5 +393,163 @@ impl DynamoStore {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+}
+
+impl DynamoStore {
+    /// One `TransactWriteItems`: a check that T has no record, and the fence in K's slot
+    /// for T (`form` as for a commit: into the map, or K's first map).
+    pub(super) async fn write_fence(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<FenceOutcome, StoreError> {
+        let fence = OutboxRecord::tombstone(txn_id, now, expires_at);
+        let fence = serde_json::to_string(&fence)
+            .map(s)
+            .map_err(|error| StoreError::Corrupt {
+                key: key.to_string(),
+                reason: format!("the fence cannot be written: {error}"),
+            })?;
+        for form in [Form::IntoMap, Form::NewMap] {
+            match self.try_fence(key, txn_id, &fence, form).await? {
+                Some(outcome) => return Ok(outcome),
+                None => continue,
+            }
+        }
+        // The map appeared between the two forms: read what is there now.
+        match self.read_entity(key).await? {
+            None => Ok(FenceOutcome::NoItem),
+            Some(entity) => match entity.entries.get(&txn_id) {
+                Some(found) if found.state == OutboxState::Tombstone => Ok(FenceOutcome::Fenced),
+                Some(found) => Ok(FenceOutcome::Committed(found.clone())),
+                None => Err(StoreError::Unavailable(
+                    "the item's outbox map changed under the fence".into(),
+                )),
+            },
+        }
+    }
+
+    /// `None`: the item has no map yet (for the first form), so the next form is needed.
+    async fn try_fence(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        fence: &AttributeValue,
+        form: Form,
+    ) -> Result<Option<FenceOutcome>, StoreError> {
+        let txn = txn_id.to_string();
+        let mut names = self.layout.key_names();
+        names.insert("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned());
+        let mut values = HashMap::new();
+        let (update, condition) = match form {
+            Form::IntoMap => {
+                names.insert("#txn".to_owned(), txn.clone());
+                values.insert(":fence".to_owned(), fence.clone());
+                (
+                    "SET #outbox.#txn = :fence",
+                    "attribute_exists(#pk) AND attribute_exists(#outbox) AND attribute_not_exists(#outbox.#txn)",
+                )
+            }
+            Form::NewMap => {
+                values.insert(
+                    ":map".to_owned(),
+                    AttributeValue::M(HashMap::from([(txn, fence.clone())])),
+                );
+                (
+                    "SET #outbox = :map",
+                    "attribute_exists(#pk) AND attribute_not_exists(#outbox)",
+                )
+            }
+        };
+        let no_record = ConditionCheck::builder()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.key(&outbox_pk(txn_id))))
+            .condition_expression(TableLayout::NOT_EXISTS)
+            .set_expression_attribute_names(Some(self.layout.key_names()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+        let fence_in_item = Update::builder()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.key(key.as_str())))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().condition_check(no_record).build())
+            .transact_items(TransactWriteItem::builder().update(fence_in_item).build())
+            .send()
+            .await;
+        let error = match result {
+            Ok(_) => return Ok(Some(FenceOutcome::Fenced)),
+            Err(error) => error,
+        };
+        let reasons = match &error {
+            SdkError::ServiceError(service) => match service.err() {
+                TransactWriteItemsError::TransactionCanceledException(cancelled) => {
+                    cancelled.cancellation_reasons().to_vec()
+                }
+                _ => return Err(unavailable(error)),
+            },
+            _ => return Err(unavailable(error)),
+        };
+        let failed =
+            |index: usize| reasons.get(index).and_then(|reason| reason.code()) == Some("ConditionalCheckFailed");
+        if failed(0) {
+            let record = match reasons[0].item() {
+                Some(item) => outbox_from_items(&self.layout, item, &[])?,
+                None => match self.get_outboxes(&[txn_id]).await?.remove(&txn_id) {
+                    Some(record) => record,
+                    None => return Err(StoreError::Unavailable("the record blocking the fence is gone".into())),
+                },
+            };
+            return Ok(Some(FenceOutcome::Dispatched(record)));
+        }
+        if !failed(1) {
+            // Contention or throttling: nothing was written; the caller tries again.
+            return Err(unavailable(error));
+        }
+        let old = match reasons[1].item() {
+            Some(item) => Some(item.clone()),
+            None => {
+                return Ok(Some(match self.read_entity(key).await? {
+                    None => FenceOutcome::NoItem,
+                    Some(entity) => match entity.entries.get(&txn_id) {
+                        Some(found) if found.state == OutboxState::Tombstone => FenceOutcome::Fenced,
+                        Some(found) => FenceOutcome::Committed(found.clone()),
+                        None if form == Form::IntoMap => return Ok(None),
+                        None => {
+                            return Err(StoreError::Unavailable(
+                                "the fence's condition failed unexplained".into(),
+                            ))
+                        }
+                    },
+                }))
+            }
+        };
+        let Some(old) = old else {
+            return Ok(Some(FenceOutcome::NoItem));
+        };
+        let entries = entries_of(&self.layout, &old)?;
+        Ok(match entries.get(&txn_id) {
+            Some(found) if found.state == OutboxState::Tombstone => Some(FenceOutcome::Fenced),
+            Some(found) => Some(FenceOutcome::Committed(found.clone())),
+            // No map yet: the next form gives the item one.
+            None if form == Form::IntoMap && !old.contains_key(OUTBOX_ATTRIBUTE) => None,
+            None => {
+                return Err(StoreError::Unavailable(
+                    "the fence's condition failed unexplained".into(),
+                ))
+            }
+        })
     }
 }

@@ -29,8 +29,8 @@ use crate::aws::item::{
     outbox_pk, part_pk, split_messages, Reader, PART_BYTES,
 };
 use crate::ports::{
-    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ItemKey, NativeAction, OutboxReads, Store, StoreError,
-    TombstoneOutcome, VersionedItem,
+    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, FenceOutcome, ItemKey, NativeAction, OutboxReads,
+    Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::settings::TableLayout;
@@ -303,6 +303,17 @@ impl Store for DynamoStore {
 
     async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
         self.drop_entry(key, txn_id).await
+    }
+
+    #[tracing::instrument(skip_all, fields(key = %key, txn_id = %txn_id))]
+    async fn fence_entity(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<FenceOutcome, StoreError> {
+        self.write_fence(key, txn_id, now, expires_at).await
     }
 
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::{EmbeddedStore, Item, State, StoreEvent};
-use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, VersionedItem};
-use crate::protocol::{OutboxState, TxnId};
+use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, VersionedItem};
+use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::time::Timestamp;
 
 /// DynamoDB's 400 KB item limit.
@@ -92,5 +92,29 @@ pub(super) fn remove(state: &mut State, key: &ItemKey, txn_id: TxnId, now: Times
             txn_id,
             at: now,
         });
+    }
+}
+
+/// A tombstone in `txn_id`'s entry slot of item `key`, where the slot is empty (the caller
+/// checked that the transaction has no record).
+pub(super) fn fence(
+    state: &mut State,
+    key: &ItemKey,
+    txn_id: TxnId,
+    now: Timestamp,
+    expires_at: Timestamp,
+    clock_now: Timestamp,
+) -> FenceOutcome {
+    let Some(Item::Business { entries, .. }) = state.items.get_mut(key.as_str()) else {
+        return FenceOutcome::NoItem;
+    };
+    match entries.get(&txn_id) {
+        Some(found) if found.state == OutboxState::Tombstone => FenceOutcome::Fenced,
+        Some(found) => FenceOutcome::Committed(found.clone()),
+        None => {
+            entries.insert(txn_id, OutboxRecord::tombstone(txn_id, now, expires_at));
+            state.record(|| StoreEvent::Tombstoned { txn_id, at: clock_now });
+            FenceOutcome::Fenced
+        }
     }
 }

@@ -15,8 +15,8 @@ use async_trait::async_trait;
 mod entity;
 
 use crate::ports::{
-    BusinessWrite, Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, ItemKey, Store,
-    StoreError, TombstoneOutcome, VersionedItem,
+    BusinessWrite, Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey,
+    Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
 use crate::time::Timestamp;
@@ -497,6 +497,24 @@ impl Store for EmbeddedStore {
         state.sweep(now);
         entity::remove(&mut state, key, txn_id, now);
         Ok(())
+    }
+
+    async fn fence_entity(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<FenceOutcome, StoreError> {
+        let clock_now = self.clock.now();
+        let mut state = self.lock();
+        state.sweep(clock_now);
+        if let Some(Item::Outbox(record)) = Self::live(&state, &outbox_key(txn_id), clock_now) {
+            if record.state != OutboxState::Tombstone {
+                return Ok(FenceOutcome::Dispatched(record.as_ref().clone()));
+            }
+        }
+        Ok(entity::fence(&mut state, key, txn_id, now, expires_at, clock_now))
     }
 
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
