@@ -282,14 +282,15 @@ pub enum TombstoneOutcome {
 /// path, DESIGN.md section 11; `docs/ENTITY_MODE.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FenceOutcome {
-    /// The fence is in the item (now, or already): the transaction can never commit there.
+    /// The fence is in the item and the transaction's tombstone record is written: the
+    /// transaction can never commit, in either form.
     Fenced,
     /// The transaction committed into the item first: its entry, as it was.
     Committed(OutboxRecord),
-    /// The transaction's outcome has moved out of the item to its record: it committed,
-    /// and was dispatched.
-    Dispatched(OutboxRecord),
-    /// The item does not exist: nothing to fence (a commit in entity mode changes an
+    /// The transaction has a record already: committed in the transactional form or
+    /// dispatched (pending or dispatched), or tombstoned before (with its fence).
+    Recorded(OutboxRecord),
+    /// The item does not exist: nothing was written (a commit in entity mode changes an
     /// existing item only).
     NoItem,
 }
@@ -393,19 +394,21 @@ pub trait Store: Send + Sync {
         Err(StoreError::Unsupported("the entity mode"))
     }
 
-    /// Fences transaction `txn_id` inside item `key`: its entry slot takes a tombstone
-    /// that expires (is pruned) at `expires_at`, where the slot is empty *and* the
-    /// transaction has no record (its outcome moves to a record after dispatch: a fence
-    /// then would stand beside a committed transaction). Both conditions are checked in
-    /// one atomic write.
+    /// Fences transaction `txn_id` inside item `key`, in one atomic write: its entry slot
+    /// takes a tombstone that is pruned at `prune_at`, where the slot is empty, and its
+    /// record a tombstone expiring at `expires_at`, where it has none (its outcome moves to
+    /// that record after dispatch, and a commit in the transactional form writes it). So
+    /// neither form of its commit can apply any more, and no fence stands beside a
+    /// committed transaction.
     async fn fence_entity(
         &self,
         key: &ItemKey,
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
+        prune_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
-        let _ = (key, txn_id, now, expires_at);
+        let _ = (key, txn_id, now, expires_at, prune_at);
         Err(StoreError::Unsupported("the entity mode"))
     }
 

@@ -342,11 +342,12 @@ pub async fn a_consumer_in_entity_mode_processes_each_message_once(b: &Backend) 
     assert!(entity.entries.is_empty(), "{}: no entry left", b.name);
 }
 
-/// The request path's fence inside the entity (`docs/ENTITY_MODE.md`): it takes T's empty
-/// slot of an existing item (the item's first map, or its map), after which T's commit
-/// is refused as tombstoned; it finds T's entry where T committed first, T's record where
-/// T's outcome has moved out of the item, and no item where there is none; it is pruned
-/// by removing it.
+/// The request path's fence inside the entity (`docs/ENTITY_MODE.md`): one atomic write
+/// puts a fence in T's empty slot of an existing item (its first map, or its map) and
+/// T's tombstone record, after which neither form of T's commit applies; it finds T's
+/// entry where T committed into the item first, T's record where T committed in the
+/// transactional form or was dispatched, and no item where there is none (writing
+/// nothing); a fence is pruned by removing it.
 pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_one(b: &Backend) {
     let item = format!("ENTITY#{}", TxnId::new_v7());
     b.store
@@ -359,49 +360,56 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         .await
         .unwrap();
     let now = b.clock.now();
+    let expires_at = whole_second(now.plus(RETENTION));
     let prune_at = whole_second(now.plus(std::time::Duration::from_secs(20 * 60)));
+    let entity_key = key(&item);
+    let fence = |txn: TxnId| b.store.fence_entity(&entity_key, txn, now, expires_at, prune_at);
     let request_commit = |txn: TxnId| {
         let mut commit = entity_commit(b, &item, txn, ExpectedVersion::Exactly(1), json!({"n": 1}));
         commit.entry.attempt = None;
         commit
     };
-    // Fenced first: the item had no map yet, then again (harmless).
+    // Fenced first (the item had no map yet), then again: the second finds the tombstone.
     let fenced = TxnId::new_v7();
-    for _ in 0..2 {
-        let outcome = b.store.fence_entity(&key(&item), fenced, now, prune_at).await;
-        assert_eq!(outcome.unwrap(), FenceOutcome::Fenced, "{}", b.name);
+    assert_eq!(fence(fenced).await.unwrap(), FenceOutcome::Fenced, "{}", b.name);
+    match fence(fenced).await.unwrap() {
+        FenceOutcome::Recorded(record) => assert_eq!(record.state, OutboxState::Tombstone, "{}", b.name),
+        other => panic!("{}: a second fence: {other:?}", b.name),
     }
     match b.store.commit_entity(&request_commit(fenced)).await {
         Err(CommitError::Tombstoned { txn_id }) => assert_eq!(txn_id, fenced),
-        other => panic!("{}: a commit after its fence: {other:?}", b.name),
+        other => panic!("{}: an entity commit after its fence: {other:?}", b.name),
     }
-    // Committed first: the fence finds the entry, and leaves it.
+    let transactional = request(
+        b,
+        fenced,
+        vec![put(&item, json!({"n": 9}), ExpectedVersion::Exactly(1))],
+        vec![],
+    );
+    match b.store.commit(&transactional).await {
+        Err(CommitError::Tombstoned { txn_id }) => assert_eq!(txn_id, fenced),
+        other => panic!("{}: a transactional commit after its fence: {other:?}", b.name),
+    }
+    // Committed into the item first: the fence finds the entry, and writes nothing.
     let committed = TxnId::new_v7();
     let commit = request_commit(committed);
     b.store.commit_entity(&commit).await.expect("a commit before its fence");
     assert_eq!(
-        b.store
-            .fence_entity(&key(&item), committed, now, prune_at)
-            .await
-            .unwrap(),
+        fence(committed).await.unwrap(),
         FenceOutcome::Committed(commit.entry.clone()),
         "{}",
         b.name
     );
-    // Dispatched, its outcome moved to its record: the fence finds the record, and the
-    // item gets no fence.
+    assert!(
+        record(b, committed).await.is_none(),
+        "{}: no tombstone beside a commit",
+        b.name
+    );
+    // Dispatched, its outcome moved to its record: the fence finds the record.
     let dispatched = TxnId::new_v7();
-    b.store
-        .put_dispatched(dispatched, now, whole_second(now.plus(RETENTION)))
-        .await
-        .unwrap();
-    match b
-        .store
-        .fence_entity(&key(&item), dispatched, now, prune_at)
-        .await
-        .unwrap()
-    {
-        FenceOutcome::Dispatched(record) => assert_eq!(record.state, OutboxState::Dispatched),
+    b.store.put_dispatched(dispatched, now, expires_at).await.unwrap();
+    match fence(dispatched).await.unwrap() {
+        FenceOutcome::Recorded(record) => assert_eq!(record.state, OutboxState::Dispatched),
         other => panic!("{}: a fence after dispatch: {other:?}", b.name),
     }
     let entity = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
@@ -423,7 +431,8 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         "{}: the prune time",
         b.name
     );
-    // Pruned: the slot is free, the rest stays.
+    // Pruned: the slot is free, the rest stays; the tombstone record still blocks a commit
+    // in the transactional form.
     b.store.remove_entry(&key(&item), fenced).await.unwrap();
     let pruned = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
     assert_eq!(
@@ -432,11 +441,16 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         "{}",
         b.name
     );
-    // No item: nothing to fence, nothing created.
+    assert_eq!(
+        record(b, fenced).await.map(|record| record.state),
+        Some(OutboxState::Tombstone)
+    );
+    // No item: nothing to fence, nothing written.
     let nowhere = key(&format!("ENTITY#{}", TxnId::new_v7()));
+    let unknown = TxnId::new_v7();
     assert_eq!(
         b.store
-            .fence_entity(&nowhere, TxnId::new_v7(), now, prune_at)
+            .fence_entity(&nowhere, unknown, now, expires_at, prune_at)
             .await
             .unwrap(),
         FenceOutcome::NoItem,
@@ -444,4 +458,5 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         b.name
     );
     assert!(b.store.get_entity(&nowhere).await.unwrap().is_none(), "{}", b.name);
+    assert!(record(b, unknown).await.is_none(), "{}: no tombstone either", b.name);
 }

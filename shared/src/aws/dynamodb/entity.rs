@@ -16,12 +16,10 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{
-    AttributeValue, ConditionCheck, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
 
 use crate::aws::item::{
-    business_from_item, dispatched_item, n, outbox_from_items, outbox_pk, s, to_attribute, Item, Reader,
+    business_from_item, dispatched_item, n, outbox_from_items, outbox_items, outbox_pk, s, to_attribute, Item, Reader,
 };
 use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, Store, StoreError};
 use crate::protocol::{OutboxRecord, OutboxState, TxnId};
@@ -397,16 +395,30 @@ impl DynamoStore {
 }
 
 impl DynamoStore {
-    /// One `TransactWriteItems`: a check that T has no record, and the fence in K's slot
-    /// for T (`form` as for a commit: into the map, or K's first map).
+    /// One `TransactWriteItems`: T's tombstone record where it has none, and the fence in
+    /// K's slot for T (`form` as for a commit: into the map, or K's first map).
     pub(super) async fn write_fence(
         &self,
         key: &ItemKey,
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
+        prune_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
-        let fence = OutboxRecord::tombstone(txn_id, now, expires_at);
+        let tombstone = outbox_items(
+            &self.layout,
+            &OutboxRecord::tombstone(txn_id, now, expires_at),
+            expires_at,
+            self.part_bytes,
+        )
+        .map_err(|reason| StoreError::Corrupt {
+            key: outbox_pk(txn_id),
+            reason,
+        })?
+        .into_iter()
+        .next()
+        .expect("a tombstone is one item");
+        let fence = OutboxRecord::tombstone(txn_id, now, prune_at);
         let fence = serde_json::to_string(&fence)
             .map(s)
             .map_err(|error| StoreError::Corrupt {
@@ -414,7 +426,7 @@ impl DynamoStore {
                 reason: format!("the fence cannot be written: {error}"),
             })?;
         for form in [Form::IntoMap, Form::NewMap] {
-            match self.try_fence(key, txn_id, &fence, form).await? {
+            match self.try_fence(key, txn_id, &tombstone, &fence, form).await? {
                 Some(outcome) => return Ok(outcome),
                 None => continue,
             }
@@ -437,6 +449,7 @@ impl DynamoStore {
         &self,
         key: &ItemKey,
         txn_id: TxnId,
+        tombstone: &Item,
         fence: &AttributeValue,
         form: Form,
     ) -> Result<Option<FenceOutcome>, StoreError> {
@@ -464,9 +477,9 @@ impl DynamoStore {
                 )
             }
         };
-        let no_record = ConditionCheck::builder()
+        let no_record = Put::builder()
             .table_name(&self.layout.table)
-            .set_key(Some(self.key(&outbox_pk(txn_id))))
+            .set_item(Some(tombstone.clone()))
             .condition_expression(TableLayout::NOT_EXISTS)
             .set_expression_attribute_names(Some(self.layout.key_names()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
@@ -485,7 +498,7 @@ impl DynamoStore {
         let result = self
             .client
             .transact_write_items()
-            .transact_items(TransactWriteItem::builder().condition_check(no_record).build())
+            .transact_items(TransactWriteItem::builder().put(no_record).build())
             .transact_items(TransactWriteItem::builder().update(fence_in_item).build())
             .send()
             .await;
@@ -512,7 +525,7 @@ impl DynamoStore {
                     None => return Err(StoreError::Unavailable("the record blocking the fence is gone".into())),
                 },
             };
-            return Ok(Some(FenceOutcome::Dispatched(record)));
+            return Ok(Some(FenceOutcome::Recorded(record)));
         }
         if !failed(1) {
             // Contention or throttling: nothing was written; the caller tries again.

@@ -312,8 +312,9 @@ impl Store for DynamoStore {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
+        prune_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
-        self.write_fence(key, txn_id, now, expires_at).await
+        self.write_fence(key, txn_id, now, expires_at, prune_at).await
     }
 
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {

@@ -505,16 +505,20 @@ impl Store for EmbeddedStore {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
+        prune_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
         let clock_now = self.clock.now();
         let mut state = self.lock();
         state.sweep(clock_now);
         if let Some(Item::Outbox(record)) = Self::live(&state, &outbox_key(txn_id), clock_now) {
-            if record.state != OutboxState::Tombstone {
-                return Ok(FenceOutcome::Dispatched(record.as_ref().clone()));
-            }
+            return Ok(FenceOutcome::Recorded(record.as_ref().clone()));
         }
-        Ok(entity::fence(&mut state, key, txn_id, now, expires_at, clock_now))
+        let outcome = entity::fence(&mut state, key, txn_id, now, prune_at, clock_now);
+        if outcome == FenceOutcome::Fenced {
+            let tombstone = OutboxRecord::tombstone(txn_id, now, expires_at);
+            state.insert(outbox_key(txn_id), Item::Outbox(Box::new(tombstone)));
+        }
+        Ok(outcome)
     }
 
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
