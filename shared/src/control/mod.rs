@@ -5,17 +5,24 @@
 //! batch); `pending` → publish its messages and mark it dispatched; `dispatched` or
 //! `tombstone` → nothing to do; absent within the commit window → send a new, later
 //! control message; absent after it → write a tombstone, and if a record appeared
-//! meanwhile, handle that record instead.
+//! meanwhile, handle that record instead. A transaction in entity mode (its control
+//! message names its entity) may have its outcome in the entity instead: its entry is
+//! published, its record put dispatched and the entry removed; after the window its
+//! fence goes into the entity with its record's tombstone.
 //!
 //! - [`ControlPath`] handles a batch; [`poller`] receives and acknowledges control messages
 //!   outside Lambda; [`redelivery`] brings failed ones back in seconds.
 //! - `worker` (feature `worker`): the control worker as a Lambda SQS handler and a local
 //!   poller, set up from the settings.
 
+#[cfg(test)]
+mod entity_tests;
 mod path;
 pub mod poller;
 pub mod redelivery;
 #[cfg(feature = "worker")]
 pub mod worker;
 
-pub use path::{BatchReport, ControlError, ControlOutcome, ControlPath, ControlPorts, ItemReport, MAX_ATTEMPTS};
+pub use path::{
+    BatchReport, ControlError, ControlOutcome, ControlPath, ControlPorts, ItemReport, FENCE_LIFETIME, MAX_ATTEMPTS,
+};

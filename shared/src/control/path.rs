@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use crate::ports::{Clock, ControlDelivery, ControlQueue, Publisher, QueueError, Store, StoreError, TombstoneOutcome};
+use crate::ports::{
+    Clock, ControlDelivery, ControlQueue, FenceOutcome, ItemKey, Publisher, QueueError, Store, StoreError,
+    TombstoneOutcome,
+};
 use crate::protocol::{ControlMessage, DecodeError, OutboxRecord, OutboxState, TxnId};
 use crate::publish::{publish_all, PublishFailure, RetryPolicy};
 use crate::settings::Timing;
@@ -16,6 +19,11 @@ use crate::time::Timestamp;
 /// its window is still open: tombstoning is always safe, and this bounds the work a
 /// clock far behind the API's could cause.
 pub const MAX_ATTEMPTS: u32 = 64;
+
+/// How long a fence stays in its entity before it may be pruned: past the window (the
+/// fence is written after it), AWS accepts a signed request for five minutes, and for up
+/// to fifteen where clocks are skewed; five more as margin (docs/ENTITY_MODE.md).
+pub const FENCE_LIFETIME: Duration = Duration::from_secs(20 * 60);
 
 /// The ports the control path uses.
 #[derive(Clone)]
@@ -156,7 +164,11 @@ fn message_span(message_id: &str, txn_id: Option<TxnId>) -> tracing::Span {
 
 /// What the batch decided for one transaction before publishing.
 enum Decision {
+    /// A pending record: publish, then mark it.
     Publish(OutboxRecord),
+    /// An entry committed into its entity (entity mode): publish, then put the
+    /// transaction's record dispatched, then remove the entry.
+    PublishEntry(ItemKey, OutboxRecord),
     Done(Result<ControlOutcome, ControlError>),
 }
 
@@ -198,9 +210,9 @@ impl ControlPath {
         // The newest message of each transaction speaks for it (its attempt is highest).
         let mut controls: BTreeMap<TxnId, ControlMessage> = BTreeMap::new();
         for message in decoded.iter().flatten() {
-            let entry = controls.entry(message.txn_id).or_insert(*message);
+            let entry = controls.entry(message.txn_id).or_insert_with(|| message.clone());
             if message.attempt > entry.attempt {
-                *entry = *message;
+                *entry = message.clone();
             }
         }
         let outcomes = self.settle(&controls).await;
@@ -256,7 +268,10 @@ impl ControlPath {
                 Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
                 None => {
                     let span = tracing::info_span!("control_message", txn_id = %txn_id, attempt = control.attempt);
-                    self.decide_on_absence(control).instrument(span).await
+                    match &control.entity {
+                        Some(key) => self.decide_on_entity(control, key).instrument(span).await,
+                        None => self.decide_on_absence(control).instrument(span).await,
+                    }
                 }
             };
             decisions.insert(*txn_id, decision);
@@ -268,6 +283,22 @@ impl ControlPath {
         match record.state {
             OutboxState::Pending => Decision::Publish(record),
             state => Decision::Done(Ok(ControlOutcome::AlreadyDone { state })),
+        }
+    }
+
+    /// No record, in entity mode: the outcome may be in the entity (its entry, pending
+    /// dispatch, or its fence).
+    async fn decide_on_entity(&self, control: &ControlMessage, key: &ItemKey) -> Decision {
+        let entity = match self.ports.store.get_entity(key).await {
+            Ok(entity) => entity,
+            Err(error) => return Decision::Done(Err(ControlError::Read(Arc::new(error)))),
+        };
+        match entity.and_then(|entity| entity.entries.get(&control.txn_id).cloned()) {
+            Some(entry) if entry.state == OutboxState::Tombstone => Decision::Done(Ok(ControlOutcome::AlreadyDone {
+                state: OutboxState::Tombstone,
+            })),
+            Some(entry) => Decision::PublishEntry(key.clone(), entry),
+            None => self.decide_on_absence(control).await,
         }
     }
 
@@ -290,6 +321,27 @@ impl ControlPath {
             });
         }
         let expires_at = now.plus(self.timing.retention);
+        if let Some(key) = &control.entity {
+            // The fence goes into the entity, with the record's tombstone: no request of
+            // the transaction reaches the table after the window plus the time AWS
+            // accepts a signed request (docs/ENTITY_MODE.md); pruning it is not built
+            // yet, so it stays until removed.
+            let prune_at = now.plus(FENCE_LIFETIME);
+            match self
+                .ports
+                .store
+                .fence_entity(key, control.txn_id, now, expires_at, prune_at)
+                .await
+            {
+                Ok(FenceOutcome::Fenced) => return Decision::Done(Ok(ControlOutcome::Tombstoned)),
+                Ok(FenceOutcome::Committed(entry)) => return Decision::PublishEntry(key.clone(), entry),
+                Ok(FenceOutcome::Recorded(record)) => return self.decide_on_record(record),
+                // No item: an entity commit can no longer apply to it; the record's
+                // tombstone still blocks a commit in the transactional form.
+                Ok(FenceOutcome::NoItem) => {}
+                Err(error) => return Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
+            }
+        }
         match self.ports.store.put_tombstone(control.txn_id, now, expires_at).await {
             Ok(TombstoneOutcome::Written) => Decision::Done(Ok(ControlOutcome::Tombstoned)),
             // The transaction committed after our read (or a duplicate tombstoned it):
@@ -310,6 +362,25 @@ impl ControlPath {
         Duration::from_secs(whole_seconds.clamp(1, 900))
     }
 
+    /// An entry whose messages went out: the transaction's record is put dispatched
+    /// (where `GET /transactions` and a replay find it), then the entry leaves its entity.
+    async fn finish_entry(&self, key: &ItemKey, entry: &OutboxRecord) -> Result<ControlOutcome, ControlError> {
+        let now = self.ports.clock.now();
+        let store = &self.ports.store;
+        store
+            .put_dispatched(entry.txn_id, entry.created_at, now.plus(self.timing.retention))
+            .await
+            .map_err(|error| ControlError::Mark(Arc::new(error)))?;
+        store
+            .remove_entry(key, entry.txn_id)
+            .await
+            .map_err(|error| ControlError::Mark(Arc::new(error)))?;
+        Ok(ControlOutcome::Dispatched {
+            messages: entry.messages.len(),
+            committed_at: entry.created_at,
+        })
+    }
+
     /// Publishes every pending record's messages in one pass, then marks the records
     /// whose messages all went out.
     async fn dispatch(
@@ -318,12 +389,17 @@ impl ControlPath {
     ) -> BTreeMap<TxnId, Result<ControlOutcome, ControlError>> {
         let mut outcomes = BTreeMap::new();
         let mut pending = Vec::new();
+        let mut entities: BTreeMap<TxnId, ItemKey> = BTreeMap::new();
         for (txn_id, decision) in decisions {
             match decision {
                 Decision::Done(outcome) => {
                     outcomes.insert(txn_id, outcome);
                 }
                 Decision::Publish(record) => pending.push(record),
+                Decision::PublishEntry(key, entry) => {
+                    entities.insert(txn_id, key);
+                    pending.push(entry);
+                }
             }
         }
         if pending.is_empty() {
@@ -342,6 +418,7 @@ impl ControlPath {
         .await;
 
         let mut to_mark = Vec::new();
+        let mut entries_out = Vec::new();
         for record in &pending {
             let failures: Vec<&PublishFailure> = record
                 .messages
@@ -349,6 +426,7 @@ impl ControlPath {
                 .filter_map(|message| report.failed.get(&message.id))
                 .collect();
             match failures.first() {
+                None if entities.contains_key(&record.txn_id) => entries_out.push(record),
                 None => to_mark.push(record),
                 Some(first) => {
                     outcomes.insert(
@@ -361,6 +439,11 @@ impl ControlPath {
                     );
                 }
             }
+        }
+        for entry in entries_out {
+            let key = &entities[&entry.txn_id];
+            let outcome = self.finish_entry(key, entry).await;
+            outcomes.insert(entry.txn_id, outcome);
         }
         if to_mark.is_empty() {
             return outcomes;

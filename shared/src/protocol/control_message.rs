@@ -2,6 +2,11 @@
 //!
 //! Wire form, version 1:
 //! `{"version":1,"txn_id":"<uuid v7>","first_sent_at":<unix ms>,"attempt":<n >= 1>}`.
+//! Version 2 adds `"entity":"<item key>"`: the transaction commits in entity mode into that
+//! item (DESIGN.md section 11), so its outcome may be in the item rather than in its
+//! record. That is a new meaning: a worker that knew only version 1 would tombstone such
+//! a transaction's record beside a commit in the item, so it must refuse the message.
+//! A message without an entity is still written as version 1.
 //! Unknown fields are ignored so that a newer sender can add optional fields without
 //! breaking an older worker; a new meaning needs a new `version`, which an older worker
 //! refuses with [`DecodeError::UnknownVersion`] (and SQS's redrive policy then parks the
@@ -10,14 +15,15 @@
 use serde_json::{Map, Value};
 
 use super::txn_id::TxnId;
+use crate::ports::ItemKey;
 use crate::time::Timestamp;
 
-/// The version this code writes.
-pub const CONTROL_MESSAGE_VERSION: u64 = 1;
+/// The newest version this code writes and reads (it reads every earlier one).
+pub const CONTROL_MESSAGE_VERSION: u64 = 2;
 
 /// Asks the control worker to settle transaction `txn_id`: dispatch it if it committed,
 /// wait if it may still commit, tombstone it if it can no longer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControlMessage {
     /// The transaction this message drives.
     pub txn_id: TxnId,
@@ -26,6 +32,8 @@ pub struct ControlMessage {
     pub first_sent_at: Timestamp,
     /// 1 for the request path's message, one more for each re-deferral.
     pub attempt: u32,
+    /// The one item the transaction commits into, in entity mode (version 2).
+    pub entity: Option<ItemKey>,
 }
 
 /// Why a control message body could not be decoded. Never a panic, whatever the input.
@@ -66,26 +74,37 @@ impl ControlMessage {
             txn_id,
             first_sent_at: sent_at,
             attempt: 1,
+            entity: None,
         }
+    }
+
+    /// This message, for a transaction that commits in entity mode into `key`.
+    pub fn with_entity(mut self, key: ItemKey) -> Self {
+        self.entity = Some(key);
+        self
     }
 
     /// The message that re-defers this one: same transaction and window, next attempt.
     pub fn next_attempt(&self) -> Self {
         Self {
             attempt: self.attempt.saturating_add(1),
-            ..*self
+            ..self.clone()
         }
     }
 
     /// The JSON body to send.
     pub fn encode(&self) -> String {
-        serde_json::json!({
-            "version": CONTROL_MESSAGE_VERSION,
+        let mut body = serde_json::json!({
+            "version": 1,
             "txn_id": self.txn_id.to_string(),
             "first_sent_at": self.first_sent_at.as_millis(),
             "attempt": self.attempt,
-        })
-        .to_string()
+        });
+        if let Some(entity) = &self.entity {
+            body["version"] = Value::from(2);
+            body["entity"] = Value::from(entity.as_str());
+        }
+        body.to_string()
     }
 
     /// Decodes a body, checking the version before anything else.
@@ -95,7 +114,7 @@ impl ControlMessage {
             return Err(DecodeError::NotAnObject);
         };
         let version = unsigned(&fields, "version")?;
-        if version != CONTROL_MESSAGE_VERSION {
+        if !(1..=CONTROL_MESSAGE_VERSION).contains(&version) {
             return Err(DecodeError::UnknownVersion { version });
         }
         let txn_id = match required(&fields, "txn_id")? {
@@ -125,10 +144,25 @@ impl ControlMessage {
                 field: "attempt",
                 rule: "an integer from 1 to 4294967295",
             })?;
+        let entity = match (version, fields.get("entity")) {
+            (1, _) => None,
+            (_, Some(Value::String(key))) => Some(key.parse::<ItemKey>().map_err(|_| DecodeError::InvalidField {
+                field: "entity",
+                rule: "an item key: 1 to 1024 bytes, not a protocol record's",
+            })?),
+            (_, Some(_)) => {
+                return Err(DecodeError::InvalidField {
+                    field: "entity",
+                    rule: "a string",
+                })
+            }
+            (_, None) => return Err(DecodeError::MissingField { field: "entity" }),
+        };
         Ok(Self {
             txn_id,
             first_sent_at,
             attempt,
+            entity,
         })
     }
 }
@@ -153,7 +187,32 @@ mod tests {
             txn_id: TxnId::from_parts(Timestamp::from_millis(1_700_000_000_000), [1; 10]),
             first_sent_at: Timestamp::from_millis(1_700_000_000_123),
             attempt: 3,
+            entity: None,
         }
+    }
+
+    #[test]
+    fn an_entity_makes_version_2_and_round_trips() {
+        let message = sample().with_entity("ORDER#1".parse().unwrap());
+        let body = message.encode();
+        assert!(body.contains("\"version\":2"), "{body}");
+        assert_eq!(ControlMessage::decode(&body).unwrap(), message);
+        assert!(
+            sample().encode().contains("\"version\":1"),
+            "without an entity, version 1"
+        );
+        let without = body
+            .replace(",\"entity\":\"ORDER#1\"", "")
+            .replace("\"entity\":\"ORDER#1\",", "");
+        assert!(matches!(
+            ControlMessage::decode(&without),
+            Err(DecodeError::MissingField { field: "entity" })
+        ));
+        let reserved = body.replace("ORDER#1", "TXN#1");
+        assert!(matches!(
+            ControlMessage::decode(&reserved),
+            Err(DecodeError::InvalidField { field: "entity", .. })
+        ));
     }
 
     #[test]
@@ -171,10 +230,10 @@ mod tests {
 
     #[test]
     fn an_unknown_version_is_a_typed_error() {
-        let body = sample().encode().replace("\"version\":1", "\"version\":2");
+        let body = sample().encode().replace("\"version\":1", "\"version\":3");
         assert!(matches!(
             ControlMessage::decode(&body),
-            Err(DecodeError::UnknownVersion { version: 2 })
+            Err(DecodeError::UnknownVersion { version: 3 })
         ));
     }
 

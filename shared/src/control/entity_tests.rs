@@ -1,0 +1,183 @@
+//! The control path for transactions in entity mode, on the embedded backend: an entry
+//! in the entity is dispatched, a fence goes into the entity after the window, and a
+//! record found first is handled as for any transaction.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{ControlOutcome, ControlPath};
+use crate::embedded::{EmbeddedBackend, ManualClock};
+use crate::ports::{
+    BusinessWrite, Clock, CommitError, CommitRequest, ControlDelivery, EntityCommit, ExpectedVersion, ItemKey, Store,
+};
+use crate::protocol::{ControlMessage, DestinationName, Message, OutboxRecord, OutboxState, OutgoingMessage, TxnId};
+use crate::settings::Timing;
+use crate::time::Timestamp;
+
+fn events() -> DestinationName {
+    "events".parse().unwrap()
+}
+
+struct World {
+    clock: Arc<ManualClock>,
+    backend: EmbeddedBackend,
+    control: ControlPath,
+    key: ItemKey,
+}
+
+/// An order `ORDER#1` written in the transactional mode (version 1).
+async fn world() -> World {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    let control = ControlPath::new(backend.control_ports(clock.clone()), Timing::default());
+    let key: ItemKey = "ORDER#1".parse().unwrap();
+    let txn_id = TxnId::new_v7();
+    let create = CommitRequest {
+        txn_id,
+        writes: vec![BusinessWrite::Put {
+            key: key.clone(),
+            data: json!({"lines": 1}),
+            expected: ExpectedVersion::Absent,
+        }],
+        outbox: OutboxRecord::committed(txn_id, vec![], clock.now(), clock.now().plus(Duration::from_secs(60))),
+        idempotency: None,
+    };
+    backend.store.commit(&create).await.unwrap();
+    World {
+        clock,
+        backend,
+        control,
+        key,
+    }
+}
+
+impl World {
+    /// T's commit into the order, as the request path writes it.
+    fn commit(&self, txn_id: TxnId) -> EntityCommit {
+        let message = Message::json(events(), &json!({"type": "LineAdded"})).unwrap();
+        let now = self.clock.now();
+        EntityCommit {
+            key: self.key.clone(),
+            data: json!({"lines": 2}),
+            expected: ExpectedVersion::Exactly(1),
+            entry: OutboxRecord::committed(
+                txn_id,
+                vec![OutgoingMessage::new(txn_id, 0, message)],
+                now,
+                now.plus(Duration::from_secs(60)),
+            ),
+        }
+    }
+
+    async fn handle(&self, control: ControlMessage) -> ControlOutcome {
+        let delivery = ControlDelivery {
+            message_id: "m-1".into(),
+            receipt: "r-1".into(),
+            body: control.encode(),
+            receive_count: 1,
+        };
+        self.control.handle(&delivery).await.result.unwrap()
+    }
+
+    async fn record(&self, txn_id: TxnId) -> Option<OutboxRecord> {
+        self.backend
+            .store
+            .get_outboxes(&[txn_id])
+            .await
+            .unwrap()
+            .remove(&txn_id)
+    }
+}
+
+#[tokio::test]
+async fn an_entry_in_the_entity_is_published_then_recorded_then_removed() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    world.backend.store.commit_entity(&world.commit(txn_id)).await.unwrap();
+    let outcome = world.handle(control.clone()).await;
+    assert!(
+        matches!(outcome, ControlOutcome::Dispatched { messages: 1, .. }),
+        "{outcome:?}"
+    );
+    let published = world.backend.publisher.queue(&events()).unwrap().receive(10);
+    assert_eq!(published.len(), 1);
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Dispatched);
+    let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
+    assert!(entity.entries.is_empty(), "the entry is removed");
+    assert_eq!(entity.item.data, json!({"lines": 2}));
+    // A copy of the control message: the record speaks for the transaction now.
+    let again = world.handle(control).await;
+    assert_eq!(
+        again,
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Dispatched
+        }
+    );
+}
+
+#[tokio::test]
+async fn within_the_window_no_entry_means_a_later_check() {
+    let world = world().await;
+    let control = ControlMessage::first(TxnId::new_v7(), world.clock.now()).with_entity(world.key.clone());
+    let outcome = world.handle(control).await;
+    assert!(
+        matches!(outcome, ControlOutcome::Deferred { next_attempt: 2, .. }),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test]
+async fn past_the_window_the_fence_goes_into_the_entity_and_a_late_commit_fails() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    world
+        .clock
+        .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
+    assert_eq!(world.handle(control.clone()).await, ControlOutcome::Tombstoned);
+    let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
+    assert_eq!(entity.entries[&txn_id].state, OutboxState::Tombstone, "the fence");
+    assert_eq!(entity.item.version, 1, "the order itself unchanged");
+    match world.backend.store.commit_entity(&world.commit(txn_id)).await {
+        Err(CommitError::Tombstoned { txn_id: fenced }) => assert_eq!(fenced, txn_id),
+        other => panic!("a late commit after the fence: {other:?}"),
+    }
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+    assert_eq!(
+        world.handle(control).await,
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Tombstone
+        }
+    );
+}
+
+/// Past the window, an entry already in the entity is the transaction's commit: it is
+/// dispatched, never fenced.
+#[tokio::test]
+async fn past_the_window_an_entry_is_dispatched_not_fenced() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    world.backend.store.commit_entity(&world.commit(txn_id)).await.unwrap();
+    world
+        .clock
+        .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
+    let handled = world.handle(control).await;
+    assert!(
+        matches!(handled, ControlOutcome::Dispatched { messages: 1, .. }),
+        "{handled:?}"
+    );
+    assert!(world
+        .backend
+        .store
+        .get_entity(&world.key)
+        .await
+        .unwrap()
+        .unwrap()
+        .entries
+        .is_empty());
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Dispatched);
+}
