@@ -264,6 +264,16 @@ impl ControlPath {
         let mut decisions = BTreeMap::new();
         for (txn_id, control) in controls {
             let decision = match records.remove(txn_id) {
+                // In entity mode the request path records the transaction dispatched,
+                // then removes its entry from the entity; a removal that failed is
+                // done here (harmless if it did not).
+                Some(Ok(record)) if record.state == OutboxState::Dispatched && control.entity.is_some() => {
+                    let key = control.entity.as_ref().expect("just checked");
+                    match self.ports.store.remove_entry(key, *txn_id).await {
+                        Ok(()) => self.decide_on_record(record),
+                        Err(error) => Decision::Done(Err(ControlError::Mark(Arc::new(error)))),
+                    }
+                }
                 Some(Ok(record)) => self.decide_on_record(record),
                 Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
                 None => {

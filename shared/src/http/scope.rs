@@ -78,6 +78,9 @@ struct ScopeState {
     /// The request path the transaction began on (through the scope or not), to abandon
     /// it through.
     begun_on: Option<Outbox>,
+    /// The item the transaction commits into, if it was begun in entity mode: its
+    /// settling write is the fence there.
+    begun_entity: Option<crate::ports::ItemKey>,
     /// The request's key and fingerprint, given at begin: the answer is stored under it.
     idempotency: Option<Idempotency>,
 }
@@ -250,8 +253,11 @@ impl RequestScope {
     /// Settles transaction `txn_id`, begun in this scope, with its tombstone by
     /// `deadline` (see [`Outbox::abandon`]); `None` when no transaction began in it.
     async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> Option<Settlement> {
-        let outbox = self.state().begun_on.clone()?;
-        Some(outbox.abandon(txn_id, Some(deadline)).await)
+        let (outbox, entity) = {
+            let state = self.state();
+            (state.begun_on.clone()?, state.begun_entity.clone())
+        };
+        Some(outbox.abandon_in(txn_id, entity.as_ref(), Some(deadline)).await)
     }
 
     /// Commits `txn` with `answer` (stored for replays under the idempotency key given at
@@ -334,6 +340,7 @@ impl BeginWatch for RequestScope {
         {
             let mut state = self.state();
             state.begun_on = Some(outbox.clone());
+            state.begun_entity = txn.entity().cloned();
             state.progress = Progress::Begun(txn.id());
         }
         let state = self.state.clone();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::settle::{settle_bound, within, SETTLE_RESERVE};
 use super::{Committed, Settlement, Transaction, TxnError};
-use crate::ports::{CommitError, CommitRequest};
+use crate::ports::{BusinessWrite, CommitError, CommitRequest, EntityCommit, ExpectedVersion};
 use crate::protocol::{IdempotencyRecord, MessageId, OutboxRecord, OutboxState};
 use crate::time::Timestamp;
 
@@ -38,8 +38,8 @@ impl Transaction {
         }
         let error = match self.attempt(&mut request, &mut unknown).await {
             Ok(()) => {
-                let record = &request.as_ref().expect("a commit that applied was sent").outbox;
-                let inline = self.outbox.dispatch_inline(record, self.deadline).await;
+                let sent = request.as_ref().expect("a commit that applied was sent");
+                let inline = self.dispatch(sent, &sent.outbox).await;
                 return Ok(Committed {
                     txn_id,
                     message_ids,
@@ -60,15 +60,18 @@ impl Transaction {
         } else {
             Some(settle_bound(self.outbox.ports.clock.now(), self.deadline))
         };
-        match self.outbox.abandon(txn_id, settle_by).await {
+        match self.outbox.abandon_in(txn_id, self.entity.as_ref(), settle_by).await {
             Settlement::Committed(found) => {
                 // An attempt whose outcome was unknown applied after all.
                 tracing::warn!(error = %error, "the commit applied after all");
-                let committed = match request {
-                    Some(request) if found.state == OutboxState::Pending => request.outbox,
+                let committed = match &request {
+                    Some(request) if found.state == OutboxState::Pending => request.outbox.clone(),
                     _ => found,
                 };
-                let inline = self.outbox.dispatch_inline(&committed, self.deadline).await;
+                let inline = match &request {
+                    Some(sent) => self.dispatch(sent, &committed).await,
+                    None => self.outbox.dispatch_inline(&committed, self.deadline).await,
+                };
                 Ok(Committed {
                     txn_id,
                     message_ids,
@@ -131,8 +134,13 @@ impl Transaction {
                 *request = Some(self.request(now));
             }
             let sent = request.as_ref().expect("just built");
-            let commit = ports.store.commit_native(sent, &self.staging.native);
-            let outcome = within(ports.clock.as_ref(), attempts_until, commit).await;
+            let outcome = match self.entity_form(sent) {
+                Some(entity) => within(ports.clock.as_ref(), attempts_until, ports.store.commit_entity(&entity)).await,
+                None => {
+                    let commit = ports.store.commit_native(sent, &self.staging.native);
+                    within(ports.clock.as_ref(), attempts_until, commit).await
+                }
+            };
             let error = match outcome {
                 Some(Ok(())) => {
                     tracing::info!(messages = sent.outbox.messages.len(), "committed");
@@ -191,6 +199,39 @@ impl Transaction {
             ports.clock.sleep(COMMIT_RETRY_DELAY * 2u32.pow(attempt - 1)).await;
         }
         unreachable!("the last attempt returns")
+    }
+
+    /// The commit in entity mode, where this transaction's staging allows it: begun in
+    /// entity mode, one put of its entity at a version read (a create stays
+    /// transactional: `docs/ENTITY_MODE.md`), no native action, no idempotency record.
+    /// `None`: the transactional form, which the fence blocks as well.
+    fn entity_form(&self, sent: &CommitRequest) -> Option<EntityCommit> {
+        let key = self.entity.as_ref()?;
+        if sent.idempotency.is_some() || !self.staging.native.is_empty() {
+            return None;
+        }
+        match sent.writes.as_slice() {
+            [BusinessWrite::Put {
+                key: put,
+                data,
+                expected: expected @ ExpectedVersion::Exactly(_),
+            }] if put == key => Some(EntityCommit {
+                key: key.clone(),
+                data: data.clone(),
+                expected: *expected,
+                entry: sent.outbox.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Publishes a committed transaction's messages in the request path, in the form it
+    /// was committed in.
+    async fn dispatch(&self, sent: &CommitRequest, committed: &OutboxRecord) -> super::InlineDispatch {
+        match (self.entity_form(sent), &self.entity) {
+            (Some(_), Some(key)) => self.outbox.dispatch_entry_inline(key, committed, self.deadline).await,
+            _ => self.outbox.dispatch_inline(committed, self.deadline).await,
+        }
     }
 
     fn check_limits(&self) -> Result<(), TxnError> {

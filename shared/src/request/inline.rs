@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::settle::within;
 use super::Outbox;
+use crate::ports::ItemKey;
 use crate::protocol::{OutboxRecord, OutboxState, OutgoingMessage};
 use crate::publish::{publish_all, RetryPolicy};
 use crate::time::Timestamp;
@@ -45,6 +46,56 @@ impl InlineDispatch {
 }
 
 impl Outbox {
+    /// Publishes a transaction's entry committed into `entity` (entity mode), puts its
+    /// record dispatched (where `GET /transactions` and the control worker find it), then
+    /// removes the entry from the entity, within `deadline`. The record before the
+    /// removal: the other order, with a crash between, would leave neither, and the
+    /// worker would fence a committed transaction. Never fails: what it cannot do, the
+    /// control worker does.
+    pub(super) async fn dispatch_entry_inline(
+        &self,
+        entity: &ItemKey,
+        entry: &OutboxRecord,
+        deadline: Option<Timestamp>,
+    ) -> InlineDispatch {
+        let Some(publisher) = &self.inline else {
+            return InlineDispatch::Off;
+        };
+        let clock = self.ports.clock.as_ref();
+        let settle = async {
+            let messages: Vec<&OutgoingMessage> = entry.messages.iter().collect();
+            let report = publish_all(publisher.as_ref(), clock, &messages, INLINE_RETRY).await;
+            if !report.failed.is_empty() {
+                tracing::warn!(
+                    failed = report.failed.len(),
+                    "inline publishing failed; the control worker will publish"
+                );
+                return InlineDispatch::LeftToWorker;
+            }
+            let now = clock.now();
+            let store = &self.ports.store;
+            if let Err(error) = store
+                .put_dispatched(entry.txn_id, entry.created_at, now.plus(self.timing.retention))
+                .await
+            {
+                tracing::warn!(error = %error, "recording the transaction dispatched failed; the control worker will");
+                return InlineDispatch::LeftToWorker;
+            }
+            if let Err(error) = store.remove_entry(entity, entry.txn_id).await {
+                tracing::warn!(error = %error, "removing the entry failed; the control worker will");
+            }
+            if messages.is_empty() {
+                InlineDispatch::NothingToPublish
+            } else {
+                InlineDispatch::Dispatched
+            }
+        };
+        within(clock, deadline, settle).await.unwrap_or_else(|| {
+            tracing::warn!("the deadline came during inline publishing; the control worker will publish");
+            InlineDispatch::LeftToWorker
+        })
+    }
+
     /// Publishes a committed record's messages and marks it dispatched, within
     /// `deadline`. Never fails: what it cannot do, the control worker does.
     pub(super) async fn dispatch_inline(&self, record: &OutboxRecord, deadline: Option<Timestamp>) -> InlineDispatch {

@@ -19,6 +19,8 @@
 //! before the answer; [`TxnError`] says why a transaction did not commit.
 
 mod commit;
+#[cfg(test)]
+mod entity_tests;
 mod error;
 mod inline;
 mod outbox;

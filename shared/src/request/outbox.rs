@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::settle::within;
 use super::watch::BEGIN_WATCH;
 use super::{Transaction, TxnError};
-use crate::ports::{Clock, ControlQueue, IdSource, Publisher, QueueError, Store, StoreError};
+use crate::ports::{Clock, ControlQueue, IdSource, ItemKey, Publisher, QueueError, Store, StoreError};
 use crate::protocol::{ControlMessage, OutboxState, TxnId};
 use crate::settings::{Settings, Timing, TransactionLimits};
 use crate::staging::Staging;
@@ -100,7 +100,23 @@ impl Outbox {
     /// the queue has acknowledged it. Nothing is written before that. Its commit may take
     /// as long as its retries need, within the commit window.
     pub async fn begin(&self) -> Result<Transaction, TxnError> {
-        self.begin_with(None).await
+        self.begin_with(None, None).await
+    }
+
+    /// Begins a transaction that changes one existing item, `key`, in entity mode
+    /// (DESIGN.md section 11, `docs/ENTITY_MODE.md`): its control message names the item,
+    /// and where its staging is one put of `key` at a version read (no create, no other
+    /// item, no native action, no idempotency record), its commit is one conditional
+    /// write of the item carrying its outbox entry, with no transaction. Anything else
+    /// commits in the transactional form, with the same guarantees (the fence that settles
+    /// it blocks both forms).
+    pub async fn begin_entity(&self, key: ItemKey) -> Result<Transaction, TxnError> {
+        self.begin_with(None, Some(key)).await
+    }
+
+    /// [`Self::begin_entity`] within `deadline`, as [`Self::begin_within`].
+    pub async fn begin_entity_within(&self, key: ItemKey, deadline: Timestamp) -> Result<Transaction, TxnError> {
+        self.begin_with(Some(deadline), Some(key)).await
     }
 
     /// Begins a transaction that must be answered by `deadline` (an HTTP request's
@@ -112,11 +128,11 @@ impl Outbox {
     /// that passes before the commit is tried is [`TxnError::DeadlineExceeded`] (nothing
     /// written). Each names the transaction.
     pub async fn begin_within(&self, deadline: Timestamp) -> Result<Transaction, TxnError> {
-        self.begin_with(Some(deadline)).await
+        self.begin_with(Some(deadline), None).await
     }
 
     #[tracing::instrument(skip_all, fields(txn_id))]
-    async fn begin_with(&self, deadline: Option<Timestamp>) -> Result<Transaction, TxnError> {
+    async fn begin_with(&self, deadline: Option<Timestamp>, entity: Option<ItemKey>) -> Result<Transaction, TxnError> {
         let now = self.ports.clock.now();
         let txn_id = self.ports.ids.next_txn_id(now);
         // The request scope running on this task, if any, sees every transaction begun
@@ -126,7 +142,10 @@ impl Outbox {
             watch.admit(txn_id)?;
         }
         tracing::Span::current().record("txn_id", tracing::field::display(txn_id));
-        let control = ControlMessage::first(txn_id, now);
+        let mut control = ControlMessage::first(txn_id, now);
+        if let Some(key) = &entity {
+            control = control.with_entity(key.clone());
+        }
         let send = self.ports.control_queue.send(&control, self.timing.first_check_delay);
         // Whether or not a send cut short reached the queue, nothing will be committed:
         // a control message for a transaction that never commits only tombstones it.
@@ -151,6 +170,7 @@ impl Outbox {
             staging: Staging::new(txn_id, Arc::clone(&self.ports.store)),
             on_commit: Vec::new(),
             idempotency: None,
+            entity,
         };
         if let Some(watch) = watch {
             watch.started(self, &mut txn);

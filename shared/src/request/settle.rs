@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::commit::COMMIT_RETRY_DELAY;
 use super::Outbox;
-use crate::ports::{Clock, TombstoneOutcome};
+use crate::control::FENCE_LIFETIME;
+use crate::ports::{Clock, FenceOutcome, ItemKey, TombstoneOutcome};
 use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::time::Timestamp;
 
@@ -87,6 +88,15 @@ impl Outbox {
     /// it for a request whose handler began a transaction and answered without
     /// committing it.
     pub async fn abandon(&self, txn_id: TxnId, deadline: Option<Timestamp>) -> Settlement {
+        self.abandon_in(txn_id, None, deadline).await
+    }
+
+    /// [`Self::abandon`] for a transaction begun in entity mode into `entity`
+    /// ([`Outbox::begin_entity`]): the settling write is then the fence in the entity,
+    /// with the record's tombstone, in one atomic write (`Store::fence_entity`), so that
+    /// neither form of its commit can apply any more; it finds the transaction's entry
+    /// where it committed into the entity. `None` is [`Self::abandon`].
+    pub async fn abandon_in(&self, txn_id: TxnId, entity: Option<&ItemKey>, deadline: Option<Timestamp>) -> Settlement {
         let clock = self.ports.clock.as_ref();
         let mut settlement = Settlement::LeftToWorker;
         // A failed write is tried again while time remains: DynamoDB refuses a put on an
@@ -99,6 +109,38 @@ impl Outbox {
                 break;
             }
             let expires_at = now.plus(self.timing.retention);
+            if let Some(key) = entity {
+                let fence = self
+                    .ports
+                    .store
+                    .fence_entity(key, txn_id, now, expires_at, now.plus(FENCE_LIFETIME));
+                match within(clock, deadline, fence).await {
+                    Some(Ok(FenceOutcome::Fenced)) => settlement = Settlement::Tombstoned,
+                    Some(Ok(FenceOutcome::Recorded(record))) if record.state == OutboxState::Tombstone => {
+                        settlement = Settlement::AlreadyTombstoned
+                    }
+                    Some(Ok(FenceOutcome::Recorded(found) | FenceOutcome::Committed(found))) => {
+                        settlement = Settlement::Committed(found)
+                    }
+                    // No item: no commit into it can apply; the tombstone below blocks
+                    // the transactional form.
+                    Some(Ok(FenceOutcome::NoItem)) => {}
+                    Some(Err(error)) => {
+                        tracing::warn!(%txn_id, attempt, error = %error, "writing the fence failed");
+                        if attempt < SETTLE_ATTEMPTS {
+                            clock.sleep(COMMIT_RETRY_DELAY * attempt).await;
+                        }
+                        continue;
+                    }
+                    None => {
+                        tracing::warn!(%txn_id, "the deadline came while writing the fence");
+                        break;
+                    }
+                }
+                if settlement != Settlement::LeftToWorker {
+                    break;
+                }
+            }
             let write = self.ports.store.put_tombstone(txn_id, now, expires_at);
             match within(clock, deadline, write).await {
                 Some(Ok(TombstoneOutcome::Written)) => settlement = Settlement::Tombstoned,

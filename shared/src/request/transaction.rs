@@ -64,6 +64,8 @@ pub struct Transaction {
     /// Each told once, just before the first commit attempt reaches the store.
     pub(super) on_commit: Vec<Box<dyn FnOnce(TxnId) + Send + Sync + 'static>>,
     pub(super) idempotency: Option<(IdempotencySlot, String, StoredResponse)>,
+    /// The one item it commits into, in entity mode ([`Outbox::begin_entity`]).
+    pub(super) entity: Option<ItemKey>,
 }
 
 impl Transaction {
@@ -79,6 +81,11 @@ impl Transaction {
     /// add up: each is told, in the order they were given.
     pub fn on_commit_attempt(&mut self, hook: impl FnOnce(TxnId) + Send + Sync + 'static) {
         self.on_commit.push(Box::new(hook));
+    }
+
+    /// The item it was begun to commit into, in entity mode.
+    pub fn entity(&self) -> Option<&ItemKey> {
+        self.entity.as_ref()
     }
 
     /// The deadline it was begun with, if any.
@@ -145,6 +152,8 @@ impl Transaction {
     /// no-op, a 404 or 409 found by its reads).
     pub async fn abandon(self) -> Settlement {
         let by = settle_bound(self.outbox.ports.clock.now(), self.deadline);
-        self.outbox.abandon(self.txn_id, Some(by)).await
+        self.outbox
+            .abandon_in(self.txn_id, self.entity.as_ref(), Some(by))
+            .await
     }
 }

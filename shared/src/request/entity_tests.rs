@@ -1,0 +1,261 @@
+//! The request path in entity mode, on the embedded backend: a change to one existing
+//! item committed with one conditional write, dispatched inline or by the worker, the
+//! transactional form where the staging needs it, and the fence that settles it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{InlineDispatch, Outbox, Settlement, TxnError};
+use crate::control::{ControlOutcome, ControlPath};
+use crate::embedded::{EmbeddedBackend, ManualClock, StoreEvent};
+use crate::ports::{Clock, CommitError, ControlDelivery, EntityCommit, ExpectedVersion, ItemKey, Store};
+use crate::protocol::{ControlMessage, DestinationName, Message, OutboxRecord, OutboxState, TxnId};
+use crate::settings::{Timing, TransactionLimits};
+use crate::time::Timestamp;
+
+fn events() -> DestinationName {
+    "events".parse().unwrap()
+}
+
+fn order() -> ItemKey {
+    "ORDER#1".parse().unwrap()
+}
+
+struct World {
+    clock: Arc<ManualClock>,
+    backend: EmbeddedBackend,
+    outbox: Outbox,
+    control: ControlPath,
+}
+
+/// `ORDER#1` at version 1; inline publishing on or off.
+async fn world(inline: bool) -> World {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    backend.store.record_history();
+    let mut outbox = Outbox::new(
+        backend.request_ports(clock.clone()),
+        Timing::default(),
+        TransactionLimits::default(),
+    );
+    if inline {
+        outbox = outbox.with_inline_publisher(backend.publisher.clone());
+    }
+    let control = ControlPath::new(backend.control_ports(clock.clone()), Timing::default());
+    let world = World {
+        clock,
+        backend,
+        outbox,
+        control,
+    };
+    let mut create = world.outbox.begin().await.unwrap();
+    create.put(order(), json!({"lines": 1}), ExpectedVersion::Absent);
+    create.commit().await.unwrap();
+    world.settle_control().await;
+    world.backend.publisher.queue(&events()).unwrap().receive(10);
+    world
+}
+
+impl World {
+    /// Adds a line to the order in entity mode.
+    async fn add_line(&self) -> Result<super::Committed, TxnError> {
+        let mut txn = self.outbox.begin_entity(order()).await.unwrap();
+        let read = txn.get(&order()).await.unwrap().unwrap();
+        let lines = read.data["lines"].as_u64().unwrap();
+        txn.put(
+            order(),
+            json!({"lines": lines + 1}),
+            ExpectedVersion::Exactly(read.version),
+        );
+        txn.emit(Message::json(events(), &json!({"type": "LineAdded"})).unwrap());
+        txn.commit().await
+    }
+
+    /// Handles every control message due after the first check's delay.
+    async fn settle_control(&self) -> Vec<ControlOutcome> {
+        self.clock
+            .advance(Timing::default().first_check_delay + Duration::from_secs(1));
+        let queue = self.backend.control_queue.queue();
+        let mut outcomes = Vec::new();
+        for received in queue.receive(10) {
+            let delivery = ControlDelivery {
+                message_id: received.message_id.clone(),
+                receipt: received.receipt.clone(),
+                body: received.body.clone(),
+                receive_count: received.receive_count,
+            };
+            outcomes.push(self.control.handle(&delivery).await.result.unwrap());
+            queue.delete(&received.receipt);
+        }
+        outcomes
+    }
+
+    fn published(&self) -> usize {
+        self.backend.publisher.queue(&events()).unwrap().receive(10).len()
+    }
+
+    async fn record(&self, txn_id: TxnId) -> Option<OutboxRecord> {
+        self.backend
+            .store
+            .get_outboxes(&[txn_id])
+            .await
+            .unwrap()
+            .remove(&txn_id)
+    }
+
+    fn entity_commits(&self, txn_id: TxnId) -> (usize, usize) {
+        let history = self.backend.store.history();
+        let entity = history
+            .iter()
+            .filter(
+                |event| matches!(event, StoreEvent::EntityCommitted { commit, .. } if commit.entry.txn_id == txn_id),
+            )
+            .count();
+        let transactional = history
+            .iter()
+            .filter(|event| matches!(event, StoreEvent::Committed { request, .. } if request.txn_id == txn_id))
+            .count();
+        (entity, transactional)
+    }
+}
+
+#[tokio::test]
+async fn a_change_to_one_item_commits_in_one_write_and_is_dispatched_inline() {
+    let world = world(true).await;
+    let committed = world.add_line().await.unwrap();
+    assert_eq!(committed.inline, InlineDispatch::Dispatched);
+    assert_eq!(
+        world.entity_commits(committed.txn_id),
+        (1, 0),
+        "one write into the item, no transaction"
+    );
+    assert_eq!(world.published(), 1);
+    assert_eq!(
+        world.record(committed.txn_id).await.unwrap().state,
+        OutboxState::Dispatched
+    );
+    let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
+    assert!(entity.entries.is_empty(), "the entry moved out");
+    assert_eq!(
+        (entity.item.version, entity.item.data.clone()),
+        (2, json!({"lines": 2}))
+    );
+    let outcomes = world.settle_control().await;
+    assert_eq!(
+        outcomes,
+        [ControlOutcome::AlreadyDone {
+            state: OutboxState::Dispatched
+        }]
+    );
+    assert_eq!(world.published(), 0, "published once");
+}
+
+#[tokio::test]
+async fn with_inline_publishing_off_the_worker_dispatches_the_entry() {
+    let world = world(false).await;
+    let committed = world.add_line().await.unwrap();
+    assert_eq!(committed.inline, InlineDispatch::Off);
+    let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
+    assert_eq!(
+        entity.entries[&committed.txn_id].state,
+        OutboxState::Pending,
+        "the entry waits in the item"
+    );
+    assert!(world.record(committed.txn_id).await.is_none());
+    let outcomes = world.settle_control().await;
+    assert!(
+        matches!(outcomes.as_slice(), [ControlOutcome::Dispatched { messages: 1, .. }]),
+        "{outcomes:?}"
+    );
+    assert_eq!(world.published(), 1);
+    assert_eq!(
+        world.record(committed.txn_id).await.unwrap().state,
+        OutboxState::Dispatched
+    );
+    assert!(world
+        .backend
+        .store
+        .get_entity(&order())
+        .await
+        .unwrap()
+        .unwrap()
+        .entries
+        .is_empty());
+}
+
+#[tokio::test]
+async fn a_create_begun_in_entity_mode_commits_in_the_transactional_form() {
+    let world = world(true).await;
+    let mut txn = world.outbox.begin_entity("ORDER#2".parse().unwrap()).await.unwrap();
+    txn.put("ORDER#2".parse().unwrap(), json!({"lines": 1}), ExpectedVersion::Absent);
+    let committed = txn.commit().await.unwrap();
+    assert_eq!(
+        world.entity_commits(committed.txn_id),
+        (0, 1),
+        "a create stays transactional"
+    );
+    assert_eq!(committed.inline, InlineDispatch::NothingToPublish);
+    assert_eq!(
+        world.record(committed.txn_id).await.unwrap().state,
+        OutboxState::Dispatched
+    );
+}
+
+#[tokio::test]
+async fn an_abandoned_transaction_is_fenced_in_its_item_and_can_never_commit() {
+    let world = world(true).await;
+    let txn = world.outbox.begin_entity(order()).await.unwrap();
+    let txn_id = txn.id();
+    assert_eq!(txn.abandon().await, Settlement::Tombstoned);
+    let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
+    assert_eq!(entity.entries[&txn_id].state, OutboxState::Tombstone, "the fence");
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+    let now = world.clock.now();
+    let late = EntityCommit {
+        key: order(),
+        data: json!({"lines": 9}),
+        expected: ExpectedVersion::Exactly(1),
+        entry: OutboxRecord::committed(txn_id, vec![], now, now),
+    };
+    assert!(matches!(
+        world.backend.store.commit_entity(&late).await,
+        Err(CommitError::Tombstoned { .. })
+    ));
+    assert_eq!(
+        world.settle_control().await,
+        [ControlOutcome::AlreadyDone {
+            state: OutboxState::Tombstone
+        }]
+    );
+}
+
+#[tokio::test]
+async fn a_commit_after_the_worker_fenced_it_is_refused() {
+    let world = world(true).await;
+    let mut txn = world.outbox.begin_entity(order()).await.unwrap();
+    let read = txn.get(&order()).await.unwrap().unwrap();
+    txn.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(read.version));
+    // The worker's checks run out the window before the commit is tried.
+    let window = Timing::default().max_commit_duration;
+    let control = ControlMessage::first(txn.id(), world.clock.now()).with_entity(order());
+    world.clock.advance(window + Duration::from_secs(1));
+    let delivery = ControlDelivery {
+        message_id: "m".into(),
+        receipt: "r".into(),
+        body: control.encode(),
+        receive_count: 1,
+    };
+    assert_eq!(
+        world.control.handle(&delivery).await.result.unwrap(),
+        ControlOutcome::Tombstoned
+    );
+    let refused = txn.commit().await;
+    assert!(
+        matches!(refused, Err(TxnError::CommitWindowExpired { .. })),
+        "{refused:?}"
+    );
+    let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
+    assert_eq!(entity.item.data, json!({"lines": 1}), "nothing applied");
+}
