@@ -351,7 +351,7 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlQueue for GatedControlQueu
                 self.in_flight.lock().expect("in-flight lock").push((
                     self.gate.actor(),
                     LateOp::ControlSend {
-                        message: *message,
+                        message: message.clone(),
                         delay,
                     },
                 ));
