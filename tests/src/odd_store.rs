@@ -1,14 +1,17 @@
 //! A store that misbehaves on purpose around a real one: business reads that lag a
 //! version behind or take their time, and commits that stall, never to apply or to
 //! apply late (a request that reaches the table after its caller gave up) or whose reply
-//! is lost, and tombstone writes that stall.
+//! is lost, and tombstone writes that stall; commits and fences in entity mode alike.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox::ports::{CommitError, CommitRequest, ItemKey, Store, StoreError, TombstoneOutcome, VersionedItem};
+use outbox::ports::{
+    CommitError, CommitRequest, EntityCommit, EntityItem, FenceOutcome, ItemKey, Store, StoreError, TombstoneOutcome,
+    VersionedItem,
+};
 use outbox::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use outbox::time::Timestamp;
 
@@ -59,33 +62,91 @@ impl OddStore {
     }
 }
 
-#[async_trait]
-impl Store for OddStore {
-    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
+impl OddStore {
+    /// Runs a commit (`apply`, whose first item is `key`) as [`Self::commit`] says.
+    async fn stalled<Fut>(
+        &self,
+        key: Option<ItemKey>,
+        apply: impl Fn() -> Fut + Send + Sync + 'static,
+    ) -> Result<(), CommitError>
+    where
+        Fut: std::future::Future<Output = Result<(), CommitError>> + Send + 'static,
+    {
         let earlier = self.commits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         match self.commit {
-            CommitStall::None => self.inner.commit(request).await,
+            CommitStall::None => apply().await,
             CommitStall::Forever => std::future::pending().await,
             CommitStall::AppliesAfter(delay) => {
-                let (inner, request) = (self.inner.clone(), request.clone());
                 // A task of its own: dropping this call (a deadline) does not stop it.
                 let applied = tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    inner.commit(&request).await
+                    apply().await
                 });
                 applied.await.expect("the late commit ran")
             }
             CommitStall::ReplyLost => {
-                self.inner.commit(request).await?;
+                apply().await?;
                 Err(CommitError::Ambiguous("injected: the reply was lost".into()))
             }
             CommitStall::LostThenConflict if earlier == 0 => {
                 Err(CommitError::Ambiguous("injected: timed out on its way".into()))
             }
             CommitStall::LostThenConflict => Err(CommitError::VersionConflict {
-                key: request.writes[0].key().clone(),
+                key: key.expect("a commit that conflicts writes an item"),
             }),
         }
+    }
+}
+
+#[async_trait]
+impl Store for OddStore {
+    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
+        let (inner, owned) = (self.inner.clone(), request.clone());
+        self.stalled(request.writes.first().map(|write| write.key().clone()), move || {
+            let (inner, request) = (inner.clone(), owned.clone());
+            async move { inner.commit(&request).await }
+        })
+        .await
+    }
+
+    async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        let (inner, owned) = (self.inner.clone(), commit.clone());
+        self.stalled(Some(commit.key.clone()), move || {
+            let (inner, commit) = (inner.clone(), owned.clone());
+            async move { inner.commit_entity(&commit).await }
+        })
+        .await
+    }
+
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        tokio::time::sleep(self.read_delay).await;
+        let mut entity = self.inner.get_entity(key).await?;
+        if self.stale {
+            entity.iter_mut().for_each(|entity| entity.item.version -= 1);
+        }
+        Ok(entity)
+    }
+
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        self.inner.remove_entry(key, txn_id).await
+    }
+
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
+        self.inner.put_dispatched(txn_id, now, expires_at).await
+    }
+
+    async fn fence_entity(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+        prune_at: Timestamp,
+    ) -> Result<FenceOutcome, StoreError> {
+        if self.tombstones_stall {
+            return std::future::pending().await;
+        }
+        self.inner.fence_entity(key, txn_id, now, expires_at, prune_at).await
     }
 
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {

@@ -118,13 +118,19 @@ async fn commit(
 
 /// Begins the request's transaction within its deadline (recorded in the request's
 /// scope, so that even a timeout names it), or finds the request a repeat to replay.
+/// Begins the request's transaction; `entity`: in entity mode, for a change to that one
+/// existing item (one conditional write instead of a transaction, where it can be).
 async fn begin(
     state: &AppState,
     scope: &RequestScope,
+    entity: Option<ItemKey>,
     idempotency: Option<Idempotency>,
 ) -> Result<Begun<Transaction>, ApiError> {
     let started = Instant::now();
-    let result = scope.begin(idempotency).await;
+    let result = match entity {
+        Some(key) => scope.begin_entity(key, idempotency).await,
+        None => scope.begin(idempotency).await,
+    };
     MetricRecord::new(state.outbox.service_name().to_owned(), state.outbox.clock().now())
         .add(
             "ControlSendLatency",
@@ -155,7 +161,7 @@ pub async fn orders_create(
     Idempotent { idempotency, body }: Idempotent<JsonBody<CreateOrder>>,
 ) -> Result<Response, ApiError> {
     body.value.validate()?;
-    let txn = match begin(&state, &scope, idempotency).await? {
+    let txn = match begin(&state, &scope, None, idempotency).await? {
         Begun::Replay(replay) => return Ok(replay),
         Begun::Started(txn) => txn,
     };
@@ -199,7 +205,8 @@ async fn change_order(
 ) -> Result<Response, ApiError> {
     let keyed = idempotency.is_some();
     // The control message goes out while the order is read; the commit waits for both.
-    let (txn, loaded) = tokio::join!(begin(state, scope, idempotency), load(state, id));
+    // A change to one existing order: entity mode.
+    let (txn, loaded) = tokio::join!(begin(state, scope, Some(order_key(id)), idempotency), load(state, id));
     let txn = match txn {
         Ok(Begun::Replay(replay)) => return Ok(replay),
         Ok(Begun::Started(txn)) => Ok(txn),

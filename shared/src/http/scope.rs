@@ -35,6 +35,7 @@ use super::error::{timeout_problem, HttpError};
 use super::idempotency::{stored, Idempotency};
 use super::problem::TRANSACTION_ID_HEADER;
 use crate::native::{NativeOutbox, NativeTransaction};
+use crate::ports::ItemKey;
 use crate::protocol::TxnId;
 use crate::request::{watch_begins, BeginWatch, Committable, Outbox, Settlement, Transaction, TxnError};
 use crate::time::Timestamp;
@@ -216,6 +217,27 @@ impl RequestScope {
         };
         // The middleware watches the whole request already; this covers a begin on
         // another task.
+        Ok(Begun::Started(watch_begins(Arc::new(self.clone()), begin).await?))
+    }
+
+    /// [`Self::begin`] for a transaction that changes one existing item, `key`, in entity
+    /// mode ([`Outbox::begin_entity`]): one conditional write instead of a transaction
+    /// where its staging allows, the transactional form otherwise (with a key, its
+    /// idempotency record needs the transaction).
+    pub async fn begin_entity(
+        &self,
+        key: ItemKey,
+        idempotency: Option<Idempotency>,
+    ) -> Result<Begun<Transaction>, HttpError> {
+        if let Some(replay) = self.replay(idempotency).await? {
+            return Ok(Begun::Replay(replay));
+        }
+        let begin = async {
+            match self.deadline {
+                Some(deadline) => self.outbox.begin_entity_within(key, deadline).await,
+                None => self.outbox.begin_entity(key).await,
+            }
+        };
         Ok(Begun::Started(watch_begins(Arc::new(self.clone()), begin).await?))
     }
 
