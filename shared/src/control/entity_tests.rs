@@ -181,3 +181,32 @@ async fn past_the_window_an_entry_is_dispatched_not_fenced() {
         .is_empty());
     assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Dispatched);
 }
+
+/// The request path recorded the transaction dispatched but failed to remove its entry:
+/// the worker removes it.
+#[tokio::test]
+async fn an_entry_left_beside_its_dispatched_record_is_removed() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    world.backend.store.commit_entity(&world.commit(txn_id)).await.unwrap();
+    let now = world.clock.now();
+    world
+        .backend
+        .store
+        .put_dispatched(txn_id, now, now.plus(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(
+        world.handle(control).await,
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Dispatched
+        }
+    );
+    let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
+    assert!(entity.entries.is_empty(), "the leftover entry is removed");
+    assert!(
+        world.backend.publisher.queue(&events()).unwrap().receive(10).is_empty(),
+        "nothing published again"
+    );
+}

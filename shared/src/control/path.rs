@@ -265,11 +265,11 @@ impl ControlPath {
         for (txn_id, control) in controls {
             let decision = match records.remove(txn_id) {
                 // In entity mode the request path records the transaction dispatched,
-                // then removes its entry from the entity; a removal that failed is
-                // done here (harmless if it did not).
+                // then removes its entry from the entity; a removal that failed is done
+                // here. A read tells (a read unit, cheaper than a blind write's).
                 Some(Ok(record)) if record.state == OutboxState::Dispatched && control.entity.is_some() => {
                     let key = control.entity.as_ref().expect("just checked");
-                    match self.ports.store.remove_entry(key, *txn_id).await {
+                    match self.remove_leftover_entry(key, *txn_id).await {
                         Ok(()) => self.decide_on_record(record),
                         Err(error) => Decision::Done(Err(ControlError::Mark(Arc::new(error)))),
                     }
@@ -294,6 +294,20 @@ impl ControlPath {
             OutboxState::Pending => Decision::Publish(record),
             state => Decision::Done(Ok(ControlOutcome::AlreadyDone { state })),
         }
+    }
+
+    /// Removes transaction `txn_id`'s entry from `key` if it is still there.
+    async fn remove_leftover_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        let store = &self.ports.store;
+        let left = store
+            .get_entity(key)
+            .await?
+            .is_some_and(|entity| entity.entries.contains_key(&txn_id));
+        if left {
+            tracing::info!(%txn_id, entity = %key, "removing an entry left in its entity");
+            store.remove_entry(key, txn_id).await?;
+        }
+        Ok(())
     }
 
     /// No record, in entity mode: the outcome may be in the entity (its entry, pending
