@@ -277,7 +277,13 @@ impl RequestScope {
     async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> Option<Settlement> {
         let (outbox, entity) = {
             let state = self.state();
-            (state.begun_on.clone()?, state.begun_entity.clone())
+            // A fence in the entity only where a commit may still land there: none was
+            // sent before its first attempt (fences are kept until pruned).
+            let committing = matches!(state.progress, Progress::Committing(_));
+            (
+                state.begun_on.clone()?,
+                state.begun_entity.clone().filter(|_| committing),
+            )
         };
         Some(outbox.abandon_in(txn_id, entity.as_ref(), Some(deadline)).await)
     }

@@ -60,7 +60,12 @@ impl Transaction {
         } else {
             Some(settle_bound(self.outbox.ports.clock.now(), self.deadline))
         };
-        match self.outbox.abandon_in(txn_id, self.entity.as_ref(), settle_by).await {
+        // The fence goes into the entity only where a commit in entity form may still
+        // land there (an attempt of unknown outcome): fences are kept until pruned, and
+        // a refused or transactional commit needs none.
+        let entity_form = request.as_ref().is_some_and(|sent| self.entity_form(sent).is_some());
+        let fence_in = self.entity.as_ref().filter(|_| uncertain && entity_form);
+        match self.outbox.abandon_in(txn_id, fence_in, settle_by).await {
             Settlement::Committed(found) => {
                 // An attempt whose outcome was unknown applied after all.
                 tracing::warn!(error = %error, "the commit applied after all");
@@ -163,7 +168,9 @@ impl Transaction {
             }
             // A definite refusal is authoritative even after an attempt of unknown
             // outcome: had that attempt applied, this one would have found its own
-            // outbox record and reported success.
+            // outbox record and reported success. (In entity mode the worker may have
+            // dispatched that attempt's entry and removed it already, so this one meets
+            // a version conflict: the settling write below then finds the record.)
             match error {
                 CommitError::Tombstoned { .. } => return Err(TxnError::CommitWindowExpired { txn_id }),
                 CommitError::VersionConflict { key } => return Err(TxnError::VersionConflict { txn_id, key }),

@@ -203,15 +203,43 @@ async fn a_create_begun_in_entity_mode_commits_in_the_transactional_form() {
     );
 }
 
+/// A transaction abandoned before any commit was sent needs no fence (none can land):
+/// its record's tombstone settles it, and the item stays as it was.
 #[tokio::test]
-async fn an_abandoned_transaction_is_fenced_in_its_item_and_can_never_commit() {
+async fn an_abandoned_transaction_is_tombstoned_without_a_fence_in_its_item() {
     let world = world(true).await;
     let txn = world.outbox.begin_entity(order()).await.unwrap();
     let txn_id = txn.id();
     assert_eq!(txn.abandon().await, Settlement::Tombstoned);
     let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
-    assert_eq!(entity.entries[&txn_id].state, OutboxState::Tombstone, "the fence");
+    assert!(entity.entries.is_empty(), "no fence: {:?}", entity.entries);
     assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+    assert_eq!(
+        world.settle_control().await,
+        [ControlOutcome::AlreadyDone {
+            state: OutboxState::Tombstone
+        }]
+    );
+}
+
+/// Every commit attempt's outcome unknown (lost on its way): the settling write is the
+/// fence in the item, after which the lost attempt can never apply.
+#[tokio::test]
+async fn a_commit_of_unknown_outcome_is_settled_by_a_fence_in_its_item() {
+    let world = world(true).await;
+    let lost = Arc::new(LostCommits(world.backend.store.clone()));
+    let ports = crate::request::RequestPorts {
+        store: lost,
+        ..world.backend.request_ports(world.clock.clone())
+    };
+    let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
+    let mut txn = outbox.begin_entity(order()).await.unwrap();
+    let txn_id = txn.id();
+    txn.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
+    let answer = txn.commit().await;
+    assert!(matches!(answer, Err(TxnError::Fenced { .. })), "{answer:?}");
+    let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
+    assert_eq!(entity.entries[&txn_id].state, OutboxState::Tombstone, "the fence");
     let now = world.clock.now();
     let late = EntityCommit {
         key: order(),
@@ -223,12 +251,63 @@ async fn an_abandoned_transaction_is_fenced_in_its_item_and_can_never_commit() {
         world.backend.store.commit_entity(&late).await,
         Err(CommitError::Tombstoned { .. })
     ));
-    assert_eq!(
-        world.settle_control().await,
-        [ControlOutcome::AlreadyDone {
-            state: OutboxState::Tombstone
-        }]
-    );
+}
+
+/// The embedded store, its entity commits lost on their way (never applied, answered
+/// "outcome unknown").
+struct LostCommits(Arc<crate::embedded::EmbeddedStore>);
+
+#[async_trait::async_trait]
+impl Store for LostCommits {
+    async fn commit(&self, request: &crate::ports::CommitRequest) -> Result<(), CommitError> {
+        self.0.commit(request).await
+    }
+    async fn get_items(
+        &self,
+        keys: &[ItemKey],
+    ) -> Result<std::collections::BTreeMap<ItemKey, crate::ports::VersionedItem>, crate::ports::StoreError> {
+        self.0.get_items(keys).await
+    }
+    async fn get_outboxes(
+        &self,
+        txn_ids: &[TxnId],
+    ) -> Result<std::collections::BTreeMap<TxnId, OutboxRecord>, crate::ports::StoreError> {
+        self.0.get_outboxes(txn_ids).await
+    }
+    async fn get_idempotency(
+        &self,
+        slot: &crate::protocol::IdempotencySlot,
+    ) -> Result<Option<crate::protocol::IdempotencyRecord>, crate::ports::StoreError> {
+        self.0.get_idempotency(slot).await
+    }
+    async fn put_tombstone(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<crate::ports::TombstoneOutcome, crate::ports::StoreError> {
+        self.0.put_tombstone(txn_id, now, expires_at).await
+    }
+    async fn mark_dispatched(
+        &self,
+        records: &[OutboxRecord],
+        expires_at: Timestamp,
+    ) -> Vec<Result<(), crate::ports::StoreError>> {
+        self.0.mark_dispatched(records, expires_at).await
+    }
+    async fn commit_entity(&self, _: &EntityCommit) -> Result<(), CommitError> {
+        Err(CommitError::Ambiguous("lost on its way".into()))
+    }
+    async fn fence_entity(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+        prune_at: Timestamp,
+    ) -> Result<crate::ports::FenceOutcome, crate::ports::StoreError> {
+        self.0.fence_entity(key, txn_id, now, expires_at, prune_at).await
+    }
 }
 
 #[tokio::test]

@@ -99,6 +99,7 @@ impl Outbox {
     pub async fn abandon_in(&self, txn_id: TxnId, entity: Option<&ItemKey>, deadline: Option<Timestamp>) -> Settlement {
         let clock = self.ports.clock.as_ref();
         let mut settlement = Settlement::LeftToWorker;
+        let mut item_gone = false;
         // A failed write is tried again while time remains: DynamoDB refuses a put on an
         // item that a transaction still in flight holds (TransactionConflict), which is
         // exactly the race this write settles. Trying again is safe: every outcome of
@@ -122,9 +123,10 @@ impl Outbox {
                     Some(Ok(FenceOutcome::Recorded(found) | FenceOutcome::Committed(found))) => {
                         settlement = Settlement::Committed(found)
                     }
-                    // No item: no commit into it can apply; the tombstone below blocks
-                    // the transactional form.
-                    Some(Ok(FenceOutcome::NoItem)) => {}
+                    // No item: the tombstone below blocks the transactional form, but a
+                    // commit into the item, were it created again at the version that
+                    // commit expects, cannot be ruled out: unsettled.
+                    Some(Ok(FenceOutcome::NoItem)) => item_gone = true,
                     Some(Err(error)) => {
                         tracing::warn!(%txn_id, attempt, error = %error, "writing the fence failed");
                         if attempt < SETTLE_ATTEMPTS {
@@ -158,6 +160,10 @@ impl Outbox {
                 None => tracing::warn!(%txn_id, "the deadline came while writing the tombstone"),
             }
             break;
+        }
+        if item_gone && settlement.never_committed() {
+            tracing::warn!(%txn_id, "the entity is gone: a commit into it, were it created again, cannot be ruled out");
+            settlement = Settlement::LeftToWorker;
         }
         if settlement == Settlement::LeftToWorker {
             tracing::warn!(%txn_id, "the transaction is left to its control message");

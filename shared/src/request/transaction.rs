@@ -152,8 +152,9 @@ impl Transaction {
     /// no-op, a 404 or 409 found by its reads).
     pub async fn abandon(self) -> Settlement {
         let by = settle_bound(self.outbox.ports.clock.now(), self.deadline);
-        self.outbox
-            .abandon_in(self.txn_id, self.entity.as_ref(), Some(by))
-            .await
+        // No commit of it was sent, so none can land: its record's tombstone settles it
+        // (in entity mode too: a fence in the item is only for a commit that may still
+        // land, docs/ENTITY_MODE.md).
+        self.outbox.abandon(self.txn_id, Some(by)).await
     }
 }
