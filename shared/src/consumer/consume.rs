@@ -324,9 +324,9 @@ impl Consumer {
         records.remove(&txn_id).transpose().map_err(ConsumeError::Read)
     }
 
-    /// Step 4: publishes a committed record's messages, then marks it dispatched with its
-    /// TTL from now (C4); returns how many went out.
-    pub(super) async fn dispatch(&self, record: &OutboxRecord) -> Result<usize, ConsumeError> {
+    /// Publishes a committed record's (or entry's) messages, every one or fails (C5);
+    /// returns how many went out.
+    pub(super) async fn publish(&self, record: &OutboxRecord) -> Result<usize, ConsumeError> {
         let messages: Vec<&OutgoingMessage> = record.messages.iter().collect();
         let clock = self.ports.clock.as_ref();
         let report = publish_all(self.ports.publisher.as_ref(), clock, &messages, self.retry).await;
@@ -337,6 +337,14 @@ impl Consumer {
                 first: first.clone(),
             });
         }
+        Ok(messages.len())
+    }
+
+    /// Step 4: publishes a committed record's messages, then marks it dispatched with its
+    /// TTL from now (C4); returns how many went out.
+    pub(super) async fn dispatch(&self, record: &OutboxRecord) -> Result<usize, ConsumeError> {
+        let published = self.publish(record).await?;
+        let clock = self.ports.clock.as_ref();
         // Only once every message went out: marked first, a crash would lose them.
         let expires_at = clock.now().plus(self.retention);
         match self
@@ -346,7 +354,7 @@ impl Consumer {
             .await
             .pop()
         {
-            Some(Ok(())) => Ok(messages.len()),
+            Some(Ok(())) => Ok(published),
             Some(Err(error)) => Err(ConsumeError::Mark(error)),
             None => Err(ConsumeError::Mark(StoreError::Unavailable(
                 "the store gave no result for the record".into(),

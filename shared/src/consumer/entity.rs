@@ -24,8 +24,7 @@ use std::sync::Arc;
 use super::consume::{Consumer, HANDLER_RUNS, ROUNDS, ROUND_DELAY};
 use super::{ConsumeError, ConsumeOutcome, Incoming};
 use crate::ports::{BusinessWrite, CommitError, EntityCommit, ExpectedVersion, ItemKey, VersionedItem};
-use crate::protocol::{OutboxRecord, OutboxState, OutgoingMessage, TxnId};
-use crate::publish::publish_all;
+use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::staging::Staging;
 
 /// What one write of the entity carries: its new data and the version it expects.
@@ -196,16 +195,8 @@ impl Consumer {
     /// Steps 4 to 6: publishes a committed entry's messages, then puts the dedup record
     /// (its TTL from now, C4), then removes the entry; returns how many went out.
     async fn dispatch_entry(&self, key: &ItemKey, entry: &OutboxRecord) -> Result<usize, ConsumeError> {
-        let messages: Vec<&OutgoingMessage> = entry.messages.iter().collect();
+        let published = self.publish(entry).await?;
         let clock = self.ports.clock.as_ref();
-        let report = publish_all(self.ports.publisher.as_ref(), clock, &messages, self.retry).await;
-        if let Some(first) = report.failed.values().next() {
-            return Err(ConsumeError::Publish {
-                failed: report.failed.len(),
-                total: messages.len(),
-                first: first.clone(),
-            });
-        }
         let now = clock.now();
         let store = &self.ports.store;
         store
@@ -216,6 +207,6 @@ impl Consumer {
             .remove_entry(key, entry.txn_id)
             .await
             .map_err(ConsumeError::RemoveEntry)?;
-        Ok(messages.len())
+        Ok(published)
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::settle::within;
 use super::Outbox;
-use crate::ports::ItemKey;
+use crate::ports::{ItemKey, Publisher};
 use crate::protocol::{OutboxRecord, OutboxState, OutgoingMessage};
 use crate::publish::{publish_all, RetryPolicy};
 use crate::time::Timestamp;
@@ -63,13 +63,7 @@ impl Outbox {
         };
         let clock = self.ports.clock.as_ref();
         let settle = async {
-            let messages: Vec<&OutgoingMessage> = entry.messages.iter().collect();
-            let report = publish_all(publisher.as_ref(), clock, &messages, INLINE_RETRY).await;
-            if !report.failed.is_empty() {
-                tracing::warn!(
-                    failed = report.failed.len(),
-                    "inline publishing failed; the control worker will publish"
-                );
+            if !self.publish_inline(publisher.as_ref(), entry).await {
                 return InlineDispatch::LeftToWorker;
             }
             let now = clock.now();
@@ -84,16 +78,39 @@ impl Outbox {
             if let Err(error) = store.remove_entry(entity, entry.txn_id).await {
                 tracing::warn!(error = %error, "removing the entry failed; the control worker will");
             }
-            if messages.is_empty() {
+            if entry.messages.is_empty() {
                 InlineDispatch::NothingToPublish
             } else {
                 InlineDispatch::Dispatched
             }
         };
-        within(clock, deadline, settle).await.unwrap_or_else(|| {
+        let outcome = within(clock, deadline, settle).await.unwrap_or_else(|| {
             tracing::warn!("the deadline came during inline publishing; the control worker will publish");
             InlineDispatch::LeftToWorker
-        })
+        });
+        self.count_inline(outcome);
+        outcome
+    }
+
+    /// Publishes `record`'s messages through `publisher`: whether every one went out.
+    async fn publish_inline(&self, publisher: &dyn Publisher, record: &OutboxRecord) -> bool {
+        let messages: Vec<&OutgoingMessage> = record.messages.iter().collect();
+        let report = publish_all(publisher, self.ports.clock.as_ref(), &messages, INLINE_RETRY).await;
+        if !report.failed.is_empty() {
+            tracing::warn!(
+                failed = report.failed.len(),
+                "inline publishing failed; the control worker will publish"
+            );
+        }
+        report.failed.is_empty()
+    }
+
+    /// Which path dispatched the transaction: the worker counts its own dispatches.
+    fn count_inline(&self, outcome: InlineDispatch) {
+        crate::metrics::MetricRecord::new(self.service.to_string(), self.ports.clock.now())
+            .count("InlineDispatches", usize::from(outcome == InlineDispatch::Dispatched))
+            .count("InlineFailures", usize::from(outcome == InlineDispatch::LeftToWorker))
+            .emit();
     }
 
     /// Publishes a committed record's messages and marks it dispatched, within
@@ -107,13 +124,7 @@ impl Outbox {
         }
         let clock = self.ports.clock.as_ref();
         let settle = async {
-            let messages: Vec<&OutgoingMessage> = record.messages.iter().collect();
-            let report = publish_all(publisher.as_ref(), clock, &messages, INLINE_RETRY).await;
-            if !report.failed.is_empty() {
-                tracing::warn!(
-                    failed = report.failed.len(),
-                    "inline publishing failed; the control worker will publish"
-                );
+            if !self.publish_inline(publisher.as_ref(), record).await {
                 return InlineDispatch::LeftToWorker;
             }
             // Only after every message went out: a record marked first and a crash before
@@ -137,11 +148,7 @@ impl Outbox {
             tracing::warn!("the deadline came during inline publishing; the control worker will publish");
             InlineDispatch::LeftToWorker
         });
-        // Which path dispatched the transaction: the worker counts its own dispatches.
-        crate::metrics::MetricRecord::new(self.service.to_string(), clock.now())
-            .count("InlineDispatches", usize::from(outcome == InlineDispatch::Dispatched))
-            .count("InlineFailures", usize::from(outcome == InlineDispatch::LeftToWorker))
-            .emit();
+        self.count_inline(outcome);
         outcome
     }
 }
