@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{ControlOutcome, ControlPath};
+use super::{ControlOutcome, ControlPath, FENCE_LIFETIME};
 use crate::embedded::{EmbeddedBackend, ManualClock};
 use crate::ports::{
     BusinessWrite, Clock, CommitError, CommitRequest, ControlDelivery, EntityCommit, ExpectedVersion, ItemKey, Store,
@@ -81,6 +81,38 @@ impl World {
         self.control.handle(&delivery).await.result.unwrap()
     }
 
+    async fn handle_delivery(&self, delivery: &crate::embedded::Received) -> ControlOutcome {
+        let delivery = ControlDelivery {
+            message_id: delivery.message_id.clone(),
+            receipt: delivery.receipt.clone(),
+            body: delivery.body.clone(),
+            receive_count: delivery.receive_count,
+        };
+        self.control.handle(&delivery).await.result.unwrap()
+    }
+
+    /// The next control message, the clock moved to when it becomes visible; acknowledged
+    /// as the worker would once handled. `None` when the queue is empty.
+    async fn next_control(&self) -> Option<crate::embedded::Received> {
+        let queue = self.backend.control_queue.queue();
+        loop {
+            if let Some(received) = queue.receive(1).pop() {
+                queue.delete(&received.receipt);
+                return Some(received);
+            }
+            let visible_at = queue.next_visible_at()?;
+            self.clock.set(visible_at);
+        }
+    }
+
+    /// T's fence in the order, if there.
+    async fn fence(&self, txn_id: TxnId) -> Option<OutboxRecord> {
+        let entity = self.backend.store.get_entity(&self.key).await.unwrap()?;
+        let fence = entity.entries.get(&txn_id).cloned()?;
+        assert_eq!(fence.state, OutboxState::Tombstone);
+        Some(fence)
+    }
+
     async fn record(&self, txn_id: TxnId) -> Option<OutboxRecord> {
         self.backend
             .store
@@ -146,12 +178,100 @@ async fn past_the_window_the_fence_goes_into_the_entity_and_a_late_commit_fails(
         other => panic!("a late commit after the fence: {other:?}"),
     }
     assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+}
+
+/// A fence is kept until no request of its transaction can reach the table (its prune
+/// time, [`FENCE_LIFETIME`] after it was written), by control messages the worker sends
+/// itself, then removed; its tombstone record stays, and the order can be deleted.
+#[tokio::test]
+async fn a_fence_is_kept_until_due_then_pruned_by_the_re_checks_the_worker_schedules() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    world
+        .clock
+        .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
+    let fenced_at = world.clock.now();
+    assert_eq!(world.handle(control).await, ControlOutcome::Tombstoned);
+    let mut outcomes = Vec::new();
+    // Each re-check arrives when the queue delivers it; its handling schedules the next.
+    while let Some(delivery) = world.next_control().await {
+        let outcome = world.handle_delivery(&delivery).await;
+        let fence = world.fence(txn_id).await;
+        if world.clock.now() < fenced_at.plus(FENCE_LIFETIME) {
+            assert!(fence.is_some(), "the fence is kept before it is due ({outcome:?})");
+        }
+        outcomes.push(outcome);
+        assert!(outcomes.len() < 10, "the re-checks end: {outcomes:?}");
+    }
     assert_eq!(
-        world.handle(control).await,
+        outcomes,
+        vec![
+            ControlOutcome::FenceKept {
+                next_attempt: 3,
+                delay: Duration::from_secs(300)
+            },
+            ControlOutcome::FencePruned,
+        ],
+        "a first re-check at SQS's longest delay (15 min), then the rest (5), then the pruning"
+    );
+    assert!(world.clock.now() >= fenced_at.plus(FENCE_LIFETIME));
+    assert!(world.fence(txn_id).await.is_none(), "the fence is pruned");
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+    // A copy of a re-check, after the pruning: nothing to do.
+    let copy = ControlMessage::first(txn_id, fenced_at).with_entity(world.key.clone());
+    assert_eq!(
+        world.handle(copy).await,
         ControlOutcome::AlreadyDone {
             state: OutboxState::Tombstone
         }
     );
+    // With its map empty again, the order can be deleted.
+    let delete_id = TxnId::new_v7();
+    let now = world.clock.now();
+    let delete = CommitRequest {
+        txn_id: delete_id,
+        writes: vec![BusinessWrite::Delete {
+            key: world.key.clone(),
+            version: 1,
+        }],
+        outbox: OutboxRecord::committed(delete_id, vec![], now, now.plus(Duration::from_secs(60))),
+        idempotency: None,
+    };
+    world.backend.store.commit(&delete).await.unwrap();
+}
+
+/// The request path's settling fence (an abandoned entity-mode transaction) is pruned by
+/// the transaction's own control message, re-scheduled until the fence is due.
+#[tokio::test]
+async fn a_settling_fence_is_pruned_by_the_transactions_control_message() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    let now = world.clock.now();
+    let outcome = world
+        .backend
+        .store
+        .fence_entity(&world.key, txn_id, now, now.plus(Timing::default().retention), now.plus(FENCE_LIFETIME))
+        .await
+        .unwrap();
+    assert_eq!(outcome, crate::ports::FenceOutcome::Fenced);
+    world.clock.advance(Duration::from_secs(1));
+    let kept = world.handle(control).await;
+    assert_eq!(
+        kept,
+        ControlOutcome::FenceKept {
+            next_attempt: 2,
+            delay: Duration::from_secs(900)
+        }
+    );
+    let mut last = kept;
+    while let Some(delivery) = world.next_control().await {
+        last = world.handle_delivery(&delivery).await;
+    }
+    assert_eq!(last, ControlOutcome::FencePruned);
+    assert!(world.clock.now() >= now.plus(FENCE_LIFETIME));
+    assert!(world.fence(txn_id).await.is_none());
 }
 
 /// Past the window, an entry already in the entity is the transaction's commit: it is

@@ -20,10 +20,16 @@ use crate::time::Timestamp;
 /// clock far behind the API's could cause.
 pub const MAX_ATTEMPTS: u32 = 64;
 
-/// How long a fence stays in its entity before it may be pruned: past the window (the
-/// fence is written after it), AWS accepts a signed request for five minutes, and for up
-/// to fifteen where clocks are skewed; five more as margin (docs/ENTITY_MODE.md).
+/// How long a fence stays in its entity before it is pruned, from the moment it is
+/// written: it is written once no request of its transaction will be sent any more (past
+/// the window, or when the request path gives up), and AWS accepts a signed request for
+/// five minutes after signing, fifteen where it allows for skewed clocks; five more as
+/// margin (DESIGN.md section 11, docs/ENTITY_MODE.md).
 pub const FENCE_LIFETIME: Duration = Duration::from_secs(20 * 60);
+
+/// SQS's longest delay: a fence's re-check is scheduled at most this far ahead, and
+/// scheduled again while the fence is not due.
+const MAX_DELAY: Duration = Duration::from_secs(900);
 
 /// The ports the control path uses.
 #[derive(Clone)]
@@ -71,6 +77,17 @@ pub enum ControlOutcome {
     },
     /// No record after the window: the transaction can never commit now.
     Tombstoned,
+    /// The transaction's fence in its entity (entity mode) is kept until no request of
+    /// the transaction can reach the table; a re-check was scheduled.
+    FenceKept {
+        /// The attempt number of the new control message.
+        next_attempt: u32,
+        /// Its delay.
+        delay: Duration,
+    },
+    /// The transaction's fence was removed from its entity: no request of the
+    /// transaction can reach the table any more, and its tombstone record stays.
+    FencePruned,
     /// No record, and the control message is older than the retention: whatever the
     /// transaction did has long been settled and its record forgotten; writing a
     /// tombstone now could contradict a commit that has since expired.
@@ -85,6 +102,8 @@ impl ControlOutcome {
             Self::AlreadyDone { .. } => "already_done",
             Self::Deferred { .. } => "deferred",
             Self::Tombstoned => "tombstoned",
+            Self::FenceKept { .. } => "fence_kept",
+            Self::FencePruned => "fence_pruned",
             Self::Stale => "stale",
         }
     }
@@ -274,6 +293,12 @@ impl ControlPath {
                         Err(error) => Decision::Done(Err(ControlError::Mark(Arc::new(error)))),
                     }
                 }
+                // A tombstone in entity mode may have its fence in the entity: kept
+                // until it is due, then pruned.
+                Some(Ok(record)) if record.state == OutboxState::Tombstone && control.entity.is_some() => {
+                    let key = control.entity.as_ref().expect("just checked");
+                    self.decide_on_fence(control, key).await
+                }
                 Some(Ok(record)) => self.decide_on_record(record),
                 Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
                 None => {
@@ -318,9 +343,10 @@ impl ControlPath {
             Err(error) => return Decision::Done(Err(ControlError::Read(Arc::new(error)))),
         };
         match entity.and_then(|entity| entity.entries.get(&control.txn_id).cloned()) {
-            Some(entry) if entry.state == OutboxState::Tombstone => Decision::Done(Ok(ControlOutcome::AlreadyDone {
-                state: OutboxState::Tombstone,
-            })),
+            // The fence without its record (the record expired first): pruned when due.
+            Some(fence) if fence.state == OutboxState::Tombstone => {
+                Decision::Done(self.keep_or_prune(control, key, &fence).await)
+            }
             Some(entry) => Decision::PublishEntry(key.clone(), entry),
             None => self.decide_on_absence(control).await,
         }
@@ -348,8 +374,8 @@ impl ControlPath {
         if let Some(key) = &control.entity {
             // The fence goes into the entity, with the record's tombstone: no request of
             // the transaction reaches the table after the window plus the time AWS
-            // accepts a signed request (docs/ENTITY_MODE.md); pruning it is not built
-            // yet, so it stays until removed.
+            // accepts a signed request (docs/ENTITY_MODE.md), so it is pruned then, by
+            // the re-check scheduled here.
             let prune_at = now.plus(FENCE_LIFETIME);
             match self
                 .ports
@@ -357,7 +383,13 @@ impl ControlPath {
                 .fence_entity(key, control.txn_id, now, expires_at, prune_at)
                 .await
             {
-                Ok(FenceOutcome::Fenced) => return Decision::Done(Ok(ControlOutcome::Tombstoned)),
+                Ok(FenceOutcome::Fenced) => {
+                    return Decision::Done(
+                        self.recheck_fence(control, prune_at.since(now))
+                            .await
+                            .map(|_| ControlOutcome::Tombstoned),
+                    )
+                }
                 Ok(FenceOutcome::Committed(entry)) => return Decision::PublishEntry(key.clone(), entry),
                 Ok(FenceOutcome::Recorded(record)) => return self.decide_on_record(record),
                 // No item: an entity commit can no longer apply to it; the record's
@@ -372,6 +404,76 @@ impl ControlPath {
             // handle the record as it is now.
             Ok(TombstoneOutcome::Exists(record)) => self.decide_on_record(record),
             Err(error) => Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
+        }
+    }
+
+    /// T's record is a tombstone, in entity mode: its fence, if in the entity, is kept
+    /// until due, then pruned.
+    async fn decide_on_fence(&self, control: &ControlMessage, key: &ItemKey) -> Decision {
+        let entity = match self.ports.store.get_entity(key).await {
+            Ok(entity) => entity,
+            Err(error) => return Decision::Done(Err(ControlError::Read(Arc::new(error)))),
+        };
+        let tombstone = ControlOutcome::AlreadyDone {
+            state: OutboxState::Tombstone,
+        };
+        match entity.and_then(|entity| entity.entries.get(&control.txn_id).cloned()) {
+            Some(fence) if fence.state == OutboxState::Tombstone => {
+                Decision::Done(self.keep_or_prune(control, key, &fence).await)
+            }
+            // A commit beside a tombstone record: only a late commit into an item deleted
+            // and created again at the version it expected (docs/ENTITY_MODE.md, known
+            // limits). The record has answered for the transaction; left for an operator.
+            Some(entry) => {
+                tracing::error!(
+                    txn_id = %control.txn_id,
+                    entity = %key,
+                    committed_at = %entry.created_at,
+                    "an entry beside its transaction's tombstone: the entity was deleted and created again while a commit was late"
+                );
+                Decision::Done(Ok(tombstone))
+            }
+            // Pruned already, or the tombstone was written without a fence.
+            None => Decision::Done(Ok(tombstone)),
+        }
+    }
+
+    /// A fence due (its `expires_at` is its prune time) is removed; one not due yet gets
+    /// a re-check when it is.
+    async fn keep_or_prune(
+        &self,
+        control: &ControlMessage,
+        key: &ItemKey,
+        fence: &OutboxRecord,
+    ) -> Result<ControlOutcome, ControlError> {
+        let now = self.ports.clock.now();
+        let due = fence
+            .expires_at
+            .unwrap_or_else(|| fence.created_at.plus(FENCE_LIFETIME));
+        if now < due {
+            return self.recheck_fence(control, due.since(now)).await;
+        }
+        match self.ports.store.remove_entry(key, control.txn_id).await {
+            Ok(()) => {
+                tracing::info!(txn_id = %control.txn_id, entity = %key, "fence pruned");
+                Ok(ControlOutcome::FencePruned)
+            }
+            Err(error) => Err(ControlError::Tombstone(Arc::new(error))),
+        }
+    }
+
+    /// Schedules the control message again, `due` from now (at most SQS's longest delay;
+    /// the message is scheduled again from there while the fence is not due).
+    async fn recheck_fence(&self, control: &ControlMessage, due: Duration) -> Result<ControlOutcome, ControlError> {
+        let next = control.next_attempt();
+        let whole_seconds = due.as_secs() + u64::from(due.subsec_nanos() > 0);
+        let delay = Duration::from_secs(whole_seconds.max(1)).min(MAX_DELAY);
+        match self.ports.control_queue.send(&next, delay).await {
+            Ok(()) => Ok(ControlOutcome::FenceKept {
+                next_attempt: next.attempt,
+                delay,
+            }),
+            Err(error) => Err(ControlError::Defer(Arc::new(error))),
         }
     }
 
