@@ -252,7 +252,13 @@ async fn a_settling_fence_is_pruned_by_the_transactions_control_message() {
     let outcome = world
         .backend
         .store
-        .fence_entity(&world.key, txn_id, now, now.plus(Timing::default().retention), now.plus(FENCE_LIFETIME))
+        .fence_entity(
+            &world.key,
+            txn_id,
+            now,
+            now.plus(Timing::default().retention),
+            now.plus(FENCE_LIFETIME),
+        )
         .await
         .unwrap();
     assert_eq!(outcome, crate::ports::FenceOutcome::Fenced);
