@@ -64,7 +64,7 @@ impl Call {
         match self {
             Call::Get => "GetItem",
             Call::Put => "PutItem",
-            Call::Update => "BatchWriteItem",
+            Call::Update => "UpdateItem/BatchWriteItem",
             Call::Transact => "TransactWriteItems",
             Call::Send => "SendMessage",
             Call::SendBatch => "SendMessageBatch",

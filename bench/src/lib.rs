@@ -1,7 +1,8 @@
 //! Measures the latency the outbox adds to a request: the request path on the embedded
 //! backend, each port call slowed by the latency of the AWS call it stands for
 //! (DESIGN.md section 3): the control send before the read or overlapped with it, inline
-//! publishing off and on, next to baselines that write without an outbox.
+//! publishing off and on, in the transactional form and in entity mode (one conditional
+//! write of the item, issue 21), next to baselines that write without an outbox.
 //!
 //! The embedded backend does the real work of every call (conditions, versions, queues),
 //! so the numbers include the request path's own code; the AWS latencies are a model,
@@ -33,6 +34,7 @@ use outbox::request::TxnError;
 use crate::config::Config;
 use crate::latency::{Delays, Latencies, Timer};
 use crate::measure::Summary;
+use crate::ports::StoreCalls;
 use crate::report::{Report, Row};
 use crate::variants::{Rig, Variant};
 
@@ -61,6 +63,19 @@ pub enum BenchError {
         variant: Variant,
         /// What the commit said.
         got: &'static str,
+    },
+    /// The store calls a variant's requests made differ from what the variant claims to
+    /// measure (an entity-mode commit that fell back to a transaction, say).
+    #[error("variant {variant}: {requests} requests made the store calls {got}, not {expected}")]
+    UnexpectedCalls {
+        /// The variant.
+        variant: Variant,
+        /// Requests made.
+        requests: usize,
+        /// The calls it should have made.
+        expected: String,
+        /// The calls it made.
+        got: String,
     },
     /// A request task panicked.
     #[error("a request task failed")]
@@ -92,7 +107,9 @@ pub async fn run(config: &Config) -> Result<Report, BenchError> {
     for (position, variant) in config.variants.iter().copied().enumerate() {
         // The embedded backend alone: every latency zero.
         let bare = Rig::new(variant, Arc::new(Delays::new(Latencies::zero(), 0)), config.requests).await?;
-        let bare = Summary::of(measure::sequential(&bare, 0, config.requests).await?);
+        let bare_samples = measure::sequential(&bare, 0, config.requests).await?;
+        check_calls(variant, bare.store_calls(), config.requests)?;
+        let bare = Summary::of(bare_samples);
 
         // Each variant's own seed, so that its sequential draws repeat run to run
         // whichever other variants are chosen.
@@ -108,8 +125,16 @@ pub async fn run(config: &Config) -> Result<Report, BenchError> {
             "request-path: {variant}: {} requests, {} in flight",
             config.requests, config.concurrency
         );
-        let concurrent =
-            measure::concurrent(rig, warm_up + config.requests, config.requests, config.concurrency).await?;
+        let concurrent = measure::concurrent(
+            rig.clone(),
+            warm_up + config.requests,
+            config.requests,
+            config.concurrency,
+        )
+        .await?;
+        let requests = warm_up + 2 * config.requests;
+        let store_calls = rig.store_calls();
+        check_calls(variant, store_calls.clone(), requests)?;
         rows.push(Row {
             variant,
             model: config.latencies.staged_model(variant.stages()),
@@ -119,6 +144,8 @@ pub async fn run(config: &Config) -> Result<Report, BenchError> {
             concurrent: Summary::of(concurrent.samples.clone()),
             concurrent_samples: concurrent.samples,
             bare,
+            store_calls,
+            requests,
         });
     }
     Ok(Report {
@@ -126,5 +153,19 @@ pub async fn run(config: &Config) -> Result<Report, BenchError> {
         workers: tokio::runtime::Handle::current().metrics().num_workers(),
         lateness,
         rows,
+    })
+}
+
+/// Whether `requests` requests of `variant` made the store calls it claims, by operation.
+fn check_calls(variant: Variant, got: StoreCalls, requests: usize) -> Result<(), BenchError> {
+    let expected = variant.expected_store_calls(requests);
+    if got == expected {
+        return Ok(());
+    }
+    Err(BenchError::UnexpectedCalls {
+        variant,
+        requests,
+        expected: report::show_calls(&expected),
+        got: report::show_calls(&got),
     })
 }

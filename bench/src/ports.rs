@@ -3,14 +3,15 @@
 //! (conditions, versions, queues) in microseconds.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox::embedded::{EmbeddedQueue, QueueFault, SendRequest};
 use outbox::ports::{
-    CommitError, CommitRequest, ControlQueue, EntryFailure, ItemKey, NativeAction, PublishError, Publisher, QueueError,
-    Store, StoreError, TombstoneOutcome, VersionedItem,
+    CommitError, CommitRequest, ControlQueue, EntityCommit, EntityItem, EntryFailure, FenceOutcome, ItemKey,
+    NativeAction, PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use outbox::protocol::{
     ControlMessage, DestinationName, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutgoingMessage, TxnId,
@@ -19,18 +20,116 @@ use outbox::time::Timestamp;
 
 use crate::latency::{Call, Delays};
 
-/// A store whose every call first waits its DynamoDB latency. The latency is paid before
-/// the call is applied: a reply's transit is not modelled apart from the request's, which
-/// changes nothing for one caller waiting on both.
+/// A store operation, as [`SlowStore`] counts them: one per method of the store port it
+/// forwards, so that a run can show which form its commits took (a commit in entity mode
+/// that fell back to the transactional form is a `commit`, not a `commit_entity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StoreOp {
+    /// `commit`: `TransactWriteItems`.
+    Commit,
+    /// `commit_native`: `TransactWriteItems`.
+    CommitNative,
+    /// `get_items`: `BatchGetItem`.
+    GetItems,
+    /// `get_outboxes`: `BatchGetItem`.
+    GetOutboxes,
+    /// `get_idempotency`: `GetItem`.
+    GetIdempotency,
+    /// `put_tombstone`: `PutItem`.
+    PutTombstone,
+    /// `mark_dispatched`: `BatchWriteItem`.
+    MarkDispatched,
+    /// `get_entity` (entity mode): `GetItem`.
+    GetEntity,
+    /// `commit_entity` (entity mode): one conditional `UpdateItem` of the item.
+    CommitEntity,
+    /// `remove_entry` (entity mode): `UpdateItem`.
+    RemoveEntry,
+    /// `fence_entity` (entity mode): `TransactWriteItems`.
+    FenceEntity,
+    /// `put_dispatched` (entity mode): `PutItem` of the dispatched record.
+    PutDispatched,
+}
+
+impl StoreOp {
+    /// Every operation, in the order printed.
+    pub const ALL: [StoreOp; 12] = [
+        StoreOp::Commit,
+        StoreOp::CommitNative,
+        StoreOp::GetItems,
+        StoreOp::GetOutboxes,
+        StoreOp::GetIdempotency,
+        StoreOp::PutTombstone,
+        StoreOp::MarkDispatched,
+        StoreOp::GetEntity,
+        StoreOp::CommitEntity,
+        StoreOp::RemoveEntry,
+        StoreOp::FenceEntity,
+        StoreOp::PutDispatched,
+    ];
+
+    /// The store port's method.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreOp::Commit => "commit",
+            StoreOp::CommitNative => "commit_native",
+            StoreOp::GetItems => "get_items",
+            StoreOp::GetOutboxes => "get_outboxes",
+            StoreOp::GetIdempotency => "get_idempotency",
+            StoreOp::PutTombstone => "put_tombstone",
+            StoreOp::MarkDispatched => "mark_dispatched",
+            StoreOp::GetEntity => "get_entity",
+            StoreOp::CommitEntity => "commit_entity",
+            StoreOp::RemoveEntry => "remove_entry",
+            StoreOp::FenceEntity => "fence_entity",
+            StoreOp::PutDispatched => "put_dispatched",
+        }
+    }
+
+    /// The modelled call whose latency it waits.
+    pub fn call(self) -> Call {
+        match self {
+            StoreOp::Commit | StoreOp::CommitNative | StoreOp::FenceEntity => Call::Transact,
+            StoreOp::GetItems | StoreOp::GetOutboxes | StoreOp::GetIdempotency | StoreOp::GetEntity => Call::Get,
+            StoreOp::PutTombstone | StoreOp::PutDispatched => Call::Put,
+            StoreOp::MarkDispatched | StoreOp::CommitEntity | StoreOp::RemoveEntry => Call::Update,
+        }
+    }
+
+    fn index(self) -> usize {
+        StoreOp::ALL.iter().position(|op| *op == self).expect("listed")
+    }
+}
+
+/// How many calls of each store operation a [`SlowStore`] forwarded.
+pub type StoreCalls = BTreeMap<StoreOp, usize>;
+
+/// A store whose every call first waits its DynamoDB latency, and is counted by
+/// operation. The latency is paid before the call is applied: a reply's transit is not
+/// modelled apart from the request's, which changes nothing for one caller waiting on
+/// both.
+///
+/// Every method of the store port is forwarded, the entity mode's included (their
+/// defaults answer "unsupported", which would make an entity-mode commit fail rather
+/// than fall back). `commit_entity` waits an `UpdateItem`'s latency: on DynamoDB it is one
+/// conditional `UpdateItem` of an item that already holds its `outbox` map. The first
+/// change of an item written in the transactional form (no map yet) takes a second
+/// `UpdateItem` there (the first one's condition fails); the embedded store makes no such
+/// distinction, so this models the steady state.
 pub struct SlowStore {
     inner: Arc<dyn Store>,
     delays: Arc<Delays>,
+    calls: [AtomicUsize; StoreOp::ALL.len()],
 }
 
 impl SlowStore {
     /// `inner`, slowed by `delays`.
     pub fn new(inner: Arc<dyn Store>, delays: Arc<Delays>) -> Self {
-        Self { inner, delays }
+        Self {
+            inner,
+            delays,
+            calls: Default::default(),
+        }
     }
 
     /// Stands for one conditional `PutItem` of a business item, outside any transaction:
@@ -38,16 +137,31 @@ impl SlowStore {
     /// (every business write goes through a commit with an outbox record), so this only
     /// waits the `PutItem` latency and writes nothing. What it leaves out is the embedded
     /// store's in-memory write, microseconds, which the zero-latency line of the report
-    /// bounds.
+    /// bounds. Not counted among the port's calls.
     pub async fn simulated_conditional_put(&self) {
         self.delays.wait(Call::Put).await;
+    }
+
+    /// The calls forwarded so far, by operation (operations never called left out).
+    pub fn calls(&self) -> StoreCalls {
+        StoreOp::ALL
+            .into_iter()
+            .map(|op| (op, self.calls[op.index()].load(Ordering::Relaxed)))
+            .filter(|(_, count)| *count > 0)
+            .collect()
+    }
+
+    /// Counts one `op` and waits its latency.
+    async fn call(&self, op: StoreOp) {
+        self.calls[op.index()].fetch_add(1, Ordering::Relaxed);
+        self.delays.wait(op.call()).await;
     }
 }
 
 #[async_trait]
 impl Store for SlowStore {
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
-        self.delays.wait(Call::Transact).await;
+        self.call(StoreOp::Commit).await;
         self.inner.commit(request).await
     }
 
@@ -56,22 +170,22 @@ impl Store for SlowStore {
     }
 
     async fn commit_native(&self, request: &CommitRequest, actions: &[NativeAction]) -> Result<(), CommitError> {
-        self.delays.wait(Call::Transact).await;
+        self.call(StoreOp::CommitNative).await;
         self.inner.commit_native(request, actions).await
     }
 
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
-        self.delays.wait(Call::Get).await;
+        self.call(StoreOp::GetItems).await;
         self.inner.get_items(keys).await
     }
 
     async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
-        self.delays.wait(Call::Get).await;
+        self.call(StoreOp::GetOutboxes).await;
         self.inner.get_outboxes(txn_ids).await
     }
 
     async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError> {
-        self.delays.wait(Call::Get).await;
+        self.call(StoreOp::GetIdempotency).await;
         self.inner.get_idempotency(slot).await
     }
 
@@ -81,14 +195,48 @@ impl Store for SlowStore {
         now: Timestamp,
         expires_at: Timestamp,
     ) -> Result<TombstoneOutcome, StoreError> {
-        self.delays.wait(Call::Put).await;
+        self.call(StoreOp::PutTombstone).await;
         self.inner.put_tombstone(txn_id, now, expires_at).await
     }
 
     async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
         // The DynamoDB adapter marks any number of records in one BatchWriteItem.
-        self.delays.wait(Call::Update).await;
+        self.call(StoreOp::MarkDispatched).await;
         self.inner.mark_dispatched(records, expires_at).await
+    }
+
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        self.call(StoreOp::GetEntity).await;
+        self.inner.get_entity(key).await
+    }
+
+    async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        // One conditional UpdateItem, not a transaction.
+        self.call(StoreOp::CommitEntity).await;
+        self.inner.commit_entity(commit).await
+    }
+
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        self.call(StoreOp::RemoveEntry).await;
+        self.inner.remove_entry(key, txn_id).await
+    }
+
+    async fn fence_entity(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+        prune_at: Timestamp,
+    ) -> Result<FenceOutcome, StoreError> {
+        // The tombstone record and the fence in the item: one TransactWriteItems.
+        self.call(StoreOp::FenceEntity).await;
+        self.inner.fence_entity(key, txn_id, now, expires_at, prune_at).await
+    }
+
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
+        self.call(StoreOp::PutDispatched).await;
+        self.inner.put_dispatched(txn_id, now, expires_at).await
     }
 }
 

@@ -1,7 +1,9 @@
 //! The variants measured, and what one request does in each: the same business step
 //! (read one item, write it back under its version, publish one event) made without the
 //! outbox, as baselines (a, b), and with it: the control send before the read (c) or
-//! overlapped with it (d), and (d) with inline publishing (e).
+//! overlapped with it (d), and (d) with inline publishing (e); and in entity mode (issue
+//! 21, `docs/ENTITY_MODE.md`), the commit one conditional write of the item instead of a
+//! transaction, inline publishing off (f) and on (g).
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,7 +18,7 @@ use outbox::settings::{Timing, TransactionLimits};
 use serde_json::json;
 
 use crate::latency::{Call, Delays};
-use crate::ports::{SlowControlQueue, SlowPublisher, SlowQueue, SlowStore};
+use crate::ports::{SlowControlQueue, SlowPublisher, SlowQueue, SlowStore, StoreCalls, StoreOp};
 use crate::BenchError;
 
 /// The destination every variant publishes its event to.
@@ -28,7 +30,8 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
 /// One way of making the business step. Add a variant here (with its calls and its
 /// request in [`Rig::request`]) and every report shows it. The letters are the issue's:
-/// (a) and (b) are baselines without an outbox, (c) to (e) the outbox.
+/// (a) and (b) are baselines without an outbox, (c) to (e) the outbox, (f) and (g) the
+/// outbox in entity mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
     /// (a) Baseline: a consistent read and a conditional put, no event at all: the plain
@@ -49,16 +52,28 @@ pub enum Variant {
     /// (e) (d) with inline publishing (the library's default): the request publishes and
     /// marks the record dispatched itself before answering.
     OutboxInline,
+    /// (f) (d) in entity mode, as the orders API changes an existing order: `begin_entity`
+    /// names the item in the control message (overlapped with the read), and the commit,
+    /// one put of that item at the version read, is one conditional `UpdateItem` carrying
+    /// the outbox entry inside the item (`Store::commit_entity`), not a
+    /// `TransactWriteItems`. Inline publishing off: the control worker publishes the entry.
+    OutboxEntity,
+    /// (g) (f) with inline publishing: after the commit the request publishes the entry's
+    /// message, puts the transaction's record dispatched (`PutItem`) and removes the entry
+    /// from the item (`UpdateItem`), one after another, before answering.
+    OutboxEntityInline,
 }
 
 impl Variant {
     /// Every variant, in the order reported.
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 7] = [
         Variant::PlainPut,
         Variant::DualWrite,
         Variant::OutboxSequential,
         Variant::Outbox,
         Variant::OutboxInline,
+        Variant::OutboxEntity,
+        Variant::OutboxEntityInline,
     ];
 
     /// Its name on the command line and in the report.
@@ -69,10 +84,12 @@ impl Variant {
             Variant::OutboxSequential => "outbox-sequential",
             Variant::Outbox => "outbox",
             Variant::OutboxInline => "outbox-inline",
+            Variant::OutboxEntity => "outbox-entity",
+            Variant::OutboxEntityInline => "outbox-entity-inline",
         }
     }
 
-    /// Its letter in the issue and the report: `a` to `e`.
+    /// Its letter in the issue and the report: `a` to `g`.
     pub fn letter(self) -> char {
         match self {
             Variant::PlainPut => 'a',
@@ -80,6 +97,8 @@ impl Variant {
             Variant::OutboxSequential => 'c',
             Variant::Outbox => 'd',
             Variant::OutboxInline => 'e',
+            Variant::OutboxEntity => 'f',
+            Variant::OutboxEntityInline => 'g',
         }
     }
 
@@ -102,12 +121,59 @@ impl Variant {
                 &[Call::SendBatch],
                 &[Call::Update],
             ],
+            // commit_entity: one conditional UpdateItem.
+            Variant::OutboxEntity => &[&[Call::Send, Call::Get], &[Call::Update]],
+            // + publish, put_dispatched (PutItem), remove_entry (UpdateItem).
+            Variant::OutboxEntityInline => &[
+                &[Call::Send, Call::Get],
+                &[Call::Update],
+                &[Call::SendBatch],
+                &[Call::Put],
+                &[Call::Update],
+            ],
         }
+    }
+
+    /// The store calls one request makes, by operation: what a run checks its commits
+    /// against (an entity-mode commit that fell back to the transactional form would be a
+    /// `commit` here, and fail the run).
+    pub fn store_calls(self) -> &'static [(StoreOp, usize)] {
+        match self {
+            // The baselines' put is its latency only (SlowStore::simulated_conditional_put).
+            Variant::PlainPut | Variant::DualWrite => &[(StoreOp::GetItems, 1)],
+            Variant::OutboxSequential | Variant::Outbox => &[(StoreOp::Commit, 1), (StoreOp::GetItems, 1)],
+            Variant::OutboxInline => &[
+                (StoreOp::Commit, 1),
+                (StoreOp::GetItems, 1),
+                (StoreOp::MarkDispatched, 1),
+            ],
+            Variant::OutboxEntity => &[(StoreOp::GetItems, 1), (StoreOp::CommitEntity, 1)],
+            Variant::OutboxEntityInline => &[
+                (StoreOp::GetItems, 1),
+                (StoreOp::CommitEntity, 1),
+                (StoreOp::RemoveEntry, 1),
+                (StoreOp::PutDispatched, 1),
+            ],
+        }
+    }
+
+    /// [`Self::store_calls`] for `requests` requests.
+    pub fn expected_store_calls(self, requests: usize) -> StoreCalls {
+        self.store_calls()
+            .iter()
+            .map(|(op, per_request)| (*op, per_request * requests))
+            .filter(|(_, count)| *count > 0)
+            .collect()
     }
 
     /// Whether its commits publish inline.
     pub fn publishes_inline(self) -> bool {
-        self == Variant::OutboxInline
+        matches!(self, Variant::OutboxInline | Variant::OutboxEntityInline)
+    }
+
+    /// Whether it begins its transactions in entity mode.
+    pub fn entity_mode(self) -> bool {
+        matches!(self, Variant::OutboxEntity | Variant::OutboxEntityInline)
     }
 }
 
@@ -160,7 +226,11 @@ impl Rig {
             .clone();
         let outbox = match variant {
             Variant::PlainPut | Variant::DualWrite => None,
-            Variant::OutboxSequential | Variant::Outbox | Variant::OutboxInline => {
+            Variant::OutboxSequential
+            | Variant::Outbox
+            | Variant::OutboxInline
+            | Variant::OutboxEntity
+            | Variant::OutboxEntityInline => {
                 let ports = RequestPorts {
                     store: store.clone(),
                     control_queue: Arc::new(SlowControlQueue::new(backend.control_queue.clone(), delays.clone())),
@@ -186,6 +256,12 @@ impl Rig {
         })
     }
 
+    /// The store calls made so far through this rig's slowed store (the seeding is not
+    /// among them: it writes to the backend directly).
+    pub fn store_calls(&self) -> StoreCalls {
+        self.store.calls()
+    }
+
     /// One request on item `index`.
     pub async fn request(&self, index: usize) -> Result<(), BenchError> {
         let key = item_key(index);
@@ -196,8 +272,9 @@ impl Rig {
     }
 
     /// The outbox variants: begin (the control message) and read, one after the other
-    /// (c) or overlapped as the orders API does (d, e); put under the version read, emit
-    /// one event, commit.
+    /// (c) or overlapped as the orders API does (d, e; f, g begin in entity mode, naming
+    /// the item, as the orders API's `change_order`); put under the version read, emit one
+    /// event, commit.
     async fn outbox_request(&self, outbox: &Outbox, key: ItemKey) -> Result<(), BenchError> {
         let deadline = self.clock.now().plus(REQUEST_DEADLINE);
         let (mut txn, item) = if self.variant == Variant::OutboxSequential {
@@ -205,11 +282,15 @@ impl Rig {
             let item = txn.get(&key).await?;
             (txn, item)
         } else {
-            // api/src/orders/handlers.rs: `tokio::join!(begin(state, scope), load(state, id))`.
-            let (txn, items) = tokio::join!(
-                outbox.begin_within(deadline),
-                outbox.store().get_items(std::slice::from_ref(&key))
-            );
+            // api/src/orders/handlers.rs: `tokio::join!(begin(state, scope, entity, ..), load(state, id))`.
+            let begin = async {
+                if self.variant.entity_mode() {
+                    outbox.begin_entity_within(key.clone(), deadline).await
+                } else {
+                    outbox.begin_within(deadline).await
+                }
+            };
+            let (txn, items) = tokio::join!(begin, outbox.store().get_items(std::slice::from_ref(&key)));
             let (txn, mut items) = (txn?, items?);
             (txn, items.remove(&key))
         };

@@ -8,6 +8,7 @@
 mod backend;
 pub mod cases;
 mod entity;
+mod request_entity;
 
 pub use backend::{audit, bus, events, fanout, Backend, Delivered, DeliveredEvent};
 
@@ -47,7 +48,8 @@ macro_rules! conformance_suite {
             an_item_of_the_transactional_mode_takes_entries_and_its_deletes_wait_for_them,
             concurrent_entity_commits_of_one_message_apply_once,
             a_consumer_in_entity_mode_processes_each_message_once,
-            a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_one
+            a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_one,
+            the_request_path_in_entity_mode_commits_into_the_item_and_dispatches_once
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {
