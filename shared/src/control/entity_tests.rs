@@ -336,3 +336,131 @@ async fn an_entry_left_beside_its_dispatched_record_is_removed() {
         "nothing published again"
     );
 }
+
+/// A store whose first `fence_entity` call is preceded by the request path's settling
+/// fence of the same transaction: the worker read no record, then the request path
+/// fenced, then the worker's own fence finds the record.
+struct SettledFirst {
+    inner: Arc<crate::embedded::EmbeddedStore>,
+    prune_at: Timestamp,
+    settled: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Store for SettledFirst {
+    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
+        self.inner.commit(request).await
+    }
+
+    async fn get_items(
+        &self,
+        keys: &[ItemKey],
+    ) -> Result<std::collections::BTreeMap<ItemKey, crate::ports::VersionedItem>, crate::ports::StoreError> {
+        self.inner.get_items(keys).await
+    }
+
+    async fn get_outboxes(
+        &self,
+        txn_ids: &[TxnId],
+    ) -> Result<std::collections::BTreeMap<TxnId, OutboxRecord>, crate::ports::StoreError> {
+        self.inner.get_outboxes(txn_ids).await
+    }
+
+    async fn get_idempotency(
+        &self,
+        slot: &crate::protocol::IdempotencySlot,
+    ) -> Result<Option<crate::protocol::IdempotencyRecord>, crate::ports::StoreError> {
+        self.inner.get_idempotency(slot).await
+    }
+
+    async fn put_tombstone(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<crate::ports::TombstoneOutcome, crate::ports::StoreError> {
+        self.inner.put_tombstone(txn_id, now, expires_at).await
+    }
+
+    async fn mark_dispatched(
+        &self,
+        records: &[OutboxRecord],
+        expires_at: Timestamp,
+    ) -> Vec<Result<(), crate::ports::StoreError>> {
+        self.inner.mark_dispatched(records, expires_at).await
+    }
+
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<crate::ports::EntityItem>, crate::ports::StoreError> {
+        self.inner.get_entity(key).await
+    }
+
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), crate::ports::StoreError> {
+        self.inner.remove_entry(key, txn_id).await
+    }
+
+    async fn fence_entity(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+        prune_at: Timestamp,
+    ) -> Result<crate::ports::FenceOutcome, crate::ports::StoreError> {
+        if !self.settled.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let settled = self
+                .inner
+                .fence_entity(key, txn_id, now, expires_at, self.prune_at)
+                .await?;
+            assert_eq!(settled, crate::ports::FenceOutcome::Fenced);
+        }
+        self.inner.fence_entity(key, txn_id, now, expires_at, prune_at).await
+    }
+}
+
+/// Past the window the worker reads no record, and the request path's settling fence
+/// lands before the worker's own: the worker's fence finds the tombstone record, and the
+/// fence in the entity (the request path's) is still this control message's to prune. It
+/// is kept until due, then pruned (found by the simulation: answered "already done", the
+/// fence stayed in the entity for good).
+#[tokio::test]
+async fn a_settling_fence_landing_before_the_workers_is_pruned_by_the_worker() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    world
+        .clock
+        .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
+    let settled_at = world.clock.now();
+    let store = Arc::new(SettledFirst {
+        inner: world.backend.store.clone(),
+        prune_at: settled_at.plus(FENCE_LIFETIME),
+        settled: Default::default(),
+    });
+    let control_path = ControlPath::new(
+        super::ControlPorts {
+            store,
+            ..world.backend.control_ports(world.clock.clone())
+        },
+        Timing::default(),
+    );
+    let delivery = ControlDelivery {
+        message_id: "m-1".into(),
+        receipt: "r-1".into(),
+        body: control.encode(),
+        receive_count: 1,
+    };
+    let outcome = control_path.handle(&delivery).await.result.unwrap();
+    assert!(
+        matches!(outcome, ControlOutcome::FenceKept { .. }),
+        "the fence is to be pruned later: {outcome:?}"
+    );
+    assert!(world.fence(txn_id).await.is_some());
+    let mut last = outcome;
+    while let Some(delivery) = world.next_control().await {
+        last = world.handle_delivery(&delivery).await;
+    }
+    assert_eq!(last, ControlOutcome::FencePruned);
+    assert!(world.clock.now() >= settled_at.plus(FENCE_LIFETIME));
+    assert!(world.fence(txn_id).await.is_none());
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+}

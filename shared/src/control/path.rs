@@ -391,6 +391,11 @@ impl ControlPath {
                     )
                 }
                 Ok(FenceOutcome::Committed(entry)) => return Decision::PublishEntry(key.clone(), entry),
+                // Tombstoned since this message's read: by the request path's settling
+                // fence, which is in the entity and is this message's to prune.
+                Ok(FenceOutcome::Recorded(record)) if record.state == OutboxState::Tombstone => {
+                    return self.decide_on_fence(control, key).await
+                }
                 Ok(FenceOutcome::Recorded(record)) => return self.decide_on_record(record),
                 // No item: an entity commit can no longer apply to it; the record's
                 // tombstone still blocks a commit in the transactional form.
