@@ -77,6 +77,8 @@ fn one_transaction(inline: bool) -> SimConfig {
         abandon_every: 0,
         faults_only: None,
         middleware: None,
+        entity: false,
+        hold_commits: false,
     }
 }
 
@@ -636,6 +638,10 @@ fn random_config(seed: u64) -> SimConfig {
         abandon_every: [0, 2, 3][rng.usize(0..3)],
         faults_only: None,
         middleware: None,
+        // A third in entity mode (its requests without an idempotency key commit as one
+        // conditional write of their counter).
+        entity: rng.usize(0..3) == 0,
+        hold_commits: false,
     }
 }
 
@@ -672,6 +678,7 @@ fn thousands_of_random_schedules_keep_the_invariants() {
     let mut inline_endings: BTreeMap<&str, usize> = BTreeMap::new();
     let mut unknown = UnknownCommits::default();
     let mut late = LateOps::default();
+    let mut entity = EntityTally::default();
     for seed in 0..count {
         let outcome = run_seed(seed).unwrap_or_else(|error| {
             panic!("seed {seed}: {error}\nrerun it with SIM_SEED={seed} cargo test -p outbox-tests --test simulation -- --nocapture")
@@ -689,6 +696,9 @@ fn thousands_of_random_schedules_keep_the_invariants() {
             }
         }
         late.add(&outcome.late);
+        if random_config(seed).entity {
+            entity.add(&outcome);
+        }
         commits += outcome.observed.commits.len();
         tombstones += outcome.observed.tombstones.len();
         steps += outcome.steps;
@@ -701,9 +711,18 @@ fn thousands_of_random_schedules_keep_the_invariants() {
         late.marks,
         late.control_sends,
     );
+    entity.print("random schedules", started);
     assert!(
         count < 100 || (commits > 0 && tombstones > 0 && faults > 0),
         "the random schedules never reached some path"
+    );
+    assert!(
+        count < 100
+            || (entity.entity_commits > 0
+                && entity.transactional_commits > 0
+                && entity.entries_removed > 0
+                && entity.fences_pruned > 0),
+        "the random schedules in entity mode never reached some path: {entity:?}"
     );
 }
 
@@ -742,6 +761,8 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             abandon_every: usize::from(op == Op::Tombstone),
             faults_only: None,
             middleware: None,
+            entity: false,
+            hold_commits: false,
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {
@@ -782,6 +803,369 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
     assert!(ends.commit_unknown_then_refused > 0, "{ends:?}");
     assert!(ends.publish_exhausted > 0, "{ends:?}");
     assert!(ends.settle_exhausted > 0, "{ends:?}");
+}
+
+/// What the request-path schedules in entity mode reached, summed.
+#[derive(Debug, Default)]
+struct EntityTally {
+    schedules: usize,
+    with_fault: usize,
+    /// Commits that were one conditional write of the counter, and those in the
+    /// transactional form (a request that kept its idempotency key).
+    entity_commits: usize,
+    transactional_commits: usize,
+    /// Committed entries removed from their counter after dispatch.
+    entries_removed: usize,
+    /// Fences pruned once due (each was written first: none is left at the end).
+    fences_pruned: usize,
+    /// Transactions tombstoned (a fence's record, or a tombstone without a fence).
+    tombstones: usize,
+    late: LateOps,
+    unknown: UnknownCommits,
+    loop_ends: LoopEnds,
+    endings: BTreeMap<&'static str, usize>,
+}
+
+impl EntityTally {
+    fn add(&mut self, outcome: &Outcome) {
+        let observed = &outcome.observed;
+        self.schedules += 1;
+        self.with_fault += usize::from(outcome.faults > 0);
+        self.entity_commits += observed.entity_commits;
+        // The seed's commit of each counter is in the transactional form.
+        let seeds = observed.items.len();
+        self.transactional_commits += observed.commits.len() - observed.entity_commits - seeds;
+        self.entries_removed += observed.entries_removed;
+        self.fences_pruned += observed.fences_pruned;
+        self.tombstones += observed.tombstones.len();
+        self.late.add(&outcome.late);
+        self.unknown.add(&outcome.unknown_commits);
+        self.loop_ends.add(&outcome.loop_ends);
+        for result in &observed.api_results {
+            *self.endings.entry(result_name(result)).or_default() += 1;
+        }
+    }
+
+    fn print(&self, name: &str, started: Instant) {
+        println!(
+            "entity mode, {name}: {} schedules ({} with a fault) in {:.2?}; commits: {} one conditional write, {} transactional; entries removed after dispatch {}; fences written and pruned {}; tombstoned {}; late (sent, applied): commits {:?}, fences and tombstones {:?}, records and removals {:?}, control sends {:?}, {} applied after their sender had ended; commits refused by AWS as signed over 15 min before {}; commits of unknown outcome: {:?}; retry loops run to their end: {:?}; endings: {:?}",
+            self.schedules,
+            self.with_fault,
+            started.elapsed(),
+            self.entity_commits,
+            self.transactional_commits,
+            self.entries_removed,
+            self.fences_pruned,
+            self.tombstones,
+            self.late.commits,
+            self.late.tombstones,
+            self.late.marks,
+            self.late.control_sends,
+            self.late.applied_after_sender_ended,
+            self.late.signature_expired,
+            self.unknown,
+            self.loop_ends,
+            self.endings,
+        );
+    }
+}
+
+/// `config` in entity mode: its counters exist, and each request begins naming its
+/// counter, so that its increment commits as one conditional write of the counter.
+fn in_entity_mode(config: SimConfig) -> SimConfig {
+    SimConfig { entity: true, ..config }
+}
+
+/// The request path in entity mode (DESIGN.md section 11), one transaction: every crash
+/// point or fault, one per schedule, of its begin, its read, its one conditional write,
+/// and of the worker's record read, entity read, publish, dispatched record, entry
+/// removal, fence (past a 3 s window: the API crashed or failed before committing) and the
+/// fence's re-checks and pruning 20 minutes later; each under the request-first order and
+/// 100 random orders, and once more with the commit held at its gate until the workers
+/// and the clock are done: signed within its window, it reaches the table after the
+/// fence's pruning, which AWS refuses (a signature older than 15 minutes). Every
+/// interleaving, as for the transactional form, is too many schedules here (the fence's
+/// re-checks multiply them: over 600,000 before the first fault's subtree was done). I1-I7
+/// and the entity checks (no entry left behind, none removed before its record, no fence
+/// left) hold in each, with no dead-letter redrive.
+#[test]
+fn entity_mode_every_crash_point_of_one_transaction_keeps_the_invariants() {
+    let started = Instant::now();
+    let mut tally = EntityTally::default();
+    let setups = [
+        ("one transaction", in_entity_mode(one_transaction(false)), 100),
+        (
+            "one transaction, commits held",
+            SimConfig {
+                hold_commits: true,
+                ..in_entity_mode(one_transaction(false))
+            },
+            10,
+        ),
+    ];
+    for (name, config, seeds) in setups {
+        for outcome in run_fault_sequences(name, &config, seeds) {
+            tally.add(&outcome);
+        }
+    }
+    tally.print("one transaction, every fault placement", started);
+    assert_reached(
+        &tally.endings,
+        &[
+            "committed",
+            "commit window expired",
+            "control send failed",
+            "api crashed",
+        ],
+    );
+    assert!(tally.with_fault > tally.schedules / 2, "{tally:?}");
+    assert!(
+        tally.entity_commits > 0 && tally.transactional_commits == 0,
+        "{tally:?}"
+    );
+    assert!(tally.entries_removed > 0 && tally.fences_pruned > 0, "{tally:?}");
+    assert!(tally.late.signature_expired > 0, "{tally:?}");
+}
+
+/// Entity mode with inline publishing: the request path publishes, puts the record
+/// dispatched and removes the entry itself, each step with its crash points and faults,
+/// racing the worker that finds the entry (or the record beside an entry left behind).
+/// Every placement of one fault, under the request-first order and 40 random orders.
+#[test]
+fn entity_mode_inline_publishing_keeps_the_invariants_at_every_crash_point() {
+    let started = Instant::now();
+    let mut tally = EntityTally::default();
+    for outcome in run_fault_sequences("entity mode, inline", &in_entity_mode(one_transaction(true)), 40) {
+        tally.add(&outcome);
+    }
+    tally.print("inline publishing", started);
+    assert_reached(
+        &tally.endings,
+        &[
+            "committed, dispatched inline",
+            "committed, left to the worker",
+            "api crashed",
+        ],
+    );
+    assert!(tally.entries_removed > 0, "{tally:?}");
+}
+
+/// Entity mode, settling: an abandoned transaction (its tombstone record, no fence), and
+/// a commit whose attempts time out with their requests on the way (late ghosts of the
+/// one conditional write) racing the fence the request path writes into the counter to
+/// settle it, and the worker's. Every sequence of up to two faults on the commit, and
+/// every placement of one fault for the abandon, under the request-first order and 40
+/// random orders. A request told "fenced" never committed; one told "committed" did.
+#[test]
+fn entity_mode_a_late_commit_racing_its_fence_keeps_the_invariants() {
+    let started = Instant::now();
+    let mut tally = EntityTally::default();
+    let setups = [
+        (
+            "late commit",
+            SimConfig {
+                fault_budget: 2,
+                retry_loop: Some(Op::Commit),
+                ..in_entity_mode(one_transaction(false))
+            },
+        ),
+        (
+            "abandoned",
+            SimConfig {
+                abandon_every: 1,
+                ..in_entity_mode(one_transaction(false))
+            },
+        ),
+    ];
+    for (name, config) in setups {
+        for outcome in run_fault_sequences(name, &config, 40) {
+            tally.add(&outcome);
+        }
+    }
+    tally.print("late commits and abandons", started);
+    assert_reached(
+        &tally.endings,
+        &[
+            "committed",
+            "fenced (unknown, settled by its tombstone)",
+            "abandoned, tombstoned",
+            "abandoned, already tombstoned",
+        ],
+    );
+    assert!(tally.late.commits.1 > 0, "{tally:?}");
+    assert!(tally.late.commit_applied_after_answer > 0, "{tally:?}");
+    assert!(tally.fences_pruned > 0, "{tally:?}");
+    assert_eq!(tally.unknown.ambiguous, 0, "{tally:?}");
+    assert!(
+        tally.unknown.committed > 0 && tally.unknown.definite_failure > 0,
+        "{tally:?}"
+    );
+}
+
+/// Entity mode, late writes other than commits: a fence (the worker's past the window, or
+/// the request path's settling one), a dispatched record, an entry's removal or a control
+/// send whose caller gave up on it while it was on its way, applied at a later step or
+/// lost. Every sequence of up to two late operations in four set-ups (committed, inline,
+/// a commit late too, an API that never commits so that the worker fences), under the
+/// request-first order and 20 random orders.
+#[test]
+fn entity_mode_late_fences_records_and_removals_keep_the_invariants() {
+    fn late_only(op: Op) -> Vec<Fault> {
+        match op {
+            Op::Tombstone | Op::Mark | Op::ControlSend => vec![Fault::Late],
+            Op::LateTombstone | Op::LateMark | Op::LateSend | Op::LateCommit => vec![Fault::Fail],
+            _ => vec![],
+        }
+    }
+    fn commit_late_too(op: Op) -> Vec<Fault> {
+        match op {
+            Op::Commit => vec![Fault::Late],
+            _ => late_only(op),
+        }
+    }
+    fn commit_fails(op: Op) -> Vec<Fault> {
+        match op {
+            Op::Commit => vec![Fault::CrashBefore],
+            _ => late_only(op),
+        }
+    }
+    let started = Instant::now();
+    let mut tally = EntityTally::default();
+    let setups = [
+        ("committed", late_only as fn(Op) -> Vec<Fault>, one_transaction(false)),
+        ("inline", late_only, one_transaction(true)),
+        ("commit late", commit_late_too, one_transaction(false)),
+        ("never committed", commit_fails, one_transaction(false)),
+    ];
+    for (name, faults, config) in setups {
+        let config = SimConfig {
+            fault_budget: 2,
+            faults_only: Some(faults),
+            ..in_entity_mode(config)
+        };
+        for outcome in run_fault_sequences(name, &config, 20) {
+            tally.add(&outcome);
+        }
+    }
+    tally.print("late fences, records and removals", started);
+    for (kind, (sent, applied)) in [
+        ("fence or tombstone", tally.late.tombstones),
+        ("record or removal", tally.late.marks),
+        ("control send", tally.late.control_sends),
+    ] {
+        assert!(
+            applied > 0 && sent > applied,
+            "late {kind}s: {sent} sent, {applied} applied"
+        );
+    }
+    assert!(tally.late.applied_after_sender_ended > 0, "{tally:?}");
+    assert!(tally.fences_pruned > 0, "{tally:?}");
+}
+
+/// Entity mode, every retry loop run to its end: the one conditional write's (every
+/// attempt unknown, refused, or a mix: the request path then fences the counter), the
+/// publish's, and the settling write's; a third of the seeds with a deadline. Seeded
+/// orders of every fault sequence, as for the transactional form.
+#[test]
+fn entity_mode_every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
+    let seeds: u64 = std::env::var("SIM_LOOP_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    let started = Instant::now();
+    let mut tally = EntityTally::default();
+    for (seed, op) in (0..seeds).flat_map(|seed| [(seed, Op::Commit), (seed, Op::Publish), (seed, Op::Tombstone)]) {
+        let config = SimConfig {
+            fault_budget: outbox::request::COMMIT_ATTEMPTS as usize,
+            timing: sim_timing(if seed % 4 == 1 { 3 } else { 60 }),
+            deadline: (seed % 3 == 1).then(|| Duration::from_secs(2)),
+            retry_loop: Some(op),
+            inline: op == Op::Publish,
+            abandon_every: usize::from(op == Op::Tombstone),
+            ..in_entity_mode(one_transaction(false))
+        };
+        let mut prefix = Some(Vec::new());
+        while let Some(choices) = prefix {
+            let mut chooser = FaultsDepthFirst::new(choices.clone(), (seed > 0).then_some(seed));
+            let outcome = run_schedule(&mut chooser, &config)
+                .unwrap_or_else(|error| panic!("entity {op:?} loop, seed {seed}, faults {choices:?}: {error}"));
+            if let Err(violation) = outcome.observed.check() {
+                panic!(
+                    "entity {op:?} loop, seed {seed}, faults {choices:?}: {violation}\n{:#?}",
+                    outcome.observed
+                );
+            }
+            assert_eq!(
+                outcome.redrives, 0,
+                "entity {op:?} loop, seed {seed}, faults {choices:?}"
+            );
+            tally.add(&outcome);
+            prefix = chooser.next_prefix();
+        }
+    }
+    tally.print("retry loops", started);
+    let ends = &tally.loop_ends;
+    assert!(ends.commit_all_unknown > 0, "{ends:?}");
+    assert!(ends.commit_all_refused > 0, "{ends:?}");
+    assert!(ends.commit_unknown_then_refused > 0, "{ends:?}");
+    assert!(ends.publish_exhausted > 0, "{ends:?}");
+    assert!(ends.settle_exhausted > 0, "{ends:?}");
+    assert_eq!(tally.unknown.ambiguous, 0, "{tally:?}");
+}
+
+/// Entity mode through the deadline middleware (a 2 s timeout, timers firing): a request
+/// that commits, one that abandons with a 404, and faults on the one conditional write and
+/// on the settling fence; every answer names its transaction and tells the truth.
+#[test]
+fn entity_mode_the_deadline_middleware_answers_truthfully() {
+    fn commit_and_settle(op: Op) -> Vec<Fault> {
+        match op {
+            Op::Commit => vec![Fault::ReplyLost, Fault::Late, Fault::Busy],
+            Op::Tombstone => vec![Fault::Fail],
+            _ => vec![],
+        }
+    }
+    let started = Instant::now();
+    let over_http = |config: SimConfig| SimConfig {
+        middleware: Some(Duration::from_secs(2)),
+        ..in_entity_mode(config)
+    };
+    let setups = [
+        ("one fault", over_http(one_transaction(false))),
+        (
+            "abandoned",
+            over_http(SimConfig {
+                abandon_every: 1,
+                ..one_transaction(false)
+            }),
+        ),
+        (
+            "commit and settle faults",
+            over_http(SimConfig {
+                fault_budget: 2,
+                faults_only: Some(commit_and_settle),
+                timing: sim_timing(60),
+                ..one_transaction(false)
+            }),
+        ),
+    ];
+    let mut tally = EntityTally::default();
+    for (name, config) in setups {
+        for outcome in run_fault_sequences(name, &config, 20) {
+            tally.add(&outcome);
+        }
+    }
+    tally.print("deadline middleware", started);
+    assert_reached(
+        &tally.endings,
+        &[
+            "http: committed",
+            "http: abandoned (404)",
+            "http: the middleware answered nothing written",
+            "http: the middleware answered outcome unknown",
+        ],
+    );
+    assert!(tally.fences_pruned > 0, "{tally:?}");
 }
 
 use outbox_tests::sim::{consumer_faults, run_consumer_schedule, ConsumerCounts, ConsumerSimConfig};

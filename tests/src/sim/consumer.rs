@@ -640,6 +640,7 @@ impl World {
             inner: self.backend.store.clone(),
             gate: gate.clone(),
             in_flight: self.in_flight.clone(),
+            signatures: None,
         })
     }
 
@@ -767,7 +768,7 @@ impl World {
                 let (id, gate) = self.gate();
                 let step = match &late {
                     LateOp::Commit(_) => "late commit",
-                    LateOp::EntityCommit(_) => "late entity commit",
+                    LateOp::EntityCommit(..) => "late entity commit",
                     LateOp::PutDispatched { .. } => "late dedup put",
                     LateOp::RemoveEntry { .. } => "late entry removal",
                     _ => "late other",
@@ -778,9 +779,9 @@ impl World {
                 let future: ActorFuture = Box::pin(async move {
                     let commit = match late {
                         LateOp::Commit(request) => GhostCommit::Transaction(request),
-                        LateOp::EntityCommit(commit) => GhostCommit::Entity(commit),
+                        LateOp::EntityCommit(commit, _) => GhostCommit::Entity(commit),
                         other => {
-                            let arrived = late_op(store, queue, gate, other).await;
+                            let arrived = late_op(store, queue, gate, other, None).await;
                             return End::Ghost(if arrived { "applied" } else { "lost" });
                         }
                     };

@@ -3,8 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use futures::FutureExt;
+
 use outbox::embedded::{EmbeddedBackend, SentMessage, StoreEvent, DEDUPLICATION_WINDOW};
-use outbox::ports::{BusinessWrite, CommitRequest, ItemKey};
+use outbox::ports::{BusinessWrite, CommitRequest, ItemKey, Store};
 use outbox::protocol::{DestinationName, OutboxRecord, OutboxState, TxnId, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
 use outbox::request::Settlement;
 use outbox::time::Timestamp;
@@ -33,6 +35,22 @@ pub struct Observed {
     pub control_sent: BTreeMap<TxnId, usize>,
     /// The clock at the end.
     pub now: Timestamp,
+    /// Entity mode: outbox entries (pending entries and fences) still in an item at the
+    /// end, by item.
+    pub entries_left: Vec<(ItemKey, OutboxRecord)>,
+    /// Entity mode: transactions whose entry was removed from its item while no record of
+    /// theirs was dispatched yet (the order a crash would turn into a lost side effect or
+    /// a fence beside a commit).
+    pub removed_before_record: Vec<TxnId>,
+    /// Transactions that committed more than once (an entity commit applied twice).
+    pub committed_twice: Vec<TxnId>,
+    /// Entity mode, from the history: commits that were one conditional write of their
+    /// item.
+    pub entity_commits: usize,
+    /// Entity mode: committed entries removed from their item after dispatch.
+    pub entries_removed: usize,
+    /// Entity mode: fences removed from their item once due.
+    pub fences_pruned: usize,
 }
 
 /// A broken invariant.
@@ -56,6 +74,10 @@ impl Observed {
         let mut commits = BTreeMap::new();
         let mut tombstones = BTreeSet::new();
         let mut items: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        let mut dispatched: BTreeSet<TxnId> = BTreeSet::new();
+        let mut removed_before_record = Vec::new();
+        let mut committed_twice = Vec::new();
+        let (mut entity_commits, mut entries_removed, mut fences_pruned) = (0, 0, 0);
         for event in backend.store.history() {
             match event {
                 StoreEvent::Committed { request, .. } => {
@@ -65,17 +87,65 @@ impl Observed {
                             items.insert(key.to_string(), (expected.next(), count));
                         }
                     }
-                    commits.insert(request.txn_id, *request);
+                    let txn_id = request.txn_id;
+                    if commits.insert(txn_id, *request).is_some() {
+                        committed_twice.push(txn_id);
+                    }
                 }
                 StoreEvent::Tombstoned { txn_id, .. } => {
                     tombstones.insert(txn_id);
                 }
-                // The request path's simulation commits no entity.
-                StoreEvent::MarkedDispatched { .. }
-                | StoreEvent::EntityCommitted { .. }
-                | StoreEvent::EntryRemoved { .. } => {}
+                // Entity mode: the one conditional write is the transaction's commit, its
+                // entry its record.
+                StoreEvent::EntityCommitted { commit, .. } => {
+                    entity_commits += 1;
+                    let count = commit.data["count"].as_u64().unwrap_or(0);
+                    items.insert(commit.key.to_string(), (commit.expected.next(), count));
+                    let request = CommitRequest {
+                        txn_id: commit.entry.txn_id,
+                        writes: vec![BusinessWrite::Put {
+                            key: commit.key,
+                            data: commit.data,
+                            expected: commit.expected,
+                        }],
+                        outbox: commit.entry,
+                        idempotency: None,
+                    };
+                    let txn_id = request.txn_id;
+                    if commits.insert(txn_id, request).is_some() {
+                        committed_twice.push(txn_id);
+                    }
+                }
+                StoreEvent::MarkedDispatched { txn_id, .. } => {
+                    dispatched.insert(txn_id);
+                }
+                // A committed transaction's entry leaves its item only once its record
+                // is dispatched; a fence (of a transaction that never committed) is
+                // pruned whenever it is due.
+                StoreEvent::EntryRemoved { txn_id, .. } => {
+                    if !commits.contains_key(&txn_id) {
+                        fences_pruned += 1;
+                    } else if dispatched.contains(&txn_id) {
+                        entries_removed += 1;
+                    } else {
+                        removed_before_record.push(txn_id);
+                    }
+                }
             }
         }
+        let entries_left = items
+            .keys()
+            .filter_map(|key| key.parse::<ItemKey>().ok())
+            .filter_map(|key| {
+                let entity = Store::get_entity(backend.store.as_ref(), &key)
+                    .now_or_never()
+                    .expect("the embedded store answers at once")
+                    .ok()
+                    .flatten()?;
+                Some(entity.entries.into_values().map(move |entry| (key.clone(), entry)))
+            })
+            .flatten()
+            .collect();
         let published = backend
             .publisher
             .destinations()
@@ -100,6 +170,12 @@ impl Observed {
             control_left,
             control_sent,
             now,
+            entries_left,
+            removed_before_record,
+            committed_twice,
+            entity_commits,
+            entries_removed,
+            fences_pruned,
         }
     }
 
@@ -112,7 +188,43 @@ impl Observed {
         self.bounded_growth()?;
         self.truthful_answers()?;
         self.business_state()?;
-        self.idempotency_once()
+        self.idempotency_once()?;
+        self.entities()
+    }
+
+    /// Entity mode: no transaction committed twice; no committed transaction's entry left
+    /// its item before its record was dispatched; and after recovery no item holds an
+    /// entry: every pending one was dispatched and removed (I1), every fence pruned (I6).
+    fn entities(&self) -> Result<(), Violation> {
+        if let Some(txn_id) = self.committed_twice.first() {
+            return Err(Violation {
+                invariant: "business state",
+                detail: format!("transaction {txn_id} committed twice"),
+            });
+        }
+        if let Some(txn_id) = self.removed_before_record.first() {
+            return Err(Violation {
+                invariant: "I1 no lost side effect",
+                detail: format!(
+                    "the entry of committed transaction {txn_id} left its item before its record was dispatched"
+                ),
+            });
+        }
+        match self.entries_left.first() {
+            Some((key, entry)) if entry.state == OutboxState::Tombstone => Err(Violation {
+                invariant: "I6 bounded growth",
+                detail: format!("the fence of {} is still in {key} after recovery", entry.txn_id),
+            }),
+            Some((key, entry)) => Err(Violation {
+                invariant: "I1 no lost side effect",
+                detail: format!(
+                    "the {} entry of {} is still in {key} after recovery",
+                    entry.state.as_str(),
+                    entry.txn_id
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     fn sent_ids(&self) -> BTreeMap<String, Vec<(&DestinationName, bool, &SentMessage)>> {

@@ -5,7 +5,10 @@
 //! transactional counterparts, and so meet the same faults: reading an item with its
 //! entries is a read ([`Op::Read`]), the one conditional write a commit ([`Op::Commit`],
 //! its late request a [`Op::LateCommit`]), and the dedup record's put and the entry's
-//! removal are writes like the mark ([`Op::Mark`], late: [`Op::LateMark`]).
+//! removal are writes like the mark ([`Op::Mark`], late: [`Op::LateMark`]). The fence in
+//! the item (with its transaction's tombstone record) is a tombstone write
+//! ([`Op::Tombstone`], late: [`Op::LateTombstone`]), whether the request path settles with
+//! it or the control worker writes it past the window.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +18,8 @@ use async_trait::async_trait;
 use outbox::embedded::ManualClock;
 use outbox::ports::{
     Clock, CommitError, CommitRequest, ControlDelivery, ControlInbox, ControlQueue, EntityCommit, EntityItem,
-    EntryFailure, ItemKey, PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
+    EntryFailure, FenceOutcome, ItemKey, PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome,
+    VersionedItem,
 };
 use outbox::protocol::{
     ControlMessage, DestinationName, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutgoingMessage, TxnId,
@@ -65,8 +69,9 @@ pub(crate) enum LateOp {
         message: ControlMessage,
         delay: Duration,
     },
-    /// An entity-mode commit (one conditional write of the item and its entry).
-    EntityCommit(Box<EntityCommit>),
+    /// An entity-mode commit (one conditional write of the item and its entry), with its
+    /// signing time where AWS's refusal of old signatures is modelled ([`Signatures`]).
+    EntityCommit(Box<EntityCommit>, Option<Timestamp>),
     /// An entity-mode dedup record's put.
     PutDispatched {
         txn_id: TxnId,
@@ -78,14 +83,22 @@ pub(crate) enum LateOp {
         key: ItemKey,
         txn_id: TxnId,
     },
+    /// A fence in an item, with its transaction's tombstone record.
+    Fence {
+        key: ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+        prune_at: Timestamp,
+    },
 }
 
 impl LateOp {
     /// The gate its ghost passes.
     pub fn op(&self) -> Op {
         match self {
-            LateOp::Commit(_) | LateOp::EntityCommit(_) => Op::LateCommit,
-            LateOp::Tombstone { .. } => Op::LateTombstone,
+            LateOp::Commit(_) | LateOp::EntityCommit(..) => Op::LateCommit,
+            LateOp::Tombstone { .. } | LateOp::Fence { .. } => Op::LateTombstone,
             LateOp::Mark { .. } | LateOp::PutDispatched { .. } | LateOp::RemoveEntry { .. } => Op::LateMark,
             LateOp::ControlSend { .. } => Op::LateSend,
         }
@@ -101,6 +114,40 @@ pub(crate) struct GatedStore {
     pub inner: Arc<dyn Store>,
     pub gate: Gate,
     pub in_flight: InFlight,
+    /// Where set, a commit in entity mode that reaches the table more than
+    /// [`SIGNATURE_VALIDITY`] after it was signed is refused, as AWS refuses it.
+    pub signatures: Option<Signatures>,
+}
+
+/// How long after its signing time AWS accepts a request: SigV4 refuses a request whose
+/// `X-Amz-Date` is more than 15 minutes from AWS's clock (five for some services; 15 is
+/// the longest). The fence in an entity is pruned on this bound
+/// (`outbox::control::FENCE_LIFETIME`, `docs/ENTITY_MODE.md`), so the simulation of entity
+/// mode models it.
+pub(crate) const SIGNATURE_VALIDITY: Duration = Duration::from_secs(15 * 60);
+
+/// AWS's refusal of requests signed too long ago, on the simulation's true clock: a
+/// request is signed when its sender reaches the gate (right after the request path's
+/// own check of its commit window), and refused if it passes the gate, or its ghost
+/// arrives, more than [`SIGNATURE_VALIDITY`] later. Only the entity commit is checked: the
+/// transactional form does not rely on the bound (its tombstone record outlives every
+/// request), so its simulation keeps late requests arriving at any time, the harder test.
+#[derive(Clone)]
+pub(crate) struct Signatures {
+    pub clock: Arc<ManualClock>,
+    /// Requests refused so far.
+    pub refused: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Signatures {
+    /// Whether AWS refuses, now, a request signed at `signed_at` (counted when it does).
+    pub fn refuses(&self, signed_at: Timestamp) -> bool {
+        let refused = self.clock.now() > signed_at.plus(SIGNATURE_VALIDITY);
+        if refused {
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        refused
+    }
 }
 
 impl GatedStore {
@@ -114,7 +161,13 @@ impl GatedStore {
 
 /// The ghost of a [`Fault::Late`] operation: it reaches the table or the queue when the
 /// scheduler lets it, unless it is lost on its way; returns whether it got there.
-pub(crate) async fn late_op(store: Arc<dyn Store>, queue: Arc<dyn ControlQueue>, gate: Gate, op: LateOp) -> bool {
+pub(crate) async fn late_op(
+    store: Arc<dyn Store>,
+    queue: Arc<dyn ControlQueue>,
+    gate: Gate,
+    op: LateOp,
+    signatures: Option<&Signatures>,
+) -> bool {
     if gate.pass(op.op()).await == Fault::Fail {
         return false;
     }
@@ -135,7 +188,10 @@ pub(crate) async fn late_op(store: Arc<dyn Store>, queue: Arc<dyn ControlQueue>,
         LateOp::ControlSend { message, delay } => {
             let _ = queue.send(&message, delay).await;
         }
-        LateOp::EntityCommit(commit) => {
+        LateOp::EntityCommit(commit, signed_at) => {
+            if signatures.zip(signed_at).is_some_and(|(aws, at)| aws.refuses(at)) {
+                return false;
+            }
             let _ = store.commit_entity(&commit).await;
         }
         LateOp::PutDispatched {
@@ -147,6 +203,15 @@ pub(crate) async fn late_op(store: Arc<dyn Store>, queue: Arc<dyn ControlQueue>,
         }
         LateOp::RemoveEntry { key, txn_id } => {
             let _ = store.remove_entry(&key, txn_id).await;
+        }
+        LateOp::Fence {
+            key,
+            txn_id,
+            now,
+            expires_at,
+            prune_at,
+        } => {
+            let _ = store.fence_entity(&key, txn_id, now, expires_at, prune_at).await;
         }
     }
     true
@@ -261,21 +326,31 @@ impl Store for GatedStore {
 
     /// Meets what a transactional commit meets: its one conditional write is the commit.
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
-        match self.gate.pass(Op::Commit).await {
-            Fault::None | Fault::Duplicate | Fault::FirstEntryFails => self.inner.commit_entity(commit).await,
+        let signed_at = self.signatures.as_ref().map(|aws| aws.clock.now());
+        let fault = self.gate.pass(Op::Commit).await;
+        let apply = || async {
+            match self.signatures.as_ref().zip(signed_at) {
+                Some((aws, at)) if aws.refuses(at) => Err(CommitError::Unavailable(injected(
+                    "AWS refused the request: its signature expired on its way",
+                ))),
+                _ => self.inner.commit_entity(commit).await,
+            }
+        };
+        match fault {
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails => apply().await,
             Fault::CrashBefore => self.gate.crash().await,
             Fault::CrashAfter => {
-                let _ = self.inner.commit_entity(commit).await;
+                let _ = apply().await;
                 self.gate.crash().await
             }
             Fault::ReplyLost => {
-                let _ = self.inner.commit_entity(commit).await;
+                let _ = apply().await;
                 Err(CommitError::Ambiguous(injected("entity commit reply lost")))
             }
             Fault::Fail => Err(CommitError::Unavailable(injected("entity commit refused"))),
             Fault::Busy => Err(CommitError::Contention(injected("entity commit met contention"))),
             Fault::Late => {
-                self.late(LateOp::EntityCommit(Box::new(commit.clone())));
+                self.late(LateOp::EntityCommit(Box::new(commit.clone()), signed_at));
                 Err(CommitError::Ambiguous(injected("entity commit timed out on its way")))
             }
         }
@@ -302,6 +377,41 @@ impl Store for GatedStore {
             }
             Fault::Fail => Err(StoreError::Unavailable(injected("entry removal refused"))),
             Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => remove().await,
+        }
+    }
+
+    /// Meets what a tombstone write meets: it is one (with the fence in the item).
+    async fn fence_entity(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+        prune_at: Timestamp,
+    ) -> Result<FenceOutcome, StoreError> {
+        let fence = || self.inner.fence_entity(key, txn_id, now, expires_at, prune_at);
+        match self.gate.pass(Op::Tombstone).await {
+            Fault::Late => {
+                self.late(LateOp::Fence {
+                    key: key.clone(),
+                    txn_id,
+                    now,
+                    expires_at,
+                    prune_at,
+                });
+                Err(StoreError::Unavailable(injected("fence timed out on its way")))
+            }
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = fence().await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = fence().await;
+                Err(StoreError::Unavailable(injected("fence reply lost")))
+            }
+            Fault::Fail => Err(StoreError::Unavailable(injected("fence refused"))),
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => fence().await,
         }
     }
 

@@ -22,7 +22,7 @@ use serde_json::json;
 use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
 use super::invariants::Observed;
-use super::ports::{late_op, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight};
+use super::ports::{late_op, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight, Signatures};
 
 /// The standard destination every transaction emits an event to.
 pub const EVENTS: &str = "events";
@@ -67,6 +67,17 @@ pub struct SimConfig {
     /// middleware's backstop and the request path's deadlines cut operations short when
     /// the clock passes them. `deadline` is then ignored.
     pub middleware: Option<Duration>,
+    /// Entity mode (DESIGN.md section 11): the counters exist before the requests start
+    /// (at version 1, count 1), and every request begins naming its counter
+    /// ([`Outbox::begin_entity`]), so that its increment commits as one conditional write
+    /// of the counter carrying its entry, fenced in the counter when settled. Requests
+    /// that keep an idempotency key (random extras) commit in the transactional form.
+    pub entity: bool,
+    /// Commit requests (and late commits) wait at their gate while anything else can
+    /// move: a request checks its window and signs its commit, which then reaches the
+    /// table only once the workers and the clock are done (the fence written and pruned,
+    /// in entity mode).
+    pub hold_commits: bool,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -165,6 +176,9 @@ pub struct LateOps {
     pub settle_failed_in_flight: usize,
     /// Late commits that applied after their request had been answered.
     pub commit_applied_after_answer: usize,
+    /// Entity commits refused because they reached the table more than 15 minutes after
+    /// they were signed, as AWS refuses them (entity mode only).
+    pub signature_expired: usize,
 }
 
 impl LateOps {
@@ -182,6 +196,7 @@ impl LateOps {
         self.refused_behind_in_flight += other.refused_behind_in_flight;
         self.settle_failed_in_flight += other.settle_failed_in_flight;
         self.commit_applied_after_answer += other.commit_applied_after_answer;
+        self.signature_expired += other.signature_expired;
     }
 
     fn kind(&mut self, op: Op) -> &mut (usize, usize) {
@@ -331,10 +346,13 @@ struct World {
     timing: Timing,
     in_flight: InFlight,
     timers_fire: bool,
+    /// Entity mode: AWS's refusal of requests signed too long ago.
+    signatures: Option<Signatures>,
 }
 
 impl World {
-    fn new(worker_skew: i64, timing: Timing, timers_fire: bool) -> Self {
+    /// A world; in entity mode (`seeded` counters) with AWS's refusal of old signatures.
+    fn new(worker_skew: i64, timing: Timing, timers_fire: bool, seeded: &[ItemKey]) -> Self {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
         let destinations = [
             (EVENTS.parse().expect("valid"), false),
@@ -343,16 +361,25 @@ impl World {
         // The invariants are checked against what really happened.
         let backend = EmbeddedBackend::new(clock.clone(), destinations);
         backend.record();
+        let ids = Arc::new(SimIds(AtomicU64::new(1)));
+        for key in seeded {
+            seed(&backend, &ids, clock.now(), timing, key);
+        }
+        let signatures = (!seeded.is_empty()).then(|| Signatures {
+            clock: clock.clone(),
+            refused: Arc::default(),
+        });
         Self {
             backend,
             clock,
             gates: Gates::default(),
-            ids: Arc::new(SimIds(AtomicU64::new(1))),
+            ids,
             next_actor: 0,
             worker_skew,
             timing,
             in_flight: InFlight::default(),
             timers_fire,
+            signatures,
         }
     }
 
@@ -361,6 +388,7 @@ impl World {
             inner: self.backend.store.clone(),
             gate: gate.clone(),
             in_flight: self.in_flight.clone(),
+            signatures: self.signatures.clone(),
         })
     }
 
@@ -374,8 +402,9 @@ impl World {
                 let store: Arc<dyn outbox::ports::Store> = self.backend.store.clone();
                 let queue: Arc<dyn outbox::ports::ControlQueue> = self.backend.control_queue.clone();
                 let op = late.op();
+                let signatures = self.signatures.clone();
                 let future: ActorFuture = Box::pin(async move {
-                    late_op(store, queue, gate, late).await;
+                    late_op(store, queue, gate, late, signatures.as_ref()).await;
                     End::Ghost
                 });
                 Actor {
@@ -420,6 +449,7 @@ impl World {
         inline: bool,
         abandons: bool,
         middleware: Option<Duration>,
+        entity: bool,
     ) -> Actor {
         let (id, gate) = self.gate();
         let mut outbox = Outbox::new(
@@ -440,10 +470,12 @@ impl World {
         }
         let future: ActorFuture = match middleware {
             Some(timeout) => {
-                Box::pin(async move { End::Request(increment_over_http(outbox, timeout, key, abandons).await) })
+                Box::pin(async move { End::Request(increment_over_http(outbox, timeout, key, abandons, entity).await) })
             }
             None => {
-                Box::pin(async move { End::Request(increment(&outbox, key, idempotency, deadline, abandons).await) })
+                Box::pin(
+                    async move { End::Request(increment(&outbox, key, idempotency, deadline, abandons, entity).await) },
+                )
             }
         };
         Actor {
@@ -482,6 +514,31 @@ impl World {
     }
 }
 
+/// Writes counter `key` at version 1, count 1, straight into the table (no gate, no
+/// control message): a committed transaction with no messages, in the history like any
+/// other, so that the checks count it among the counter's writers.
+fn seed(backend: &EmbeddedBackend, ids: &SimIds, now: Timestamp, timing: Timing, key: &ItemKey) {
+    use futures::FutureExt;
+    use outbox::ports::{BusinessWrite, CommitRequest, Store};
+    use outbox::protocol::OutboxRecord;
+
+    let txn_id = ids.next_txn_id(now);
+    let request = CommitRequest {
+        txn_id,
+        writes: vec![BusinessWrite::Put {
+            key: key.clone(),
+            data: json!({ "count": 1 }),
+            expected: ExpectedVersion::Absent,
+        }],
+        outbox: OutboxRecord::committed(txn_id, Vec::new(), now, now.plus(timing.retention)),
+        idempotency: None,
+    };
+    Store::commit(backend.store.as_ref(), &request)
+        .now_or_never()
+        .expect("the embedded store answers at once")
+        .expect("a fresh table takes the seed");
+}
+
 /// The business logic of every simulated request: read a counter, increment it, and
 /// emit one event and one FIFO audit entry about it; or, when it `abandons`, give up the
 /// transaction after the read (a no-op, a 404).
@@ -491,11 +548,15 @@ async fn increment(
     idempotency: Option<IdempotencySlot>,
     deadline: Option<Duration>,
     abandons: bool,
+    entity: bool,
 ) -> ApiResult {
     let result = async {
-        let txn = match deadline {
-            Some(deadline) => outbox.begin_within(outbox.clock().now().plus(deadline)).await?,
-            None => outbox.begin().await?,
+        let deadline = deadline.map(|deadline| outbox.clock().now().plus(deadline));
+        let txn = match (deadline, entity) {
+            (Some(deadline), false) => outbox.begin_within(deadline).await?,
+            (None, false) => outbox.begin().await?,
+            (Some(deadline), true) => outbox.begin_entity_within(key.clone(), deadline).await?,
+            (None, true) => outbox.begin_entity(key.clone()).await?,
         };
         let current = txn.get(&key).await?;
         if abandons {
@@ -534,7 +595,13 @@ async fn stage_increment(
 /// in an axum handler that begins through its [`RequestScope`] and commits through it;
 /// a request that abandons answers 404 and leaves the middleware to settle its
 /// transaction.
-async fn increment_over_http(outbox: Outbox, timeout: Duration, key: ItemKey, abandons: bool) -> ApiResult {
+async fn increment_over_http(
+    outbox: Outbox,
+    timeout: Duration,
+    key: ItemKey,
+    abandons: bool,
+    entity: bool,
+) -> ApiResult {
     use axum::response::IntoResponse;
     use outbox::http::{Answer, Deadlines, HttpError, RequestScope};
     use tower::ServiceExt;
@@ -543,7 +610,12 @@ async fn increment_over_http(outbox: Outbox, timeout: Duration, key: ItemKey, ab
     let handler_began = began.clone();
     let handler = move |scope: RequestScope| async move {
         let result: Result<axum::response::Response, HttpError> = async {
-            let outbox::http::Begun::Started(mut txn) = scope.begin(None).await? else {
+            let begun = if entity {
+                scope.begin_entity(key.clone(), None).await?
+            } else {
+                scope.begin(None).await?
+            };
+            let outbox::http::Begun::Started(mut txn) = begun else {
                 unreachable!("a request without a key is never a replay")
             };
             *handler_began.lock().expect("lock") = Some(txn.id());
@@ -642,17 +714,24 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     } else {
         0
     };
-    let mut world = World::new(worker_skew, config.timing, config.middleware.is_some());
+    let counters: Vec<ItemKey> = (0..config.items.max(1))
+        .map(|index| format!("COUNTER#{index}").parse().expect("valid key"))
+        .collect();
+    let seeded = if config.entity { counters.as_slice() } else { &[] };
+    let mut world = World::new(worker_skew, config.timing, config.middleware.is_some(), seeded);
     let mut api_results: Vec<Option<ApiResult>> = (0..config.transactions).map(|_| None).collect();
     let mut actors: Vec<Actor> = Vec::new();
     let mut slots: Vec<Option<IdempotencySlot>> = Vec::new();
     for index in 0..config.transactions {
-        let key: ItemKey = format!("COUNTER#{}", index % config.items.max(1))
-            .parse()
-            .expect("valid key");
+        let key = counters[index % counters.len()].clone();
         // A client retrying with the key of the request before it.
         let slot = if extras && index > 0 && chooser.chance(25) {
             slots[index - 1].clone()
+        } else if config.entity && !(extras && chooser.chance(25)) {
+            // Entity mode's one-write commit takes no idempotency record; a quarter of
+            // the random schedules' requests keep theirs and commit in the
+            // transactional form, fenced alike.
+            None
         } else {
             let key: IdempotencyKey = format!("key-{index}").parse().expect("valid key");
             Some(IdempotencySlot::new("counters.increment", &key))
@@ -667,6 +746,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             config.inline,
             abandons,
             config.middleware,
+            config.entity,
         ));
     }
     for _ in 0..config.workers {
@@ -723,9 +803,11 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         let faults_allowed = faults < config.fault_budget;
         let waiting = world.gates.lock().waiting.clone();
         let mut options: Vec<Action> = Vec::new();
+        let mut held: Vec<Action> = Vec::new();
         for (position, actor) in actors.iter().enumerate() {
             match waiting.get(&actor.id) {
                 Some(Op::Receive) if !control.has_visible() => {}
+                Some(Op::Commit | Op::LateCommit) if config.hold_commits => held.push(Action::Step(position)),
                 Some(_) => options.push(Action::Step(position)),
                 None => return Err(format!("actor {} is neither finished nor at a gate", actor.id)),
             }
@@ -757,6 +839,9 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             if api_alive || options.is_empty() || extras {
                 options.push(Action::Advance(at));
             }
+        }
+        if options.is_empty() {
+            options = held;
         }
         if options.is_empty() {
             if dead_letters.is_empty() {
@@ -921,6 +1006,10 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         late: LateOps {
             refused_behind_in_flight: refused_behind.len(),
             settle_failed_in_flight: settle_failed.len(),
+            signature_expired: world
+                .signatures
+                .as_ref()
+                .map_or(0, |aws| aws.refused.load(Ordering::Relaxed)),
             ..late
         },
     })
