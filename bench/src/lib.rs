@@ -169,3 +169,32 @@ fn check_calls(variant: Variant, got: StoreCalls, requests: usize) -> Result<(),
         got: report::show_calls(&got),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::variants::Variant;
+
+    /// Every variant runs end to end (a few requests, no latency): its commits take the
+    /// form it claims, counted by store operation, or the run fails.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_variant_runs_and_makes_the_store_calls_it_claims() {
+        let config = Config {
+            requests: 4,
+            concurrency: 2,
+            latencies: Latencies::zero(),
+            ..Config::default()
+        };
+        let report = run(&config).await.expect("every variant runs");
+        let variants: Vec<Variant> = report.rows.iter().map(|row| row.variant).collect();
+        assert_eq!(variants, Variant::ALL.to_vec());
+        for row in &report.rows {
+            assert_eq!(
+                row.store_calls,
+                row.variant.expected_store_calls(row.requests),
+                "{}",
+                row.variant
+            );
+        }
+    }
+}

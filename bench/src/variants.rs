@@ -141,9 +141,10 @@ impl Variant {
         match self {
             // The baselines' put is its latency only (SlowStore::simulated_conditional_put).
             Variant::PlainPut | Variant::DualWrite => &[(StoreOp::GetItems, 1)],
-            Variant::OutboxSequential | Variant::Outbox => &[(StoreOp::Commit, 1), (StoreOp::GetItems, 1)],
+            // The transactional commit goes through `commit_native` (no native actions here).
+            Variant::OutboxSequential | Variant::Outbox => &[(StoreOp::CommitNative, 1), (StoreOp::GetItems, 1)],
             Variant::OutboxInline => &[
-                (StoreOp::Commit, 1),
+                (StoreOp::CommitNative, 1),
                 (StoreOp::GetItems, 1),
                 (StoreOp::MarkDispatched, 1),
             ],
