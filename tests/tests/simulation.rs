@@ -904,8 +904,17 @@ fn entity_mode_every_crash_point_of_one_transaction_keeps_the_invariants() {
         ),
     ];
     for (name, config, seeds) in setups {
+        let mut held = EntityTally::default();
         for outcome in run_fault_sequences(name, &config, seeds) {
             tally.add(&outcome);
+            held.add(&outcome);
+        }
+        if config.hold_commits {
+            // Every commit held past the pruning is refused, and its request told so.
+            held.print(name, started);
+            assert!(held.late.signature_expired > 0, "{held:?}");
+            assert_eq!(held.entity_commits, 0, "{held:?}");
+            assert_reached(&held.endings, &["commit window expired"]);
         }
     }
     tally.print("one transaction, every fault placement", started);
@@ -1035,6 +1044,7 @@ fn entity_mode_late_fences_records_and_removals_keep_the_invariants() {
         ("committed", late_only as fn(Op) -> Vec<Fault>, one_transaction(false)),
         ("inline", late_only, one_transaction(true)),
         ("commit late", commit_late_too, one_transaction(false)),
+        ("inline, commit late", commit_late_too, one_transaction(true)),
         ("never committed", commit_fails, one_transaction(false)),
     ];
     for (name, faults, config) in setups {

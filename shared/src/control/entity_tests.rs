@@ -337,12 +337,21 @@ async fn an_entry_left_beside_its_dispatched_record_is_removed() {
     );
 }
 
-/// A store whose first `fence_entity` call is preceded by the request path's settling
-/// fence of the same transaction: the worker read no record, then the request path
-/// fenced, then the worker's own fence finds the record.
+/// What the request path does between the worker's reads and its fence.
+enum Meanwhile {
+    /// It settles T with its own fence, pruned at this time.
+    Fences(Timestamp),
+    /// T's commit lands (late) and inline dispatch records it dispatched, but the
+    /// entry's removal fails.
+    CommitsAndRecords(Box<EntityCommit>),
+}
+
+/// A store whose first `fence_entity` call is preceded by what the request path does
+/// meanwhile: the worker read no record and no entry, then the request path acted, then
+/// the worker's own fence finds T's record.
 struct SettledFirst {
     inner: Arc<crate::embedded::EmbeddedStore>,
-    prune_at: Timestamp,
+    meanwhile: Meanwhile,
     settled: std::sync::atomic::AtomicBool,
 }
 
@@ -407,11 +416,16 @@ impl Store for SettledFirst {
         prune_at: Timestamp,
     ) -> Result<crate::ports::FenceOutcome, crate::ports::StoreError> {
         if !self.settled.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            let settled = self
-                .inner
-                .fence_entity(key, txn_id, now, expires_at, self.prune_at)
-                .await?;
-            assert_eq!(settled, crate::ports::FenceOutcome::Fenced);
+            match &self.meanwhile {
+                Meanwhile::Fences(prune_at) => {
+                    let settled = self.inner.fence_entity(key, txn_id, now, expires_at, *prune_at).await?;
+                    assert_eq!(settled, crate::ports::FenceOutcome::Fenced);
+                }
+                Meanwhile::CommitsAndRecords(commit) => {
+                    self.inner.commit_entity(commit).await.expect("the late commit applies");
+                    self.inner.put_dispatched(txn_id, now, expires_at).await?;
+                }
+            }
         }
         self.inner.fence_entity(key, txn_id, now, expires_at, prune_at).await
     }
@@ -433,7 +447,7 @@ async fn a_settling_fence_landing_before_the_workers_is_pruned_by_the_worker() {
     let settled_at = world.clock.now();
     let store = Arc::new(SettledFirst {
         inner: world.backend.store.clone(),
-        prune_at: settled_at.plus(FENCE_LIFETIME),
+        meanwhile: Meanwhile::Fences(settled_at.plus(FENCE_LIFETIME)),
         settled: Default::default(),
     });
     let control_path = ControlPath::new(
@@ -463,4 +477,53 @@ async fn a_settling_fence_landing_before_the_workers_is_pruned_by_the_worker() {
     assert!(world.clock.now() >= settled_at.plus(FENCE_LIFETIME));
     assert!(world.fence(txn_id).await.is_none());
     assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+}
+
+/// Past the window the worker reads no record and no entry; meanwhile T's commit lands
+/// late, inline dispatch publishes it and records it dispatched, and its removal of the
+/// entry fails. The worker's fence then finds the dispatched record: the entry left in
+/// the entity is removed, as when the record is read first (found in review: it was
+/// acknowledged "already done" and the entry stayed in the entity for good).
+#[tokio::test]
+async fn a_dispatched_record_found_by_the_workers_fence_has_its_entry_removed() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    let commit = world.commit(txn_id);
+    world
+        .clock
+        .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
+    let store = Arc::new(SettledFirst {
+        inner: world.backend.store.clone(),
+        meanwhile: Meanwhile::CommitsAndRecords(Box::new(commit)),
+        settled: Default::default(),
+    });
+    let control_path = ControlPath::new(
+        super::ControlPorts {
+            store,
+            ..world.backend.control_ports(world.clock.clone())
+        },
+        Timing::default(),
+    );
+    let delivery = ControlDelivery {
+        message_id: "m-1".into(),
+        receipt: "r-1".into(),
+        body: control.encode(),
+        receive_count: 1,
+    };
+    let outcome = control_path.handle(&delivery).await.result.unwrap();
+    assert_eq!(
+        outcome,
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Dispatched
+        }
+    );
+    let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
+    assert!(
+        entity.entries.is_empty(),
+        "the entry left by the failed removal is removed: {:?}",
+        entity.entries
+    );
+    assert_eq!(entity.item.version, 2, "the late commit stays");
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Dispatched);
 }

@@ -286,20 +286,12 @@ impl ControlPath {
                 // In entity mode the request path records the transaction dispatched,
                 // then removes its entry from the entity; a removal that failed is done
                 // here. A read tells (a read unit, cheaper than a blind write's).
-                Some(Ok(record)) if record.state == OutboxState::Dispatched && control.entity.is_some() => {
-                    let key = control.entity.as_ref().expect("just checked");
-                    match self.remove_leftover_entry(key, *txn_id).await {
-                        Ok(()) => self.decide_on_record(record),
-                        Err(error) => Decision::Done(Err(ControlError::Mark(Arc::new(error)))),
-                    }
-                }
                 // A tombstone in entity mode may have its fence in the entity: kept
                 // until it is due, then pruned.
-                Some(Ok(record)) if record.state == OutboxState::Tombstone && control.entity.is_some() => {
-                    let key = control.entity.as_ref().expect("just checked");
-                    self.decide_on_fence(control, key).await
-                }
-                Some(Ok(record)) => self.decide_on_record(record),
+                Some(Ok(record)) => match &control.entity {
+                    Some(key) => self.decide_on_entity_record(control, key, record).await,
+                    None => self.decide_on_record(record),
+                },
                 Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
                 None => {
                     let span = tracing::info_span!("control_message", txn_id = %txn_id, attempt = control.attempt);
@@ -318,6 +310,20 @@ impl ControlPath {
         match record.state {
             OutboxState::Pending => Decision::Publish(record),
             state => Decision::Done(Ok(ControlOutcome::AlreadyDone { state })),
+        }
+    }
+
+    /// T's record as found, in entity mode, where the entity may still hold T's entry
+    /// (dispatched: the request path's removal failed) or T's fence (tombstone): the
+    /// entry is removed, the fence kept until due, then pruned.
+    async fn decide_on_entity_record(&self, control: &ControlMessage, key: &ItemKey, record: OutboxRecord) -> Decision {
+        match record.state {
+            OutboxState::Dispatched => match self.remove_leftover_entry(key, control.txn_id).await {
+                Ok(()) => self.decide_on_record(record),
+                Err(error) => Decision::Done(Err(ControlError::Mark(Arc::new(error)))),
+            },
+            OutboxState::Tombstone => self.decide_on_fence(control, key).await,
+            OutboxState::Pending => self.decide_on_record(record),
         }
     }
 
@@ -391,12 +397,11 @@ impl ControlPath {
                     )
                 }
                 Ok(FenceOutcome::Committed(entry)) => return Decision::PublishEntry(key.clone(), entry),
-                // Tombstoned since this message's read: by the request path's settling
-                // fence, which is in the entity and is this message's to prune.
-                Ok(FenceOutcome::Recorded(record)) if record.state == OutboxState::Tombstone => {
-                    return self.decide_on_fence(control, key).await
-                }
-                Ok(FenceOutcome::Recorded(record)) => return self.decide_on_record(record),
+                // Recorded since this message's read: tombstoned by the request path's
+                // settling fence, which is in the entity and this message's to prune; or
+                // committed, dispatched and recorded, its entry perhaps left in the
+                // entity by a removal that failed. Handled as a record read first is.
+                Ok(FenceOutcome::Recorded(record)) => return self.decide_on_entity_record(control, key, record).await,
                 // No item: an entity commit can no longer apply to it; the record's
                 // tombstone still blocks a commit in the transactional form.
                 Ok(FenceOutcome::NoItem) => {}

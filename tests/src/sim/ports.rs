@@ -330,7 +330,9 @@ impl Store for GatedStore {
         let fault = self.gate.pass(Op::Commit).await;
         let apply = || async {
             match self.signatures.as_ref().zip(signed_at) {
-                Some((aws, at)) if aws.refuses(at) => Err(CommitError::Unavailable(injected(
+                // The DynamoDB adapter reports AWS's refusal (InvalidSignatureException)
+                // as of unknown outcome, as every error it cannot prove wrote nothing.
+                Some((aws, at)) if aws.refuses(at) => Err(CommitError::Ambiguous(injected(
                     "AWS refused the request: its signature expired on its way",
                 ))),
                 _ => self.inner.commit_entity(commit).await,
