@@ -23,3 +23,14 @@ impl std::io::Write for Logged {
         Ok(())
     }
 }
+
+/// Makes every thread's first use of a callsite count as interested, before a test sets
+/// a subscriber for its own thread. `tracing` caches each callsite's interest for the
+/// whole process, computed by the thread that reaches it first; with only one subscriber
+/// registered, a sibling test's thread with none caches "never", and the test's own
+/// subscriber then misses those events (tokio-rs/tracing#3611). A global default that
+/// writes nothing keeps them interested; each test's thread-local subscriber still gets
+/// its events.
+pub(crate) fn keep_callsites_interested() {
+    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+}

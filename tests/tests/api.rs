@@ -1516,6 +1516,12 @@ async fn the_request_span_names_the_matched_route() {
         .with_max_level(tracing::Level::DEBUG)
         .with_writer(move || writer.clone())
         .finish();
+    // tracing caches each callsite's interest for the whole process, computed by the
+    // thread that reaches it first: with this test's subscriber the only one registered,
+    // a sibling test's thread with none caches "never" for the trace layer's events, and
+    // this test misses them (seen once in CI; tokio-rs/tracing#3611). A global default
+    // that writes nothing keeps every thread interested.
+    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
     let _guard = tracing::subscriber::set_default(subscriber);
     let app = app();
     let response = app

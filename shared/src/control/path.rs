@@ -633,6 +633,7 @@ mod tests {
             .with_current_span(true)
             .with_writer(move || writer.clone())
             .finish();
+        crate::test_log::keep_callsites_interested();
         let _guard = tracing::subscriber::set_default(subscriber);
         control.handle_batch(std::slice::from_ref(&delivery)).await;
         let text = logged.text();

@@ -149,6 +149,7 @@ mod tests {
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .finish();
+        crate::test_log::keep_callsites_interested();
         tracing::subscriber::with_default(subscriber, answer);
         logged.text()
     }
