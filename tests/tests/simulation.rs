@@ -351,23 +351,27 @@ fn run_fault_sequences(name: &str, config: &SimConfig, seeds: u64) -> Vec<Outcom
 /// worker's), a short window (the worker's deferrals and tombstone), and a late commit
 /// whose settling tombstone is late too (the two ghosts race). Every sequence of up to
 /// two late operations, under the request-first order and 20 random orders.
+/// Faults of the late-operation runs: tombstones (and fences), marks (and records and
+/// removals) and control sends go late, and their ghosts are lost on the way or applied.
+fn late_only(op: Op) -> Vec<Fault> {
+    match op {
+        Op::Tombstone | Op::Mark | Op::ControlSend => vec![Fault::Late],
+        // Lost on its way, or applied.
+        Op::LateTombstone | Op::LateMark | Op::LateSend | Op::LateCommit => vec![Fault::Fail],
+        _ => vec![],
+    }
+}
+
+/// [`late_only`], and the commit itself late: its settling write races it.
+fn commit_late_too(op: Op) -> Vec<Fault> {
+    match op {
+        Op::Commit => vec![Fault::Late],
+        _ => late_only(op),
+    }
+}
+
 #[test]
 fn late_tombstones_marks_and_control_sends_keep_the_invariants() {
-    fn late_only(op: Op) -> Vec<Fault> {
-        match op {
-            Op::Tombstone | Op::Mark | Op::ControlSend => vec![Fault::Late],
-            // Lost on its way, or applied.
-            Op::LateTombstone | Op::LateMark | Op::LateSend | Op::LateCommit => vec![Fault::Fail],
-            _ => vec![],
-        }
-    }
-    // The same, and the commit itself late: its settling tombstone races it.
-    fn commit_late_too(op: Op) -> Vec<Fault> {
-        match op {
-            Op::Commit => vec![Fault::Late],
-            _ => late_only(op),
-        }
-    }
     let started = Instant::now();
     let setups = [
         (
@@ -1019,19 +1023,6 @@ fn entity_mode_a_late_commit_racing_its_fence_keeps_the_invariants() {
 /// request-first order and 20 random orders.
 #[test]
 fn entity_mode_late_fences_records_and_removals_keep_the_invariants() {
-    fn late_only(op: Op) -> Vec<Fault> {
-        match op {
-            Op::Tombstone | Op::Mark | Op::ControlSend => vec![Fault::Late],
-            Op::LateTombstone | Op::LateMark | Op::LateSend | Op::LateCommit => vec![Fault::Fail],
-            _ => vec![],
-        }
-    }
-    fn commit_late_too(op: Op) -> Vec<Fault> {
-        match op {
-            Op::Commit => vec![Fault::Late],
-            _ => late_only(op),
-        }
-    }
     fn commit_fails(op: Op) -> Vec<Fault> {
         match op {
             Op::Commit => vec![Fault::CrashBefore],

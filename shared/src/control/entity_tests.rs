@@ -53,6 +53,17 @@ async fn world() -> World {
     }
 }
 
+/// `control`, delivered once to `path`: its outcome.
+async fn handle_with(path: &ControlPath, control: ControlMessage) -> ControlOutcome {
+    let delivery = ControlDelivery {
+        message_id: "m-1".into(),
+        receipt: "r-1".into(),
+        body: control.encode(),
+        receive_count: 1,
+    };
+    path.handle(&delivery).await.result.unwrap()
+}
+
 impl World {
     /// T's commit into the order, as the request path writes it.
     fn commit(&self, txn_id: TxnId) -> EntityCommit {
@@ -72,13 +83,22 @@ impl World {
     }
 
     async fn handle(&self, control: ControlMessage) -> ControlOutcome {
-        let delivery = ControlDelivery {
-            message_id: "m-1".into(),
-            receipt: "r-1".into(),
-            body: control.encode(),
-            receive_count: 1,
+        handle_with(&self.control, control).await
+    }
+
+    /// `control` handled by a control path whose store lets the request path do
+    /// `meanwhile` just before the worker's fence.
+    async fn handle_meanwhile(&self, control: ControlMessage, meanwhile: Meanwhile) -> ControlOutcome {
+        let store = Arc::new(SettledFirst {
+            inner: self.backend.store.clone(),
+            meanwhile,
+            settled: Default::default(),
+        });
+        let ports = super::ControlPorts {
+            store,
+            ..self.backend.control_ports(self.clock.clone())
         };
-        self.control.handle(&delivery).await.result.unwrap()
+        handle_with(&ControlPath::new(ports, Timing::default()), control).await
     }
 
     async fn handle_delivery(&self, delivery: &crate::embedded::Received) -> ControlOutcome {
@@ -445,25 +465,9 @@ async fn a_settling_fence_landing_before_the_workers_is_pruned_by_the_worker() {
         .clock
         .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
     let settled_at = world.clock.now();
-    let store = Arc::new(SettledFirst {
-        inner: world.backend.store.clone(),
-        meanwhile: Meanwhile::Fences(settled_at.plus(FENCE_LIFETIME)),
-        settled: Default::default(),
-    });
-    let control_path = ControlPath::new(
-        super::ControlPorts {
-            store,
-            ..world.backend.control_ports(world.clock.clone())
-        },
-        Timing::default(),
-    );
-    let delivery = ControlDelivery {
-        message_id: "m-1".into(),
-        receipt: "r-1".into(),
-        body: control.encode(),
-        receive_count: 1,
-    };
-    let outcome = control_path.handle(&delivery).await.result.unwrap();
+    let outcome = world
+        .handle_meanwhile(control, Meanwhile::Fences(settled_at.plus(FENCE_LIFETIME)))
+        .await;
     assert!(
         matches!(outcome, ControlOutcome::FenceKept { .. }),
         "the fence is to be pruned later: {outcome:?}"
@@ -493,25 +497,9 @@ async fn a_dispatched_record_found_by_the_workers_fence_has_its_entry_removed() 
     world
         .clock
         .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
-    let store = Arc::new(SettledFirst {
-        inner: world.backend.store.clone(),
-        meanwhile: Meanwhile::CommitsAndRecords(Box::new(commit)),
-        settled: Default::default(),
-    });
-    let control_path = ControlPath::new(
-        super::ControlPorts {
-            store,
-            ..world.backend.control_ports(world.clock.clone())
-        },
-        Timing::default(),
-    );
-    let delivery = ControlDelivery {
-        message_id: "m-1".into(),
-        receipt: "r-1".into(),
-        body: control.encode(),
-        receive_count: 1,
-    };
-    let outcome = control_path.handle(&delivery).await.result.unwrap();
+    let outcome = world
+        .handle_meanwhile(control, Meanwhile::CommitsAndRecords(Box::new(commit)))
+        .await;
     assert_eq!(
         outcome,
         ControlOutcome::AlreadyDone {
