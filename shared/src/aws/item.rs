@@ -164,31 +164,25 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A business item (portable form) as written by a put.
-pub(crate) fn business_item(layout: &TableLayout, key: &ItemKey, version: u64, data: &Value) -> Item {
-    layout.item(
-        key.as_str(),
-        [
-            ("version".to_owned(), n(version)),
-            ("data".to_owned(), to_attribute(data)),
-        ],
-    )
-}
-
+/// A business item as read; `None` for a vacant key (no version: a deleted item, or one
+/// never created, that keeps only its fence mark), which reads as absent.
 pub(crate) fn business_from_item(
     layout: &TableLayout,
     key: &ItemKey,
     item: &Item,
-) -> Result<VersionedItem, StoreError> {
+) -> Result<Option<VersionedItem>, StoreError> {
+    if !item.contains_key("version") {
+        return Ok(None);
+    }
     let reader = Reader::new(layout, item);
     let data = item
         .get("data")
         .ok_or_else(|| reader.corrupt("no data: not an item of the portable form"))?;
-    Ok(VersionedItem {
+    Ok(Some(VersionedItem {
         key: key.clone(),
         version: reader.number("version")?,
         data: from_attribute(data).map_err(|reason| reader.corrupt(reason))?,
-    })
+    }))
 }
 
 /// The messages of a record cut into the groups that go in one item each. Deterministic,

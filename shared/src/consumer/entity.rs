@@ -83,6 +83,8 @@ impl Consumer {
         let mut runs = 0;
         let mut lost_race = false;
         let mut last: Option<CommitError> = None;
+        // An attempt of this delivery whose outcome is unknown: it may still land.
+        let mut unknown_sent = false;
         let mut waits = 0;
         for _ in 1..=ROUNDS {
             // 1. The entity, then the dedup record: this order only (see the module).
@@ -141,14 +143,30 @@ impl Consumer {
                 return Err(ConsumeError::Refused(CommitError::TooLarge { reason }));
             }
             let now = self.ports.clock.now();
-            let Some((data, expected)) = entity_write(&staging, &key, item.as_ref())? else {
+            let write = match (entity_write(&staging, &key, item.as_ref())?, &item) {
+                (Some(write), _) => write,
+                // Nothing to apply and nothing to send, but an earlier attempt of this
+                // delivery may still land (the handler decided otherwise this time): the
+                // entity is written as read, with an empty entry, so that the attempt,
+                // which expected this version or an older one, can no longer apply.
+                (None, Some(item)) if unknown_sent => (item.data.clone(), ExpectedVersion::Exactly(item.version)),
+                // Nothing to write it over: the attempt cannot be stopped, so the message
+                // is not settled now; a later copy finds the attempt's entry, or not.
+                (None, None) if unknown_sent => {
+                    return Err(ConsumeError::Unsettled(last.unwrap_or_else(|| {
+                        CommitError::Ambiguous("an attempt of unknown outcome may still create the entity".into())
+                    })))
+                }
                 // Nothing to apply and nothing to send: only the decision is recorded.
-                store
-                    .put_dispatched(txn_id, now, now.plus(self.retention))
-                    .await
-                    .map_err(ConsumeError::Mark)?;
-                return Ok(ConsumeOutcome::Processed { messages: 0 });
+                (None, _) => {
+                    store
+                        .put_dispatched(txn_id, now, now.plus(self.retention))
+                        .await
+                        .map_err(ConsumeError::Mark)?;
+                    return Ok(ConsumeOutcome::Processed { messages: 0 });
+                }
             };
+            let (data, expected) = write;
             // 3. One conditional write: the data and the entry, where K is as read and
             // holds no entry of this message.
             let attempt = self.ports.ids.next_txn_id(now);
@@ -158,6 +176,8 @@ impl Consumer {
                 expected,
                 entry: OutboxRecord::committed(txn_id, staging.messages, now, now.plus(self.retention))
                     .by_attempt(attempt),
+                // A consumer is never fenced, and its ids are not ordered.
+                checks_fence: false,
             };
             let error = match store.commit_entity(&commit).await {
                 Ok(()) => {
@@ -180,6 +200,7 @@ impl Consumer {
                 }
                 CommitError::Contention(_) | CommitError::Ambiguous(_) | CommitError::Unavailable(_) => {
                     tracing::warn!(error = %error, "commit attempt failed; reading the entity again");
+                    unknown_sent |= matches!(error, CommitError::Ambiguous(_));
                     self.ports.clock.sleep(ROUND_DELAY * 2u32.pow(waits)).await;
                     waits += 1;
                     last = Some(error);

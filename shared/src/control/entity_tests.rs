@@ -1,13 +1,13 @@
 //! The control path for transactions in entity mode, on the embedded backend: an entry
-//! in the entity is dispatched, a fence goes into the entity after the window, and a
-//! record found first is handled as for any transaction.
+//! in the entity is dispatched, a fence raises the entity's fence mark after the window,
+//! and a record found first is handled as for any transaction.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
-use super::{ControlOutcome, ControlPath, FENCE_LIFETIME};
+use super::{ControlOutcome, ControlPath, MAX_ATTEMPTS};
 use crate::embedded::{EmbeddedBackend, ManualClock};
 use crate::ports::{
     BusinessWrite, Clock, CommitError, CommitRequest, ControlDelivery, EntityCommit, ExpectedVersion, ItemKey, Store,
@@ -79,6 +79,7 @@ impl World {
                 now,
                 now.plus(Duration::from_secs(60)),
             ),
+            checks_fence: true,
         }
     }
 
@@ -101,36 +102,21 @@ impl World {
         handle_with(&ControlPath::new(ports, Timing::default()), control).await
     }
 
-    async fn handle_delivery(&self, delivery: &crate::embedded::Received) -> ControlOutcome {
-        let delivery = ControlDelivery {
-            message_id: delivery.message_id.clone(),
-            receipt: delivery.receipt.clone(),
-            body: delivery.body.clone(),
-            receive_count: delivery.receive_count,
+    /// The order's fence mark.
+    async fn fence(&self) -> Option<TxnId> {
+        self.backend.store.get_entity(&self.key).await.unwrap().unwrap().fence
+    }
+
+    /// A commit of the order in the transactional form (`writes` on it), by `txn_id`.
+    async fn commit_transactional(&self, txn_id: TxnId, write: BusinessWrite) -> Result<(), CommitError> {
+        let now = self.clock.now();
+        let request = CommitRequest {
+            txn_id,
+            writes: vec![write],
+            outbox: OutboxRecord::committed(txn_id, vec![], now, now.plus(Duration::from_secs(60))),
+            idempotency: None,
         };
-        self.control.handle(&delivery).await.result.unwrap()
-    }
-
-    /// The next control message, the clock moved to when it becomes visible; acknowledged
-    /// as the worker would once handled. `None` when the queue is empty.
-    async fn next_control(&self) -> Option<crate::embedded::Received> {
-        let queue = self.backend.control_queue.queue();
-        loop {
-            if let Some(received) = queue.receive(1).pop() {
-                queue.delete(&received.receipt);
-                return Some(received);
-            }
-            let visible_at = queue.next_visible_at()?;
-            self.clock.set(visible_at);
-        }
-    }
-
-    /// T's fence in the order, if there.
-    async fn fence(&self, txn_id: TxnId) -> Option<OutboxRecord> {
-        let entity = self.backend.store.get_entity(&self.key).await.unwrap()?;
-        let fence = entity.entries.get(&txn_id).cloned()?;
-        assert_eq!(fence.state, OutboxState::Tombstone);
-        Some(fence)
+        self.backend.store.commit(&request).await
     }
 
     async fn record(&self, txn_id: TxnId) -> Option<OutboxRecord> {
@@ -182,7 +168,7 @@ async fn within_the_window_no_entry_means_a_later_check() {
 }
 
 #[tokio::test]
-async fn past_the_window_the_fence_goes_into_the_entity_and_a_late_commit_fails() {
+async fn past_the_window_the_fence_mark_blocks_a_late_commit_however_late() {
     let world = world().await;
     let txn_id = TxnId::new_v7();
     let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
@@ -191,80 +177,117 @@ async fn past_the_window_the_fence_goes_into_the_entity_and_a_late_commit_fails(
         .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
     assert_eq!(world.handle(control.clone()).await, ControlOutcome::Tombstoned);
     let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
-    assert_eq!(entity.entries[&txn_id].state, OutboxState::Tombstone, "the fence");
+    assert_eq!(entity.fence, Some(txn_id), "the fence mark");
+    assert!(entity.entries.is_empty(), "no slot per transaction");
     assert_eq!(entity.item.version, 1, "the order itself unchanged");
+    assert!(
+        world.backend.control_queue.queue().next_visible_at().is_none(),
+        "nothing scheduled: there is nothing to prune"
+    );
+    // A request of T arriving a year later, its tombstone record long expired: the mark
+    // still refuses it, whatever any clock says.
+    world.clock.advance(Duration::from_secs(365 * 24 * 3600));
+    assert!(world.record(txn_id).await.is_none(), "the tombstone record expired");
     match world.backend.store.commit_entity(&world.commit(txn_id)).await {
-        Err(CommitError::Tombstoned { txn_id: fenced }) => assert_eq!(fenced, txn_id),
+        Err(CommitError::EntityFenced { txn_id: fenced }) => assert_eq!(fenced, txn_id),
         other => panic!("a late commit after the fence: {other:?}"),
     }
-    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+    assert_eq!(world.fence().await, Some(txn_id));
 }
 
-/// A fence is kept until no request of its transaction can reach the table (its prune
-/// time, [`FENCE_LIFETIME`] after it was written), by control messages the worker sends
-/// itself, then removed; its tombstone record stays, and the order can be deleted.
+/// The worker fences once `MAX_ATTEMPTS` checks are used up, even inside a long window:
+/// a commit of the transaction coming later, still inside its window, is refused.
 #[tokio::test]
-async fn a_fence_is_kept_until_due_then_pruned_by_the_re_checks_the_worker_schedules() {
+async fn a_fence_inside_a_long_window_blocks_a_slow_commit() {
+    let world = world().await;
+    let timing = Timing {
+        max_commit_duration: Duration::from_secs(3600),
+        ..Timing::default()
+    };
+    let control_path = ControlPath::new(world.backend.control_ports(world.clock.clone()), timing);
+    let txn_id = TxnId::new_v7();
+    let mut control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    while control.attempt < MAX_ATTEMPTS {
+        control = control.next_attempt();
+    }
+    world.clock.advance(Duration::from_secs(60));
+    assert_eq!(handle_with(&control_path, control).await, ControlOutcome::Tombstoned);
+    world.clock.advance(Duration::from_secs(1800));
+    assert!(matches!(
+        world.backend.store.commit_entity(&world.commit(txn_id)).await,
+        Err(CommitError::EntityFenced { .. })
+    ));
+}
+
+/// Deleted and created again: the order's fence mark stays with its key (a vacant item),
+/// so a late commit of a transaction fenced before the delete fails on the new order too,
+/// even when that order reached the version the commit expects.
+#[tokio::test]
+async fn a_deleted_and_recreated_item_keeps_its_fence_mark() {
     let world = world().await;
     let txn_id = TxnId::new_v7();
     let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
     world
         .clock
         .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
-    let fenced_at = world.clock.now();
     assert_eq!(world.handle(control).await, ControlOutcome::Tombstoned);
-    let mut outcomes = Vec::new();
-    // Each re-check arrives when the queue delivers it; its handling schedules the next.
-    while let Some(delivery) = world.next_control().await {
-        let outcome = world.handle_delivery(&delivery).await;
-        let fence = world.fence(txn_id).await;
-        if world.clock.now() < fenced_at.plus(FENCE_LIFETIME) {
-            assert!(fence.is_some(), "the fence is kept before it is due ({outcome:?})");
-        }
-        outcomes.push(outcome);
-        assert!(outcomes.len() < 10, "the re-checks end: {outcomes:?}");
-    }
-    assert_eq!(
-        outcomes,
-        vec![
-            ControlOutcome::FenceKept {
-                next_attempt: 3,
-                delay: Duration::from_secs(300)
-            },
-            ControlOutcome::FencePruned,
-        ],
-        "a first re-check at SQS's longest delay (15 min), then the rest (5), then the pruning"
-    );
-    assert!(world.clock.now() >= fenced_at.plus(FENCE_LIFETIME));
-    assert!(world.fence(txn_id).await.is_none(), "the fence is pruned");
-    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
-    // A copy of a re-check, after the pruning: nothing to do.
-    let copy = ControlMessage::first(txn_id, fenced_at).with_entity(world.key.clone());
-    assert_eq!(
-        world.handle(copy).await,
-        ControlOutcome::AlreadyDone {
-            state: OutboxState::Tombstone
-        }
-    );
-    // With its map empty again, the order can be deleted.
-    let delete_id = TxnId::new_v7();
-    let now = world.clock.now();
-    let delete = CommitRequest {
-        txn_id: delete_id,
-        writes: vec![BusinessWrite::Delete {
-            key: world.key.clone(),
-            version: 1,
-        }],
-        outbox: OutboxRecord::committed(delete_id, vec![], now, now.plus(Duration::from_secs(60))),
-        idempotency: None,
+    let delete = BusinessWrite::Delete {
+        key: world.key.clone(),
+        version: 1,
     };
-    world.backend.store.commit(&delete).await.unwrap();
+    world.commit_transactional(TxnId::new_v7(), delete).await.unwrap();
+    assert!(world.backend.store.get_entity(&world.key).await.unwrap().is_none());
+    assert!(world.backend.store.get_items(&[world.key.clone()]).await.unwrap().is_empty());
+    let create = BusinessWrite::Put {
+        key: world.key.clone(),
+        data: json!({"lines": 0}),
+        expected: ExpectedVersion::Absent,
+    };
+    world.commit_transactional(TxnId::new_v7(), create).await.unwrap();
+    assert_eq!(world.fence().await, Some(txn_id), "the mark survived the delete");
+    assert!(matches!(
+        world.backend.store.commit_entity(&world.commit(txn_id)).await,
+        Err(CommitError::EntityFenced { .. })
+    ));
+    // A transaction begun after the fence commits as usual.
+    let later = TxnId::new_v7();
+    world.backend.store.commit_entity(&world.commit(later)).await.unwrap();
 }
 
-/// The request path's settling fence (an abandoned entity-mode transaction) is pruned by
-/// the transaction's own control message, re-scheduled until the fence is due.
+/// A fence on a key with no item (deleted while the transaction was in flight) keeps the
+/// mark there: an item created on the key later still refuses the transaction.
 #[tokio::test]
-async fn a_settling_fence_is_pruned_by_the_transactions_control_message() {
+async fn a_fence_on_a_missing_item_keeps_its_mark_for_the_next_item() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let delete = BusinessWrite::Delete {
+        key: world.key.clone(),
+        version: 1,
+    };
+    world.commit_transactional(TxnId::new_v7(), delete).await.unwrap();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    world
+        .clock
+        .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
+    assert_eq!(world.handle(control).await, ControlOutcome::Tombstoned);
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+    let create = BusinessWrite::Put {
+        key: world.key.clone(),
+        data: json!({"lines": 1}),
+        expected: ExpectedVersion::Absent,
+    };
+    world.commit_transactional(TxnId::new_v7(), create).await.unwrap();
+    assert_eq!(world.fence().await, Some(txn_id));
+    assert!(matches!(
+        world.backend.store.commit_entity(&world.commit(txn_id)).await,
+        Err(CommitError::EntityFenced { .. })
+    ));
+}
+
+/// The request path's settling fence: T's control message finds its tombstone record and
+/// has nothing left to do (nothing to prune).
+#[tokio::test]
+async fn a_settling_fence_leaves_nothing_for_the_control_message() {
     let world = world().await;
     let txn_id = TxnId::new_v7();
     let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
@@ -272,32 +295,46 @@ async fn a_settling_fence_is_pruned_by_the_transactions_control_message() {
     let outcome = world
         .backend
         .store
-        .fence_entity(
-            &world.key,
-            txn_id,
-            now,
-            now.plus(Timing::default().retention),
-            now.plus(FENCE_LIFETIME),
-        )
+        .fence_entity(&world.key, txn_id, now, now.plus(Timing::default().retention))
         .await
         .unwrap();
     assert_eq!(outcome, crate::ports::FenceOutcome::Fenced);
     world.clock.advance(Duration::from_secs(1));
-    let kept = world.handle(control).await;
     assert_eq!(
-        kept,
-        ControlOutcome::FenceKept {
-            next_attempt: 2,
-            delay: Duration::from_secs(900)
+        world.handle(control).await,
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Tombstone
         }
     );
-    let mut last = kept;
-    while let Some(delivery) = world.next_control().await {
-        last = world.handle_delivery(&delivery).await;
-    }
-    assert_eq!(last, ControlOutcome::FencePruned);
-    assert!(world.clock.now() >= now.plus(FENCE_LIFETIME));
-    assert!(world.fence(txn_id).await.is_none());
+    assert!(world.backend.control_queue.queue().next_visible_at().is_none());
+    assert_eq!(world.fence().await, Some(txn_id));
+}
+
+/// An entry beside its transaction's tombstone record (a tombstone written without the
+/// fence while a commit of it was on its way) is proof of the commit: it is published,
+/// recorded dispatched and removed, and counted apart.
+#[tokio::test]
+async fn an_entry_beside_its_tombstone_is_published() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    let now = world.clock.now();
+    world
+        .backend
+        .store
+        .put_tombstone(txn_id, now, now.plus(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    world.backend.store.commit_entity(&world.commit(txn_id)).await.unwrap();
+    let outcome = world.handle(control).await;
+    assert!(
+        matches!(outcome, ControlOutcome::DispatchedBesideTombstone { messages: 1, .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(world.backend.publisher.queue(&events()).unwrap().receive(10).len(), 1);
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Dispatched);
+    let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
+    assert!(entity.entries.is_empty());
 }
 
 /// Past the window, an entry already in the entity is the transaction's commit: it is
@@ -359,8 +396,8 @@ async fn an_entry_left_beside_its_dispatched_record_is_removed() {
 
 /// What the request path does between the worker's reads and its fence.
 enum Meanwhile {
-    /// It settles T with its own fence, pruned at this time.
-    Fences(Timestamp),
+    /// It settles T with its own fence.
+    Fences,
     /// T's commit lands (late) and inline dispatch records it dispatched, but the
     /// entry's removal fails.
     CommitsAndRecords(Box<EntityCommit>),
@@ -427,18 +464,21 @@ impl Store for SettledFirst {
         self.inner.remove_entry(key, txn_id).await
     }
 
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), crate::ports::StoreError> {
+        self.inner.put_dispatched(txn_id, now, expires_at).await
+    }
+
     async fn fence_entity(
         &self,
         key: &ItemKey,
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
-        prune_at: Timestamp,
     ) -> Result<crate::ports::FenceOutcome, crate::ports::StoreError> {
         if !self.settled.swap(true, std::sync::atomic::Ordering::SeqCst) {
             match &self.meanwhile {
-                Meanwhile::Fences(prune_at) => {
-                    let settled = self.inner.fence_entity(key, txn_id, now, expires_at, *prune_at).await?;
+                Meanwhile::Fences => {
+                    let settled = self.inner.fence_entity(key, txn_id, now, expires_at).await?;
                     assert_eq!(settled, crate::ports::FenceOutcome::Fenced);
                 }
                 Meanwhile::CommitsAndRecords(commit) => {
@@ -447,39 +487,31 @@ impl Store for SettledFirst {
                 }
             }
         }
-        self.inner.fence_entity(key, txn_id, now, expires_at, prune_at).await
+        self.inner.fence_entity(key, txn_id, now, expires_at).await
     }
 }
 
 /// Past the window the worker reads no record, and the request path's settling fence
 /// lands before the worker's own: the worker's fence finds the tombstone record, and the
-/// fence in the entity (the request path's) is still this control message's to prune. It
-/// is kept until due, then pruned (found by the simulation: answered "already done", the
-/// fence stayed in the entity for good).
+/// transaction is settled (before the fence mark, that fence was a slot the worker had to
+/// prune, and a fix for it answered "already done" too early: the fence stayed for good).
 #[tokio::test]
-async fn a_settling_fence_landing_before_the_workers_is_pruned_by_the_worker() {
+async fn a_settling_fence_landing_before_the_workers_settles_it() {
     let world = world().await;
     let txn_id = TxnId::new_v7();
     let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
     world
         .clock
         .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
-    let settled_at = world.clock.now();
-    let outcome = world
-        .handle_meanwhile(control, Meanwhile::Fences(settled_at.plus(FENCE_LIFETIME)))
-        .await;
-    assert!(
-        matches!(outcome, ControlOutcome::FenceKept { .. }),
-        "the fence is to be pruned later: {outcome:?}"
+    let outcome = world.handle_meanwhile(control, Meanwhile::Fences).await;
+    assert_eq!(
+        outcome,
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Tombstone
+        }
     );
-    assert!(world.fence(txn_id).await.is_some());
-    let mut last = outcome;
-    while let Some(delivery) = world.next_control().await {
-        last = world.handle_delivery(&delivery).await;
-    }
-    assert_eq!(last, ControlOutcome::FencePruned);
-    assert!(world.clock.now() >= settled_at.plus(FENCE_LIFETIME));
-    assert!(world.fence(txn_id).await.is_none());
+    assert_eq!(world.fence().await, Some(txn_id));
+    assert!(world.backend.control_queue.queue().next_visible_at().is_none());
     assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
 }
 

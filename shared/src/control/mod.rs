@@ -24,5 +24,5 @@ pub mod redelivery;
 pub mod worker;
 
 pub use path::{
-    BatchReport, ControlError, ControlOutcome, ControlPath, ControlPorts, ItemReport, FENCE_LIFETIME, MAX_ATTEMPTS,
+    BatchReport, ControlError, ControlOutcome, ControlPath, ControlPorts, ItemReport, MAX_ATTEMPTS,
 };

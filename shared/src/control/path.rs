@@ -16,20 +16,10 @@ use crate::settings::Timing;
 use crate::time::Timestamp;
 
 /// After this many checks a transaction is tombstoned even if the worker's clock says
-/// its window is still open: tombstoning is always safe, and this bounds the work a
-/// clock far behind the API's could cause.
+/// its window is still open: tombstoning is always safe (in entity mode too: the fence
+/// mark is never pruned, so a commit arriving after it fails however late), and this
+/// bounds the work a clock far behind the API's could cause.
 pub const MAX_ATTEMPTS: u32 = 64;
-
-/// How long a fence stays in its entity before it is pruned, from the moment it is
-/// written: it is written once no request of its transaction will be sent any more (past
-/// the window, or when the request path gives up), and AWS accepts a signed request for
-/// five minutes after signing, fifteen where it allows for skewed clocks; five more as
-/// margin (DESIGN.md section 11, docs/ENTITY_MODE.md).
-pub const FENCE_LIFETIME: Duration = Duration::from_secs(20 * 60);
-
-/// SQS's longest delay: a fence's re-check is scheduled at most this far ahead, and
-/// scheduled again while the fence is not due.
-const MAX_DELAY: Duration = Duration::from_secs(900);
 
 /// The ports the control path uses.
 #[derive(Clone)]
@@ -77,17 +67,17 @@ pub enum ControlOutcome {
     },
     /// No record after the window: the transaction can never commit now.
     Tombstoned,
-    /// The transaction's fence in its entity (entity mode) is kept until no request of
-    /// the transaction can reach the table; a re-check was scheduled.
-    FenceKept {
-        /// The attempt number of the new control message.
-        next_attempt: u32,
-        /// Its delay.
-        delay: Duration,
+    /// Entity mode: the transaction's entry was found in its item beside its tombstone
+    /// record (a tombstone written without the fence, while a commit of it was on its
+    /// way: `Outbox::abandon` of a transaction whose commit was sent elsewhere). The entry
+    /// is proof of the commit: its messages were published, its record put dispatched and
+    /// the entry removed. Counted (`EntriesBesideTombstones`) and alarmed.
+    DispatchedBesideTombstone {
+        /// How many messages.
+        messages: usize,
+        /// When the entry was committed.
+        committed_at: Timestamp,
     },
-    /// The transaction's fence was removed from its entity: no request of the
-    /// transaction can reach the table any more, and its tombstone record stays.
-    FencePruned,
     /// No record, and the control message is older than the retention: whatever the
     /// transaction did has long been settled and its record forgotten; writing a
     /// tombstone now could contradict a commit that has since expired.
@@ -102,8 +92,7 @@ impl ControlOutcome {
             Self::AlreadyDone { .. } => "already_done",
             Self::Deferred { .. } => "deferred",
             Self::Tombstoned => "tombstoned",
-            Self::FenceKept { .. } => "fence_kept",
-            Self::FencePruned => "fence_pruned",
+            Self::DispatchedBesideTombstone { .. } => "dispatched_beside_tombstone",
             Self::Stale => "stale",
         }
     }
@@ -186,8 +175,9 @@ enum Decision {
     /// A pending record: publish, then mark it.
     Publish(OutboxRecord),
     /// An entry committed into its entity (entity mode): publish, then put the
-    /// transaction's record dispatched, then remove the entry.
-    PublishEntry(ItemKey, OutboxRecord),
+    /// transaction's record dispatched, then remove the entry. `true`: found beside the
+    /// transaction's tombstone record.
+    PublishEntry(ItemKey, OutboxRecord, bool),
     Done(Result<ControlOutcome, ControlError>),
 }
 
@@ -285,9 +275,8 @@ impl ControlPath {
             let decision = match records.remove(txn_id) {
                 // In entity mode the request path records the transaction dispatched,
                 // then removes its entry from the entity; a removal that failed is done
-                // here. A read tells (a read unit, cheaper than a blind write's).
-                // A tombstone in entity mode may have its fence in the entity: kept
-                // until it is due, then pruned.
+                // here. A read tells (a read unit, cheaper than a blind write's). An entry
+                // beside a tombstone is proof of a commit, and is published.
                 Some(Ok(record)) => match &control.entity {
                     Some(key) => self.decide_on_entity_record(control, key, record).await,
                     None => self.decide_on_record(record),
@@ -313,48 +302,57 @@ impl ControlPath {
         }
     }
 
-    /// T's record as found, in entity mode, where the entity may still hold T's entry
-    /// (dispatched: the request path's removal failed) or T's fence (tombstone): the
-    /// entry is removed, the fence kept until due, then pruned.
+    /// T's record as found, in entity mode, where the entity may still hold T's entry:
+    /// beside a dispatched record (the request path's removal failed) it is removed;
+    /// beside a tombstone it is proof of a commit the tombstone did not fence, and is
+    /// published.
     async fn decide_on_entity_record(&self, control: &ControlMessage, key: &ItemKey, record: OutboxRecord) -> Decision {
         match record.state {
             OutboxState::Dispatched => match self.remove_leftover_entry(key, control.txn_id).await {
                 Ok(()) => self.decide_on_record(record),
                 Err(error) => Decision::Done(Err(ControlError::Mark(Arc::new(error)))),
             },
-            OutboxState::Tombstone => self.decide_on_fence(control, key).await,
+            OutboxState::Tombstone => match self.entry(key, control.txn_id).await {
+                Ok(Some(entry)) => {
+                    tracing::error!(
+                        txn_id = %control.txn_id,
+                        entity = %key,
+                        committed_at = %entry.created_at,
+                        "an entry beside its transaction's tombstone: the transaction committed; publishing it"
+                    );
+                    Decision::PublishEntry(key.clone(), entry, true)
+                }
+                Ok(None) => self.decide_on_record(record),
+                Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
+            },
             OutboxState::Pending => self.decide_on_record(record),
         }
     }
 
+    /// Transaction `txn_id`'s committed entry in `key`, if there is one.
+    async fn entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<Option<OutboxRecord>, StoreError> {
+        let entity = self.ports.store.get_entity(key).await?;
+        Ok(entity
+            .and_then(|entity| entity.entries.get(&txn_id).cloned())
+            .filter(|entry| entry.state != OutboxState::Tombstone))
+    }
+
     /// Removes transaction `txn_id`'s entry from `key` if it is still there.
     async fn remove_leftover_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
-        let store = &self.ports.store;
-        let left = store
-            .get_entity(key)
-            .await?
-            .is_some_and(|entity| entity.entries.contains_key(&txn_id));
-        if left {
+        if self.entry(key, txn_id).await?.is_some() {
             tracing::info!(%txn_id, entity = %key, "removing an entry left in its entity");
-            store.remove_entry(key, txn_id).await?;
+            self.ports.store.remove_entry(key, txn_id).await?;
         }
         Ok(())
     }
 
     /// No record, in entity mode: the outcome may be in the entity (its entry, pending
-    /// dispatch, or its fence).
+    /// dispatch).
     async fn decide_on_entity(&self, control: &ControlMessage, key: &ItemKey) -> Decision {
-        let entity = match self.ports.store.get_entity(key).await {
-            Ok(entity) => entity,
-            Err(error) => return Decision::Done(Err(ControlError::Read(Arc::new(error)))),
-        };
-        match entity.and_then(|entity| entity.entries.get(&control.txn_id).cloned()) {
-            // The fence without its record (the record expired first): pruned when due.
-            Some(fence) if fence.state == OutboxState::Tombstone => {
-                Decision::Done(self.keep_or_prune(control, key, &fence).await)
-            }
-            Some(entry) => Decision::PublishEntry(key.clone(), entry),
-            None => self.decide_on_absence(control).await,
+        match self.entry(key, control.txn_id).await {
+            Ok(Some(entry)) => Decision::PublishEntry(key.clone(), entry, false),
+            Ok(None) => self.decide_on_absence(control).await,
+            Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
         }
     }
 
@@ -378,35 +376,18 @@ impl ControlPath {
         }
         let expires_at = now.plus(self.timing.retention);
         if let Some(key) = &control.entity {
-            // The fence goes into the entity, with the record's tombstone: no request of
-            // the transaction reaches the table after the window plus the time AWS
-            // accepts a signed request (docs/ENTITY_MODE.md), so it is pruned then, by
-            // the re-check scheduled here.
-            let prune_at = now.plus(FENCE_LIFETIME);
-            match self
-                .ports
-                .store
-                .fence_entity(key, control.txn_id, now, expires_at, prune_at)
-                .await
-            {
-                Ok(FenceOutcome::Fenced) => {
-                    return Decision::Done(
-                        self.recheck_fence(control, prune_at.since(now))
-                            .await
-                            .map(|_| ControlOutcome::Tombstoned),
-                    )
-                }
-                Ok(FenceOutcome::Committed(entry)) => return Decision::PublishEntry(key.clone(), entry),
-                // Recorded since this message's read: tombstoned by the request path's
-                // settling fence, which is in the entity and this message's to prune; or
-                // committed, dispatched and recorded, its entry perhaps left in the
-                // entity by a removal that failed. Handled as a record read first is.
-                Ok(FenceOutcome::Recorded(record)) => return self.decide_on_entity_record(control, key, record).await,
-                // No item: an entity commit can no longer apply to it; the record's
-                // tombstone still blocks a commit in the transactional form.
-                Ok(FenceOutcome::NoItem) => {}
-                Err(error) => return Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
-            }
+            // The fence raises the entity's fence mark, with the record's tombstone: no
+            // commit of the transaction, in either form, applies after it, however late
+            // (docs/ENTITY_MODE.md). Nothing to prune: the mark is one attribute.
+            return match self.ports.store.fence_entity(key, control.txn_id, now, expires_at).await {
+                Ok(FenceOutcome::Fenced) => Decision::Done(Ok(ControlOutcome::Tombstoned)),
+                Ok(FenceOutcome::Committed(entry)) => Decision::PublishEntry(key.clone(), entry, false),
+                // Recorded since this message's read (tombstoned by the request path's
+                // settling fence, or committed and dispatched, its entry perhaps left in
+                // the entity by a removal that failed): handled as a record read first is.
+                Ok(FenceOutcome::Recorded(record)) => self.decide_on_entity_record(control, key, record).await,
+                Err(error) => Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
+            };
         }
         match self.ports.store.put_tombstone(control.txn_id, now, expires_at).await {
             Ok(TombstoneOutcome::Written) => Decision::Done(Ok(ControlOutcome::Tombstoned)),
@@ -414,76 +395,6 @@ impl ControlPath {
             // handle the record as it is now.
             Ok(TombstoneOutcome::Exists(record)) => self.decide_on_record(record),
             Err(error) => Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
-        }
-    }
-
-    /// T's record is a tombstone, in entity mode: its fence, if in the entity, is kept
-    /// until due, then pruned.
-    async fn decide_on_fence(&self, control: &ControlMessage, key: &ItemKey) -> Decision {
-        let entity = match self.ports.store.get_entity(key).await {
-            Ok(entity) => entity,
-            Err(error) => return Decision::Done(Err(ControlError::Read(Arc::new(error)))),
-        };
-        let tombstone = ControlOutcome::AlreadyDone {
-            state: OutboxState::Tombstone,
-        };
-        match entity.and_then(|entity| entity.entries.get(&control.txn_id).cloned()) {
-            Some(fence) if fence.state == OutboxState::Tombstone => {
-                Decision::Done(self.keep_or_prune(control, key, &fence).await)
-            }
-            // A commit beside a tombstone record: only a late commit into an item deleted
-            // and created again at the version it expected (docs/ENTITY_MODE.md, known
-            // limits). The record has answered for the transaction; left for an operator.
-            Some(entry) => {
-                tracing::error!(
-                    txn_id = %control.txn_id,
-                    entity = %key,
-                    committed_at = %entry.created_at,
-                    "an entry beside its transaction's tombstone: the entity was deleted and created again while a commit was late"
-                );
-                Decision::Done(Ok(tombstone))
-            }
-            // Pruned already, or the tombstone was written without a fence.
-            None => Decision::Done(Ok(tombstone)),
-        }
-    }
-
-    /// A fence due (its `expires_at` is its prune time) is removed; one not due yet gets
-    /// a re-check when it is.
-    async fn keep_or_prune(
-        &self,
-        control: &ControlMessage,
-        key: &ItemKey,
-        fence: &OutboxRecord,
-    ) -> Result<ControlOutcome, ControlError> {
-        let now = self.ports.clock.now();
-        let due = fence
-            .expires_at
-            .unwrap_or_else(|| fence.created_at.plus(FENCE_LIFETIME));
-        if now < due {
-            return self.recheck_fence(control, due.since(now)).await;
-        }
-        match self.ports.store.remove_entry(key, control.txn_id).await {
-            Ok(()) => {
-                tracing::info!(txn_id = %control.txn_id, entity = %key, "fence pruned");
-                Ok(ControlOutcome::FencePruned)
-            }
-            Err(error) => Err(ControlError::Tombstone(Arc::new(error))),
-        }
-    }
-
-    /// Schedules the control message again, `due` from now (at most SQS's longest delay;
-    /// the message is scheduled again from there while the fence is not due).
-    async fn recheck_fence(&self, control: &ControlMessage, due: Duration) -> Result<ControlOutcome, ControlError> {
-        let next = control.next_attempt();
-        let whole_seconds = due.as_secs() + u64::from(due.subsec_nanos() > 0);
-        let delay = Duration::from_secs(whole_seconds.max(1)).min(MAX_DELAY);
-        match self.ports.control_queue.send(&next, delay).await {
-            Ok(()) => Ok(ControlOutcome::FenceKept {
-                next_attempt: next.attempt,
-                delay,
-            }),
-            Err(error) => Err(ControlError::Defer(Arc::new(error))),
         }
     }
 
@@ -500,7 +411,12 @@ impl ControlPath {
 
     /// An entry whose messages went out: the transaction's record is put dispatched
     /// (where `GET /transactions` and a replay find it), then the entry leaves its entity.
-    async fn finish_entry(&self, key: &ItemKey, entry: &OutboxRecord) -> Result<ControlOutcome, ControlError> {
+    async fn finish_entry(
+        &self,
+        key: &ItemKey,
+        entry: &OutboxRecord,
+        beside_tombstone: bool,
+    ) -> Result<ControlOutcome, ControlError> {
         let now = self.ports.clock.now();
         let store = &self.ports.store;
         store
@@ -511,9 +427,11 @@ impl ControlPath {
             .remove_entry(key, entry.txn_id)
             .await
             .map_err(|error| ControlError::Mark(Arc::new(error)))?;
-        Ok(ControlOutcome::Dispatched {
-            messages: entry.messages.len(),
-            committed_at: entry.created_at,
+        let (messages, committed_at) = (entry.messages.len(), entry.created_at);
+        Ok(if beside_tombstone {
+            ControlOutcome::DispatchedBesideTombstone { messages, committed_at }
+        } else {
+            ControlOutcome::Dispatched { messages, committed_at }
         })
     }
 
@@ -525,15 +443,15 @@ impl ControlPath {
     ) -> BTreeMap<TxnId, Result<ControlOutcome, ControlError>> {
         let mut outcomes = BTreeMap::new();
         let mut pending = Vec::new();
-        let mut entities: BTreeMap<TxnId, ItemKey> = BTreeMap::new();
+        let mut entities: BTreeMap<TxnId, (ItemKey, bool)> = BTreeMap::new();
         for (txn_id, decision) in decisions {
             match decision {
                 Decision::Done(outcome) => {
                     outcomes.insert(txn_id, outcome);
                 }
                 Decision::Publish(record) => pending.push(record),
-                Decision::PublishEntry(key, entry) => {
-                    entities.insert(txn_id, key);
+                Decision::PublishEntry(key, entry, beside_tombstone) => {
+                    entities.insert(txn_id, (key, beside_tombstone));
                     pending.push(entry);
                 }
             }
@@ -577,8 +495,8 @@ impl ControlPath {
             }
         }
         for entry in entries_out {
-            let key = &entities[&entry.txn_id];
-            let outcome = self.finish_entry(key, entry).await;
+            let (key, beside_tombstone) = &entities[&entry.txn_id];
+            let outcome = self.finish_entry(key, entry, *beside_tombstone).await;
             outcomes.insert(entry.txn_id, outcome);
         }
         if to_mark.is_empty() {

@@ -220,6 +220,9 @@ pub fn transaction_problem(error: &TxnError, precondition: bool) -> Problem {
         // The handler's bug: its request's first transaction stands as it is.
         TxnError::SecondInRequest { .. } => Problem::new(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error")
             .with_detail("the handler began a second transaction, refused with nothing written; the request's transaction stands as it is, and GET /transactions/{id} tells whether it committed"),
+        // The handler's bug: it committed a transaction it, or its request, had abandoned.
+        TxnError::Abandoned { .. } => Problem::new(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error")
+            .with_detail("nothing was written"),
         TxnError::Fenced { .. } => Problem::new(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable")
             .with_detail("the store did not confirm the change in time, so it was cancelled: nothing was written; retry the request")
             .retryable(),

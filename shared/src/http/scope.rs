@@ -18,7 +18,10 @@
 //! A transaction the handler began and did not commit (it answered 404, or found nothing
 //! to change) is settled by the middleware before the answer goes out: it writes the
 //! transaction's tombstone ([`Outbox::abandon`]), so that the control message finds it
-//! settled at its first check instead of deferring until the commit window ends.
+//! settled at its first check instead of deferring until the commit window ends. From
+//! then on a commit of it is refused (a task the handler spawned that commits after the
+//! answer gets [`TxnError::Abandoned`], nothing written); one that began before is fenced,
+//! in its item in entity mode.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -277,14 +280,11 @@ impl RequestScope {
     async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> Option<Settlement> {
         let (outbox, entity) = {
             let state = self.state();
-            // A fence in the entity only where a commit may still land there: none was
-            // sent before its first attempt (fences are kept until pruned).
-            let committing = matches!(state.progress, Progress::Committing(_));
-            (
-                state.begun_on.clone()?,
-                state.begun_entity.clone().filter(|_| committing),
-            )
+            (state.begun_on.clone()?, state.begun_entity.clone())
         };
+        // The request path tells whether a commit of it began (a task the handler spawned,
+        // say): if not, it never will (it is refused from now on) and the tombstone
+        // record settles it; if so, the fence goes into the entity as well.
         Some(outbox.abandon_in(txn_id, entity.as_ref(), Some(deadline)).await)
     }
 

@@ -149,6 +149,10 @@ pub struct EntityItem {
     pub item: VersionedItem,
     /// Its entries: committed (pending, or dispatched with nothing to send) until removed.
     pub entries: BTreeMap<TxnId, OutboxRecord>,
+    /// Its fence mark: the highest transaction fenced in it ([`Store::fence_entity`]), if
+    /// any. A commit of the request path in entity form by a transaction at or below it is
+    /// refused ([`CommitError::EntityFenced`]); the mark only moves up.
+    pub fence: Option<TxnId>,
 }
 
 /// A commit of one item that carries its outbox entry: one conditional write, no
@@ -164,6 +168,11 @@ pub struct EntityCommit {
     /// The entry, added where the item holds none for its transaction; the item's other
     /// entries are left as they are.
     pub entry: OutboxRecord,
+    /// Whether the commit is refused where the item's fence mark is at or above its
+    /// transaction ([`CommitError::EntityFenced`]): the request path's commits, whose
+    /// transactions are fenced in their item. A consumer's (whose ids are not ordered,
+    /// and which is never fenced) ignores the mark and keeps it.
+    pub checks_fence: bool,
 }
 
 /// Why a commit did not apply, per failed condition; or that nobody knows whether it did.
@@ -182,6 +191,16 @@ pub enum CommitError {
     /// was written; the record found is the winner's.
     #[error("another attempt committed record {txn_id} first")]
     Superseded {
+        /// The transaction.
+        txn_id: TxnId,
+    },
+    /// The item's fence mark is at or above the transaction ([`EntityItem::fence`]): this
+    /// transaction, or a later one on the item, was fenced, so its commit in entity form
+    /// can never apply. Nothing was written. The transactional form decides: it fails
+    /// where the transaction itself was fenced (its tombstone record), and applies
+    /// otherwise.
+    #[error("transaction {txn_id} is at or below its item's fence mark")]
+    EntityFenced {
         /// The transaction.
         txn_id: TxnId,
     },
@@ -282,17 +301,17 @@ pub enum TombstoneOutcome {
 /// path, DESIGN.md section 11; `docs/ENTITY_MODE.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FenceOutcome {
-    /// The fence is in the item and the transaction's tombstone record is written: the
-    /// transaction can never commit, in either form.
+    /// The item's fence mark is at or above the transaction and its tombstone record is
+    /// written: the transaction can never commit, in either form, however late a request
+    /// of it arrives.
     Fenced,
-    /// The transaction committed into the item first: its entry, as it was.
+    /// The transaction committed into the item: its entry, as it was. An entry is proof
+    /// of the commit even beside a tombstone record (one written without the fence).
     Committed(OutboxRecord),
     /// The transaction has a record already: committed in the transactional form or
-    /// dispatched (pending or dispatched), or tombstoned before (with its fence).
+    /// dispatched (pending or dispatched; an entry left in the item beside a dispatched
+    /// record is the caller's to remove), or tombstoned before (no entry in the item).
     Recorded(OutboxRecord),
-    /// The item does not exist: nothing was written (a commit in entity mode changes an
-    /// existing item only).
-    NoItem,
 }
 
 /// The table of business items and protocol records.
@@ -394,21 +413,23 @@ pub trait Store: Send + Sync {
         Err(StoreError::Unsupported("the entity mode"))
     }
 
-    /// Fences transaction `txn_id` inside item `key`, in one atomic write: its entry slot
-    /// takes a tombstone that is pruned at `prune_at`, where the slot is empty, and its
-    /// record a tombstone expiring at `expires_at`, where it has none (its outcome moves to
-    /// that record after dispatch, and a commit in the transactional form writes it). So
-    /// neither form of its commit can apply any more, and no fence stands beside a
-    /// committed transaction.
+    /// Fences transaction `txn_id` inside item `key`, in one atomic write, where the item
+    /// holds no entry of it: the item's fence mark is raised to `txn_id` (left where it is
+    /// at or above it already), and the transaction's record becomes a tombstone expiring
+    /// at `expires_at`, where it has none (its outcome moves to that record after
+    /// dispatch, and a commit in the transactional form writes it). So neither form of its
+    /// commit can apply any more: the mark never moves down and is never pruned, so no
+    /// request of the transaction, however late, gets past it. An item that does not
+    /// exist (or was deleted) keeps the mark in a vacant item expiring at `expires_at`,
+    /// which a create keeps.
     async fn fence_entity(
         &self,
         key: &ItemKey,
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
-        prune_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
-        let _ = (key, txn_id, now, expires_at, prune_at);
+        let _ = (key, txn_id, now, expires_at);
         Err(StoreError::Unsupported("the entity mode"))
     }
 

@@ -33,6 +33,12 @@ impl Transaction {
         // The error of an attempt whose outcome was unknown, when a definite refusal
         // came after it.
         let mut unknown: Option<CommitError> = None;
+        // Under the request path's lock: an abandon before this point refuses the commit
+        // (nothing was sent); one after it fences what may land.
+        if !self.outbox.live.start_commit(txn_id) {
+            tracing::error!("the transaction was abandoned before its commit; nothing was written");
+            return Err(TxnError::Abandoned { txn_id });
+        }
         for hook in std::mem::take(&mut self.on_commit) {
             hook(txn_id);
         }
@@ -61,11 +67,10 @@ impl Transaction {
             Some(settle_bound(self.outbox.ports.clock.now(), self.deadline))
         };
         // The fence goes into the entity only where a commit in entity form may still
-        // land there (an attempt of unknown outcome): fences are kept until pruned, and
-        // a refused or transactional commit needs none.
-        let entity_form = request.as_ref().is_some_and(|sent| self.entity_form(sent).is_some());
-        let fence_in = self.entity.as_ref().filter(|_| uncertain && entity_form);
-        match self.outbox.abandon_in(txn_id, fence_in, settle_by).await {
+        // land there (an attempt of unknown outcome): a refused or transactional commit
+        // needs only the tombstone record, which costs less.
+        let fence_in = self.entity.as_ref().filter(|_| uncertain && self.entity_attempted);
+        match self.outbox.settle(txn_id, fence_in, settle_by).await {
             Settlement::Committed(found) => {
                 // An attempt whose outcome was unknown applied after all.
                 tracing::warn!(error = %error, "the commit applied after all");
@@ -116,7 +121,9 @@ impl Transaction {
         // The error of the last attempt that was definitely refused, for when the
         // deadline stops the retries.
         let mut last_refusal: Option<CommitError> = None;
-        for attempt in 1..=COMMIT_ATTEMPTS {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
             let now = ports.clock.now();
             // Past the window the worker may tombstone at any moment; trying anyway is
             // safe (the tombstone would block it) but pointless.
@@ -139,8 +146,10 @@ impl Transaction {
                 *request = Some(self.request(now));
             }
             let sent = request.as_ref().expect("just built");
-            let outcome = match self.entity_form(sent) {
-                Some(entity) => within(ports.clock.as_ref(), attempts_until, ports.store.commit_entity(&entity)).await,
+            let entity_form = self.entity_form(sent);
+            self.entity_attempted |= entity_form.is_some();
+            let outcome = match &entity_form {
+                Some(entity) => within(ports.clock.as_ref(), attempts_until, ports.store.commit_entity(entity)).await,
                 None => {
                     let commit = ports.store.commit_native(sent, &self.staging.native);
                     within(ports.clock.as_ref(), attempts_until, commit).await
@@ -155,6 +164,16 @@ impl Transaction {
                 // Cut short in flight: the request may still reach the table.
                 None => CommitError::Ambiguous("the request's deadline passed while the commit was in flight".into()),
             };
+            // The entity form can never apply (the item's fence mark is at or above this
+            // transaction, or the entry does not fit the item); nothing was written, and
+            // the transactional form, which the fence blocks as well, decides at once.
+            if entity_form.is_some() && matches!(error, CommitError::EntityFenced { .. } | CommitError::TooLarge { .. }) {
+                tracing::info!(error = %error, attempt, "the entity form cannot apply; committing in the transactional form");
+                self.entity_barred = true;
+                // The switch happens once, and does not count as an attempt.
+                attempt -= 1;
+                continue;
+            }
             // A business condition that failed is an answer (a 409), not a fault.
             if matches!(
                 error,
@@ -189,7 +208,7 @@ impl Transaction {
                         item,
                     })
                 }
-                CommitError::NativeUnsupported | CommitError::EntityUnsupported => {
+                CommitError::NativeUnsupported | CommitError::EntityUnsupported | CommitError::EntityFenced { .. } => {
                     return Err(TxnError::NotCommitted { txn_id, source: error })
                 }
                 // A request path's record has no rival attempts (its id is its own): a
@@ -205,7 +224,6 @@ impl Transaction {
             }
             ports.clock.sleep(COMMIT_RETRY_DELAY * 2u32.pow(attempt - 1)).await;
         }
-        unreachable!("the last attempt returns")
     }
 
     /// The commit in entity mode, where this transaction's staging allows it: begun in
@@ -213,7 +231,7 @@ impl Transaction {
     /// transactional: `docs/ENTITY_MODE.md`), no native action, no idempotency record.
     /// `None`: the transactional form, which the fence blocks as well.
     fn entity_form(&self, sent: &CommitRequest) -> Option<EntityCommit> {
-        let key = self.entity.as_ref()?;
+        let key = self.entity.as_ref().filter(|_| !self.entity_barred)?;
         if sent.idempotency.is_some() || !self.staging.native.is_empty() {
             return None;
         }
@@ -227,6 +245,7 @@ impl Transaction {
                 data: data.clone(),
                 expected: *expected,
                 entry: sent.outbox.clone(),
+                checks_fence: true,
             }),
             _ => None,
         }

@@ -239,17 +239,19 @@ async fn a_commit_of_unknown_outcome_is_settled_by_a_fence_in_its_item() {
     let answer = txn.commit().await;
     assert!(matches!(answer, Err(TxnError::Fenced { .. })), "{answer:?}");
     let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
-    assert_eq!(entity.entries[&txn_id].state, OutboxState::Tombstone, "the fence");
+    assert_eq!(entity.fence, Some(txn_id), "the fence mark");
+    assert!(entity.entries.is_empty());
     let now = world.clock.now();
     let late = EntityCommit {
         key: order(),
         data: json!({"lines": 9}),
         expected: ExpectedVersion::Exactly(1),
         entry: OutboxRecord::committed(txn_id, vec![], now, now),
+        checks_fence: true,
     };
     assert!(matches!(
         world.backend.store.commit_entity(&late).await,
-        Err(CommitError::Tombstoned { .. })
+        Err(CommitError::EntityFenced { .. })
     ));
 }
 
@@ -304,10 +306,179 @@ impl Store for LostCommits {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
-        prune_at: Timestamp,
     ) -> Result<crate::ports::FenceOutcome, crate::ports::StoreError> {
-        self.0.fence_entity(key, txn_id, now, expires_at, prune_at).await
+        self.0.fence_entity(key, txn_id, now, expires_at).await
     }
+}
+
+/// The embedded store, its first entity commit held on its way until released (a
+/// request in the network): it says when it is held, and applies when let go.
+struct HeldCommit {
+    inner: Arc<crate::embedded::EmbeddedStore>,
+    held: tokio::sync::Mutex<Option<(tokio::sync::oneshot::Sender<()>, tokio::sync::oneshot::Receiver<()>)>>,
+}
+
+#[async_trait::async_trait]
+impl Store for HeldCommit {
+    async fn commit(&self, request: &crate::ports::CommitRequest) -> Result<(), CommitError> {
+        self.inner.commit(request).await
+    }
+    async fn get_items(
+        &self,
+        keys: &[ItemKey],
+    ) -> Result<std::collections::BTreeMap<ItemKey, crate::ports::VersionedItem>, crate::ports::StoreError> {
+        self.inner.get_items(keys).await
+    }
+    async fn get_outboxes(
+        &self,
+        txn_ids: &[TxnId],
+    ) -> Result<std::collections::BTreeMap<TxnId, OutboxRecord>, crate::ports::StoreError> {
+        self.inner.get_outboxes(txn_ids).await
+    }
+    async fn get_idempotency(
+        &self,
+        slot: &crate::protocol::IdempotencySlot,
+    ) -> Result<Option<crate::protocol::IdempotencyRecord>, crate::ports::StoreError> {
+        self.inner.get_idempotency(slot).await
+    }
+    async fn put_tombstone(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<crate::ports::TombstoneOutcome, crate::ports::StoreError> {
+        self.inner.put_tombstone(txn_id, now, expires_at).await
+    }
+    async fn mark_dispatched(
+        &self,
+        records: &[OutboxRecord],
+        expires_at: Timestamp,
+    ) -> Vec<Result<(), crate::ports::StoreError>> {
+        self.inner.mark_dispatched(records, expires_at).await
+    }
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<crate::ports::EntityItem>, crate::ports::StoreError> {
+        self.inner.get_entity(key).await
+    }
+    async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        let held = self.held.lock().await.take();
+        if let Some((arrived, release)) = held {
+            arrived.send(()).unwrap();
+            release.await.unwrap();
+        }
+        self.inner.commit_entity(commit).await
+    }
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), crate::ports::StoreError> {
+        self.inner.remove_entry(key, txn_id).await
+    }
+    async fn fence_entity(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<crate::ports::FenceOutcome, crate::ports::StoreError> {
+        self.inner.fence_entity(key, txn_id, now, expires_at).await
+    }
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), crate::ports::StoreError> {
+        self.inner.put_dispatched(txn_id, now, expires_at).await
+    }
+}
+
+/// A handler hands its transaction to a task (or a channel) and answers; the request is
+/// settled by abandoning the transaction. The task's commit, coming after, is refused
+/// and writes nothing (before, in entity mode, it applied beside the tombstone).
+#[tokio::test]
+async fn a_commit_after_its_transaction_was_abandoned_is_refused_and_writes_nothing() {
+    let world = world(false).await;
+    let mut txn = world.outbox.begin_entity(order()).await.unwrap();
+    let txn_id = txn.id();
+    txn.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
+    txn.emit(Message::json(events(), &json!({"type": "LineAdded"})).unwrap());
+    assert_eq!(world.outbox.abandon(txn_id, None).await, Settlement::Tombstoned);
+    let late = tokio::spawn(txn.commit()).await.unwrap();
+    assert!(matches!(late, Err(TxnError::Abandoned { .. })), "{late:?}");
+    let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
+    assert_eq!(entity.item.version, 1, "nothing applied");
+    assert!(entity.entries.is_empty());
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+    assert_eq!(world.entity_commits(txn_id), (0, 0));
+}
+
+/// The abandon comes while the commit is on its way (a task committing past the answer):
+/// the abandon fences the transaction in its item, so the commit, arriving after, is
+/// refused in both forms, and the answers agree.
+#[tokio::test]
+async fn an_abandon_during_a_commit_fences_it_in_its_item() {
+    let world = world(false).await;
+    let (arrived_tx, arrived) = tokio::sync::oneshot::channel();
+    let (release, release_rx) = tokio::sync::oneshot::channel();
+    let held = Arc::new(HeldCommit {
+        inner: world.backend.store.clone(),
+        held: tokio::sync::Mutex::new(Some((arrived_tx, release_rx))),
+    });
+    let ports = crate::request::RequestPorts {
+        store: held,
+        ..world.backend.request_ports(world.clock.clone())
+    };
+    let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
+    let mut txn = outbox.begin_entity(order()).await.unwrap();
+    let txn_id = txn.id();
+    txn.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
+    txn.emit(Message::json(events(), &json!({"type": "LineAdded"})).unwrap());
+    let commit = tokio::spawn(txn.commit());
+    arrived.await.unwrap();
+    assert_eq!(outbox.abandon(txn_id, None).await, Settlement::Tombstoned);
+    release.send(()).unwrap();
+    let answer = commit.await.unwrap();
+    assert!(matches!(answer, Err(TxnError::CommitWindowExpired { .. })), "{answer:?}");
+    let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
+    assert_eq!(entity.item.version, 1, "nothing applied");
+    assert_eq!(entity.fence, Some(txn_id));
+    assert_eq!(world.entity_commits(txn_id), (0, 0));
+    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
+}
+
+/// A transaction whose item was fenced for a later transaction cannot commit in entity
+/// form (the mark is above it): it commits in the transactional form instead, nothing
+/// lost and nothing refused.
+#[tokio::test]
+async fn a_transaction_below_another_ones_fence_commits_in_the_transactional_form() {
+    let world = world(true).await;
+    let first = world.outbox.begin_entity(order()).await.unwrap();
+    let second = world.outbox.begin_entity(order()).await.unwrap();
+    let (mut low, high) = if first.id() < second.id() {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    let now = world.clock.now();
+    world
+        .backend
+        .store
+        .fence_entity(&order(), high.id(), now, now.plus(Duration::from_secs(600)))
+        .await
+        .unwrap();
+    drop(high);
+    let read = low.get(&order()).await.unwrap().unwrap();
+    low.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(read.version));
+    low.emit(Message::json(events(), &json!({"type": "LineAdded"})).unwrap());
+    let committed = low.commit().await.unwrap();
+    assert_eq!(world.entity_commits(committed.txn_id), (0, 1), "the transactional form");
+    assert_eq!(committed.inline, InlineDispatch::Dispatched);
+    assert_eq!(world.published(), 1);
+}
+
+/// An entry too big for its item (entity mode's item holds it, 400 KB at most) commits in
+/// the transactional form, whose records split across items, instead of being refused.
+#[tokio::test]
+async fn an_entry_too_big_for_its_item_commits_in_the_transactional_form() {
+    let world = world(true).await;
+    let mut txn = world.outbox.begin_entity(order()).await.unwrap();
+    txn.put(order(), json!({"lines": 2, "note": "x".repeat(250_000)}), ExpectedVersion::Exactly(1));
+    txn.emit(Message::json(events(), &json!({"type": "LineAdded", "note": "y".repeat(200_000)})).unwrap());
+    let committed = txn.commit().await.unwrap();
+    assert_eq!(world.entity_commits(committed.txn_id), (0, 1), "the transactional form");
+    assert_eq!(world.published(), 1);
 }
 
 #[tokio::test]

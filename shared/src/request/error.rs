@@ -111,6 +111,15 @@ pub enum TxnError {
         /// The request's first transaction.
         txn_id: TxnId,
     },
+    /// The transaction was abandoned ([`crate::request::Outbox::abandon`], or the HTTP
+    /// glue settling a request answered without it) before its commit began: the commit
+    /// was refused, and nothing was written. A handler that commits after its request was
+    /// answered (a spawned task) meets this.
+    #[error("transaction {txn_id} was abandoned before its commit")]
+    Abandoned {
+        /// The transaction.
+        txn_id: TxnId,
+    },
     /// Nobody knows whether the commit applied: it could not be settled before the
     /// deadline. The control worker settles it; the transaction's status tells the
     /// outcome later.
@@ -139,6 +148,7 @@ impl TxnError {
             | Self::NotCommitted { txn_id, .. }
             | Self::Fenced { txn_id, .. }
             | Self::SecondInRequest { txn_id }
+            | Self::Abandoned { txn_id }
             | Self::Ambiguous { txn_id, .. } => *txn_id,
         }
     }

@@ -23,6 +23,7 @@ mod commit;
 mod entity_tests;
 mod error;
 mod inline;
+mod live;
 mod outbox;
 mod settle;
 mod transaction;

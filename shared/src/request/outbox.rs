@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::live::Live;
 use super::settle::within;
 use super::watch::BEGIN_WATCH;
 use super::{Transaction, TxnError};
@@ -38,6 +39,8 @@ pub struct Outbox {
     pub(super) inline: Option<Arc<dyn Publisher>>,
     /// The `Service` dimension of its metrics.
     pub(super) service: Arc<str>,
+    /// Its transactions begun and not finished (shared by its clones).
+    pub(super) live: Arc<Live>,
 }
 
 impl Outbox {
@@ -49,6 +52,7 @@ impl Outbox {
             limits,
             inline: None,
             service: Arc::from(DEFAULT_SERVICE),
+            live: Arc::default(),
         }
     }
 
@@ -170,7 +174,10 @@ impl Outbox {
             staging: Staging::new(txn_id, Arc::clone(&self.ports.store)),
             on_commit: Vec::new(),
             idempotency: None,
+            _live: self.live.begun(txn_id, entity.clone()),
             entity,
+            entity_barred: false,
+            entity_attempted: false,
         };
         if let Some(watch) = watch {
             watch.started(self, &mut txn);

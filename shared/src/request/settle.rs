@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::commit::COMMIT_RETRY_DELAY;
+use super::live::Abandoned;
 use super::Outbox;
-use crate::control::FENCE_LIFETIME;
 use crate::ports::{Clock, FenceOutcome, ItemKey, TombstoneOutcome};
 use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::time::Timestamp;
@@ -81,8 +81,16 @@ impl Outbox {
     /// Abandons transaction `txn_id`: writes its tombstone (the same conditional put the
     /// control worker writes, `attribute_not_exists`), by `deadline` if there is one, so
     /// that its control message finds it settled at the first check instead of deferring
-    /// until the window ends. A commit of it that is still in flight, or tried later,
-    /// then fails. Never fails itself: what it cannot write, the control message settles.
+    /// until the window ends. Never fails itself: what it cannot write, the control
+    /// message settles.
+    ///
+    /// A commit of it tried later fails ([`super::TxnError::Abandoned`], nothing written),
+    /// wherever the transaction went (a task spawned past the answer, a channel), when it
+    /// was begun on this request path or a clone of it. A commit already under way is
+    /// fenced: one in flight then fails, in entity mode too, where the fence goes into
+    /// the item the transaction was begun on. For a transaction begun by another process,
+    /// name its item with [`Self::abandon_in`] where it was begun in entity mode: the
+    /// tombstone record alone does not stop a commit into the item.
     ///
     /// [`super::Transaction::abandon`] does this for a transaction in hand; the HTTP glue does
     /// it for a request whose handler began a transaction and answered without
@@ -92,14 +100,26 @@ impl Outbox {
     }
 
     /// [`Self::abandon`] for a transaction begun in entity mode into `entity`
-    /// ([`Outbox::begin_entity`]): the settling write is then the fence in the entity,
-    /// with the record's tombstone, in one atomic write (`Store::fence_entity`), so that
-    /// neither form of its commit can apply any more; it finds the transaction's entry
-    /// where it committed into the entity. `None` is [`Self::abandon`].
+    /// ([`Outbox::begin_entity`]): where a commit of it may be under way (its commit began,
+    /// or it is not a live transaction of this request path, so nobody can tell), the
+    /// settling write is the fence in the entity with the record's tombstone, in one
+    /// atomic write (`Store::fence_entity`), so that neither form of its commit can apply
+    /// any more; it finds the transaction's entry where it committed into the entity.
+    /// `None` is [`Self::abandon`].
     pub async fn abandon_in(&self, txn_id: TxnId, entity: Option<&ItemKey>, deadline: Option<Timestamp>) -> Settlement {
+        let fence_in = match self.live.abandon(txn_id) {
+            // Its commit is now refused: nothing of it can land.
+            Abandoned::BeforeCommit => None,
+            Abandoned::WhileCommitting(begun_in) => begun_in.or_else(|| entity.cloned()),
+            Abandoned::Unknown => entity.cloned(),
+        };
+        self.settle(txn_id, fence_in.as_ref(), deadline).await
+    }
+
+    /// The settling write: T's tombstone record, or with `entity` the fence there too.
+    pub(super) async fn settle(&self, txn_id: TxnId, entity: Option<&ItemKey>, deadline: Option<Timestamp>) -> Settlement {
         let clock = self.ports.clock.as_ref();
         let mut settlement = Settlement::LeftToWorker;
-        let mut item_gone = false;
         // A failed write is tried again while time remains: DynamoDB refuses a put on an
         // item that a transaction still in flight holds (TransactionConflict), which is
         // exactly the race this write settles. Trying again is safe: every outcome of
@@ -110,46 +130,34 @@ impl Outbox {
                 break;
             }
             let expires_at = now.plus(self.timing.retention);
-            if let Some(key) = entity {
-                let fence = self
-                    .ports
-                    .store
-                    .fence_entity(key, txn_id, now, expires_at, now.plus(FENCE_LIFETIME));
-                match within(clock, deadline, fence).await {
-                    Some(Ok(FenceOutcome::Fenced)) => settlement = Settlement::Tombstoned,
-                    Some(Ok(FenceOutcome::Recorded(record))) if record.state == OutboxState::Tombstone => {
-                        settlement = Settlement::AlreadyTombstoned
-                    }
-                    Some(Ok(FenceOutcome::Recorded(found) | FenceOutcome::Committed(found))) => {
-                        settlement = Settlement::Committed(found)
-                    }
-                    // No item: the tombstone below blocks the transactional form, but a
-                    // commit into the item, were it created again at the version that
-                    // commit expects, cannot be ruled out: unsettled.
-                    Some(Ok(FenceOutcome::NoItem)) => item_gone = true,
-                    Some(Err(error)) => {
-                        tracing::warn!(%txn_id, attempt, error = %error, "writing the fence failed");
-                        if attempt < SETTLE_ATTEMPTS {
-                            clock.sleep(COMMIT_RETRY_DELAY * attempt).await;
-                        }
-                        continue;
-                    }
-                    None => {
-                        tracing::warn!(%txn_id, "the deadline came while writing the fence");
-                        break;
-                    }
+            let written = match entity {
+                Some(key) => {
+                    let fence = self.ports.store.fence_entity(key, txn_id, now, expires_at);
+                    within(clock, deadline, fence).await.map(|outcome| {
+                        outcome.map(|outcome| match outcome {
+                            FenceOutcome::Fenced => Settlement::Tombstoned,
+                            FenceOutcome::Recorded(record) if record.state == OutboxState::Tombstone => {
+                                Settlement::AlreadyTombstoned
+                            }
+                            FenceOutcome::Recorded(found) | FenceOutcome::Committed(found) => Settlement::Committed(found),
+                        })
+                    })
                 }
-                if settlement != Settlement::LeftToWorker {
-                    break;
+                None => {
+                    let write = self.ports.store.put_tombstone(txn_id, now, expires_at);
+                    within(clock, deadline, write).await.map(|outcome| {
+                        outcome.map(|outcome| match outcome {
+                            TombstoneOutcome::Written => Settlement::Tombstoned,
+                            TombstoneOutcome::Exists(record) if record.state == OutboxState::Tombstone => {
+                                Settlement::AlreadyTombstoned
+                            }
+                            TombstoneOutcome::Exists(record) => Settlement::Committed(record),
+                        })
+                    })
                 }
-            }
-            let write = self.ports.store.put_tombstone(txn_id, now, expires_at);
-            match within(clock, deadline, write).await {
-                Some(Ok(TombstoneOutcome::Written)) => settlement = Settlement::Tombstoned,
-                Some(Ok(TombstoneOutcome::Exists(record))) if record.state == OutboxState::Tombstone => {
-                    settlement = Settlement::AlreadyTombstoned
-                }
-                Some(Ok(TombstoneOutcome::Exists(record))) => settlement = Settlement::Committed(record),
+            };
+            match written {
+                Some(Ok(found)) => settlement = found,
                 Some(Err(error)) => {
                     tracing::warn!(%txn_id, attempt, error = %error, "writing the tombstone failed");
                     if attempt < SETTLE_ATTEMPTS {
@@ -160,10 +168,6 @@ impl Outbox {
                 None => tracing::warn!(%txn_id, "the deadline came while writing the tombstone"),
             }
             break;
-        }
-        if item_gone && settlement.never_committed() {
-            tracing::warn!(%txn_id, "the entity is gone: a commit into it, were it created again, cannot be ruled out");
-            settlement = Settlement::LeftToWorker;
         }
         if settlement == Settlement::LeftToWorker {
             tracing::warn!(%txn_id, "the transaction is left to its control message");

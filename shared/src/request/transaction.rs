@@ -66,6 +66,14 @@ pub struct Transaction {
     pub(super) idempotency: Option<(IdempotencySlot, String, StoredResponse)>,
     /// The one item it commits into, in entity mode ([`Outbox::begin_entity`]).
     pub(super) entity: Option<ItemKey>,
+    /// Its entity form was refused for good (the item's fence mark is at or above it, or
+    /// the entry does not fit the item): it commits in the transactional form.
+    pub(super) entity_barred: bool,
+    /// A commit of it in entity form was sent: an attempt of unknown outcome is then
+    /// fenced in the item.
+    pub(super) entity_attempted: bool,
+    /// Its place among the request path's live transactions, for abandoning it.
+    pub(super) _live: super::live::LiveGuard,
 }
 
 impl Transaction {
@@ -152,9 +160,8 @@ impl Transaction {
     /// no-op, a 404 or 409 found by its reads).
     pub async fn abandon(self) -> Settlement {
         let by = settle_bound(self.outbox.ports.clock.now(), self.deadline);
-        // No commit of it was sent, so none can land: its record's tombstone settles it
-        // (in entity mode too: a fence in the item is only for a commit that may still
-        // land, docs/ENTITY_MODE.md).
-        self.outbox.abandon(self.txn_id, Some(by)).await
+        // No commit of it was sent (a commit takes the transaction), so none can land:
+        // its record's tombstone settles it, in entity mode too.
+        self.outbox.abandon_in(self.txn_id, self.entity.as_ref(), Some(by)).await
     }
 }

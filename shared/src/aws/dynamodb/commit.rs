@@ -11,21 +11,27 @@ use aws_sdk_dynamodb::types::{
     TransactWriteItem, Update,
 };
 
-use crate::aws::item::{attempt_of, business_item, idempotency_item, n, outbox_items, to_attribute};
+use crate::aws::item::{attempt_of, idempotency_item, n, outbox_items, s, to_attribute, Item};
 use crate::aws::size::{action_bytes, item_bytes};
 use crate::ports::{
     BoxError, BusinessWrite, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction, Store,
 };
-use crate::protocol::{IdempotencySlot, OutboxRecord, OutboxState};
+use crate::protocol::{IdempotencySlot, OutboxRecord, OutboxState, TxnId};
 use crate::settings::TableLayout;
 
 use super::entity::OUTBOX_ATTRIBUTE;
+use super::fence::{fence_of, FENCE_ATTRIBUTE, NO_FENCE};
 use super::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES, PART_ORPHAN_GUARD};
+
+/// The fence marks of the items a commit deletes, as read before it (`None`: no mark): a
+/// deleted item that has one keeps it in a vacant item.
+type Marks = HashMap<ItemKey, Option<TxnId>>;
 
 /// What each action of a commit stands for, to read its cancellation reason.
 enum Role {
     Native(usize),
-    Business(ItemKey),
+    /// A business write; for a delete, the version it expects.
+    Business(ItemKey, Option<u64>),
     Outbox,
     Part,
     Idempotency(IdempotencySlot),
@@ -57,96 +63,97 @@ const CONTENTION_CODES: &[&str] = &[
 ];
 
 impl DynamoStore {
-    /// The condition of a portable write expecting `expected`, with its names and values.
-    fn version_condition(&self, expected: ExpectedVersion) -> (&'static str, Option<HashMap<String, AttributeValue>>) {
+    /// The condition of a portable write expecting `expected`, with its values. `Absent`
+    /// holds for a vacant key too (no version: it keeps only a fence mark).
+    fn version_condition(expected: ExpectedVersion) -> (&'static str, Option<HashMap<String, AttributeValue>>) {
         match expected {
-            ExpectedVersion::Absent => (TableLayout::NOT_EXISTS, None),
+            ExpectedVersion::Absent => ("attribute_not_exists(version)", None),
             ExpectedVersion::Exactly(version) => (
-                "attribute_exists(#pk) AND version = :expected",
+                "attribute_exists(version) AND version = :expected",
                 Some(HashMap::from([(":expected".to_owned(), n(version))])),
             ),
         }
     }
 
-    /// The condition of a delete of the item at `version`: as [`Self::version_condition`],
-    /// and the item holds no outbox entry of the entity mode (deleting it would drop the
-    /// entries' messages before they went out; the delete waits until they are removed).
-    fn delete_condition(
-        &self,
-        version: u64,
-    ) -> (&'static str, HashMap<String, String>, HashMap<String, AttributeValue>) {
-        let mut names = self.layout.key_names();
-        names.insert("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned());
-        (
-            "attribute_exists(#pk) AND version = :expected AND (attribute_not_exists(#outbox) OR size(#outbox) = :none)",
-            names,
-            HashMap::from([(":expected".to_owned(), n(version)), (":none".to_owned(), n(0))]),
-        )
-    }
-
-    fn portable(&self, write: &BusinessWrite) -> Result<(TransactWriteItem, usize), CommitError> {
+    fn portable(&self, write: &BusinessWrite, marks: &Marks) -> Result<(TransactWriteItem, usize), CommitError> {
         let table = &self.layout.table;
-        let names = Some(self.layout.key_names());
         let action = match write {
             // An existing item is updated, not replaced: the outbox entries the entity mode
-            // keeps in it (DESIGN.md section 11) stay, with their messages still to go out.
-            BusinessWrite::Put {
-                key,
-                data,
-                expected: ExpectedVersion::Exactly(version),
-            } => {
-                let mut names = self.layout.key_names();
-                names.insert("#data".to_owned(), "data".to_owned());
+            // keeps in it (DESIGN.md section 11) stay, with their messages still to go out,
+            // and so does its fence mark. A create keeps the mark of a vacant key. Both
+            // reserve the mark's room, so that a fence never grows the item.
+            BusinessWrite::Put { key, data, expected } => {
+                let (condition, values) = Self::version_condition(*expected);
+                let mut values = values.unwrap_or_default();
+                values.extend([
+                    (":data".to_owned(), to_attribute(data)),
+                    (":next".to_owned(), n(expected.next())),
+                    (":nofence".to_owned(), s(NO_FENCE.to_owned())),
+                ]);
                 let update = Update::builder()
                     .table_name(table)
                     .set_key(Some(self.key(key.as_str())))
-                    .update_expression("SET #data = :data, version = :next")
-                    .condition_expression("attribute_exists(#pk) AND version = :expected")
-                    .set_expression_attribute_names(Some(names))
-                    .set_expression_attribute_values(Some(HashMap::from([
-                        (":data".to_owned(), to_attribute(data)),
-                        (":next".to_owned(), n(version + 1)),
-                        (":expected".to_owned(), n(*version)),
-                    ])))
+                    .update_expression("SET #data = :data, version = :next, #fence = if_not_exists(#fence, :nofence)")
+                    .condition_expression(condition)
+                    .expression_attribute_names("#data", "data")
+                    .expression_attribute_names("#fence", FENCE_ATTRIBUTE)
+                    .set_expression_attribute_values(Some(values))
                     .build()
                     .map_err(invalid)?;
                 TransactWriteItem::builder().update(update).build()
             }
-            BusinessWrite::Put { key, data, expected } => {
-                let (condition, values) = self.version_condition(*expected);
-                let item = business_item(&self.layout, key, expected.next(), data);
-                let bytes = item_bytes(&item);
-                let put = Put::builder()
-                    .table_name(table)
-                    .set_item(Some(item))
-                    .condition_expression(condition)
-                    .set_expression_attribute_names(names)
-                    .set_expression_attribute_values(values)
-                    .build()
-                    .map_err(invalid)?;
-                return Ok((TransactWriteItem::builder().put(put).build(), bytes));
-            }
+            // The item holds no outbox entry of the entity mode (deleting it would drop the
+            // entries' messages before they went out; the delete waits until they are
+            // removed). An item with a fence mark keeps it in a vacant item, so that a late
+            // commit of a transaction fenced in it meets the mark again if the item is
+            // created anew; the mark read before is checked, so that a fence landing in
+            // between is not lost.
             BusinessWrite::Delete { key, version } => {
-                let (condition, names, values) = self.delete_condition(*version);
-                let delete = Delete::builder()
-                    .table_name(table)
-                    .set_key(Some(self.key(key.as_str())))
-                    .condition_expression(condition)
-                    .set_expression_attribute_names(Some(names))
-                    .set_expression_attribute_values(Some(values))
-                    // What blocked it: another version, or entries still to dispatch.
-                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-                    .build()
-                    .map_err(invalid)?;
-                TransactWriteItem::builder().delete(delete).build()
+                let mut values = HashMap::from([(":expected".to_owned(), n(*version)), (":none".to_owned(), n(0))]);
+                let base = "attribute_exists(version) AND version = :expected AND (attribute_not_exists(#outbox) OR size(#outbox) = :none)";
+                match marks.get(key).copied().flatten() {
+                    Some(mark) => {
+                        values.insert(":mark".to_owned(), s(mark.to_string()));
+                        let vacate = Update::builder()
+                            .table_name(table)
+                            .set_key(Some(self.key(key.as_str())))
+                            .update_expression("REMOVE #data, version, #outbox")
+                            .condition_expression(format!("{base} AND #fence = :mark"))
+                            .expression_attribute_names("#data", "data")
+                            .expression_attribute_names("#outbox", OUTBOX_ATTRIBUTE)
+                            .expression_attribute_names("#fence", FENCE_ATTRIBUTE)
+                            .set_expression_attribute_values(Some(values))
+                            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                            .build()
+                            .map_err(invalid)?;
+                        TransactWriteItem::builder().update(vacate).build()
+                    }
+                    None => {
+                        values.insert(":nofence".to_owned(), s(NO_FENCE.to_owned()));
+                        let delete = Delete::builder()
+                            .table_name(table)
+                            .set_key(Some(self.key(key.as_str())))
+                            .condition_expression(format!(
+                                "{base} AND (attribute_not_exists(#fence) OR #fence = :nofence)"
+                            ))
+                            .expression_attribute_names("#outbox", OUTBOX_ATTRIBUTE)
+                            .expression_attribute_names("#fence", FENCE_ATTRIBUTE)
+                            .set_expression_attribute_values(Some(values))
+                            // What blocked it: another version, entries still to dispatch, or a
+                            // fence since the read.
+                            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                            .build()
+                            .map_err(invalid)?;
+                        TransactWriteItem::builder().delete(delete).build()
+                    }
+                }
             }
             BusinessWrite::Check { key, expected } => {
-                let (condition, values) = self.version_condition(*expected);
+                let (condition, values) = Self::version_condition(*expected);
                 let check = ConditionCheck::builder()
                     .table_name(table)
                     .set_key(Some(self.key(key.as_str())))
                     .condition_expression(condition)
-                    .set_expression_attribute_names(names)
                     .set_expression_attribute_values(values)
                     .build()
                     .map_err(invalid)?;
@@ -157,9 +164,33 @@ impl DynamoStore {
         Ok((action, bytes))
     }
 
+    /// The fence marks of the items `request` deletes, read before the commit (deletes are
+    /// rare; the read costs nothing otherwise).
+    async fn marks_of_deleted(&self, request: &CommitRequest) -> Result<Marks, CommitError> {
+        let deleted: Vec<&ItemKey> = request
+            .writes
+            .iter()
+            .filter_map(|write| match write {
+                BusinessWrite::Delete { key, .. } => Some(key),
+                _ => None,
+            })
+            .collect();
+        let mut marks = Marks::new();
+        for key in deleted {
+            // Nothing was sent yet: a failed read writes nothing.
+            let item = self.read_raw(key).await.map_err(|error| CommitError::Unavailable(Box::new(error)))?;
+            let mark = match &item {
+                Some(item) => fence_of(&self.layout, item).map_err(|error| CommitError::Unavailable(Box::new(error)))?,
+                None => None,
+            };
+            marks.insert(key.clone(), mark);
+        }
+        Ok(marks)
+    }
+
     /// Every action of a commit, checked against DynamoDB's budget before anything is
     /// sent: the error says how much of it the protocol's own records took.
-    fn actions(&self, request: &CommitRequest, native: &[NativeAction]) -> Result<Actions, CommitError> {
+    fn actions(&self, request: &CommitRequest, native: &[NativeAction], marks: &Marks) -> Result<Actions, CommitError> {
         // Every attempt of one commit must send the same request under its token (else
         // DynamoDB answers IdempotentParameterMismatch): times come from the request,
         // built once, never from the clock of the attempt.
@@ -173,10 +204,14 @@ impl DynamoStore {
             roles.push(Role::Native(index));
         }
         for write in &request.writes {
-            let (action, bytes) = self.portable(write)?;
+            let (action, bytes) = self.portable(write, marks)?;
             application_bytes += bytes;
             items.push(action);
-            roles.push(Role::Business(write.key().clone()));
+            let deleting = match write {
+                BusinessWrite::Delete { version, .. } => Some(*version),
+                _ => None,
+            };
+            roles.push(Role::Business(write.key().clone(), deleting));
         }
         let application_actions = items.len();
 
@@ -308,7 +343,7 @@ impl DynamoStore {
                 // A delete blocked by the entity mode's entries (only deletes return the
                 // old item): not a conflict the caller must resolve, but one that passes
                 // once they are dispatched, so the commit is tried again.
-                (Role::Business(_), "ConditionalCheckFailed")
+                (Role::Business(..), "ConditionalCheckFailed")
                     if reason
                         .item()
                         .and_then(|item| item.get(OUTBOX_ATTRIBUTE))
@@ -319,7 +354,16 @@ impl DynamoStore {
                         "the item holds outbox entries still to be dispatched".into(),
                     )))
                 }
-                (Role::Business(key), "ConditionalCheckFailed") => {
+                // A delete that found the item at its version: its fence mark is not the
+                // one read before (a fence landed in between), so it is tried again.
+                (Role::Business(_, Some(version)), "ConditionalCheckFailed")
+                    if reason.item().is_some_and(|item| item.contains_key("version") && Self::at_version(item, *version)) =>
+                {
+                    return Explained::Decided(Err(CommitError::Contention(
+                        "the item was fenced while it was being deleted".into(),
+                    )))
+                }
+                (Role::Business(key, _), "ConditionalCheckFailed") => {
                     failures.push((2, CommitError::VersionConflict { key: key.clone() }))
                 }
                 (Role::Idempotency(slot), "ConditionalCheckFailed") => {
@@ -375,8 +419,14 @@ impl DynamoStore {
         }
     }
 
+    /// Whether `item` is at `version`.
+    fn at_version(item: &Item, version: u64) -> bool {
+        item.get("version").and_then(|value| value.as_n().ok()).and_then(|text| text.parse::<u64>().ok()) == Some(version)
+    }
+
     pub(super) async fn transact(&self, request: &CommitRequest, native: &[NativeAction]) -> Result<(), CommitError> {
-        let Actions { items, roles } = self.actions(request, native)?;
+        let marks = self.marks_of_deleted(request).await?;
+        let Actions { items, roles } = self.actions(request, native, &marks)?;
         let result = self
             .client
             .transact_write_items()

@@ -8,24 +8,25 @@
 //! `outbox.T` where the item has no map yet (an item written in the transactional mode):
 //! that item gets its first map in a second form of the update, conditioned on the map's
 //! absence, chosen from the old item the first form's failed condition returns.
+//!
+//! A commit of the request path is also conditioned on the item's fence mark
+//! (`outbox_fence`, [`super::fence`]) being below its transaction, and reserves the mark's
+//! room (`if_not_exists`), so that a fence never grows the item.
 
 use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
-use crate::aws::item::{
-    business_from_item, dispatched_item, n, outbox_from_items, outbox_items, outbox_pk, s, to_attribute, Item, Reader,
-};
-use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, Store, StoreError};
+use crate::aws::item::{business_from_item, dispatched_item, n, s, to_attribute, Item, Reader};
+use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, StoreError};
 use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::settings::TableLayout;
 use crate::time::Timestamp;
 
+use super::fence::{fence_of, FENCE_ATTRIBUTE, NO_FENCE};
 use super::{unavailable, DynamoStore};
 
 /// The attribute that holds an item's outbox entries.
@@ -34,13 +35,16 @@ pub(crate) const OUTBOX_ATTRIBUTE: &str = "outbox";
 /// DynamoDB's 400 KB item limit.
 const MAX_ITEM_BYTES: usize = 400 * 1024;
 
-/// Which update a commit of an existing item sends.
+/// Which update a commit sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Form {
     /// Adds `outbox.T` to the item's map.
     IntoMap,
     /// Gives the item its first map, holding only `T`.
     NewMap,
+    /// Creates the item (where it has no version: absent, or a vacant key keeping a fence
+    /// mark, which the item keeps), its map holding only `T`.
+    Create,
 }
 
 /// What the old item returned by a failed condition says.
@@ -51,7 +55,7 @@ enum Verdict {
 }
 
 /// The entries of an item as stored, read back.
-fn entries_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
+pub(super) fn entries_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
     let reader = Reader::new(layout, item);
     let Some(map) = item.get(OUTBOX_ATTRIBUTE) else {
         return Ok(BTreeMap::new());
@@ -107,6 +111,13 @@ fn judge(layout: &TableLayout, commit: &EntityCommit, old: Option<&Item>) -> Ver
         }
         // An entry nobody can read may be this very attempt's: whether it applied is
         // unknown.
+        Err(error) => return Verdict::Decided(Err(CommitError::Ambiguous(Box::new(error)))),
+    }
+    match fence_of(layout, old) {
+        Ok(Some(fence)) if commit.checks_fence && fence >= txn_id => {
+            return Verdict::Decided(Err(CommitError::EntityFenced { txn_id }))
+        }
+        Ok(_) => {}
         Err(error) => return Verdict::Decided(Err(CommitError::Ambiguous(Box::new(error)))),
     }
     let version = Reader::new(layout, old).version();
@@ -166,7 +177,8 @@ fn one_request() -> aws_sdk_dynamodb::config::Builder {
 }
 
 impl DynamoStore {
-    pub(super) async fn read_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+    /// Item `key` as stored (a vacant key's fence mark included), strongly consistent.
+    pub(super) async fn read_raw(&self, key: &ItemKey) -> Result<Option<Item>, StoreError> {
         let output = self
             .client
             .get_item()
@@ -176,10 +188,20 @@ impl DynamoStore {
             .send()
             .await
             .map_err(unavailable)?;
-        let Some(item) = output.item() else { return Ok(None) };
+        Ok(output.item)
+    }
+
+    pub(super) async fn read_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        let Some(item) = self.read_raw(key).await? else {
+            return Ok(None);
+        };
+        let Some(business) = business_from_item(&self.layout, key, &item)? else {
+            return Ok(None);
+        };
         Ok(Some(EntityItem {
-            item: business_from_item(&self.layout, key, item)?,
-            entries: entries_of(&self.layout, item)?,
+            item: business,
+            entries: entries_of(&self.layout, &item)?,
+            fence: fence_of(&self.layout, &item)?,
         }))
     }
 
@@ -196,13 +218,11 @@ impl DynamoStore {
             });
         }
         let verdict = match commit.expected {
-            ExpectedVersion::Absent => self.put_new(commit, data, entry).await?,
-            ExpectedVersion::Exactly(version) => {
-                match self.update(commit, version, Form::IntoMap, &data, &entry).await? {
-                    Verdict::NeedsMap => self.update(commit, version, Form::NewMap, &data, &entry).await?,
-                    decided => decided,
-                }
-            }
+            ExpectedVersion::Absent => self.update(commit, Form::Create, &data, &entry).await?,
+            ExpectedVersion::Exactly(_) => match self.update(commit, Form::IntoMap, &data, &entry).await? {
+                Verdict::NeedsMap => self.update(commit, Form::NewMap, &data, &entry).await?,
+                decided => decided,
+            },
         };
         match verdict {
             Verdict::Decided(result) => result,
@@ -213,56 +233,11 @@ impl DynamoStore {
         }
     }
 
-    /// A new item holding only this entry: `Ok(verdict)` when the condition failed.
-    async fn put_new(
-        &self,
-        commit: &EntityCommit,
-        data: AttributeValue,
-        entry: AttributeValue,
-    ) -> Result<Verdict, CommitError> {
-        let item = self.layout.item(
-            commit.key.as_str(),
-            [
-                ("version".to_owned(), n(commit.expected.next())),
-                ("data".to_owned(), data),
-                (
-                    OUTBOX_ATTRIBUTE.to_owned(),
-                    AttributeValue::M(HashMap::from([(commit.entry.txn_id.to_string(), entry)])),
-                ),
-            ],
-        );
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.layout.table)
-            .set_item(Some(item))
-            .condition_expression(TableLayout::NOT_EXISTS)
-            .set_expression_attribute_names(Some(self.layout.key_names()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .customize()
-            .config_override(one_request())
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Verdict::Decided(Ok(()))),
-            Err(SdkError::ServiceError(service))
-                if matches!(service.err(), PutItemError::ConditionalCheckFailedException(_)) =>
-            {
-                let old = match service.err() {
-                    PutItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
-                    _ => None,
-                };
-                self.judge_old(commit, old).await
-            }
-            Err(error) => Err(commit_error(error)),
-        }
-    }
-
-    /// The data, the version and the entry on the item at `version`, in `form`.
+    /// The data, the version and the entry, in `form`; the fence mark kept (its room
+    /// reserved where the item has none) and, for the request path, checked.
     async fn update(
         &self,
         commit: &EntityCommit,
-        version: u64,
         form: Form,
         data: &AttributeValue,
         entry: &AttributeValue,
@@ -273,32 +248,44 @@ impl DynamoStore {
             ("#data".to_owned(), "data".to_owned()),
             ("#version".to_owned(), "version".to_owned()),
             ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
+            ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
         ]);
         let mut values = HashMap::from([
             (":data".to_owned(), data.clone()),
             (":next".to_owned(), n(commit.expected.next())),
-            (":expected".to_owned(), n(version)),
+            (":nofence".to_owned(), s(NO_FENCE.to_owned())),
         ]);
-        let (update, condition) = match form {
+        if let ExpectedVersion::Exactly(version) = commit.expected {
+            values.insert(":expected".to_owned(), n(version));
+        }
+        let (update, mut condition) = match form {
             Form::IntoMap => {
                 names.insert("#txn".to_owned(), txn);
                 values.insert(":entry".to_owned(), entry.clone());
                 (
-                    "SET #data = :data, #version = :next, #outbox.#txn = :entry",
-                    "attribute_exists(#pk) AND #version = :expected AND attribute_exists(#outbox) AND attribute_not_exists(#outbox.#txn)",
+                    "SET #data = :data, #version = :next, #outbox.#txn = :entry, #fence = if_not_exists(#fence, :nofence)",
+                    "attribute_exists(#pk) AND #version = :expected AND attribute_exists(#outbox) AND attribute_not_exists(#outbox.#txn)".to_owned(),
                 )
             }
-            Form::NewMap => {
+            Form::NewMap | Form::Create => {
                 values.insert(
                     ":map".to_owned(),
                     AttributeValue::M(HashMap::from([(txn, entry.clone())])),
                 );
                 (
-                    "SET #data = :data, #version = :next, #outbox = :map",
-                    "attribute_exists(#pk) AND #version = :expected AND attribute_not_exists(#outbox)",
+                    "SET #data = :data, #version = :next, #outbox = :map, #fence = if_not_exists(#fence, :nofence)",
+                    if form == Form::Create {
+                        "attribute_not_exists(#version)".to_owned()
+                    } else {
+                        "attribute_exists(#pk) AND #version = :expected AND attribute_not_exists(#outbox)".to_owned()
+                    },
                 )
             }
         };
+        if commit.checks_fence {
+            condition.push_str(" AND (attribute_not_exists(#fence) OR #fence < :txnid)");
+            values.insert(":txnid".to_owned(), s(commit.entry.txn_id.to_string()));
+        }
         let result = self
             .client
             .update_item()
@@ -391,178 +378,5 @@ impl DynamoStore {
             .await
             .map_err(unavailable)?;
         Ok(())
-    }
-}
-
-impl DynamoStore {
-    /// One `TransactWriteItems`: T's tombstone record where it has none, and the fence in
-    /// K's slot for T (`form` as for a commit: into the map, or K's first map).
-    pub(super) async fn write_fence(
-        &self,
-        key: &ItemKey,
-        txn_id: TxnId,
-        now: Timestamp,
-        expires_at: Timestamp,
-        prune_at: Timestamp,
-    ) -> Result<FenceOutcome, StoreError> {
-        let tombstone = outbox_items(
-            &self.layout,
-            &OutboxRecord::tombstone(txn_id, now, expires_at),
-            expires_at,
-            self.part_bytes,
-        )
-        .map_err(|reason| StoreError::Corrupt {
-            key: outbox_pk(txn_id),
-            reason,
-        })?
-        .into_iter()
-        .next()
-        .expect("a tombstone is one item");
-        let fence = OutboxRecord::tombstone(txn_id, now, prune_at);
-        let fence = serde_json::to_string(&fence)
-            .map(s)
-            .map_err(|error| StoreError::Corrupt {
-                key: key.to_string(),
-                reason: format!("the fence cannot be written: {error}"),
-            })?;
-        for form in [Form::IntoMap, Form::NewMap] {
-            match self.try_fence(key, txn_id, &tombstone, &fence, form).await? {
-                Some(outcome) => return Ok(outcome),
-                None => continue,
-            }
-        }
-        // The map appeared between the two forms: read what is there now.
-        match self.read_entity(key).await? {
-            None => Ok(FenceOutcome::NoItem),
-            Some(entity) => match entity.entries.get(&txn_id) {
-                Some(found) if found.state == OutboxState::Tombstone => Ok(FenceOutcome::Fenced),
-                Some(found) => Ok(FenceOutcome::Committed(found.clone())),
-                None => Err(StoreError::Unavailable(
-                    "the item's outbox map changed under the fence".into(),
-                )),
-            },
-        }
-    }
-
-    /// `None`: the item has no map yet (for the first form), so the next form is needed.
-    async fn try_fence(
-        &self,
-        key: &ItemKey,
-        txn_id: TxnId,
-        tombstone: &Item,
-        fence: &AttributeValue,
-        form: Form,
-    ) -> Result<Option<FenceOutcome>, StoreError> {
-        let txn = txn_id.to_string();
-        let mut names = self.layout.key_names();
-        names.insert("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned());
-        let mut values = HashMap::new();
-        let (update, condition) = match form {
-            Form::IntoMap => {
-                names.insert("#txn".to_owned(), txn.clone());
-                values.insert(":fence".to_owned(), fence.clone());
-                (
-                    "SET #outbox.#txn = :fence",
-                    "attribute_exists(#pk) AND attribute_exists(#outbox) AND attribute_not_exists(#outbox.#txn)",
-                )
-            }
-            Form::NewMap => {
-                values.insert(
-                    ":map".to_owned(),
-                    AttributeValue::M(HashMap::from([(txn, fence.clone())])),
-                );
-                (
-                    "SET #outbox = :map",
-                    "attribute_exists(#pk) AND attribute_not_exists(#outbox)",
-                )
-            }
-        };
-        let no_record = Put::builder()
-            .table_name(&self.layout.table)
-            .set_item(Some(tombstone.clone()))
-            .condition_expression(TableLayout::NOT_EXISTS)
-            .set_expression_attribute_names(Some(self.layout.key_names()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
-        let fence_in_item = Update::builder()
-            .table_name(&self.layout.table)
-            .set_key(Some(self.key(key.as_str())))
-            .update_expression(update)
-            .condition_expression(condition)
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
-        let result = self
-            .client
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().put(no_record).build())
-            .transact_items(TransactWriteItem::builder().update(fence_in_item).build())
-            .send()
-            .await;
-        let error = match result {
-            Ok(_) => return Ok(Some(FenceOutcome::Fenced)),
-            Err(error) => error,
-        };
-        let reasons = match &error {
-            SdkError::ServiceError(service) => match service.err() {
-                TransactWriteItemsError::TransactionCanceledException(cancelled) => {
-                    cancelled.cancellation_reasons().to_vec()
-                }
-                _ => return Err(unavailable(error)),
-            },
-            _ => return Err(unavailable(error)),
-        };
-        let failed =
-            |index: usize| reasons.get(index).and_then(|reason| reason.code()) == Some("ConditionalCheckFailed");
-        if failed(0) {
-            let record = match reasons[0].item() {
-                Some(item) => outbox_from_items(&self.layout, item, &[])?,
-                None => match self.get_outboxes(&[txn_id]).await?.remove(&txn_id) {
-                    Some(record) => record,
-                    None => return Err(StoreError::Unavailable("the record blocking the fence is gone".into())),
-                },
-            };
-            return Ok(Some(FenceOutcome::Recorded(record)));
-        }
-        if !failed(1) {
-            // Contention or throttling: nothing was written; the caller tries again.
-            return Err(unavailable(error));
-        }
-        let old = match reasons[1].item() {
-            Some(item) => Some(item.clone()),
-            None => {
-                return Ok(Some(match self.read_entity(key).await? {
-                    None => FenceOutcome::NoItem,
-                    Some(entity) => match entity.entries.get(&txn_id) {
-                        Some(found) if found.state == OutboxState::Tombstone => FenceOutcome::Fenced,
-                        Some(found) => FenceOutcome::Committed(found.clone()),
-                        None if form == Form::IntoMap => return Ok(None),
-                        None => {
-                            return Err(StoreError::Unavailable(
-                                "the fence's condition failed unexplained".into(),
-                            ))
-                        }
-                    },
-                }))
-            }
-        };
-        let Some(old) = old else {
-            return Ok(Some(FenceOutcome::NoItem));
-        };
-        let entries = entries_of(&self.layout, &old)?;
-        Ok(match entries.get(&txn_id) {
-            Some(found) if found.state == OutboxState::Tombstone => Some(FenceOutcome::Fenced),
-            Some(found) => Some(FenceOutcome::Committed(found.clone())),
-            // No map yet: the next form gives the item one.
-            None if form == Form::IntoMap && !old.contains_key(OUTBOX_ATTRIBUTE) => None,
-            None => {
-                return Err(StoreError::Unavailable(
-                    "the fence's condition failed unexplained".into(),
-                ))
-            }
-        })
     }
 }

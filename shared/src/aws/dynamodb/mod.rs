@@ -11,6 +11,7 @@
 mod batch;
 mod commit;
 mod entity;
+mod fence;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -117,7 +118,8 @@ impl Store for DynamoStore {
             .filter_map(|key| {
                 found
                     .get(key.as_str())
-                    .map(|item| business_from_item(&self.layout, key, item).map(|v| (key.clone(), v)))
+                    .and_then(|item| business_from_item(&self.layout, key, item).transpose())
+                    .map(|read| read.map(|item| (key.clone(), item)))
             })
             .collect()
     }
@@ -312,9 +314,8 @@ impl Store for DynamoStore {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
-        prune_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
-        self.write_fence(key, txn_id, now, expires_at, prune_at).await
+        self.write_fence(key, txn_id, now, expires_at).await
     }
 
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {

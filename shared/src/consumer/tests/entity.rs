@@ -31,6 +31,10 @@ struct Hooked {
     pause_after_first_read: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
     /// The same, at the first read of a record only.
     pause_after_first_record_read: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
+    /// The next entity commit is held in the network: answered "outcome unknown", kept
+    /// here to land later.
+    hold_next_commit: std::sync::atomic::AtomicBool,
+    held: Mutex<Option<EntityCommit>>,
 }
 
 impl Hooked {
@@ -40,6 +44,8 @@ impl Hooked {
             failing_dedup_puts: AtomicU32::new(0),
             pause_after_first_read: Mutex::new(None),
             pause_after_first_record_read: Mutex::new(None),
+            hold_next_commit: Default::default(),
+            held: Mutex::new(None),
         }
     }
 
@@ -93,6 +99,10 @@ impl Store for Hooked {
         read
     }
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        if self.hold_next_commit.swap(false, Ordering::SeqCst) {
+            *self.held.lock().unwrap() = Some(commit.clone());
+            return Err(CommitError::Ambiguous("held in the network".into()));
+        }
         self.inner.commit_entity(commit).await
     }
     async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
@@ -375,6 +385,7 @@ async fn a_pending_entry_beside_a_dispatched_record_is_published_before_it_is_re
             data: json!({"count": 10}),
             expected: ExpectedVersion::Absent,
             entry: OutboxRecord::committed(TxnId::new_v7(), vec![], world.clock.now(), world.clock.now()),
+            checks_fence: false,
         };
         world.backend.store.commit_entity(&other).await.unwrap();
         world
@@ -399,4 +410,74 @@ async fn a_pending_entry_beside_a_dispatched_record_is_published_before_it_is_re
     assert_eq!(published.len(), 1, "the committed change's message went out");
     assert_eq!(published[0].1["count"], 11);
     assert!(world.entity("o-1").await.entries.is_empty());
+}
+
+/// Bumps its entity and emits the first time it runs; later runs stage nothing (its
+/// decision depends on something else: another item, the time, configuration).
+#[derive(Default)]
+struct ChangesItsMind {
+    runs: AtomicU32,
+}
+
+#[async_trait]
+impl Handler for ChangesItsMind {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let key: ItemKey = format!("COUNT#{}", order_of(message)?).parse()?;
+        let item = staging.get(&key).await?.expect("the test creates the entity");
+        if self.runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            let count = item.data["count"].as_u64().unwrap_or(0);
+            staging.put(key, json!({"count": count + 1}), ExpectedVersion::Exactly(item.version));
+            staging.emit(Message::json(events(), &json!({"type": "Bumped", "count": count + 1}))?);
+        }
+        Ok(())
+    }
+
+    fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        Ok(Some(format!("COUNT#{}", order_of(message)?).parse()?))
+    }
+}
+
+/// Round 1 commits a change and a message, its outcome unknown (held in the network);
+/// round 2 reads the entity unchanged and, deciding otherwise, stages nothing. Recording
+/// only the decision would let round 1 land after the acknowledgement, its message never
+/// sent (C2, C5). Round 2 writes the entity as read instead, so round 1 can never land.
+#[tokio::test]
+async fn a_handler_that_changes_its_mind_after_an_unknown_attempt_blocks_that_attempt() {
+    let (mut world, hooked) = hooked_world(0);
+    let key: ItemKey = "COUNT#o-1".parse().unwrap();
+    let create = TxnId::new_v7();
+    let now = world.clock.now();
+    world
+        .backend
+        .store
+        .commit(&CommitRequest {
+            txn_id: create,
+            writes: vec![crate::ports::BusinessWrite::Put {
+                key: key.clone(),
+                data: json!({"count": 1}),
+                expected: ExpectedVersion::Absent,
+            }],
+            outbox: OutboxRecord::committed(create, vec![], now, now.plus(RETENTION)),
+            idempotency: None,
+        })
+        .await
+        .unwrap();
+    let mut ports = world.backend.consumer_ports(world.clock.clone());
+    ports.store = hooked.clone();
+    world.consumer = Consumer::new(
+        "counter".parse().unwrap(),
+        ports,
+        Arc::new(ChangesItsMind::default()),
+        RETENTION,
+    );
+    hooked.hold_next_commit.store(true, Ordering::SeqCst);
+    let outcome = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
+    assert_eq!(outcome, ConsumeOutcome::Processed { messages: 0 });
+    let held = hooked.held.lock().unwrap().take().expect("round 1's commit was held");
+    let late = world.backend.store.commit_entity(&held).await;
+    assert!(matches!(late, Err(CommitError::VersionConflict { .. })), "round 1 landed: {late:?}");
+    let entity = world.entity("o-1").await;
+    assert_eq!(entity.item.data, json!({"count": 1}), "no change applied");
+    assert!(entity.entries.is_empty(), "{:?}", entity.entries);
+    assert!(world.published().is_empty());
 }

@@ -15,7 +15,8 @@ pub fn for_batch(report: &BatchReport, now: Timestamp) -> MetricRecord {
     let dispatched: Vec<(usize, Timestamp)> = outcomes
         .iter()
         .filter_map(|outcome| match outcome {
-            ControlOutcome::Dispatched { messages, committed_at } => Some((*messages, *committed_at)),
+            ControlOutcome::Dispatched { messages, committed_at }
+            | ControlOutcome::DispatchedBesideTombstone { messages, committed_at } => Some((*messages, *committed_at)),
             _ => None,
         })
         .collect();
@@ -31,6 +32,10 @@ pub fn for_batch(report: &BatchReport, now: Timestamp) -> MetricRecord {
         .count(
             "Tombstones",
             count(|outcome| matches!(outcome, ControlOutcome::Tombstoned)),
+        )
+        .count(
+            "EntriesBesideTombstones",
+            count(|outcome| matches!(outcome, ControlOutcome::DispatchedBesideTombstone { .. })),
         )
         .count(
             "Deferrals",

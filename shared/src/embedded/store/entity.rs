@@ -1,10 +1,11 @@
 //! The entity mode on the embedded table: an item's outbox entries live in the item, a
-//! commit is one conditional write of it, and a removal touches only its entry.
+//! commit is one conditional write of it, a removal touches only its entry, and a fence
+//! raises the item's fence mark.
 
 use std::collections::BTreeMap;
 
 use super::{EmbeddedStore, Item, State, StoreEvent};
-use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, VersionedItem};
+use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, VersionedItem};
 use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::time::Timestamp;
 
@@ -14,13 +15,19 @@ const MAX_ITEM_BYTES: usize = 400 * 1024;
 /// Item `key` with its entries, as stored at `now`.
 pub(super) fn read(state: &State, key: &ItemKey, now: Timestamp) -> Option<EntityItem> {
     match EmbeddedStore::live(state, key.as_str(), now) {
-        Some(Item::Business { version, json, entries }) => Some(EntityItem {
+        Some(Item::Business {
+            version,
+            json,
+            entries,
+            fence,
+        }) => Some(EntityItem {
             item: VersionedItem {
                 key: key.clone(),
                 version: *version,
                 data: serde_json::from_str(json).expect("the store wrote this JSON itself"),
             },
             entries: entries.clone(),
+            fence: *fence,
         }),
         _ => None,
     }
@@ -31,9 +38,15 @@ pub(super) fn read(state: &State, key: &ItemKey, now: Timestamp) -> Option<Entit
 pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -> Result<(), CommitError> {
     let key = commit.key.as_str();
     let txn_id = commit.entry.txn_id;
-    let (current, mut entries) = match EmbeddedStore::live(state, key, now) {
-        Some(Item::Business { version, entries, .. }) => (Some(*version), entries.clone()),
-        _ => (None, BTreeMap::new()),
+    let (current, mut entries, fence) = match EmbeddedStore::live(state, key, now) {
+        Some(Item::Business {
+            version,
+            entries,
+            fence,
+            ..
+        }) => (Some(*version), entries.clone(), *fence),
+        Some(Item::Vacant { fence }) => (None, BTreeMap::new(), Some(*fence)),
+        _ => (None, BTreeMap::new(), None),
     };
     if let Some(found) = entries.get(&txn_id) {
         return if commit.entry.is_own(found) {
@@ -43,6 +56,9 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
         } else {
             Err(CommitError::Superseded { txn_id })
         };
+    }
+    if commit.checks_fence && fence.is_some_and(|fence| fence >= txn_id) {
+        return Err(CommitError::EntityFenced { txn_id });
     }
     let holds = match commit.expected {
         ExpectedVersion::Absent => current.is_none(),
@@ -71,6 +87,7 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
         version: commit.expected.next(),
         json: json.into_boxed_str(),
         entries,
+        fence,
     };
     state.insert(key.to_owned(), item);
     state.record(|| StoreEvent::EntityCommitted {
@@ -95,26 +112,24 @@ pub(super) fn remove(state: &mut State, key: &ItemKey, txn_id: TxnId, now: Times
     }
 }
 
-/// A tombstone in `txn_id`'s entry slot of item `key`, where the slot is empty (the caller
-/// checked that the transaction has no record).
-pub(super) fn fence(
-    state: &mut State,
-    key: &ItemKey,
-    txn_id: TxnId,
-    now: Timestamp,
-    expires_at: Timestamp,
-    clock_now: Timestamp,
-) -> FenceOutcome {
-    let Some(Item::Business { entries, .. }) = state.items.get_mut(key.as_str()) else {
-        return FenceOutcome::NoItem;
-    };
-    match entries.get(&txn_id) {
-        Some(found) if found.state == OutboxState::Tombstone => FenceOutcome::Fenced,
-        Some(found) => FenceOutcome::Committed(found.clone()),
-        None => {
-            entries.insert(txn_id, OutboxRecord::tombstone(txn_id, now, expires_at));
-            state.record(|| StoreEvent::Tombstoned { txn_id, at: clock_now });
-            FenceOutcome::Fenced
+/// Transaction `txn_id`'s entry in item `key`, if it is there.
+pub(super) fn entry(state: &State, key: &ItemKey, txn_id: TxnId) -> Option<OutboxRecord> {
+    match state.items.get(key.as_str()) {
+        Some(Item::Business { entries, .. }) => entries.get(&txn_id).cloned(),
+        _ => None,
+    }
+}
+
+/// Raises item `key`'s fence mark to `txn_id` where it is below (the caller checked that
+/// the item holds no entry of it); a key without an item keeps the mark in a vacant item.
+pub(super) fn raise_fence(state: &mut State, key: &ItemKey, txn_id: TxnId) {
+    match state.items.get_mut(key.as_str()) {
+        Some(Item::Business { fence, .. }) => {
+            *fence = (*fence).max(Some(txn_id));
+        }
+        Some(Item::Vacant { fence }) => *fence = (*fence).max(txn_id),
+        _ => {
+            state.insert(key.as_str().to_owned(), Item::Vacant { fence: txn_id });
         }
     }
 }

@@ -34,11 +34,16 @@ const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
 enum Item {
     /// The entity mode's outbox entries ride along (DESIGN.md section 11); an empty map
     /// allocates nothing.
+    /// `fence` is its fence mark (entity mode), kept by every write of the item.
     Business {
         version: u64,
         json: Box<str>,
         entries: BTreeMap<TxnId, OutboxRecord>,
+        fence: Option<TxnId>,
     },
+    /// A business key without an item that keeps a fence mark: the fence found no item,
+    /// or the item was deleted. Read as absent; a create keeps the mark.
+    Vacant { fence: TxnId },
     Outbox(Box<OutboxRecord>),
     Idempotency(Box<IdempotencyRecord>),
 }
@@ -46,7 +51,7 @@ enum Item {
 impl Item {
     fn is_expired(&self, now: Timestamp) -> bool {
         match self {
-            Self::Business { .. } => false,
+            Self::Business { .. } | Self::Vacant { .. } => false,
             Self::Outbox(record) => record.is_expired(now),
             Self::Idempotency(record) => record.is_expired(now),
         }
@@ -54,7 +59,7 @@ impl Item {
 
     fn expires_at(&self) -> Option<Timestamp> {
         match self {
-            Self::Business { .. } => None,
+            Self::Business { .. } | Self::Vacant { .. } => None,
             Self::Outbox(record) => record.expires_at,
             Self::Idempotency(record) => Some(record.expires_at),
         }
@@ -82,6 +87,16 @@ pub enum StoreEvent {
     /// A record was marked dispatched.
     MarkedDispatched {
         /// Which transaction.
+        txn_id: TxnId,
+        /// When.
+        at: Timestamp,
+    },
+    /// A transaction was fenced in its item (entity mode): the item's fence mark is at or
+    /// above it, and its tombstone record is written.
+    Fenced {
+        /// The item.
+        key: ItemKey,
+        /// The transaction.
         txn_id: TxnId,
         /// When.
         at: Timestamp,
@@ -204,7 +219,7 @@ impl EmbeddedStore {
         let business_items = state
             .items
             .values()
-            .filter(|item| matches!(item, Item::Business { .. }))
+            .filter(|item| matches!(item, Item::Business { .. } | Item::Vacant { .. }))
             .count();
         StoreSizes {
             business_items,
@@ -351,21 +366,29 @@ impl Store for EmbeddedStore {
         for write in &request.writes {
             match write {
                 BusinessWrite::Put { key, data, expected } => {
-                    // An update of an existing item keeps its entries.
-                    let entries = match state.items.remove(key.as_str()) {
-                        Some(Item::Business { entries, .. }) => entries,
-                        _ => BTreeMap::new(),
+                    // An update of an existing item keeps its entries and its fence mark;
+                    // a create keeps the mark a vacant key held.
+                    let (entries, fence) = match state.items.remove(key.as_str()) {
+                        Some(Item::Business { entries, fence, .. }) => (entries, fence),
+                        Some(Item::Vacant { fence }) => (BTreeMap::new(), Some(fence)),
+                        _ => (BTreeMap::new(), None),
                     };
                     let item = Item::Business {
                         version: expected.next(),
                         json: data.to_string().into_boxed_str(),
                         entries,
+                        fence,
                     };
                     state.insert(key.as_str().to_owned(), item);
                 }
-                BusinessWrite::Delete { key, .. } => {
-                    state.items.remove(key.as_str());
-                }
+                // A deleted item's fence mark stays with its key: a late commit of a
+                // transaction fenced in it meets the mark again if the item is created anew.
+                BusinessWrite::Delete { key, .. } => match state.items.remove(key.as_str()) {
+                    Some(Item::Business { fence: Some(fence), .. }) => {
+                        state.insert(key.as_str().to_owned(), Item::Vacant { fence });
+                    }
+                    _ => {}
+                },
                 BusinessWrite::Check { .. } => {}
             }
         }
@@ -505,20 +528,32 @@ impl Store for EmbeddedStore {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
-        prune_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
         let clock_now = self.clock.now();
         let mut state = self.lock();
         state.sweep(clock_now);
-        if let Some(Item::Outbox(record)) = Self::live(&state, &outbox_key(txn_id), clock_now) {
-            return Ok(FenceOutcome::Recorded(record.as_ref().clone()));
+        // A committed record speaks for T; an entry in the item is proof of the commit
+        // where T's record is a tombstone (written without the fence).
+        let record = match Self::live(&state, &outbox_key(txn_id), clock_now) {
+            Some(Item::Outbox(record)) => Some(record.as_ref().clone()),
+            _ => None,
+        };
+        match (record, entity::entry(&state, key, txn_id)) {
+            (Some(record), _) if record.state != OutboxState::Tombstone => return Ok(FenceOutcome::Recorded(record)),
+            (_, Some(entry)) => return Ok(FenceOutcome::Committed(entry)),
+            (Some(tombstone), None) => return Ok(FenceOutcome::Recorded(tombstone)),
+            (None, None) => {}
         }
-        let outcome = entity::fence(&mut state, key, txn_id, now, prune_at, clock_now);
-        if outcome == FenceOutcome::Fenced {
-            let tombstone = OutboxRecord::tombstone(txn_id, now, expires_at);
-            state.insert(outbox_key(txn_id), Item::Outbox(Box::new(tombstone)));
-        }
-        Ok(outcome)
+        entity::raise_fence(&mut state, key, txn_id);
+        let tombstone = OutboxRecord::tombstone(txn_id, now, expires_at);
+        state.insert(outbox_key(txn_id), Item::Outbox(Box::new(tombstone)));
+        state.record(|| StoreEvent::Fenced {
+            key: key.clone(),
+            txn_id,
+            at: clock_now,
+        });
+        state.record(|| StoreEvent::Tombstoned { txn_id, at: clock_now });
+        Ok(FenceOutcome::Fenced)
     }
 
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {

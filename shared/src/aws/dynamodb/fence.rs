@@ -1,0 +1,249 @@
+//! The fence of entity mode on DynamoDB (`docs/ENTITY_MODE.md`): one `TransactWriteItems`
+//! that puts T's tombstone record where it has none and raises K's fence mark
+//! (`outbox_fence`, the highest transaction fenced in K) to T, where K holds no entry of T.
+//!
+//! A commit of the request path in entity form is conditioned on the mark being below its
+//! transaction. The mark only moves up and is never pruned, so once T is fenced no request
+//! of T gets past it, however late it arrives and whatever any clock says. It keeps no
+//! slot per transaction: one attribute, as long as a transaction id.
+//!
+//! K's action takes one of four forms, chosen from K as last seen: K exists (it has a
+//! version) or is vacant (absent, or deleted keeping its mark); its mark is below T (raise
+//! it) or at or above T already (only check it). A condition that fails returns K as it
+//! is, and the form is chosen again.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+
+use super::entity::{entries_of, OUTBOX_ATTRIBUTE};
+use super::{unavailable, DynamoStore};
+use crate::aws::item::{outbox_from_items, outbox_items, outbox_pk, s, Item, Reader};
+use crate::ports::{FenceOutcome, ItemKey, Store, StoreError};
+use crate::protocol::{OutboxRecord, OutboxState, TxnId};
+use crate::settings::TableLayout;
+use crate::time::Timestamp;
+
+/// The attribute that holds an item's fence mark.
+pub(crate) const FENCE_ATTRIBUTE: &str = "outbox_fence";
+
+/// The mark of an item that no fence reached: below every transaction id, and as long as
+/// one, so that a fence replacing it never grows the item (a near-full item can still be
+/// fenced). Every write of the portable form reserves it where the item has no mark.
+pub(crate) const NO_FENCE: &str = "00000000-0000-0000-0000-000000000000";
+
+/// How often the fence chooses its form again before giving up (the item changing
+/// between tries; the caller tries again later).
+const FENCE_TRIES: usize = 4;
+
+/// An item's fence mark, `None` where no fence reached it.
+pub(crate) fn fence_of(layout: &TableLayout, item: &Item) -> Result<Option<TxnId>, StoreError> {
+    match item.get(FENCE_ATTRIBUTE) {
+        None => Ok(None),
+        Some(value) => {
+            let reader = Reader::new(layout, item);
+            let text = value.as_s().map_err(|_| reader.corrupt("outbox_fence is not a string"))?;
+            if text == NO_FENCE {
+                return Ok(None);
+            }
+            text.parse()
+                .map(Some)
+                .map_err(|_| reader.corrupt(format!("bad fence mark {text}")))
+        }
+    }
+}
+
+/// K's action in the fence: which item state it expects, and whether it raises the mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Form {
+    /// K has a version (it exists); otherwise it is vacant and keeps only a mark.
+    exists: bool,
+    /// K's mark is below T: raise it. Otherwise it is at or above T: check it.
+    raise: bool,
+}
+
+impl Form {
+    /// The form for K as seen (`None`: absent).
+    fn for_item(layout: &TableLayout, item: Option<&Item>, txn_id: TxnId) -> Result<Self, StoreError> {
+        let Some(item) = item else {
+            return Ok(Self {
+                exists: false,
+                raise: true,
+            });
+        };
+        Ok(Self {
+            exists: item.contains_key("version"),
+            raise: fence_of(layout, item)?.is_none_or(|fence| fence < txn_id),
+        })
+    }
+}
+
+/// What one try of the fence found.
+enum Tried {
+    Done(FenceOutcome),
+    /// K was not in the form tried: K as it is now.
+    Again(Option<Item>),
+}
+
+impl DynamoStore {
+    /// Fences T in K (see the module).
+    pub(super) async fn write_fence(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<FenceOutcome, StoreError> {
+        let tombstone = outbox_items(
+            &self.layout,
+            &OutboxRecord::tombstone(txn_id, now, expires_at),
+            expires_at,
+            self.part_bytes,
+        )
+        .map_err(|reason| StoreError::Corrupt {
+            key: outbox_pk(txn_id),
+            reason,
+        })?
+        .into_iter()
+        .next()
+        .expect("a tombstone is one item");
+        // The usual case first: K exists, below the mark.
+        let mut form = Form {
+            exists: true,
+            raise: true,
+        };
+        for _ in 0..FENCE_TRIES {
+            match self.try_fence(key, txn_id, &tombstone, form).await? {
+                Tried::Done(outcome) => return Ok(outcome),
+                Tried::Again(item) => {
+                    if let Some(entry) = self.entry_in(item.as_ref(), txn_id)? {
+                        return Ok(FenceOutcome::Committed(entry));
+                    }
+                    form = Form::for_item(&self.layout, item.as_ref(), txn_id)?;
+                }
+            }
+        }
+        Err(StoreError::Unavailable("the item kept changing under the fence".into()))
+    }
+
+    /// T's entry in `item`, if it holds one.
+    fn entry_in(&self, item: Option<&Item>, txn_id: TxnId) -> Result<Option<OutboxRecord>, StoreError> {
+        let Some(item) = item else { return Ok(None) };
+        Ok(entries_of(&self.layout, item)?.remove(&txn_id))
+    }
+
+    async fn try_fence(&self, key: &ItemKey, txn_id: TxnId, tombstone: &Item, form: Form) -> Result<Tried, StoreError> {
+        let mut names = self.layout.key_names();
+        names.extend([
+            ("#version".to_owned(), "version".to_owned()),
+            ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
+        ]);
+        let values = HashMap::from([(":txnid".to_owned(), s(txn_id.to_string()))]);
+        let mut condition = if form.exists {
+            names.insert("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned());
+            names.insert("#txn".to_owned(), txn_id.to_string());
+            // No entry of T: an entry is proof of its commit.
+            "attribute_exists(#version) AND attribute_not_exists(#outbox.#txn)".to_owned()
+        } else {
+            "attribute_not_exists(#version)".to_owned()
+        };
+        condition.push_str(if form.raise {
+            " AND (attribute_not_exists(#fence) OR #fence < :txnid)"
+        } else {
+            " AND #fence >= :txnid"
+        });
+        let on_item = if form.raise {
+            let update = Update::builder()
+                .table_name(&self.layout.table)
+                .set_key(Some(self.key(key.as_str())))
+                .update_expression("SET #fence = :txnid")
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(Some(values))
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .build()
+                .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+            TransactWriteItem::builder().update(update).build()
+        } else {
+            let check = ConditionCheck::builder()
+                .table_name(&self.layout.table)
+                .set_key(Some(self.key(key.as_str())))
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(Some(values))
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .build()
+                .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+            TransactWriteItem::builder().condition_check(check).build()
+        };
+        let no_record = Put::builder()
+            .table_name(&self.layout.table)
+            .set_item(Some(tombstone.clone()))
+            .condition_expression(TableLayout::NOT_EXISTS)
+            .set_expression_attribute_names(Some(self.layout.key_names()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().put(no_record).build())
+            .transact_items(on_item)
+            .send()
+            .await;
+        let error = match result {
+            Ok(_) => return Ok(Tried::Done(FenceOutcome::Fenced)),
+            Err(error) => error,
+        };
+        let reasons = match &error {
+            SdkError::ServiceError(service) => match service.err() {
+                TransactWriteItemsError::TransactionCanceledException(cancelled) => {
+                    cancelled.cancellation_reasons().to_vec()
+                }
+                _ => return Err(unavailable(error)),
+            },
+            _ => return Err(unavailable(error)),
+        };
+        let code = |index: usize| reasons.get(index).and_then(|reason| reason.code());
+        let failed = |index: usize| code(index) == Some("ConditionalCheckFailed");
+        if !failed(0) && !failed(1) {
+            // Contention or throttling: nothing was written; the caller tries again.
+            return Err(unavailable(error));
+        }
+        // K as it is, when its condition failed: from the reason, or read.
+        let item_now = if failed(1) {
+            match reasons[1].item() {
+                Some(item) => Some(item.clone()),
+                None => self.read_raw(key).await?,
+            }
+        } else if code(1) == Some("None") {
+            // K's condition held: it holds no entry of T.
+            None
+        } else {
+            self.read_raw(key).await?
+        };
+        let record = if failed(0) {
+            Some(match reasons[0].item() {
+                Some(item) => outbox_from_items(&self.layout, item, &[])?,
+                None => match self.get_outboxes(&[txn_id]).await?.remove(&txn_id) {
+                    Some(record) => record,
+                    None => return Err(StoreError::Unavailable("the record blocking the fence is gone".into())),
+                },
+            })
+        } else {
+            None
+        };
+        // A committed record speaks for T; an entry of T in K is proof of its commit
+        // where T's record is a tombstone (written without the fence).
+        Ok(match (record, self.entry_in(item_now.as_ref(), txn_id)?) {
+            (Some(record), _) if record.state != OutboxState::Tombstone => Tried::Done(FenceOutcome::Recorded(record)),
+            (_, Some(entry)) => Tried::Done(FenceOutcome::Committed(entry)),
+            (Some(tombstone), None) => Tried::Done(FenceOutcome::Recorded(tombstone)),
+            (None, None) => Tried::Again(item_now),
+        })
+    }
+}
