@@ -227,11 +227,10 @@ impl Store for SlowStore {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
-        prune_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
         // The tombstone record and the fence in the item: one TransactWriteItems.
         self.call(StoreOp::FenceEntity).await;
-        self.inner.fence_entity(key, txn_id, now, expires_at, prune_at).await
+        self.inner.fence_entity(key, txn_id, now, expires_at).await
     }
 
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {

@@ -141,12 +141,11 @@ impl Store for OddStore {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
-        prune_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
         if self.tombstones_stall {
             return std::future::pending().await;
         }
-        self.inner.fence_entity(key, txn_id, now, expires_at, prune_at).await
+        self.inner.fence_entity(key, txn_id, now, expires_at).await
     }
 
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {

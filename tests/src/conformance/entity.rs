@@ -23,6 +23,7 @@ fn entity_commit(b: &Backend, item: &str, txn: TxnId, expected: ExpectedVersion,
         expected,
         entry: OutboxRecord::committed(txn, messages(txn, &[data]), now, whole_second(now.plus(RETENTION)))
             .by_attempt(TxnId::new_v7()),
+        checks_fence: false,
     }
 }
 
@@ -343,11 +344,13 @@ pub async fn a_consumer_in_entity_mode_processes_each_message_once(b: &Backend) 
 }
 
 /// The request path's fence inside the entity (`docs/ENTITY_MODE.md`): one atomic write
-/// puts a fence in T's empty slot of an existing item (its first map, or its map) and
-/// T's tombstone record, after which neither form of T's commit applies; it finds T's
-/// entry where T committed into the item first, T's record where T committed in the
-/// transactional form or was dispatched, and no item where there is none (writing
-/// nothing); a fence is pruned by removing it.
+/// raises the item's fence mark to T and puts T's tombstone record, after which neither
+/// form of T's commit applies, nor an entity commit of any transaction at or below the
+/// mark (one above it applies); it finds T's entry where T committed into the item, T's
+/// record where T committed in the transactional form or was dispatched, and an entry
+/// beside a tombstone record as a commit. A mark already above T is only checked. A key
+/// without an item keeps the mark in a vacant item, which reads as absent and which a
+/// create keeps; a delete keeps the mark the same way. Nothing is ever pruned.
 pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_one(b: &Backend) {
     let item = format!("ENTITY#{}", TxnId::new_v7());
     b.store
@@ -361,24 +364,32 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         .unwrap();
     let now = b.clock.now();
     let expires_at = whole_second(now.plus(RETENTION));
-    let prune_at = whole_second(now.plus(std::time::Duration::from_secs(20 * 60)));
     let entity_key = key(&item);
-    let fence = |txn: TxnId| b.store.fence_entity(&entity_key, txn, now, expires_at, prune_at);
-    let request_commit = |txn: TxnId| {
-        let mut commit = entity_commit(b, &item, txn, ExpectedVersion::Exactly(1), json!({"n": 1}));
+    let fence = |txn: TxnId, at: ItemKey| async move { b.store.fence_entity(&at, txn, now, expires_at).await };
+    let request_commit = |txn: TxnId, version: u64| {
+        let mut commit = entity_commit(b, &item, txn, ExpectedVersion::Exactly(version), json!({"n": version}));
         commit.entry.attempt = None;
+        commit.checks_fence = true;
         commit
     };
-    // Fenced first (the item had no map yet), then again: the second finds the tombstone.
-    let fenced = TxnId::new_v7();
-    assert_eq!(fence(fenced).await.unwrap(), FenceOutcome::Fenced, "{}", b.name);
-    match fence(fenced).await.unwrap() {
+    let mut ids: Vec<TxnId> = (0..5).map(|_| TxnId::new_v7()).collect();
+    ids.sort();
+    let [below, fenced, above, dispatched, beside] = ids[..] else { unreachable!() };
+    // Fenced (the item had no map), then again: the second finds the tombstone record.
+    assert_eq!(fence(fenced, entity_key.clone()).await.unwrap(), FenceOutcome::Fenced, "{}", b.name);
+    match fence(fenced, entity_key.clone()).await.unwrap() {
         FenceOutcome::Recorded(record) => assert_eq!(record.state, OutboxState::Tombstone, "{}", b.name),
         other => panic!("{}: a second fence: {other:?}", b.name),
     }
-    match b.store.commit_entity(&request_commit(fenced)).await {
-        Err(CommitError::Tombstoned { txn_id }) => assert_eq!(txn_id, fenced),
-        other => panic!("{}: an entity commit after its fence: {other:?}", b.name),
+    let entity = b.store.get_entity(&entity_key).await.unwrap().unwrap();
+    assert_eq!(entity.fence, Some(fenced), "{}: the mark", b.name);
+    assert!(entity.entries.is_empty(), "{}: no slot", b.name);
+    assert_eq!(entity.item.version, 1, "{}: the fence changes no version", b.name);
+    for refused in [fenced, below] {
+        match b.store.commit_entity(&request_commit(refused, 1)).await {
+            Err(CommitError::EntityFenced { txn_id }) => assert_eq!(txn_id, refused),
+            other => panic!("{}: an entity commit at or below the mark: {other:?}", b.name),
+        }
     }
     let transactional = request(
         b,
@@ -390,73 +401,68 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         Err(CommitError::Tombstoned { txn_id }) => assert_eq!(txn_id, fenced),
         other => panic!("{}: a transactional commit after its fence: {other:?}", b.name),
     }
-    // Committed into the item first: the fence finds the entry, and writes nothing.
-    let committed = TxnId::new_v7();
-    let commit = request_commit(committed);
-    b.store.commit_entity(&commit).await.expect("a commit before its fence");
+    // Below the mark already: the fence checks it and writes the record only.
+    assert_eq!(fence(below, entity_key.clone()).await.unwrap(), FenceOutcome::Fenced, "{}", b.name);
+    assert_eq!(b.store.get_entity(&entity_key).await.unwrap().unwrap().fence, Some(fenced));
     assert_eq!(
-        fence(committed).await.unwrap(),
+        record(b, below).await.map(|record| record.state),
+        Some(OutboxState::Tombstone)
+    );
+    // Above the mark: it commits; its fence then finds the entry and writes nothing.
+    let commit = request_commit(above, 1);
+    b.store.commit_entity(&commit).await.expect("a commit above the mark");
+    assert_eq!(
+        fence(above, entity_key.clone()).await.unwrap(),
         FenceOutcome::Committed(commit.entry.clone()),
         "{}",
         b.name
     );
-    assert!(
-        record(b, committed).await.is_none(),
-        "{}: no tombstone beside a commit",
-        b.name
-    );
+    assert!(record(b, above).await.is_none(), "{}: no tombstone beside a commit", b.name);
     // Dispatched, its outcome moved to its record: the fence finds the record.
-    let dispatched = TxnId::new_v7();
     b.store.put_dispatched(dispatched, now, expires_at).await.unwrap();
-    match fence(dispatched).await.unwrap() {
+    match fence(dispatched, entity_key.clone()).await.unwrap() {
         FenceOutcome::Recorded(record) => assert_eq!(record.state, OutboxState::Dispatched),
         other => panic!("{}: a fence after dispatch: {other:?}", b.name),
     }
-    let entity = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
-    assert_eq!(entity.item.version, 2, "{}: only the commit changed the item", b.name);
+    // An entry beside a plain tombstone record (written without the fence): a commit.
+    b.store.put_tombstone(beside, now, expires_at).await.unwrap();
+    let commit_beside = request_commit(beside, 2);
+    b.store.commit_entity(&commit_beside).await.expect("the mark is below it");
     assert_eq!(
-        entity
-            .entries
-            .keys()
-            .copied()
-            .collect::<std::collections::BTreeSet<_>>(),
-        [fenced, committed].into(),
+        fence(beside, entity_key.clone()).await.unwrap(),
+        FenceOutcome::Committed(commit_beside.entry.clone()),
         "{}",
         b.name
     );
-    assert_eq!(entity.entries[&fenced].state, OutboxState::Tombstone);
-    assert_eq!(
-        entity.entries[&fenced].expires_at,
-        Some(prune_at),
-        "{}: the prune time",
-        b.name
-    );
-    // Pruned: the slot is free, the rest stays; the tombstone record still blocks a commit
-    // in the transactional form.
-    b.store.remove_entry(&key(&item), fenced).await.unwrap();
-    let pruned = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
-    assert_eq!(
-        pruned.entries.keys().copied().collect::<Vec<_>>(),
-        [committed],
-        "{}",
-        b.name
-    );
-    assert_eq!(
-        record(b, fenced).await.map(|record| record.state),
-        Some(OutboxState::Tombstone)
-    );
-    // No item: nothing to fence, nothing written.
-    let nowhere = key(&format!("ENTITY#{}", TxnId::new_v7()));
+    let entity = b.store.get_entity(&entity_key).await.unwrap().unwrap();
+    assert_eq!(entity.item.version, 3, "{}: only the commits changed the item", b.name);
+    assert_eq!(entity.fence, Some(fenced), "{}: the mark only moves up", b.name);
+    // Deleted (its entries gone first) and created again: the mark stays with the key.
+    for txn in [above, beside] {
+        b.store.remove_entry(&entity_key, txn).await.unwrap();
+    }
+    let delete = request(b, TxnId::new_v7(), vec![BusinessWrite::Delete { key: entity_key.clone(), version: 3 }], vec![]);
+    b.store.commit(&delete).await.expect("the delete");
+    assert!(b.store.get_entity(&entity_key).await.unwrap().is_none(), "{}: deleted", b.name);
+    assert!(b.store.get_items(&[entity_key.clone()]).await.unwrap().is_empty(), "{}", b.name);
+    let create = request(b, TxnId::new_v7(), vec![put(&item, json!({"n": 0}), ExpectedVersion::Absent)], vec![]);
+    b.store.commit(&create).await.expect("created again over the vacant key");
+    let again = b.store.get_entity(&entity_key).await.unwrap().unwrap();
+    assert_eq!((again.item.version, again.fence), (1, Some(fenced)), "{}: the mark kept", b.name);
+    assert!(matches!(
+        b.store.commit_entity(&request_commit(fenced, 1)).await,
+        Err(CommitError::EntityFenced { .. })
+    ));
+    // A key without an item: the mark goes into a vacant item, read as absent, kept by the
+    // item created there later.
+    let nowhere_item = format!("ENTITY#{}", TxnId::new_v7());
+    let nowhere = key(&nowhere_item);
     let unknown = TxnId::new_v7();
-    assert_eq!(
-        b.store
-            .fence_entity(&nowhere, unknown, now, expires_at, prune_at)
-            .await
-            .unwrap(),
-        FenceOutcome::NoItem,
-        "{}",
-        b.name
-    );
+    assert_eq!(fence(unknown, nowhere.clone()).await.unwrap(), FenceOutcome::Fenced, "{}", b.name);
     assert!(b.store.get_entity(&nowhere).await.unwrap().is_none(), "{}", b.name);
-    assert!(record(b, unknown).await.is_none(), "{}: no tombstone either", b.name);
+    assert!(b.store.get_items(&[nowhere.clone()]).await.unwrap().is_empty(), "{}", b.name);
+    assert_eq!(record(b, unknown).await.map(|record| record.state), Some(OutboxState::Tombstone));
+    let create = request(b, TxnId::new_v7(), vec![put(&nowhere_item, json!({"n": 0}), ExpectedVersion::Absent)], vec![]);
+    b.store.commit(&create).await.expect("a create over the vacant key");
+    assert_eq!(b.store.get_entity(&nowhere).await.unwrap().unwrap().fence, Some(unknown), "{}", b.name);
 }

@@ -640,7 +640,7 @@ impl World {
             inner: self.backend.store.clone(),
             gate: gate.clone(),
             in_flight: self.in_flight.clone(),
-            signatures: None,
+            fenced_out: None,
         })
     }
 
@@ -779,7 +779,7 @@ impl World {
                 let future: ActorFuture = Box::pin(async move {
                     let commit = match late {
                         LateOp::Commit(request) => GhostCommit::Transaction(request),
-                        LateOp::EntityCommit(commit, _) => GhostCommit::Entity(commit),
+                        LateOp::EntityCommit(commit) => GhostCommit::Entity(commit),
                         other => {
                             let arrived = late_op(store, queue, gate, other, None).await;
                             return End::Ghost(if arrived { "applied" } else { "lost" });

@@ -49,8 +49,8 @@ pub struct Observed {
     pub entity_commits: usize,
     /// Entity mode: committed entries removed from their item after dispatch.
     pub entries_removed: usize,
-    /// Entity mode: fences removed from their item once due.
-    pub fences_pruned: usize,
+    /// Entity mode: fences written (the mark raised or checked, with the tombstone record).
+    pub fences: usize,
 }
 
 /// A broken invariant.
@@ -77,7 +77,7 @@ impl Observed {
         let mut dispatched: BTreeSet<TxnId> = BTreeSet::new();
         let mut removed_before_record = Vec::new();
         let mut committed_twice = Vec::new();
-        let (mut entity_commits, mut entries_removed, mut fences_pruned) = (0, 0, 0);
+        let (mut entity_commits, mut entries_removed, mut fences) = (0, 0, 0);
         for event in backend.store.history() {
             match event {
                 StoreEvent::Committed { request, .. } => {
@@ -119,13 +119,11 @@ impl Observed {
                 StoreEvent::MarkedDispatched { txn_id, .. } => {
                     dispatched.insert(txn_id);
                 }
+                StoreEvent::Fenced { .. } => fences += 1,
                 // A committed transaction's entry leaves its item only once its record
-                // is dispatched; a fence (of a transaction that never committed) is
-                // pruned whenever it is due.
+                // is dispatched (only committed transactions have entries).
                 StoreEvent::EntryRemoved { txn_id, .. } => {
-                    if !commits.contains_key(&txn_id) {
-                        fences_pruned += 1;
-                    } else if dispatched.contains(&txn_id) {
+                    if dispatched.contains(&txn_id) {
                         entries_removed += 1;
                     } else {
                         removed_before_record.push(txn_id);
@@ -175,7 +173,7 @@ impl Observed {
             committed_twice,
             entity_commits,
             entries_removed,
-            fences_pruned,
+            fences,
         }
     }
 

@@ -69,9 +69,10 @@ pub(crate) enum LateOp {
         message: ControlMessage,
         delay: Duration,
     },
-    /// An entity-mode commit (one conditional write of the item and its entry), with its
-    /// signing time where AWS's refusal of old signatures is modelled ([`Signatures`]).
-    EntityCommit(Box<EntityCommit>, Option<Timestamp>),
+    /// An entity-mode commit (one conditional write of the item and its entry). It
+    /// arrives whenever the scheduler lets it: AWS's refusal of old signatures is not
+    /// modelled, the worst case (the fence mark alone must refuse it).
+    EntityCommit(Box<EntityCommit>),
     /// An entity-mode dedup record's put.
     PutDispatched {
         txn_id: TxnId,
@@ -89,7 +90,6 @@ pub(crate) enum LateOp {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
-        prune_at: Timestamp,
     },
 }
 
@@ -114,40 +114,21 @@ pub(crate) struct GatedStore {
     pub inner: Arc<dyn Store>,
     pub gate: Gate,
     pub in_flight: InFlight,
-    /// Where set, a commit in entity mode that reaches the table more than
-    /// [`SIGNATURE_VALIDITY`] after it was signed is refused, as AWS refuses it.
-    pub signatures: Option<Signatures>,
+    /// Entity mode: commits refused by their item's fence mark, counted.
+    pub fenced_out: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
-/// How long after its signing time AWS accepts a request: SigV4 refuses a request whose
-/// `X-Amz-Date` is more than 15 minutes from AWS's clock (five for some services; 15 is
-/// the longest). The fence in an entity is pruned on this bound
-/// (`outbox::control::FENCE_LIFETIME`, `docs/ENTITY_MODE.md`), so the simulation of entity
-/// mode models it.
-pub(crate) const SIGNATURE_VALIDITY: Duration = Duration::from_secs(15 * 60);
-
-/// AWS's refusal of requests signed too long ago, on the simulation's true clock: a
-/// request is signed when its sender reaches the gate (right after the request path's
-/// own check of its commit window), and refused if it passes the gate, or its ghost
-/// arrives, more than [`SIGNATURE_VALIDITY`] later. Only the entity commit is checked: the
-/// transactional form does not rely on the bound (its tombstone record outlives every
-/// request), so its simulation keeps late requests arriving at any time, the harder test.
-#[derive(Clone)]
-pub(crate) struct Signatures {
-    pub clock: Arc<ManualClock>,
-    /// Requests refused so far.
-    pub refused: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Signatures {
-    /// Whether AWS refuses, now, a request signed at `signed_at` (counted when it does).
-    pub fn refuses(&self, signed_at: Timestamp) -> bool {
-        let refused = self.clock.now() > signed_at.plus(SIGNATURE_VALIDITY);
-        if refused {
-            self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        refused
+/// `commit` applied to `store`; a refusal by the item's fence mark counted in `fenced_out`.
+async fn entity_commit(
+    store: &dyn Store,
+    commit: &EntityCommit,
+    fenced_out: Option<&Arc<std::sync::atomic::AtomicUsize>>,
+) -> Result<(), CommitError> {
+    let result = store.commit_entity(commit).await;
+    if let (Err(CommitError::EntityFenced { .. }), Some(count)) = (&result, fenced_out) {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
+    result
 }
 
 impl GatedStore {
@@ -166,7 +147,7 @@ pub(crate) async fn late_op(
     queue: Arc<dyn ControlQueue>,
     gate: Gate,
     op: LateOp,
-    signatures: Option<&Signatures>,
+    fenced_out: Option<&Arc<std::sync::atomic::AtomicUsize>>,
 ) -> bool {
     if gate.pass(op.op()).await == Fault::Fail {
         return false;
@@ -188,11 +169,8 @@ pub(crate) async fn late_op(
         LateOp::ControlSend { message, delay } => {
             let _ = queue.send(&message, delay).await;
         }
-        LateOp::EntityCommit(commit, signed_at) => {
-            if signatures.zip(signed_at).is_some_and(|(aws, at)| aws.refuses(at)) {
-                return false;
-            }
-            let _ = store.commit_entity(&commit).await;
+        LateOp::EntityCommit(commit) => {
+            let _ = entity_commit(store.as_ref(), &commit, fenced_out).await;
         }
         LateOp::PutDispatched {
             txn_id,
@@ -209,9 +187,8 @@ pub(crate) async fn late_op(
             txn_id,
             now,
             expires_at,
-            prune_at,
         } => {
-            let _ = store.fence_entity(&key, txn_id, now, expires_at, prune_at).await;
+            let _ = store.fence_entity(&key, txn_id, now, expires_at).await;
         }
     }
     true
@@ -326,18 +303,8 @@ impl Store for GatedStore {
 
     /// Meets what a transactional commit meets: its one conditional write is the commit.
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
-        let signed_at = self.signatures.as_ref().map(|aws| aws.clock.now());
         let fault = self.gate.pass(Op::Commit).await;
-        let apply = || async {
-            match self.signatures.as_ref().zip(signed_at) {
-                // The DynamoDB adapter reports AWS's refusal (InvalidSignatureException)
-                // as of unknown outcome, as every error it cannot prove wrote nothing.
-                Some((aws, at)) if aws.refuses(at) => Err(CommitError::Ambiguous(injected(
-                    "AWS refused the request: its signature expired on its way",
-                ))),
-                _ => self.inner.commit_entity(commit).await,
-            }
-        };
+        let apply = || entity_commit(self.inner.as_ref(), commit, self.fenced_out.as_ref());
         match fault {
             Fault::None | Fault::Duplicate | Fault::FirstEntryFails => apply().await,
             Fault::CrashBefore => self.gate.crash().await,
@@ -352,7 +319,7 @@ impl Store for GatedStore {
             Fault::Fail => Err(CommitError::Unavailable(injected("entity commit refused"))),
             Fault::Busy => Err(CommitError::Contention(injected("entity commit met contention"))),
             Fault::Late => {
-                self.late(LateOp::EntityCommit(Box::new(commit.clone()), signed_at));
+                self.late(LateOp::EntityCommit(Box::new(commit.clone())));
                 Err(CommitError::Ambiguous(injected("entity commit timed out on its way")))
             }
         }
@@ -389,9 +356,8 @@ impl Store for GatedStore {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
-        prune_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
-        let fence = || self.inner.fence_entity(key, txn_id, now, expires_at, prune_at);
+        let fence = || self.inner.fence_entity(key, txn_id, now, expires_at);
         match self.gate.pass(Op::Tombstone).await {
             Fault::Late => {
                 self.late(LateOp::Fence {
@@ -399,7 +365,6 @@ impl Store for GatedStore {
                     txn_id,
                     now,
                     expires_at,
-                    prune_at,
                 });
                 Err(StoreError::Unavailable(injected("fence timed out on its way")))
             }

@@ -22,7 +22,7 @@ use serde_json::json;
 use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
 use super::invariants::Observed;
-use super::ports::{late_op, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight, Signatures};
+use super::ports::{late_op, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight};
 
 /// The standard destination every transaction emits an event to.
 pub const EVENTS: &str = "events";
@@ -75,8 +75,8 @@ pub struct SimConfig {
     pub entity: bool,
     /// Commit requests (and late commits) wait at their gate while anything else can
     /// move: a request checks its window and signs its commit, which then reaches the
-    /// table only once the workers and the clock are done (the fence written and pruned,
-    /// in entity mode).
+    /// table only once the workers and the clock are done (the fence written, in entity
+    /// mode).
     pub hold_commits: bool,
 }
 
@@ -176,9 +176,9 @@ pub struct LateOps {
     pub settle_failed_in_flight: usize,
     /// Late commits that applied after their request had been answered.
     pub commit_applied_after_answer: usize,
-    /// Entity commits refused because they reached the table more than 15 minutes after
-    /// they were signed, as AWS refuses them (entity mode only).
-    pub signature_expired: usize,
+    /// Entity commits refused by their item's fence mark (entity mode only): late ones,
+    /// and any arriving after their transaction, or a later one on the item, was fenced.
+    pub fence_refused: usize,
 }
 
 impl LateOps {
@@ -196,7 +196,7 @@ impl LateOps {
         self.refused_behind_in_flight += other.refused_behind_in_flight;
         self.settle_failed_in_flight += other.settle_failed_in_flight;
         self.commit_applied_after_answer += other.commit_applied_after_answer;
-        self.signature_expired += other.signature_expired;
+        self.fence_refused += other.fence_refused;
     }
 
     fn kind(&mut self, op: Op) -> &mut (usize, usize) {
@@ -346,12 +346,12 @@ struct World {
     timing: Timing,
     in_flight: InFlight,
     timers_fire: bool,
-    /// Entity mode: AWS's refusal of requests signed too long ago.
-    signatures: Option<Signatures>,
+    /// Entity mode: commits refused by their item's fence mark.
+    fenced_out: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl World {
-    /// A world; in entity mode (`seeded` counters) with AWS's refusal of old signatures.
+    /// A world; in entity mode (`seeded` counters), counting commits refused by a fence.
     fn new(worker_skew: i64, timing: Timing, timers_fire: bool, seeded: &[ItemKey]) -> Self {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
         let destinations = [
@@ -365,10 +365,7 @@ impl World {
         for key in seeded {
             seed(&backend, &ids, clock.now(), timing, key);
         }
-        let signatures = (!seeded.is_empty()).then(|| Signatures {
-            clock: clock.clone(),
-            refused: Arc::default(),
-        });
+        let fenced_out = (!seeded.is_empty()).then(Arc::default);
         Self {
             backend,
             clock,
@@ -379,7 +376,7 @@ impl World {
             timing,
             in_flight: InFlight::default(),
             timers_fire,
-            signatures,
+            fenced_out,
         }
     }
 
@@ -388,7 +385,7 @@ impl World {
             inner: self.backend.store.clone(),
             gate: gate.clone(),
             in_flight: self.in_flight.clone(),
-            signatures: self.signatures.clone(),
+            fenced_out: self.fenced_out.clone(),
         })
     }
 
@@ -402,9 +399,9 @@ impl World {
                 let store: Arc<dyn outbox::ports::Store> = self.backend.store.clone();
                 let queue: Arc<dyn outbox::ports::ControlQueue> = self.backend.control_queue.clone();
                 let op = late.op();
-                let signatures = self.signatures.clone();
+                let fenced_out = self.fenced_out.clone();
                 let future: ActorFuture = Box::pin(async move {
-                    late_op(store, queue, gate, late, signatures.as_ref()).await;
+                    late_op(store, queue, gate, late, fenced_out.as_ref()).await;
                     End::Ghost
                 });
                 Actor {
@@ -1006,10 +1003,10 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         late: LateOps {
             refused_behind_in_flight: refused_behind.len(),
             settle_failed_in_flight: settle_failed.len(),
-            signature_expired: world
-                .signatures
+            fence_refused: world
+                .fenced_out
                 .as_ref()
-                .map_or(0, |aws| aws.refused.load(Ordering::Relaxed)),
+                .map_or(0, |count| count.load(Ordering::Relaxed)),
             ..late
         },
     })
