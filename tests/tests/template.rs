@@ -661,24 +661,13 @@ fn the_queues_and_the_event_source_follow_the_rules() {
     assert!(min("RetentionSeconds") > max("MaxCommitDurationSeconds"));
 }
 
-/// The alarm the README recommends watches the metric the control worker emits: the same
-/// namespace, name and service dimension as its EMF records.
+/// The alarms on the control worker's metrics watch what it emits: the same namespace,
+/// name and service dimension as its EMF records (a failed control message; an entry
+/// found beside its tombstone, entity mode).
 #[test]
-fn the_failed_control_messages_alarm_watches_what_the_worker_emits() {
+fn the_control_worker_alarms_watch_what_the_worker_emits() {
     let template = template();
-    let alarm = &template["Resources"]["FailedControlMessagesAlarm"]["Properties"];
-    assert_eq!(alarm["Namespace"].as_str(), Some(outbox::metrics::NAMESPACE));
-    assert_eq!(alarm["MetricName"].as_str(), Some("FailedControlMessages"));
-    let dimensions: Vec<(String, String)> = alarm["Dimensions"]
-        .as_vec()
-        .expect("the alarm's dimensions")
-        .iter()
-        .map(|dimension| {
-            let text = |key: &str| dimension[key].as_str().expect("a string").to_owned();
-            (text("Name"), text("Value"))
-        })
-        .collect();
-    let report = outbox::control::BatchReport {
+    let failed = outbox::control::BatchReport {
         items: vec![outbox::control::ItemReport {
             message_id: "m-1".into(),
             txn_id: None,
@@ -688,9 +677,46 @@ fn the_failed_control_messages_alarm_watches_what_the_worker_emits() {
             ))),
         }],
     };
-    let record = outbox::control::worker::batch_metrics::for_batch(&report, outbox::time::Timestamp::from_millis(0));
+    let beside = outbox::control::BatchReport {
+        items: vec![outbox::control::ItemReport {
+            message_id: "m-2".into(),
+            txn_id: None,
+            attempt: None,
+            result: Ok(outbox::control::ControlOutcome::DispatchedBesideTombstone {
+                messages: 1,
+                committed_at: outbox::time::Timestamp::from_millis(0),
+            }),
+        }],
+    };
+    for (alarm, metric, report) in [
+        ("FailedControlMessagesAlarm", "FailedControlMessages", failed),
+        ("EntriesBesideTombstonesAlarm", "EntriesBesideTombstones", beside),
+    ] {
+        alarm_watches_what_the_worker_emits(&template, alarm, metric, &report);
+    }
+}
+
+fn alarm_watches_what_the_worker_emits(
+    template: &Yaml,
+    alarm: &str,
+    metric: &str,
+    report: &outbox::control::BatchReport,
+) {
+    let alarm = &template["Resources"][alarm]["Properties"];
+    assert_eq!(alarm["Namespace"].as_str(), Some(outbox::metrics::NAMESPACE));
+    assert_eq!(alarm["MetricName"].as_str(), Some(metric));
+    let dimensions: Vec<(String, String)> = alarm["Dimensions"]
+        .as_vec()
+        .expect("the alarm's dimensions")
+        .iter()
+        .map(|dimension| {
+            let text = |key: &str| dimension[key].as_str().expect("a string").to_owned();
+            (text("Name"), text("Value"))
+        })
+        .collect();
+    let record = outbox::control::worker::batch_metrics::for_batch(report, outbox::time::Timestamp::from_millis(0));
     let emitted = record.to_json();
-    assert_eq!(emitted["FailedControlMessages"].as_f64(), Some(1.0), "{emitted}");
+    assert_eq!(emitted[metric].as_f64(), Some(1.0), "{emitted}");
     // Exactly the dimensions the record declares, with its values: an extra one would
     // select no metric, and the alarm would never fire.
     let declared: Vec<(String, String)> = emitted["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0]

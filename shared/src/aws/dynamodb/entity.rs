@@ -282,6 +282,10 @@ impl DynamoStore {
                 )
             }
         };
+        if form == Form::Create {
+            // Its condition names no key attribute (DynamoDB refuses unused names).
+            names.remove("#pk");
+        }
         if commit.checks_fence {
             condition.push_str(" AND (attribute_not_exists(#fence) OR #fence < :txnid)");
             values.insert(":txnid".to_owned(), s(commit.entry.txn_id.to_string()));

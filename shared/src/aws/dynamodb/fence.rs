@@ -137,8 +137,7 @@ impl DynamoStore {
     }
 
     async fn try_fence(&self, key: &ItemKey, txn_id: TxnId, tombstone: &Item, form: Form) -> Result<Tried, StoreError> {
-        let mut names = self.layout.key_names();
-        names.extend([
+        let mut names = HashMap::from([
             ("#version".to_owned(), "version".to_owned()),
             ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
         ]);
