@@ -280,11 +280,19 @@ impl RequestScope {
     async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> Option<Settlement> {
         let (outbox, entity) = {
             let state = self.state();
-            (state.begun_on.clone()?, state.begun_entity.clone())
+            // The fence goes into the entity only where a commit of it was seen to begin
+            // (the fence raises the item's mark, which costs a transaction and sends
+            // older transactions on the item to the transactional form). The request path
+            // itself knows better for a commit that began since (a task the handler
+            // spawned): it fences that one in its entity, and refuses one that begins
+            // later. A transaction dropped without committing (a 404) needs only its
+            // tombstone record.
+            let committing = matches!(state.progress, Progress::Committing(_));
+            (
+                state.begun_on.clone()?,
+                state.begun_entity.clone().filter(|_| committing),
+            )
         };
-        // The request path tells whether a commit of it began (a task the handler spawned,
-        // say): if not, it never will (it is refused from now on) and the tombstone
-        // record settles it; if so, the fence goes into the entity as well.
         Some(outbox.abandon_in(txn_id, entity.as_ref(), Some(deadline)).await)
     }
 

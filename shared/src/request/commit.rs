@@ -26,7 +26,16 @@ impl Transaction {
     /// answer [`TxnError::Ambiguous`]. Commit attempts stop [`SETTLE_RESERVE`] before the
     /// deadline to leave time for it.
     #[tracing::instrument(skip_all, fields(txn_id = %self.txn_id))]
-    pub async fn commit(mut self) -> Result<Committed, TxnError> {
+    pub async fn commit(self) -> Result<Committed, TxnError> {
+        let (live, txn_id) = (self.outbox.live.clone(), self.txn_id);
+        let result = self.commit_and_settle().await;
+        // Not reached when the commit's future is dropped midway: the request path then
+        // keeps the transaction, so that an abandon still fences what may be on its way.
+        live.finish_commit(txn_id);
+        result
+    }
+
+    async fn commit_and_settle(mut self) -> Result<Committed, TxnError> {
         let txn_id = self.txn_id;
         let message_ids: Vec<MessageId> = self.staging.messages.iter().map(|message| message.id.clone()).collect();
         let mut request: Option<CommitRequest> = None;

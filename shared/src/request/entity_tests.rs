@@ -509,3 +509,45 @@ async fn a_commit_after_the_worker_fenced_it_is_refused() {
     let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
     assert_eq!(entity.item.data, json!({"lines": 1}), "nothing applied");
 }
+
+/// A commit cut off midway (its task aborted, a timeout around it) while its request was
+/// on its way: the request path keeps the transaction, so that abandoning it later fences
+/// it, and the request, landing after, is refused (before, the abandon found nothing and
+/// wrote only the tombstone record, which an entity commit does not look at).
+#[tokio::test]
+async fn a_commit_cut_off_midway_is_fenced_by_a_later_abandon() {
+    let world = world(false).await;
+    let (arrived_tx, arrived) = tokio::sync::oneshot::channel();
+    let (_release, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let held = Arc::new(HeldCommit {
+        inner: world.backend.store.clone(),
+        held: tokio::sync::Mutex::new(Some((arrived_tx, release_rx))),
+    });
+    let ports = crate::request::RequestPorts {
+        store: held,
+        ..world.backend.request_ports(world.clock.clone())
+    };
+    let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
+    let mut txn = outbox.begin_entity(order()).await.unwrap();
+    let txn_id = txn.id();
+    txn.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
+    let commit = tokio::spawn(txn.commit());
+    arrived.await.unwrap();
+    commit.abort();
+    assert!(commit.await.unwrap_err().is_cancelled());
+    assert_eq!(outbox.abandon(txn_id, None).await, Settlement::Tombstoned);
+    // The request that was on its way lands now.
+    let now = world.clock.now();
+    let landing = EntityCommit {
+        key: order(),
+        data: json!({"lines": 2}),
+        expected: ExpectedVersion::Exactly(1),
+        entry: OutboxRecord::committed(txn_id, vec![], now, now),
+        checks_fence: true,
+    };
+    assert!(matches!(
+        world.backend.store.commit_entity(&landing).await,
+        Err(CommitError::EntityFenced { .. })
+    ));
+    assert_eq!(world.backend.store.get_entity(&order()).await.unwrap().unwrap().item.version, 1);
+}

@@ -1,6 +1,11 @@
 //! The transactions a request path has begun and not yet finished, so that abandoning one
 //! refuses a commit of it that has not started and fences one that may have (entity mode),
 //! whoever holds the transaction: a task spawned past the answer, a channel.
+//!
+//! A transaction is forgotten when it is dropped, unless its commit was cut off midway
+//! (its future dropped: a timeout, an aborted task) with an attempt perhaps on its way:
+//! that one stays, so that abandoning it later still fences it. Such leftovers are rare
+//! and small, and abandoning them removes them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -65,6 +70,12 @@ impl Live {
         }
     }
 
+    /// Its commit ran to its end (answered, and settled where it failed): nothing of it is
+    /// on its way any more, so it is forgotten (its guard may have dropped already).
+    pub(super) fn finish_commit(&self, txn_id: TxnId) {
+        self.lock().remove(&txn_id);
+    }
+
     /// Abandons it: from now on its commit is refused, if it has not begun.
     pub(super) fn abandon(&self, txn_id: TxnId) -> Abandoned {
         match self.lock().remove(&txn_id) {
@@ -86,6 +97,11 @@ pub(super) struct LiveGuard {
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
-        self.live.lock().remove(&self.txn_id);
+        let mut live = self.live.lock();
+        // A commit that began and has not finished (cut off midway, or finishing right
+        // now, which then forgets it) may have an attempt on its way: kept for its abandon.
+        if !live.get(&self.txn_id).is_some_and(|txn| txn.committing) {
+            live.remove(&self.txn_id);
+        }
     }
 }
