@@ -237,7 +237,13 @@ async fn a_deleted_and_recreated_item_keeps_its_fence_mark() {
     };
     world.commit_transactional(TxnId::new_v7(), delete).await.unwrap();
     assert!(world.backend.store.get_entity(&world.key).await.unwrap().is_none());
-    assert!(world.backend.store.get_items(&[world.key.clone()]).await.unwrap().is_empty());
+    assert!(world
+        .backend
+        .store
+        .get_items(&[world.key.clone()])
+        .await
+        .unwrap()
+        .is_empty());
     let create = BusinessWrite::Put {
         key: world.key.clone(),
         data: json!({"lines": 0}),
@@ -464,7 +470,12 @@ impl Store for SettledFirst {
         self.inner.remove_entry(key, txn_id).await
     }
 
-    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), crate::ports::StoreError> {
+    async fn put_dispatched(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<(), crate::ports::StoreError> {
         self.inner.put_dispatched(txn_id, now, expires_at).await
     }
 
@@ -546,4 +557,47 @@ async fn a_dispatched_record_found_by_the_workers_fence_has_its_entry_removed() 
     );
     assert_eq!(entity.item.version, 2, "the late commit stays");
     assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Dispatched);
+}
+
+/// A fence of the earlier kind (a tombstone in the transaction's slot, which the earlier
+/// versions pruned 20 minutes later on a clock) is replaced by the fence mark when its
+/// control message comes: the slot goes, so the item can be deleted again, and the mark
+/// refuses the transaction from then on.
+#[tokio::test]
+async fn a_slot_fence_of_the_earlier_kind_is_replaced_by_the_mark() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let now = world.clock.now();
+    let expires_at = now.plus(Duration::from_secs(600));
+    let slot_fence = EntityCommit {
+        entry: OutboxRecord::tombstone(txn_id, now, expires_at),
+        checks_fence: false,
+        ..world.commit(txn_id)
+    };
+    world.backend.store.commit_entity(&slot_fence).await.unwrap();
+    world
+        .backend
+        .store
+        .put_tombstone(txn_id, now, expires_at)
+        .await
+        .unwrap();
+    let control = ControlMessage::first(txn_id, now).with_entity(world.key.clone());
+    assert_eq!(
+        world.handle(control).await,
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Tombstone
+        }
+    );
+    let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
+    assert!(entity.entries.is_empty(), "the slot is gone: {:?}", entity.entries);
+    assert_eq!(entity.fence, Some(txn_id));
+    assert!(matches!(
+        world.backend.store.commit_entity(&world.commit(txn_id)).await,
+        Err(CommitError::EntityFenced { .. })
+    ));
+    let delete = BusinessWrite::Delete {
+        key: world.key.clone(),
+        version: entity.item.version,
+    };
+    world.commit_transactional(TxnId::new_v7(), delete).await.unwrap();
 }

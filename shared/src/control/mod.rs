@@ -23,6 +23,4 @@ pub mod redelivery;
 #[cfg(feature = "worker")]
 pub mod worker;
 
-pub use path::{
-    BatchReport, ControlError, ControlOutcome, ControlPath, ControlPorts, ItemReport, MAX_ATTEMPTS,
-};
+pub use path::{BatchReport, ControlError, ControlOutcome, ControlPath, ControlPorts, ItemReport, MAX_ATTEMPTS};

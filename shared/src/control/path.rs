@@ -312,7 +312,16 @@ impl ControlPath {
                 Ok(()) => self.decide_on_record(record),
                 Err(error) => Decision::Done(Err(ControlError::Mark(Arc::new(error)))),
             },
-            OutboxState::Tombstone => match self.entry(key, control.txn_id).await {
+            OutboxState::Tombstone => match self.slot(key, control.txn_id).await {
+                // A fence of the earlier kind (a tombstone in T's slot, which was pruned
+                // on a clock): the mark takes its place, then the slot goes.
+                Ok(Some(fence)) if fence.state == OutboxState::Tombstone => {
+                    match self.replace_slot_fence(control, key).await {
+                        Ok(FenceOutcome::Committed(entry)) => Decision::PublishEntry(key.clone(), entry, true),
+                        Ok(_) => self.decide_on_record(record),
+                        Err(error) => Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
+                    }
+                }
                 Ok(Some(entry)) => {
                     tracing::error!(
                         txn_id = %control.txn_id,
@@ -329,12 +338,36 @@ impl ControlPath {
         }
     }
 
+    /// What transaction `txn_id`'s slot in `key` holds, if anything: its committed entry,
+    /// or a fence of the earlier kind (a tombstone).
+    async fn slot(&self, key: &ItemKey, txn_id: TxnId) -> Result<Option<OutboxRecord>, StoreError> {
+        let entity = self.ports.store.get_entity(key).await?;
+        Ok(entity.and_then(|entity| entity.entries.get(&txn_id).cloned()))
+    }
+
     /// Transaction `txn_id`'s committed entry in `key`, if there is one.
     async fn entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<Option<OutboxRecord>, StoreError> {
-        let entity = self.ports.store.get_entity(key).await?;
-        Ok(entity
-            .and_then(|entity| entity.entries.get(&txn_id).cloned())
+        Ok(self
+            .slot(key, txn_id)
+            .await?
             .filter(|entry| entry.state != OutboxState::Tombstone))
+    }
+
+    /// Replaces a fence of the earlier kind (a tombstone in the transaction's slot, which
+    /// the earlier versions pruned later on a clock) by the fence mark: the slot goes, then
+    /// the mark is raised to the transaction (its record is a tombstone already). A commit
+    /// of it landing in between is found by the fence, and published.
+    async fn replace_slot_fence(&self, control: &ControlMessage, key: &ItemKey) -> Result<FenceOutcome, StoreError> {
+        self.ports.store.remove_entry(key, control.txn_id).await?;
+        let now = self.ports.clock.now();
+        let expires_at = now.plus(self.timing.retention);
+        let outcome = self
+            .ports
+            .store
+            .fence_entity(key, control.txn_id, now, expires_at)
+            .await?;
+        tracing::info!(txn_id = %control.txn_id, entity = %key, "a slot fence replaced by the fence mark");
+        Ok(outcome)
     }
 
     /// Removes transaction `txn_id`'s entry from `key` if it is still there.
@@ -379,7 +412,12 @@ impl ControlPath {
             // The fence raises the entity's fence mark, with the record's tombstone: no
             // commit of the transaction, in either form, applies after it, however late
             // (docs/ENTITY_MODE.md). Nothing to prune: the mark is one attribute.
-            return match self.ports.store.fence_entity(key, control.txn_id, now, expires_at).await {
+            return match self
+                .ports
+                .store
+                .fence_entity(key, control.txn_id, now, expires_at)
+                .await
+            {
                 Ok(FenceOutcome::Fenced) => Decision::Done(Ok(ControlOutcome::Tombstoned)),
                 Ok(FenceOutcome::Committed(entry)) => Decision::PublishEntry(key.clone(), entry, false),
                 // Recorded since this message's read (tombstoned by the request path's

@@ -310,7 +310,9 @@ pub enum FenceOutcome {
     Committed(OutboxRecord),
     /// The transaction has a record already: committed in the transactional form or
     /// dispatched (pending or dispatched; an entry left in the item beside a dispatched
-    /// record is the caller's to remove), or tombstoned before (no entry in the item).
+    /// record is the caller's to remove), or tombstoned before (no entry in the item; the
+    /// mark is raised to it all the same, as a tombstone written without the fence does
+    /// not stop a commit into the item).
     Recorded(OutboxRecord),
 }
 
@@ -398,8 +400,9 @@ pub trait Store: Send + Sync {
     /// data and the entry; its other entries stay as they are (a concurrent removal is
     /// never undone). If the entry is there already and is this very attempt's
     /// ([`OutboxRecord::is_own`]), the commit has happened: `Ok`. Another attempt's is
-    /// [`CommitError::Superseded`], a fence [`CommitError::Tombstoned`], a version that
-    /// does not match [`CommitError::VersionConflict`].
+    /// [`CommitError::Superseded`], a fence mark at or above the transaction (where
+    /// [`EntityCommit::checks_fence`]) [`CommitError::EntityFenced`], a version that does
+    /// not match [`CommitError::VersionConflict`].
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
         let _ = commit;
         Err(CommitError::EntityUnsupported)
@@ -419,9 +422,9 @@ pub trait Store: Send + Sync {
     /// at `expires_at`, where it has none (its outcome moves to that record after
     /// dispatch, and a commit in the transactional form writes it). So neither form of its
     /// commit can apply any more: the mark never moves down and is never pruned, so no
-    /// request of the transaction, however late, gets past it. An item that does not
-    /// exist (or was deleted) keeps the mark in a vacant item expiring at `expires_at`,
-    /// which a create keeps.
+    /// request of the transaction, however late, gets past it. A key without an item (never
+    /// created, or deleted) keeps the mark in a vacant item, which reads as absent, which a
+    /// create keeps, and which does not expire.
     async fn fence_entity(
         &self,
         key: &ItemKey,

@@ -79,17 +79,19 @@ impl Transaction {
         // land there (an attempt of unknown outcome): a refused or transactional commit
         // needs only the tombstone record, which costs less.
         let fence_in = self.entity.as_ref().filter(|_| uncertain && self.entity_attempted);
-        match self.outbox.settle(txn_id, fence_in, settle_by).await {
+        let (settlement, in_entity) = self.outbox.settle(txn_id, fence_in, settle_by).await;
+        match settlement {
             Settlement::Committed(found) => {
-                // An attempt whose outcome was unknown applied after all.
+                // An attempt whose outcome was unknown applied after all: dispatched in
+                // the form it was found in (an entry in the entity, or a record).
                 tracing::warn!(error = %error, "the commit applied after all");
                 let committed = match &request {
                     Some(request) if found.state == OutboxState::Pending => request.outbox.clone(),
                     _ => found,
                 };
-                let inline = match &request {
-                    Some(sent) => self.dispatch(sent, &committed).await,
-                    None => self.outbox.dispatch_inline(&committed, self.deadline).await,
+                let inline = match (&self.entity, in_entity) {
+                    (Some(key), true) => self.outbox.dispatch_entry_inline(key, &committed, self.deadline).await,
+                    _ => self.outbox.dispatch_inline(&committed, self.deadline).await,
                 };
                 Ok(Committed {
                     txn_id,
@@ -176,7 +178,8 @@ impl Transaction {
             // The entity form can never apply (the item's fence mark is at or above this
             // transaction, or the entry does not fit the item); nothing was written, and
             // the transactional form, which the fence blocks as well, decides at once.
-            if entity_form.is_some() && matches!(error, CommitError::EntityFenced { .. } | CommitError::TooLarge { .. }) {
+            if entity_form.is_some() && matches!(error, CommitError::EntityFenced { .. } | CommitError::TooLarge { .. })
+            {
                 tracing::info!(error = %error, attempt, "the entity form cannot apply; committing in the transactional form");
                 self.entity_barred = true;
                 // The switch happens once, and does not count as an attempt.

@@ -379,7 +379,12 @@ impl Store for HeldCommit {
     ) -> Result<crate::ports::FenceOutcome, crate::ports::StoreError> {
         self.inner.fence_entity(key, txn_id, now, expires_at).await
     }
-    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), crate::ports::StoreError> {
+    async fn put_dispatched(
+        &self,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<(), crate::ports::StoreError> {
         self.inner.put_dispatched(txn_id, now, expires_at).await
     }
 }
@@ -430,7 +435,10 @@ async fn an_abandon_during_a_commit_fences_it_in_its_item() {
     assert_eq!(outbox.abandon(txn_id, None).await, Settlement::Tombstoned);
     release.send(()).unwrap();
     let answer = commit.await.unwrap();
-    assert!(matches!(answer, Err(TxnError::CommitWindowExpired { .. })), "{answer:?}");
+    assert!(
+        matches!(answer, Err(TxnError::CommitWindowExpired { .. })),
+        "{answer:?}"
+    );
     let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
     assert_eq!(entity.item.version, 1, "nothing applied");
     assert_eq!(entity.fence, Some(txn_id));
@@ -474,7 +482,11 @@ async fn a_transaction_below_another_ones_fence_commits_in_the_transactional_for
 async fn an_entry_too_big_for_its_item_commits_in_the_transactional_form() {
     let world = world(true).await;
     let mut txn = world.outbox.begin_entity(order()).await.unwrap();
-    txn.put(order(), json!({"lines": 2, "note": "x".repeat(250_000)}), ExpectedVersion::Exactly(1));
+    txn.put(
+        order(),
+        json!({"lines": 2, "note": "x".repeat(250_000)}),
+        ExpectedVersion::Exactly(1),
+    );
     txn.emit(Message::json(events(), &json!({"type": "LineAdded", "note": "y".repeat(200_000)})).unwrap());
     let committed = txn.commit().await.unwrap();
     assert_eq!(world.entity_commits(committed.txn_id), (0, 1), "the transactional form");
@@ -549,5 +561,16 @@ async fn a_commit_cut_off_midway_is_fenced_by_a_later_abandon() {
         world.backend.store.commit_entity(&landing).await,
         Err(CommitError::EntityFenced { .. })
     ));
-    assert_eq!(world.backend.store.get_entity(&order()).await.unwrap().unwrap().item.version, 1);
+    assert_eq!(
+        world
+            .backend
+            .store
+            .get_entity(&order())
+            .await
+            .unwrap()
+            .unwrap()
+            .item
+            .version,
+        1
+    );
 }

@@ -79,9 +79,7 @@ impl Live {
     /// Abandons it: from now on its commit is refused, if it has not begun.
     pub(super) fn abandon(&self, txn_id: TxnId) -> Abandoned {
         match self.lock().remove(&txn_id) {
-            Some(LiveTxn {
-                committing: false, ..
-            }) => Abandoned::BeforeCommit,
+            Some(LiveTxn { committing: false, .. }) => Abandoned::BeforeCommit,
             Some(LiveTxn { entity, .. }) => Abandoned::WhileCommitting(entity),
             None => Abandoned::Unknown,
         }

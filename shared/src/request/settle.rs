@@ -113,13 +113,20 @@ impl Outbox {
             Abandoned::WhileCommitting(begun_in) => begun_in.or_else(|| entity.cloned()),
             Abandoned::Unknown => entity.cloned(),
         };
-        self.settle(txn_id, fence_in.as_ref(), deadline).await
+        self.settle(txn_id, fence_in.as_ref(), deadline).await.0
     }
 
-    /// The settling write: T's tombstone record, or with `entity` the fence there too.
-    pub(super) async fn settle(&self, txn_id: TxnId, entity: Option<&ItemKey>, deadline: Option<Timestamp>) -> Settlement {
+    /// The settling write: T's tombstone record, or with `entity` the fence there too;
+    /// `true` with it where it found T committed into the entity (its entry).
+    pub(super) async fn settle(
+        &self,
+        txn_id: TxnId,
+        entity: Option<&ItemKey>,
+        deadline: Option<Timestamp>,
+    ) -> (Settlement, bool) {
         let clock = self.ports.clock.as_ref();
         let mut settlement = Settlement::LeftToWorker;
+        let mut in_entity = false;
         // A failed write is tried again while time remains: DynamoDB refuses a put on an
         // item that a transaction still in flight holds (TransactionConflict), which is
         // exactly the race this write settles. Trying again is safe: every outcome of
@@ -139,7 +146,11 @@ impl Outbox {
                             FenceOutcome::Recorded(record) if record.state == OutboxState::Tombstone => {
                                 Settlement::AlreadyTombstoned
                             }
-                            FenceOutcome::Recorded(found) | FenceOutcome::Committed(found) => Settlement::Committed(found),
+                            FenceOutcome::Recorded(found) => Settlement::Committed(found),
+                            FenceOutcome::Committed(entry) => {
+                                in_entity = true;
+                                Settlement::Committed(entry)
+                            }
                         })
                     })
                 }
@@ -180,6 +191,6 @@ impl Outbox {
                 usize::from(settlement == Settlement::LeftToWorker),
             )
             .emit();
-        settlement
+        (settlement, in_entity)
     }
 }

@@ -162,6 +162,8 @@ impl Transaction {
         let by = settle_bound(self.outbox.ports.clock.now(), self.deadline);
         // No commit of it was sent (a commit takes the transaction), so none can land:
         // its record's tombstone settles it, in entity mode too.
-        self.outbox.abandon_in(self.txn_id, self.entity.as_ref(), Some(by)).await
+        self.outbox
+            .abandon_in(self.txn_id, self.entity.as_ref(), Some(by))
+            .await
     }
 }

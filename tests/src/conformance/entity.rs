@@ -372,11 +372,18 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         commit.checks_fence = true;
         commit
     };
-    let mut ids: Vec<TxnId> = (0..5).map(|_| TxnId::new_v7()).collect();
+    let mut ids: Vec<TxnId> = (0..6).map(|_| TxnId::new_v7()).collect();
     ids.sort();
-    let [below, fenced, above, dispatched, beside] = ids[..] else { unreachable!() };
+    let [below, fenced, above, dispatched, beside, plain] = ids[..] else {
+        unreachable!()
+    };
     // Fenced (the item had no map), then again: the second finds the tombstone record.
-    assert_eq!(fence(fenced, entity_key.clone()).await.unwrap(), FenceOutcome::Fenced, "{}", b.name);
+    assert_eq!(
+        fence(fenced, entity_key.clone()).await.unwrap(),
+        FenceOutcome::Fenced,
+        "{}",
+        b.name
+    );
     match fence(fenced, entity_key.clone()).await.unwrap() {
         FenceOutcome::Recorded(record) => assert_eq!(record.state, OutboxState::Tombstone, "{}", b.name),
         other => panic!("{}: a second fence: {other:?}", b.name),
@@ -402,8 +409,16 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         other => panic!("{}: a transactional commit after its fence: {other:?}", b.name),
     }
     // Below the mark already: the fence checks it and writes the record only.
-    assert_eq!(fence(below, entity_key.clone()).await.unwrap(), FenceOutcome::Fenced, "{}", b.name);
-    assert_eq!(b.store.get_entity(&entity_key).await.unwrap().unwrap().fence, Some(fenced));
+    assert_eq!(
+        fence(below, entity_key.clone()).await.unwrap(),
+        FenceOutcome::Fenced,
+        "{}",
+        b.name
+    );
+    assert_eq!(
+        b.store.get_entity(&entity_key).await.unwrap().unwrap().fence,
+        Some(fenced)
+    );
     assert_eq!(
         record(b, below).await.map(|record| record.state),
         Some(OutboxState::Tombstone)
@@ -417,7 +432,11 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         "{}",
         b.name
     );
-    assert!(record(b, above).await.is_none(), "{}: no tombstone beside a commit", b.name);
+    assert!(
+        record(b, above).await.is_none(),
+        "{}: no tombstone beside a commit",
+        b.name
+    );
     // Dispatched, its outcome moved to its record: the fence finds the record.
     b.store.put_dispatched(dispatched, now, expires_at).await.unwrap();
     match fence(dispatched, entity_key.clone()).await.unwrap() {
@@ -427,7 +446,10 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
     // An entry beside a plain tombstone record (written without the fence): a commit.
     b.store.put_tombstone(beside, now, expires_at).await.unwrap();
     let commit_beside = request_commit(beside, 2);
-    b.store.commit_entity(&commit_beside).await.expect("the mark is below it");
+    b.store
+        .commit_entity(&commit_beside)
+        .await
+        .expect("the mark is below it");
     assert_eq!(
         fence(beside, entity_key.clone()).await.unwrap(),
         FenceOutcome::Committed(commit_beside.entry.clone()),
@@ -437,18 +459,59 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
     let entity = b.store.get_entity(&entity_key).await.unwrap().unwrap();
     assert_eq!(entity.item.version, 3, "{}: only the commits changed the item", b.name);
     assert_eq!(entity.fence, Some(fenced), "{}: the mark only moves up", b.name);
+    // A tombstone record written without the fence, no entry: the mark is raised to it.
+    b.store.put_tombstone(plain, now, expires_at).await.unwrap();
+    match fence(plain, entity_key.clone()).await.unwrap() {
+        FenceOutcome::Recorded(record) => assert_eq!(record.state, OutboxState::Tombstone, "{}", b.name),
+        other => panic!("{}: a fence after a plain tombstone: {other:?}", b.name),
+    }
+    assert_eq!(
+        b.store.get_entity(&entity_key).await.unwrap().unwrap().fence,
+        Some(plain),
+        "{}",
+        b.name
+    );
     // Deleted (its entries gone first) and created again: the mark stays with the key.
     for txn in [above, beside] {
         b.store.remove_entry(&entity_key, txn).await.unwrap();
     }
-    let delete = request(b, TxnId::new_v7(), vec![BusinessWrite::Delete { key: entity_key.clone(), version: 3 }], vec![]);
+    let delete = request(
+        b,
+        TxnId::new_v7(),
+        vec![BusinessWrite::Delete {
+            key: entity_key.clone(),
+            version: 3,
+        }],
+        vec![],
+    );
     b.store.commit(&delete).await.expect("the delete");
-    assert!(b.store.get_entity(&entity_key).await.unwrap().is_none(), "{}: deleted", b.name);
-    assert!(b.store.get_items(&[entity_key.clone()]).await.unwrap().is_empty(), "{}", b.name);
-    let create = request(b, TxnId::new_v7(), vec![put(&item, json!({"n": 0}), ExpectedVersion::Absent)], vec![]);
-    b.store.commit(&create).await.expect("created again over the vacant key");
+    assert!(
+        b.store.get_entity(&entity_key).await.unwrap().is_none(),
+        "{}: deleted",
+        b.name
+    );
+    assert!(
+        b.store.get_items(&[entity_key.clone()]).await.unwrap().is_empty(),
+        "{}",
+        b.name
+    );
+    let create = request(
+        b,
+        TxnId::new_v7(),
+        vec![put(&item, json!({"n": 0}), ExpectedVersion::Absent)],
+        vec![],
+    );
+    b.store
+        .commit(&create)
+        .await
+        .expect("created again over the vacant key");
     let again = b.store.get_entity(&entity_key).await.unwrap().unwrap();
-    assert_eq!((again.item.version, again.fence), (1, Some(fenced)), "{}: the mark kept", b.name);
+    assert_eq!(
+        (again.item.version, again.fence),
+        (1, Some(plain)),
+        "{}: the mark kept",
+        b.name
+    );
     assert!(matches!(
         b.store.commit_entity(&request_commit(fenced, 1)).await,
         Err(CommitError::EntityFenced { .. })
@@ -458,11 +521,33 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
     let nowhere_item = format!("ENTITY#{}", TxnId::new_v7());
     let nowhere = key(&nowhere_item);
     let unknown = TxnId::new_v7();
-    assert_eq!(fence(unknown, nowhere.clone()).await.unwrap(), FenceOutcome::Fenced, "{}", b.name);
+    assert_eq!(
+        fence(unknown, nowhere.clone()).await.unwrap(),
+        FenceOutcome::Fenced,
+        "{}",
+        b.name
+    );
     assert!(b.store.get_entity(&nowhere).await.unwrap().is_none(), "{}", b.name);
-    assert!(b.store.get_items(&[nowhere.clone()]).await.unwrap().is_empty(), "{}", b.name);
-    assert_eq!(record(b, unknown).await.map(|record| record.state), Some(OutboxState::Tombstone));
-    let create = request(b, TxnId::new_v7(), vec![put(&nowhere_item, json!({"n": 0}), ExpectedVersion::Absent)], vec![]);
+    assert!(
+        b.store.get_items(&[nowhere.clone()]).await.unwrap().is_empty(),
+        "{}",
+        b.name
+    );
+    assert_eq!(
+        record(b, unknown).await.map(|record| record.state),
+        Some(OutboxState::Tombstone)
+    );
+    let create = request(
+        b,
+        TxnId::new_v7(),
+        vec![put(&nowhere_item, json!({"n": 0}), ExpectedVersion::Absent)],
+        vec![],
+    );
     b.store.commit(&create).await.expect("a create over the vacant key");
-    assert_eq!(b.store.get_entity(&nowhere).await.unwrap().unwrap().fence, Some(unknown), "{}", b.name);
+    assert_eq!(
+        b.store.get_entity(&nowhere).await.unwrap().unwrap().fence,
+        Some(unknown),
+        "{}",
+        b.name
+    );
 }

@@ -25,7 +25,7 @@ use super::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES, PART_ORPHAN_GUARD};
 
 /// The fence marks of the items a commit deletes, as read before it (`None`: no mark): a
 /// deleted item that has one keeps it in a vacant item.
-type Marks = HashMap<ItemKey, Option<TxnId>>;
+type Marks = std::collections::BTreeMap<ItemKey, Option<TxnId>>;
 
 /// What each action of a commit stands for, to read its cancellation reason.
 enum Role {
@@ -178,9 +178,14 @@ impl DynamoStore {
         let mut marks = Marks::new();
         for key in deleted {
             // Nothing was sent yet: a failed read writes nothing.
-            let item = self.read_raw(key).await.map_err(|error| CommitError::Unavailable(Box::new(error)))?;
+            let item = self
+                .read_raw(key)
+                .await
+                .map_err(|error| CommitError::Unavailable(Box::new(error)))?;
             let mark = match &item {
-                Some(item) => fence_of(&self.layout, item).map_err(|error| CommitError::Unavailable(Box::new(error)))?,
+                Some(item) => {
+                    fence_of(&self.layout, item).map_err(|error| CommitError::Unavailable(Box::new(error)))?
+                }
                 None => None,
             };
             marks.insert(key.clone(), mark);
@@ -357,7 +362,9 @@ impl DynamoStore {
                 // A delete that found the item at its version: its fence mark is not the
                 // one read before (a fence landed in between), so it is tried again.
                 (Role::Business(_, Some(version)), "ConditionalCheckFailed")
-                    if reason.item().is_some_and(|item| item.contains_key("version") && Self::at_version(item, *version)) =>
+                    if reason
+                        .item()
+                        .is_some_and(|item| item.contains_key("version") && Self::at_version(item, *version)) =>
                 {
                     return Explained::Decided(Err(CommitError::Contention(
                         "the item was fenced while it was being deleted".into(),
@@ -421,7 +428,35 @@ impl DynamoStore {
 
     /// Whether `item` is at `version`.
     fn at_version(item: &Item, version: u64) -> bool {
-        item.get("version").and_then(|value| value.as_n().ok()).and_then(|text| text.parse::<u64>().ok()) == Some(version)
+        item.get("version")
+            .and_then(|value| value.as_n().ok())
+            .and_then(|text| text.parse::<u64>().ok())
+            == Some(version)
+    }
+
+    /// The commit's `ClientRequestToken`: the transaction (or the attempt's own id, where
+    /// several attempts race for one record: a consumed message's). DynamoDB answers
+    /// `IdempotentParameterMismatch` to one token sent with other parameters, and a
+    /// delete's form follows the fence mark read before it, which a fence may change
+    /// between attempts: so the marks read are part of the token when there are any.
+    /// Nothing relies on the token to commit once: the outbox record's condition does.
+    fn client_token(request: &CommitRequest, marks: &Marks) -> String {
+        use sha2::{Digest, Sha256};
+        let base = request.outbox.attempt.unwrap_or(request.txn_id).to_string();
+        let marked: Vec<String> = marks
+            .iter()
+            .filter_map(|(key, mark)| mark.map(|mark| format!("{key}={mark}")))
+            .collect();
+        if marked.is_empty() {
+            return base;
+        }
+        let digest = Sha256::new()
+            .chain_update(base.as_bytes())
+            .chain_update(marked.join("\0").as_bytes())
+            .finalize();
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&digest[..16]);
+        uuid::Builder::from_custom_bytes(bytes).into_uuid().to_string()
     }
 
     pub(super) async fn transact(&self, request: &CommitRequest, native: &[NativeAction]) -> Result<(), CommitError> {
@@ -434,7 +469,7 @@ impl DynamoStore {
             // The attempt's own token where several attempts race for one record (a
             // consumed message's): a rival's commit is then a cancellation naming the
             // winner's record, not a repeat of it.
-            .client_request_token(request.outbox.attempt.unwrap_or(request.txn_id).to_string())
+            .client_request_token(Self::client_token(request, &marks))
             // One request per call: the SDK would retry a timed-out request and return
             // only the last request's error, hiding one that may still apply (DESIGN.md
             // section 3). The request path retries instead, and counts every request.
@@ -496,5 +531,39 @@ impl DynamoStore {
 fn invalid(_: aws_smithy_types::error::operation::BuildError) -> CommitError {
     CommitError::Invalid {
         reason: "a commit action misses a required field".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::Timestamp;
+
+    /// A delete's form follows the mark read before it: attempts that read different marks
+    /// send different tokens (one token with other parameters is refused by DynamoDB);
+    /// without a mark the token is the transaction's id, as before.
+    #[test]
+    fn the_token_follows_the_marks_of_deleted_items() {
+        let txn_id = TxnId::new_v7();
+        let now = Timestamp::from_millis(1_700_000_000_000);
+        let key: ItemKey = "ORDER#1".parse().unwrap();
+        let request = CommitRequest {
+            txn_id,
+            writes: vec![BusinessWrite::Delete {
+                key: key.clone(),
+                version: 1,
+            }],
+            outbox: OutboxRecord::committed(txn_id, vec![], now, now),
+            idempotency: None,
+        };
+        let token = |mark: Option<TxnId>| DynamoStore::client_token(&request, &Marks::from([(key.clone(), mark)]));
+        assert_eq!(token(None), txn_id.to_string());
+        let (first, second) = (token(Some(TxnId::new_v7())), token(Some(TxnId::new_v7())));
+        assert_ne!(first, second);
+        assert_ne!(first, txn_id.to_string());
+        assert!(
+            first.len() <= 36,
+            "DynamoDB takes tokens of at most 36 characters: {first}"
+        );
     }
 }

@@ -9,16 +9,16 @@
 //!
 //! K's action takes one of four forms, chosen from K as last seen: K exists (it has a
 //! version) or is vacant (absent, or deleted keeping its mark); its mark is below T (raise
-//! it) or at or above T already (only check it). A condition that fails returns K as it
-//! is, and the form is chosen again.
+//! it) or at or above T already (only check it). T's record's action is a put where it has
+//! none, or a check that it is a tombstone already (one written without the fence: the
+//! mark is raised all the same). A condition that fails returns the item as it is, and
+//! the forms are chosen again.
 
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{
-    ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
-};
+use aws_sdk_dynamodb::types::{ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
 
 use super::entity::{entries_of, OUTBOX_ATTRIBUTE};
 use super::{unavailable, DynamoStore};
@@ -46,7 +46,9 @@ pub(crate) fn fence_of(layout: &TableLayout, item: &Item) -> Result<Option<TxnId
         None => Ok(None),
         Some(value) => {
             let reader = Reader::new(layout, item);
-            let text = value.as_s().map_err(|_| reader.corrupt("outbox_fence is not a string"))?;
+            let text = value
+                .as_s()
+                .map_err(|_| reader.corrupt("outbox_fence is not a string"))?;
             if text == NO_FENCE {
                 return Ok(None);
             }
@@ -85,8 +87,14 @@ impl Form {
 /// What one try of the fence found.
 enum Tried {
     Done(FenceOutcome),
-    /// K was not in the form tried: K as it is now.
-    Again(Option<Item>),
+    /// Not settled: try again, K's form chosen again from `item` (K as it is now,
+    /// absent or not) where it is given, kept otherwise (K's action held); T's record
+    /// checked as `tombstone` where there is one (written without the fence: the mark is
+    /// raised all the same), put otherwise.
+    Again {
+        item: Option<Option<Item>>,
+        tombstone: Option<OutboxRecord>,
+    },
 }
 
 impl DynamoStore {
@@ -111,32 +119,48 @@ impl DynamoStore {
         .into_iter()
         .next()
         .expect("a tombstone is one item");
-        // The usual case first: K exists, below the mark.
+        // The usual case first: K exists, below the mark, and T has no record.
         let mut form = Form {
             exists: true,
             raise: true,
         };
+        let mut tombstoned: Option<OutboxRecord> = None;
         for _ in 0..FENCE_TRIES {
-            match self.try_fence(key, txn_id, &tombstone, form).await? {
+            match self
+                .try_fence(key, txn_id, &tombstone, form, tombstoned.as_ref())
+                .await?
+            {
                 Tried::Done(outcome) => return Ok(outcome),
-                Tried::Again(item) => {
-                    if let Some(entry) = self.entry_in(item.as_ref(), txn_id)? {
-                        return Ok(FenceOutcome::Committed(entry));
+                Tried::Again { item, tombstone } => {
+                    if let Some(item) = item {
+                        form = Form::for_item(&self.layout, item.as_ref(), txn_id)?;
                     }
-                    form = Form::for_item(&self.layout, item.as_ref(), txn_id)?;
+                    tombstoned = tombstone;
                 }
             }
         }
         Err(StoreError::Unavailable("the item kept changing under the fence".into()))
     }
 
-    /// T's entry in `item`, if it holds one.
+    /// T's committed entry in `item`, if it holds one (a tombstone in T's slot is a fence
+    /// of an earlier version, not a commit).
     fn entry_in(&self, item: Option<&Item>, txn_id: TxnId) -> Result<Option<OutboxRecord>, StoreError> {
         let Some(item) = item else { return Ok(None) };
-        Ok(entries_of(&self.layout, item)?.remove(&txn_id))
+        Ok(entries_of(&self.layout, item)?
+            .remove(&txn_id)
+            .filter(|entry| entry.state != OutboxState::Tombstone))
     }
 
-    async fn try_fence(&self, key: &ItemKey, txn_id: TxnId, tombstone: &Item, form: Form) -> Result<Tried, StoreError> {
+    /// One try: K's action in `form`; T's record put as `tombstone` where it has none, or,
+    /// with `tombstoned` (its tombstone as read), checked to be that tombstone still.
+    async fn try_fence(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        tombstone: &Item,
+        form: Form,
+        tombstoned: Option<&OutboxRecord>,
+    ) -> Result<Tried, StoreError> {
         let mut names = HashMap::from([
             ("#version".to_owned(), "version".to_owned()),
             ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
@@ -179,23 +203,45 @@ impl DynamoStore {
                 .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
             TransactWriteItem::builder().condition_check(check).build()
         };
-        let no_record = Put::builder()
-            .table_name(&self.layout.table)
-            .set_item(Some(tombstone.clone()))
-            .condition_expression(TableLayout::NOT_EXISTS)
-            .set_expression_attribute_names(Some(self.layout.key_names()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+        let on_record = match tombstoned {
+            None => {
+                let put = Put::builder()
+                    .table_name(&self.layout.table)
+                    .set_item(Some(tombstone.clone()))
+                    .condition_expression(TableLayout::NOT_EXISTS)
+                    .set_expression_attribute_names(Some(self.layout.key_names()))
+                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .build()
+                    .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+                TransactWriteItem::builder().put(put).build()
+            }
+            Some(_) => {
+                let check = ConditionCheck::builder()
+                    .table_name(&self.layout.table)
+                    .set_key(Some(self.key(&outbox_pk(txn_id))))
+                    .condition_expression("#state = :tombstone")
+                    .expression_attribute_names("#state", "state")
+                    .expression_attribute_values(":tombstone", s(OutboxState::Tombstone.as_str()))
+                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .build()
+                    .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+                TransactWriteItem::builder().condition_check(check).build()
+            }
+        };
         let result = self
             .client
             .transact_write_items()
-            .transact_items(TransactWriteItem::builder().put(no_record).build())
+            .transact_items(on_record)
             .transact_items(on_item)
             .send()
             .await;
         let error = match result {
-            Ok(_) => return Ok(Tried::Done(FenceOutcome::Fenced)),
+            Ok(_) => {
+                return Ok(Tried::Done(match tombstoned {
+                    None => FenceOutcome::Fenced,
+                    Some(record) => FenceOutcome::Recorded(record.clone()),
+                }))
+            }
             Err(error) => error,
         };
         let reasons = match &error {
@@ -213,36 +259,43 @@ impl DynamoStore {
             // Contention or throttling: nothing was written; the caller tries again.
             return Err(unavailable(error));
         }
-        // K as it is, when its condition failed: from the reason, or read.
+        // K as it is, when its condition failed: from the reason, or read. `None` where it
+        // held: it holds no entry of T, and its form stays.
         let item_now = if failed(1) {
-            match reasons[1].item() {
+            Some(match reasons[1].item() {
                 Some(item) => Some(item.clone()),
                 None => self.read_raw(key).await?,
-            }
-        } else if code(1) == Some("None") {
-            // K's condition held: it holds no entry of T.
-            None
-        } else {
-            self.read_raw(key).await?
-        };
-        let record = if failed(0) {
-            Some(match reasons[0].item() {
-                Some(item) => outbox_from_items(&self.layout, item, &[])?,
-                None => match self.get_outboxes(&[txn_id]).await?.remove(&txn_id) {
-                    Some(record) => record,
-                    None => return Err(StoreError::Unavailable("the record blocking the fence is gone".into())),
-                },
             })
-        } else {
+        } else if code(1) == Some("None") {
             None
+        } else {
+            Some(self.read_raw(key).await?)
+        };
+        // T's record as it is: unchanged where its action held; read where it failed
+        // (from the reason, or read: the tombstone checked may have expired).
+        let record = match (failed(0), tombstoned) {
+            (false, held) => held.cloned(),
+            (true, _) => match reasons[0].item() {
+                Some(item) if tombstoned.is_none() => Some(outbox_from_items(&self.layout, item, &[])?),
+                _ => self.get_outboxes(&[txn_id]).await?.remove(&txn_id),
+            },
         };
         // A committed record speaks for T; an entry of T in K is proof of its commit
         // where T's record is a tombstone (written without the fence).
-        Ok(match (record, self.entry_in(item_now.as_ref(), txn_id)?) {
-            (Some(record), _) if record.state != OutboxState::Tombstone => Tried::Done(FenceOutcome::Recorded(record)),
-            (_, Some(entry)) => Tried::Done(FenceOutcome::Committed(entry)),
-            (Some(tombstone), None) => Tried::Done(FenceOutcome::Recorded(tombstone)),
-            (None, None) => Tried::Again(item_now),
-        })
+        Ok(
+            match (
+                record,
+                self.entry_in(item_now.as_ref().and_then(Option::as_ref), txn_id)?,
+            ) {
+                (Some(record), _) if record.state != OutboxState::Tombstone => {
+                    Tried::Done(FenceOutcome::Recorded(record))
+                }
+                (_, Some(entry)) => Tried::Done(FenceOutcome::Committed(entry)),
+                (tombstone, None) => Tried::Again {
+                    item: item_now,
+                    tombstone,
+                },
+            },
+        )
     }
 }

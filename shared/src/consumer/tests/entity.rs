@@ -475,7 +475,10 @@ async fn a_handler_that_changes_its_mind_after_an_unknown_attempt_blocks_that_at
     assert_eq!(outcome, ConsumeOutcome::Processed { messages: 0 });
     let held = hooked.held.lock().unwrap().take().expect("round 1's commit was held");
     let late = world.backend.store.commit_entity(&held).await;
-    assert!(matches!(late, Err(CommitError::VersionConflict { .. })), "round 1 landed: {late:?}");
+    assert!(
+        matches!(late, Err(CommitError::VersionConflict { .. })),
+        "round 1 landed: {late:?}"
+    );
     let entity = world.entity("o-1").await;
     assert_eq!(entity.item.data, json!({"count": 1}), "no change applied");
     assert!(entity.entries.is_empty(), "{:?}", entity.entries);

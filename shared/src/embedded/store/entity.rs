@@ -112,10 +112,14 @@ pub(super) fn remove(state: &mut State, key: &ItemKey, txn_id: TxnId, now: Times
     }
 }
 
-/// Transaction `txn_id`'s entry in item `key`, if it is there.
+/// Transaction `txn_id`'s committed entry in item `key`, if it is there (a tombstone in its
+/// slot is a fence of an earlier version, not a commit).
 pub(super) fn entry(state: &State, key: &ItemKey, txn_id: TxnId) -> Option<OutboxRecord> {
     match state.items.get(key.as_str()) {
-        Some(Item::Business { entries, .. }) => entries.get(&txn_id).cloned(),
+        Some(Item::Business { entries, .. }) => entries
+            .get(&txn_id)
+            .filter(|entry| entry.state != OutboxState::Tombstone)
+            .cloned(),
         _ => None,
     }
 }

@@ -43,7 +43,9 @@ enum Item {
     },
     /// A business key without an item that keeps a fence mark: the fence found no item,
     /// or the item was deleted. Read as absent; a create keeps the mark.
-    Vacant { fence: TxnId },
+    Vacant {
+        fence: TxnId,
+    },
     Outbox(Box<OutboxRecord>),
     Idempotency(Box<IdempotencyRecord>),
 }
@@ -541,7 +543,16 @@ impl Store for EmbeddedStore {
         match (record, entity::entry(&state, key, txn_id)) {
             (Some(record), _) if record.state != OutboxState::Tombstone => return Ok(FenceOutcome::Recorded(record)),
             (_, Some(entry)) => return Ok(FenceOutcome::Committed(entry)),
-            (Some(tombstone), None) => return Ok(FenceOutcome::Recorded(tombstone)),
+            // A tombstone written without the fence: the mark is raised all the same.
+            (Some(tombstone), None) => {
+                entity::raise_fence(&mut state, key, txn_id);
+                state.record(|| StoreEvent::Fenced {
+                    key: key.clone(),
+                    txn_id,
+                    at: clock_now,
+                });
+                return Ok(FenceOutcome::Recorded(tombstone));
+            }
             (None, None) => {}
         }
         entity::raise_fence(&mut state, key, txn_id);
