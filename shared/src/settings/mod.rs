@@ -190,6 +190,11 @@ impl fmt::Display for SettingsError {
 /// during development, short enough that a local server's memory stays flat.
 pub const EMBEDDED_RETENTION: Duration = Duration::from_secs(60);
 
+/// How long after signing AWS takes a request (SigV4 refuses one dated more than 15
+/// minutes from AWS's clock): on AWS, tombstone records are kept at least this long past
+/// the commit window. Entity mode does not rest on it (its fence mark never expires).
+pub const SIGNED_REQUEST_LIFETIME: Duration = Duration::from_secs(15 * 60);
+
 /// Set by AWS Lambda in every function's environment: where its runtime API is.
 const LAMBDA_RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
 /// Lambda's variable naming the function.
@@ -294,6 +299,17 @@ impl Settings {
             reader.fail(
                 &format!("{} and {}", vars::RETENTION_SECONDS, vars::MAX_COMMIT_DURATION_SECONDS),
                 "the retention must exceed the max commit duration, or a tombstone could expire while its transaction may still commit".to_owned(),
+            );
+        } else if backend != Some(Backend::Embedded) && timing.retention <= timing.max_commit_duration + SIGNED_REQUEST_LIFETIME {
+            // On AWS a request may still arrive after the window, for as long as AWS takes
+            // a signed request: a tombstone record must outlive it, or a commit in the
+            // transactional form held in the network could apply after it expired.
+            reader.fail(
+                &format!("{} and {}", vars::RETENTION_SECONDS, vars::MAX_COMMIT_DURATION_SECONDS),
+                format!(
+                    "the retention must exceed the max commit duration plus {} s (how long AWS takes a signed request), or a tombstone could expire while a late request of its transaction may still arrive",
+                    SIGNED_REQUEST_LIFETIME.as_secs()
+                ),
             );
         }
 

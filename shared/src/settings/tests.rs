@@ -227,6 +227,26 @@ fn inconsistent_backoff_and_retention_are_refused() {
     .contains(vars::RETENTION_SECONDS));
 }
 
+/// On AWS a tombstone record outlives every request of its transaction that AWS may still
+/// take (the window plus 15 minutes); the embedded backend, which no request reaches late,
+/// keeps its short default.
+#[test]
+fn on_aws_the_retention_outlives_a_late_signed_request() {
+    let aws = |retention: &str| {
+        settings(&[
+            (vars::BACKEND, "aws"),
+            (vars::TABLE_NAME, "t"),
+            (vars::CONTROL_QUEUE_URL, "https://sqs.us-east-1.amazonaws.com/1/q"),
+            (vars::RETENTION_SECONDS, retention),
+            (vars::MAX_COMMIT_DURATION_SECONDS, "30"),
+        ])
+    };
+    let error = aws("900").unwrap_err();
+    assert!(error.to_string().contains("how long AWS takes a signed request"), "{error}");
+    assert!(aws("931").is_ok());
+    assert!(settings(&[(vars::RETENTION_SECONDS, "60")]).is_ok(), "embedded");
+}
+
 #[test]
 fn all_problems_are_reported_at_once() {
     let errors = settings(&[(vars::BACKEND, "aws"), (vars::RETENTION_SECONDS, "x")]).unwrap_err();
