@@ -79,6 +79,8 @@ fn one_transaction(inline: bool) -> SimConfig {
         middleware: None,
         entity: false,
         hold_commits: false,
+        api_skews: &[],
+        worker_skews: &[],
     }
 }
 
@@ -646,6 +648,8 @@ fn random_config(seed: u64) -> SimConfig {
         // conditional write of their counter).
         entity: rng.usize(0..3) == 0,
         hold_commits: false,
+        api_skews: &[],
+        worker_skews: &[],
     }
 }
 
@@ -767,6 +771,8 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             middleware: None,
             entity: false,
             hold_commits: false,
+            api_skews: &[],
+            worker_skews: &[],
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {
@@ -1498,5 +1504,95 @@ fn consumer_entity_mode_two_and_three_copies_one_after_another_and_concurrently(
             counts.late_superseded_by_other_copy > 0,
             "no late commit arrived after another copy had won: {counts:?}"
         );
+    }
+}
+
+/// Section 7 of issue 28: clocks off by up to an hour, either way. The request path's
+/// clock (which stamps its control message, checks its window and dates its transaction
+/// ids) and the workers' are each skewed from the simulation's clock, AWS's own time, by
+/// up to an hour; AWS takes every request whenever it arrives (its 15-minute signature
+/// check and the SDK's correction of the signing clock are not modelled: the worst case).
+/// Windows are the default's 10 s and the settings' longest, an hour, where a worker far
+/// behind defers until it has used its `MAX_ATTEMPTS` checks and fences inside the window;
+/// a worker far ahead fences before the request path has even read its item. Commits are
+/// held, late, or lost in flight; I1-I7 and the entity checks hold in each schedule.
+///
+/// Not entity mode's, and not fixed here (left as a finding): with a retention of hours,
+/// this test found committed transactions tombstoned (I3; seeds 4 and 2201 with retentions
+/// of 1 h and 2 h 15 min). A transaction's dispatched record expires at a time stamped by
+/// the host that dispatched it (its clock plus the retention), while the worker calls a
+/// control message stale when its own clock passes the request path's stamp plus the
+/// retention. With the request path an hour ahead and a worker an hour behind, a control
+/// message handled in the three hours between the two (a duplicate, or one sent late)
+/// finds no record, still sees the transaction inside its window, and tombstones it (in
+/// entity mode it raises the mark as well, which costs others the transactional form
+/// only). Both forms share it; it needs a control message still circulating a retention
+/// after its transaction, so the default retention, 7 days, is used here.
+#[test]
+fn entity_mode_clocks_skewed_by_up_to_an_hour_keep_the_invariants() {
+    const HOUR: i64 = 3_600_000;
+    let started = Instant::now();
+    let mut tally = EntityTally::default();
+    let mut max_attempts_fences = 0;
+    let count: u64 = std::env::var("SIM_SKEW_SCHEDULES")
+        .map(|n| n.parse().expect("SIM_SKEW_SCHEDULES is a number"))
+        .unwrap_or(3000);
+    for seed in 0..count {
+        let mut rng = fastrand::Rng::with_seed(seed ^ 0x5c3e);
+        let long_window = rng.bool();
+        let config = SimConfig {
+            transactions: rng.usize(1..=3),
+            items: 1,
+            workers: 2,
+            fault_budget: rng.usize(0..=3),
+            random_extras: true,
+            max_steps: 20_000,
+            // The default retention, 7 days: the worker's staleness check compares its
+            // clock with the request path's stamp (see the note above).
+            timing: outbox::settings::Timing {
+                max_commit_duration: Duration::from_secs(if long_window { 3600 } else { 10 }),
+                retention: Duration::from_secs(7 * 24 * 3600),
+                ..sim_timing(10)
+            },
+            deadline: None,
+            retry_loop: None,
+            inline: rng.bool(),
+            abandon_every: [0, 2][rng.usize(0..2)],
+            // Half the schedules send commits (and settling writes, records, control
+            // messages) late, their ghosts applied whenever the scheduler lets them.
+            faults_only: rng.bool().then_some(commit_late_too as fn(Op) -> Vec<Fault>),
+            middleware: None,
+            entity: true,
+            hold_commits: rng.usize(0..4) == 0,
+            api_skews: &[-HOUR, -HOUR / 4, 0, HOUR / 4, HOUR],
+            worker_skews: &[-HOUR, 0, HOUR],
+        };
+        let mut chooser = Seeded::new(seed, 8);
+        let outcome = run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("skew seed {seed}: {error}"));
+        outcome
+            .observed
+            .check()
+            .unwrap_or_else(|violation| panic!("skew seed {seed}: {violation}\n{:#?}", outcome.observed));
+        max_attempts_fences += outcome
+            .observed
+            .control_sent
+            .iter()
+            .filter(|(txn_id, sent)| {
+                **sent >= outbox::control::MAX_ATTEMPTS as usize && outcome.observed.tombstones.contains(txn_id)
+            })
+            .count();
+        tally.add(&outcome);
+    }
+    tally.print("clocks skewed by up to an hour", started);
+    println!("entity mode, clocks skewed by up to an hour: transactions fenced after MAX_ATTEMPTS checks {max_attempts_fences}");
+    if count >= 100 {
+        assert!(max_attempts_fences > 0, "no worker used up its checks");
+        assert!(tally.late.fence_refused > 0, "no commit met a fence mark: {tally:?}");
+        assert!(tally.late.commits.1 > 0, "no late commit applied: {tally:?}");
+        assert!(
+            tally.entity_commits > 0 && tally.transactional_commits > 0 && tally.fences > 0,
+            "{tally:?}"
+        );
+        assert_reached(&tally.endings, &["committed", "commit window expired"]);
     }
 }

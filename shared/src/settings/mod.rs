@@ -300,7 +300,9 @@ impl Settings {
                 &format!("{} and {}", vars::RETENTION_SECONDS, vars::MAX_COMMIT_DURATION_SECONDS),
                 "the retention must exceed the max commit duration, or a tombstone could expire while its transaction may still commit".to_owned(),
             );
-        } else if backend != Some(Backend::Embedded) && timing.retention <= timing.max_commit_duration + SIGNED_REQUEST_LIFETIME {
+        } else if backend != Some(Backend::Embedded)
+            && timing.retention <= timing.max_commit_duration + SIGNED_REQUEST_LIFETIME
+        {
             // On AWS a request may still arrive after the window, for as long as AWS takes
             // a signed request: a tombstone record must outlive it, or a commit in the
             // transactional form held in the network could apply after it expired.

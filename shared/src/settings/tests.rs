@@ -242,7 +242,10 @@ fn on_aws_the_retention_outlives_a_late_signed_request() {
         ])
     };
     let error = aws("900").unwrap_err();
-    assert!(error.to_string().contains("how long AWS takes a signed request"), "{error}");
+    assert!(
+        error.to_string().contains("how long AWS takes a signed request"),
+        "{error}"
+    );
     assert!(aws("931").is_ok());
     assert!(settings(&[(vars::RETENTION_SECONDS, "60")]).is_ok(), "embedded");
 }

@@ -78,6 +78,15 @@ pub struct SimConfig {
     /// table only once the workers and the clock are done (the fence written, in entity
     /// mode).
     pub hold_commits: bool,
+    /// Skews of the request paths' clock to choose one from per schedule, in
+    /// milliseconds from the simulation's clock (AWS's own time); empty for none. The
+    /// request path stamps its control message and checks its window on it. AWS's refusal
+    /// of requests signed more than 15 minutes from its time is not modelled (nor the
+    /// SDK's correction of the signing clock that it would call for): every request
+    /// arrives whenever the scheduler lets it, the worst case.
+    pub api_skews: &'static [i64],
+    /// The same for the workers' clock; empty for the random extras' small skews.
+    pub worker_skews: &'static [i64],
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -343,6 +352,8 @@ struct World {
     ids: Arc<SimIds>,
     next_actor: ActorId,
     worker_skew: i64,
+    /// The request paths' clock skew.
+    api_skew: i64,
     timing: Timing,
     in_flight: InFlight,
     timers_fire: bool,
@@ -373,6 +384,7 @@ impl World {
             ids,
             next_actor: 0,
             worker_skew,
+            api_skew: 0,
             timing,
             in_flight: InFlight::default(),
             timers_fire,
@@ -453,7 +465,7 @@ impl World {
             RequestPorts {
                 store: self.store(&gate),
                 control_queue: Arc::new(self.control_queue(&gate)),
-                clock: self.clock_for(&gate, 0),
+                clock: self.clock_for(&gate, self.api_skew),
                 ids: self.ids.clone(),
             },
             self.timing,
@@ -706,16 +718,24 @@ fn poll(actor: &mut Actor) -> Poll<End> {
 pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Outcome, String> {
     let extras = config.random_extras;
     let skew_choices = [0_i64, -4_000, 4_000, 15_000];
-    let worker_skew = if extras && chooser.chance(20) {
+    let worker_skew = if !config.worker_skews.is_empty() {
+        config.worker_skews[chooser.pick(config.worker_skews.len())]
+    } else if extras && chooser.chance(20) {
         skew_choices[chooser.pick(skew_choices.len())]
     } else {
         0
+    };
+    let api_skew = if config.api_skews.is_empty() {
+        0
+    } else {
+        config.api_skews[chooser.pick(config.api_skews.len())]
     };
     let counters: Vec<ItemKey> = (0..config.items.max(1))
         .map(|index| format!("COUNTER#{index}").parse().expect("valid key"))
         .collect();
     let seeded = if config.entity { counters.as_slice() } else { &[] };
     let mut world = World::new(worker_skew, config.timing, config.middleware.is_some(), seeded);
+    world.api_skew = api_skew;
     let mut api_results: Vec<Option<ApiResult>> = (0..config.transactions).map(|_| None).collect();
     let mut actors: Vec<Actor> = Vec::new();
     let mut slots: Vec<Option<IdempotencySlot>> = Vec::new();
