@@ -36,11 +36,13 @@ fn result_name(result: &ApiResult) -> &'static str {
         ApiResult::Answered(Err(TxnError::ControlSend { .. })) => "control send failed",
         ApiResult::Answered(Err(TxnError::Ambiguous { .. })) => "ambiguous",
         ApiResult::Answered(Err(TxnError::Fenced { .. })) => "fenced (unknown, settled by its tombstone)",
+        ApiResult::Answered(Err(TxnError::Abandoned { .. })) => "a task's commit refused: abandoned before it began",
         ApiResult::Answered(Err(_)) => "other failure",
         ApiResult::Abandoned { settlement, .. } => match settlement {
             Settlement::Tombstoned => "abandoned, tombstoned",
             Settlement::AlreadyTombstoned => "abandoned, already tombstoned",
             Settlement::LeftToWorker => "abandoned, left to the worker",
+            Settlement::Committed(_) => "abandoned, found committed (a task's commit landed first)",
             _ => "abandoned, other",
         },
         ApiResult::Crashed => "api crashed",
@@ -81,6 +83,7 @@ fn one_transaction(inline: bool) -> SimConfig {
         hold_commits: false,
         api_skews: &[],
         worker_skews: &[],
+        spawned_commits: false,
     }
 }
 
@@ -650,6 +653,8 @@ fn random_config(seed: u64) -> SimConfig {
         hold_commits: false,
         api_skews: &[],
         worker_skews: &[],
+        // A third hand their abandoned transactions to tasks that commit them.
+        spawned_commits: rng.usize(0..3) == 0,
     }
 }
 
@@ -773,6 +778,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             hold_commits: false,
             api_skews: &[],
             worker_skews: &[],
+            spawned_commits: false,
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {
@@ -1566,6 +1572,7 @@ fn entity_mode_clocks_skewed_by_up_to_an_hour_keep_the_invariants() {
             hold_commits: rng.usize(0..4) == 0,
             api_skews: &[-HOUR, -HOUR / 4, 0, HOUR / 4, HOUR],
             worker_skews: &[-HOUR, 0, HOUR],
+            spawned_commits: rng.bool(),
         };
         let mut chooser = Seeded::new(seed, 8);
         let outcome = run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("skew seed {seed}: {error}"));
@@ -1595,4 +1602,43 @@ fn entity_mode_clocks_skewed_by_up_to_an_hour_keep_the_invariants() {
         );
         assert_reached(&tally.endings, &["committed", "commit window expired"]);
     }
+}
+
+/// Section 7 of issue 28: transactions that outlive their request. A request stages its
+/// increment, hands the transaction to a task of its own (which commits it whenever the
+/// scheduler lets it: before, during or after the settling), answers, and is settled by
+/// `Outbox::abandon`, as the HTTP glue settles a request answered without a commit. Every
+/// placement of one fault, in entity mode and the transactional form, with inline
+/// publishing on and off, under the request-first order and 60 random orders; the task's
+/// answer is checked with the others (I7), and I1-I7 and the entity checks hold.
+#[test]
+fn transactions_that_outlive_their_request_keep_the_invariants() {
+    let started = Instant::now();
+    let mut tally = EntityTally::default();
+    for entity in [true, false] {
+        for inline in [false, true] {
+            let config = SimConfig {
+                abandon_every: 1,
+                spawned_commits: true,
+                entity,
+                // Late commits and settling writes too: their ghosts race the abandon.
+                faults_only: Some(commit_late_too),
+                ..one_transaction(inline)
+            };
+            let name = format!("outliving, entity {entity}, inline {inline}");
+            for outcome in run_fault_sequences(&name, &config, 60) {
+                tally.add(&outcome);
+            }
+        }
+    }
+    tally.print("transactions that outlive their request", started);
+    assert_reached(
+        &tally.endings,
+        &[
+            "a task's commit refused: abandoned before it began",
+            "abandoned, tombstoned",
+            "commit window expired",
+        ],
+    );
+    assert!(tally.late.commits.1 > 0, "{tally:?}");
 }

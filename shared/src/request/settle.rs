@@ -78,19 +78,21 @@ impl Settlement {
 }
 
 impl Outbox {
-    /// Abandons transaction `txn_id`: writes its tombstone (the same conditional put the
-    /// control worker writes, `attribute_not_exists`), by `deadline` if there is one, so
-    /// that its control message finds it settled at the first check instead of deferring
-    /// until the window ends. Never fails itself: what it cannot write, the control
-    /// message settles.
+    /// Abandons transaction `txn_id`, begun on this request path (or a clone of it): writes
+    /// its tombstone (the same conditional put the control worker writes,
+    /// `attribute_not_exists`), by `deadline` if there is one, so that its control message
+    /// finds it settled at the first check instead of deferring until the window ends.
+    /// Never fails itself: what it cannot write, the control message settles.
     ///
     /// A commit of it tried later fails ([`super::TxnError::Abandoned`], nothing written),
-    /// wherever the transaction went (a task spawned past the answer, a channel), when it
-    /// was begun on this request path or a clone of it. A commit already under way is
-    /// fenced: one in flight then fails, in entity mode too, where the fence goes into
-    /// the item the transaction was begun on. For a transaction begun by another process,
-    /// name its item with [`Self::abandon_in`] where it was begun in entity mode: the
-    /// tombstone record alone does not stop a commit into the item.
+    /// wherever the transaction went (a task spawned past the answer, a channel). A commit
+    /// under way (or cut off midway) is fenced: one in flight then fails, in entity mode
+    /// too, where the fence goes into the item the transaction was begun on. A transaction
+    /// whose commit has ended, or that this request path does not know (begun by another
+    /// process), is left to its control message ([`Settlement::LeftToWorker`], nothing
+    /// written): its commit settled it, and a tombstone record alone would not stop a
+    /// commit into an item in entity mode (name the item with [`Self::abandon_in`] to
+    /// fence it there).
     ///
     /// [`super::Transaction::abandon`] does this for a transaction in hand; the HTTP glue does
     /// it for a request whose handler began a transaction and answered without
@@ -100,18 +102,26 @@ impl Outbox {
     }
 
     /// [`Self::abandon`] for a transaction begun in entity mode into `entity`
-    /// ([`Outbox::begin_entity`]): where a commit of it may be under way (its commit began,
-    /// or it is not a live transaction of this request path, so nobody can tell), the
-    /// settling write is the fence in the entity with the record's tombstone, in one
-    /// atomic write (`Store::fence_entity`), so that neither form of its commit can apply
-    /// any more; it finds the transaction's entry where it committed into the entity.
-    /// `None` is [`Self::abandon`].
+    /// ([`Outbox::begin_entity`]): where a commit of it may be under way or done (its
+    /// commit began, or it is not a live transaction of this request path, so nobody can
+    /// tell), the settling write is the fence in the entity with the record's tombstone,
+    /// in one atomic write (`Store::fence_entity`), so that neither form of its commit can
+    /// apply any more; it finds the transaction's entry where it committed into the
+    /// entity. `None` is [`Self::abandon`].
     pub async fn abandon_in(&self, txn_id: TxnId, entity: Option<&ItemKey>, deadline: Option<Timestamp>) -> Settlement {
         let fence_in = match self.live.abandon(txn_id) {
             // Its commit is now refused: nothing of it can land.
             Abandoned::BeforeCommit => None,
             Abandoned::WhileCommitting(begun_in) => begun_in.or_else(|| entity.cloned()),
-            Abandoned::Unknown => entity.cloned(),
+            Abandoned::Unknown => match entity {
+                Some(entity) => Some(entity.clone()),
+                // Its commit ended (and settled it), or it is another process's: a
+                // tombstone record here could stand beside its commit into an item.
+                None => {
+                    tracing::info!(%txn_id, "not a live transaction of this request path: left to its control message");
+                    return Settlement::LeftToWorker;
+                }
+            },
         };
         self.settle(txn_id, fence_in.as_ref(), deadline).await.0
     }

@@ -132,16 +132,39 @@ impl Gates {
     pub fn for_actor(&self, actor: ActorId) -> Gate {
         Gate {
             gates: self.clone(),
-            actor,
+            actor: Some(actor),
+        }
+    }
+
+    /// A gate that belongs to whichever actor is being polled when it is passed.
+    pub fn shared(&self) -> Gate {
+        Gate {
+            gates: self.clone(),
+            actor: None,
         }
     }
 }
 
-/// One actor's way through the gates.
+thread_local! {
+    /// The actor the scheduler is polling, for gates shared by several actors.
+    static POLLING: std::cell::Cell<ActorId> = const { std::cell::Cell::new(ActorId::MAX) };
+}
+
+/// Runs `poll` as actor `actor`'s: a shared gate ([`Gates::shared`]) passed in it is that
+/// actor's.
+pub(crate) fn as_actor<T>(actor: ActorId, poll: impl FnOnce() -> T) -> T {
+    let before = POLLING.replace(actor);
+    let result = poll();
+    POLLING.set(before);
+    result
+}
+
+/// One actor's way through the gates; or, shared, the way of whichever actor is polled
+/// (ports shared by a request and the task it hands its transaction to).
 #[derive(Debug, Clone)]
 pub(crate) struct Gate {
     gates: Gates,
-    actor: ActorId,
+    actor: Option<ActorId>,
 }
 
 impl Gate {
@@ -149,19 +172,20 @@ impl Gate {
     /// actor whose timer fires while it waits (a deadline) drops the wait: it no longer
     /// waits there.
     pub async fn pass(&self, op: Op) -> Fault {
-        struct Waiting<'a>(&'a Gate);
+        struct Waiting<'a>(&'a Gates, ActorId);
         impl Drop for Waiting<'_> {
             fn drop(&mut self) {
-                self.0.gates.lock().waiting.remove(&self.0.actor);
+                self.0.lock().waiting.remove(&self.1);
             }
         }
-        let waiting = Waiting(self);
+        let actor = self.actor();
+        let waiting = Waiting(&self.gates, actor);
         let fault = poll_fn(|_| {
             let mut state = self.gates.lock();
-            match state.granted.remove(&self.actor) {
+            match state.granted.remove(&actor) {
                 Some(fault) => Poll::Ready(fault),
                 None => {
-                    state.waiting.insert(self.actor, op);
+                    state.waiting.insert(actor, op);
                     Poll::Pending
                 }
             }
@@ -174,31 +198,32 @@ impl Gate {
     /// Waits until the simulation's clock (`now`) reaches `at`: the actor moves on when
     /// the scheduler wakes it after the clock got there.
     pub async fn timer(&self, at: Timestamp, now: impl Fn() -> Timestamp) {
-        struct Running<'a>(&'a Gate, u64);
+        struct Running<'a>(&'a Gates, ActorId, u64);
         impl Drop for Running<'_> {
             fn drop(&mut self) {
-                self.0.gates.lock().timers.remove(&(self.0.actor, self.1));
+                self.0.lock().timers.remove(&(self.1, self.2));
             }
         }
+        let actor = self.actor();
         let number = {
             let mut state = self.gates.lock();
             state.next_timer += 1;
             let number = state.next_timer;
-            state.timers.insert((self.actor, number), at);
+            state.timers.insert((actor, number), at);
             number
         };
-        let _running = Running(self, number);
+        let _running = Running(&self.gates, actor, number);
         poll_fn(|_| if now() >= at { Poll::Ready(()) } else { Poll::Pending }).await;
     }
 
     /// The actor this gate belongs to.
     pub fn actor(&self) -> ActorId {
-        self.actor
+        self.actor.unwrap_or_else(|| POLLING.get())
     }
 
     /// Crashes the actor: marks it and never returns (the scheduler drops it).
     pub async fn crash<T>(&self) -> T {
-        self.gates.lock().crashed.insert(self.actor);
+        self.gates.lock().crashed.insert(self.actor());
         std::future::pending().await
     }
 }

@@ -403,12 +403,21 @@ impl Observed {
                         error.txn_id()
                     ));
                 }
+                // An abandon's settlement is a claim: never committed (a tombstone), or
+                // committed (a commit of it, handed to a task, landed first); left to the
+                // worker claims nothing.
                 ApiResult::Abandoned { txn_id, settlement } => {
-                    if self.commits.contains_key(txn_id) {
-                        return fail(format!("request {index} abandoned {txn_id}, yet it committed"));
+                    let committed = self.commits.contains_key(txn_id);
+                    if settlement.never_committed() && committed {
+                        return fail(format!(
+                            "request {index} abandoned {txn_id}, told {}, yet it committed",
+                            settlement.as_str()
+                        ));
                     }
-                    if matches!(settlement, Settlement::Committed(_)) {
-                        return fail(format!("request {index} abandoned {txn_id} and was told it committed"));
+                    if matches!(settlement, Settlement::Committed(_)) && !committed {
+                        return fail(format!(
+                            "request {index} abandoned {txn_id} and was told it committed; it did not"
+                        ));
                     }
                     if *settlement == Settlement::Tombstoned && !self.tombstones.contains(txn_id) {
                         return fail(format!(

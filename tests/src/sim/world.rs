@@ -87,6 +87,12 @@ pub struct SimConfig {
     pub api_skews: &'static [i64],
     /// The same for the workers' clock; empty for the random extras' small skews.
     pub worker_skews: &'static [i64],
+    /// Transactions that outlive their request: each request chosen by `abandon_every`
+    /// hands its staged transaction to a task of its own (a `tokio::spawn`, a channel),
+    /// which commits it whenever the scheduler lets it, and answers; the request is then
+    /// settled by abandoning the transaction, as the HTTP glue does
+    /// ([`Outbox::abandon`]). The task's commit and the abandon race in every order.
+    pub spawned_commits: bool,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -329,13 +335,21 @@ enum Kind {
         origin: ActorId,
         op: Op,
     },
+    /// A task a request handed its transaction to, committing it.
+    Spawned,
 }
 
 /// How an actor's future ends.
 enum End {
     Request(ApiResult),
     Ghost,
+    /// A commit handed to a task of its own ([`SimConfig::spawned_commits`]), its result.
+    Spawned(ApiResult),
 }
+
+/// Transactions handed to tasks of their own, waiting for the scheduler to make actors
+/// of them.
+type Handed = Arc<std::sync::Mutex<Vec<outbox::request::Transaction>>>;
 
 type ActorFuture = Pin<Box<dyn Future<Output = End>>>;
 
@@ -357,6 +371,8 @@ struct World {
     timing: Timing,
     in_flight: InFlight,
     timers_fire: bool,
+    /// Transactions handed to tasks of their own.
+    handed: Handed,
     /// Entity mode: commits refused by their item's fence mark.
     fenced_out: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
@@ -388,6 +404,7 @@ impl World {
             timing,
             in_flight: InFlight::default(),
             timers_fire,
+            handed: Handed::default(),
             fenced_out,
         }
     }
@@ -459,8 +476,16 @@ impl World {
         abandons: bool,
         middleware: Option<Duration>,
         entity: bool,
+        spawns: bool,
     ) -> Actor {
-        let (id, gate) = self.gate();
+        let (id, own_gate) = self.gate();
+        // A request that hands its transaction to a task shares its ports with that task:
+        // each operation passes the gate of whichever of them performs it.
+        let gate = if spawns && abandons {
+            self.gates.shared()
+        } else {
+            own_gate
+        };
         let mut outbox = Outbox::new(
             RequestPorts {
                 store: self.store(&gate),
@@ -482,9 +507,10 @@ impl World {
                 Box::pin(async move { End::Request(increment_over_http(outbox, timeout, key, abandons, entity).await) })
             }
             None => {
-                Box::pin(
-                    async move { End::Request(increment(&outbox, key, idempotency, deadline, abandons, entity).await) },
-                )
+                let hand_to = (spawns && abandons).then(|| self.handed.clone());
+                Box::pin(async move {
+                    End::Request(increment(&outbox, key, idempotency, deadline, abandons, entity, hand_to).await)
+                })
             }
         };
         Actor {
@@ -492,6 +518,30 @@ impl World {
             kind: Kind::Api(index),
             future,
         }
+    }
+
+    /// Tasks for the transactions handed over since the last call: each waits for the
+    /// scheduler, then commits.
+    fn spawned(&mut self) -> Vec<Actor> {
+        let handed = std::mem::take(&mut *self.handed.lock().expect("handed lock"));
+        handed
+            .into_iter()
+            .map(|txn| {
+                let (id, _) = self.gate();
+                let clock = self.clock_for(&self.gates.shared(), self.api_skew);
+                let future: ActorFuture = Box::pin(async move {
+                    // The task starts when the scheduler lets it: before the request's
+                    // abandon or after it.
+                    clock.sleep(Duration::ZERO).await;
+                    End::Spawned(ApiResult::Answered(txn.commit().await))
+                });
+                Actor {
+                    id,
+                    kind: Kind::Spawned,
+                    future,
+                }
+            })
+            .collect()
     }
 
     fn worker(&mut self) -> Actor {
@@ -550,7 +600,9 @@ fn seed(backend: &EmbeddedBackend, ids: &SimIds, now: Timestamp, timing: Timing,
 
 /// The business logic of every simulated request: read a counter, increment it, and
 /// emit one event and one FIFO audit entry about it; or, when it `abandons`, give up the
-/// transaction after the read (a no-op, a 404).
+/// transaction after the read (a no-op, a 404). With `hand_to`, an abandoning request
+/// stages its increment and hands the transaction to a task of its own, which commits it
+/// (past the answer); then it abandons the transaction, as the HTTP glue does.
 async fn increment(
     outbox: &Outbox,
     key: ItemKey,
@@ -558,6 +610,7 @@ async fn increment(
     deadline: Option<Duration>,
     abandons: bool,
     entity: bool,
+    hand_to: Option<Handed>,
 ) -> ApiResult {
     let result = async {
         let deadline = deadline.map(|deadline| outbox.clock().now().plus(deadline));
@@ -567,7 +620,16 @@ async fn increment(
             (Some(deadline), true) => outbox.begin_entity_within(key.clone(), deadline).await?,
             (None, true) => outbox.begin_entity(key.clone()).await?,
         };
+        let mut txn = txn;
         let current = txn.get(&key).await?;
+        if let (true, Some(handed)) = (abandons, &hand_to) {
+            let txn_id = txn.id();
+            stage(&mut txn, key, current);
+            handed.lock().expect("handed lock").push(txn);
+            // The answer goes out; the task may start its commit before the settling.
+            outbox.clock().sleep(Duration::ZERO).await;
+            return Ok(Err((txn_id, outbox.abandon(txn_id, None).await)));
+        }
         if abandons {
             let txn_id = txn.id();
             return Ok(Err((txn_id, txn.abandon().await)));
@@ -711,7 +773,7 @@ enum Action {
 /// Polls `actor` once; `Some` when it finished.
 fn poll(actor: &mut Actor) -> Poll<End> {
     let mut context = Context::from_waker(Waker::noop());
-    actor.future.as_mut().poll(&mut context)
+    super::gate::as_actor(actor.id, || actor.future.as_mut().poll(&mut context))
 }
 
 /// Runs one schedule to quiescence with every decision taken from `chooser`.
@@ -764,6 +826,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             abandons,
             config.middleware,
             config.entity,
+            config.spawned_commits,
         ));
     }
     for _ in 0..config.workers {
@@ -811,6 +874,8 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     let mut answered: std::collections::BTreeSet<ActorId> = std::collections::BTreeSet::new();
     let mut refused_behind: std::collections::BTreeSet<ActorId> = std::collections::BTreeSet::new();
     let mut settle_failed: std::collections::BTreeSet<ActorId> = std::collections::BTreeSet::new();
+    // The answers of commits handed to tasks of their own.
+    let mut spawned_results: Vec<ApiResult> = Vec::new();
     loop {
         steps += 1;
         if steps > config.max_steps {
@@ -966,6 +1031,11 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                 let crashed = world.gates.lock().crashed.remove(&actor_id);
                 let ended = match polled {
                     Poll::Ready(End::Request(result)) => Some(result),
+                    Poll::Ready(End::Spawned(result)) => {
+                        spawned_results.push(result);
+                        actors.swap_remove(position);
+                        None
+                    }
                     Poll::Ready(End::Ghost) => {
                         ghost_origins.remove(&actor_id);
                         actors.swap_remove(position);
@@ -995,6 +1065,12 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                         api_results[index] = Some(result);
                     }
                 }
+                // Transactions handed to tasks become actors of their own.
+                for mut task in world.spawned() {
+                    if !matches!(poll(&mut task), Poll::Ready(_)) {
+                        actors.push(task);
+                    }
+                }
                 // Commit requests that went on their way become actors of their own.
                 for mut ghost in world.ghosts() {
                     if let Kind::Ghost { origin, op } = ghost.kind {
@@ -1011,6 +1087,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     let api_results = api_results
         .into_iter()
         .map(|result| result.expect("every request ended"))
+        .chain(spawned_results)
         .collect();
     let observed = Observed::capture(&world.backend, world.clock.now(), api_results);
     Ok(Outcome {
