@@ -1557,3 +1557,92 @@ async fn the_request_span_names_the_matched_route() {
         .unwrap_or_else(|| panic!("no line in the read's request span: {text}"));
     assert_eq!(routed["route"], "/orders/{id}", "{routed}");
 }
+
+/// A handler that hands its transaction (entity mode) to a task and answers before the
+/// commit is done. If the task has not begun the commit when the middleware settles the
+/// request, the commit is refused (`TxnError::Abandoned`) and only the tombstone record
+/// is written (before, the middleware's tombstone let the commit apply beside it). If it
+/// began (its hook told the scope, and it is held in the network for a second), the
+/// middleware leaves it to finish: it applies, and no tombstone or fence stands beside
+/// it. The task is told the truth either way.
+#[tokio::test(start_paused = true)]
+async fn a_commit_handed_to_a_task_past_the_answer_is_refused_or_left_to_finish() {
+    use axum::extract::State;
+    use outbox::http::{enforce_deadline, Deadlines, HttpError, RequestScope};
+    use outbox::ports::{BusinessWrite, CommitRequest, ExpectedVersion, ItemKey};
+    use outbox::protocol::{OutboxRecord, TxnId};
+    use outbox::request::TxnError;
+
+    type Answers = Arc<tokio::sync::Mutex<Option<tokio::task::JoinHandle<Result<outbox::request::Committed, TxnError>>>>>;
+    for wait_for_the_commit in [false, true] {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+        let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+        let key: ItemKey = "ORDER#1".parse().unwrap();
+        let create = TxnId::new_v7();
+        let now = clock.now();
+        let seed = CommitRequest {
+            txn_id: create,
+            writes: vec![BusinessWrite::Put {
+                key: key.clone(),
+                data: json!({"lines": 1}),
+                expected: ExpectedVersion::Absent,
+            }],
+            outbox: OutboxRecord::committed(create, vec![], now, now.plus(Duration::from_secs(600))),
+            idempotency: None,
+        };
+        backend.store.commit(&seed).await.unwrap();
+        let ports = RequestPorts {
+            store: Arc::new(OddStore {
+                commit: CommitStall::AppliesAfter(Duration::from_secs(1)),
+                ..OddStore::around(backend.store.clone())
+            }),
+            ..backend.request_ports(clock.clone())
+        };
+        let outbox = Arc::new(Outbox::new(ports, Timing::default(), TransactionLimits::default()));
+        let task: Answers = Answers::default();
+        let handed = task.clone();
+        let handler = move |State(_): State<Arc<Outbox>>, scope: RequestScope| async move {
+            let outbox::http::Begun::Started(mut txn) = scope.begin_entity("ORDER#1".parse().unwrap(), None).await? else {
+                unreachable!("no key, no replay")
+            };
+            txn.put("ORDER#1".parse().unwrap(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
+            let (began, begun) = tokio::sync::oneshot::channel();
+            txn.on_commit_attempt(move |_| {
+                let _ = began.send(());
+            });
+            *handed.lock().await = Some(tokio::spawn(txn.commit()));
+            if wait_for_the_commit {
+                begun.await.unwrap();
+            }
+            Ok::<_, HttpError>(StatusCode::ACCEPTED)
+        };
+        let app = Router::new()
+            .route("/", axum::routing::post(handler))
+            .route_layer(axum::middleware::from_fn_with_state(
+                Deadlines::new(outbox.as_ref().clone(), Duration::from_secs(2)),
+                enforce_deadline,
+            ))
+            .with_state(outbox.clone());
+        let response = app.oneshot(empty(Method::POST, "/")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+        let txn_id: TxnId = response.headers()["x-transaction-id"].to_str().unwrap().parse().unwrap();
+        let answer = task.lock().await.take().unwrap().await.unwrap();
+        match (wait_for_the_commit, &answer) {
+            (false, Err(TxnError::Abandoned { .. })) | (true, Ok(_)) => {}
+            other => panic!("the task's commit: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let order = backend.store.get_entity(&key).await.unwrap().unwrap();
+        let status = outbox.status(txn_id).await.unwrap();
+        if wait_for_the_commit {
+            assert_eq!(order.item.version, 2, "the commit that began applied");
+            assert_eq!(order.entries.len(), 1, "its entry, for the worker");
+            assert_ne!(status, outbox::request::TxnStatus::Tombstoned);
+        } else {
+            assert_eq!(order.item.version, 1, "nothing applied");
+            assert!(order.entries.is_empty());
+            assert_eq!(status, outbox::request::TxnStatus::Tombstoned);
+        }
+        assert_eq!(order.fence, None, "no fence: none was needed");
+    }
+}

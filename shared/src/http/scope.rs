@@ -40,7 +40,7 @@ use super::problem::TRANSACTION_ID_HEADER;
 use crate::native::{NativeOutbox, NativeTransaction};
 use crate::ports::ItemKey;
 use crate::protocol::TxnId;
-use crate::request::{watch_begins, BeginWatch, Committable, Outbox, Settlement, Transaction, TxnError};
+use crate::request::{watch_begins, Abandoned, BeginWatch, Committable, Outbox, Settlement, Transaction, TxnError};
 use crate::time::Timestamp;
 
 /// How long before a request's end the handler must stop working, to answer in time.
@@ -278,22 +278,28 @@ impl RequestScope {
     /// Settles transaction `txn_id`, begun in this scope, with its tombstone by
     /// `deadline` (see [`Outbox::abandon`]); `None` when no transaction began in it.
     async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> Option<Settlement> {
+        // Decided under the scope's lock, which the commit hook takes too, so that what
+        // the request path says and what the scope saw agree: from here on a commit of
+        // the transaction that has not begun is refused.
         let (outbox, entity) = {
             let state = self.state();
-            // The fence goes into the entity only where a commit of it was seen to begin
-            // (the fence raises the item's mark, which costs a transaction and sends
-            // older transactions on the item to the transactional form). The request path
-            // itself knows better for a commit that began since (a task the handler
-            // spawned): it fences that one in its entity, and refuses one that begins
-            // later. A transaction dropped without committing (a 404) needs only its
-            // tombstone record.
+            let outbox = state.begun_on.clone()?;
             let committing = matches!(state.progress, Progress::Committing(_));
-            (
-                state.begun_on.clone()?,
-                state.begun_entity.clone().filter(|_| committing),
-            )
+            let entity = match outbox.claim_abandoned(txn_id) {
+                // Nothing of it can land: its tombstone record settles it (a fence raises
+                // the item's mark, which costs a transaction and sends older transactions
+                // on the item to the transactional form).
+                Abandoned::BeforeCommit => None,
+                // A commit under way, or cut off midway (a task the handler spawned):
+                // fenced in its entity.
+                Abandoned::WhileCommitting(begun_in) => begun_in,
+                // No longer live: dropped without a commit (the hook would have said so),
+                // or its commit ended (the handler overran it): the fence finds its entry.
+                Abandoned::Unknown => state.begun_entity.clone().filter(|_| committing),
+            };
+            (outbox, entity)
         };
-        Some(outbox.abandon_in(txn_id, entity.as_ref(), Some(deadline)).await)
+        Some(outbox.settle_abandoned(txn_id, entity.as_ref(), deadline).await)
     }
 
     /// Commits `txn` with `answer` (stored for replays under the idempotency key given at

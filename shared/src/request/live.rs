@@ -27,7 +27,7 @@ struct LiveTxn {
 
 /// What abandoning a transaction found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Abandoned {
+pub(crate) enum Abandoned {
     /// Its commit had not begun, and now never will (nothing of it can land): the
     /// tombstone record settles it.
     BeforeCommit,

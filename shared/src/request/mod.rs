@@ -24,6 +24,8 @@ mod entity_tests;
 mod error;
 mod inline;
 mod live;
+#[cfg(feature = "axum")]
+pub(crate) use live::Abandoned;
 mod outbox;
 mod settle;
 mod transaction;

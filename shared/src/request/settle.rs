@@ -126,6 +126,21 @@ impl Outbox {
         self.settle(txn_id, fence_in.as_ref(), deadline).await.0
     }
 
+    /// Marks transaction `txn_id` abandoned, so that a commit of it that has not begun is
+    /// refused, and tells what its commit had done (the HTTP glue decides on it under its
+    /// own lock, which the commit hook takes too).
+    #[cfg(feature = "axum")]
+    pub(crate) fn claim_abandoned(&self, txn_id: TxnId) -> Abandoned {
+        self.live.abandon(txn_id)
+    }
+
+    /// [`Self::abandon_in`]'s write, once decided: T's tombstone record, or the fence in
+    /// `entity` too.
+    #[cfg(feature = "axum")]
+    pub(crate) async fn settle_abandoned(&self, txn_id: TxnId, entity: Option<&ItemKey>, deadline: Timestamp) -> Settlement {
+        self.settle(txn_id, entity, Some(deadline)).await.0
+    }
+
     /// The settling write: T's tombstone record, or with `entity` the fence there too;
     /// `true` with it where it found T committed into the entity (its entry).
     pub(super) async fn settle(
