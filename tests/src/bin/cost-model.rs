@@ -240,6 +240,54 @@ impl Rig {
         }
     }
 
+    /// Entity mode (issue 28): a transaction begun on an existing order and abandoned
+    /// before its commit began (`settled`: the request path writes its tombstone record,
+    /// no fence, since its commit is refused from then on), or one whose commit may be
+    /// under way (a commit of unknown outcome, modelled by `Outbox::abandon_in` naming the
+    /// order for a transaction the request path no longer holds): the fence, one
+    /// `TransactWriteItems` of two actions. The worker then reads the record, and the
+    /// order for an entry beside the tombstone; nothing is pruned later.
+    async fn abandon_in_entity(&self, outbox: &Outbox, control: &ControlPath, fenced: bool, n: usize) -> Flow {
+        let key: ItemKey = format!("ORDER#{n}").parse().unwrap();
+        let first_check = Timing::default().first_check_delay;
+        let mut create = outbox.begin().await.expect("begin");
+        create.put(key.clone(), order(n), ExpectedVersion::Absent);
+        let created = create.commit().await.expect("the create");
+        self.backend
+            .handle_until_settled(control, created.txn_id, first_check, |_| {})
+            .await;
+        self.reset();
+        let txn = outbox.begin_entity(key.clone()).await.expect("begin in entity mode");
+        let id = txn.id();
+        let settlement = if fenced {
+            drop(txn);
+            outbox.abandon_in(id, Some(&key), None).await
+        } else {
+            txn.abandon().await
+        };
+        assert_eq!(settlement, Settlement::Tombstoned);
+        let (request_calls, request) = self.snapshot();
+        let written = self.meter.written();
+        let (control_calls, control_bill, checks) = self.settle(control, id, first_check).await;
+        let write = if fenced { "TransactWriteItems" } else { "PutItem" };
+        assert_eq!(
+            request_calls,
+            counts(&[(write, 1), ("SendMessage", 1)]),
+            "entity mode, abandoned (fenced: {fenced}): request path"
+        );
+        assert_eq!(
+            control_calls,
+            counts(&[("BatchGetItem", 1), ("GetItem", 1)]),
+            "entity mode, abandoned (fenced: {fenced}): control path"
+        );
+        Flow {
+            request,
+            control: control_bill,
+            checks,
+            written,
+        }
+    }
+
     /// A transaction dropped after `begin` (a crash), left to its control message.
     async fn drop_txn(&self, outbox: &Outbox, control: &ControlPath, timing: Timing) -> Flow {
         self.reset();
@@ -969,6 +1017,8 @@ async fn run(batch_size: f64) {
     let (entity_on1, entity_sizes_on1) = rig.commit_in_entity(&inline, &control, 1, true, 13).await;
     let (entity_on5, entity_sizes_on5) = rig.commit_in_entity(&inline, &control, 5, true, 14).await;
     let abandoned = rig.abandon(&plain, &control).await;
+    let entity_abandoned = rig.abandon_in_entity(&plain, &control, false, 21).await;
+    let entity_fenced = rig.abandon_in_entity(&plain, &control, true, 22).await;
     // Left to its control message: measured with a 3 s window (2 checks), and the
     // derivation that gives 2 checks there gives the default window's count.
     let short = Timing {
@@ -1112,6 +1162,16 @@ async fn run(batch_size: f64) {
             .counted(&sum(&[&abandoned.request, &abandoned.control]))
             .worker(abandoned.checks as f64, batch)
             .lambda(1.0, API_MS_INLINE_OFF);
+        let in_entity = |flow: &Flow| {
+            let mut cost = Cost::default();
+            cost.modelled("GetItem (business read)", 1.0, 0.0, read)
+                .counted(&sum(&[&flow.request, &flow.control]))
+                .worker(flow.checks as f64, batch)
+                .lambda(1.0, API_MS_INLINE_OFF);
+            cost
+        };
+        let entity_settled = in_entity(&entity_abandoned);
+        let entity_fence = in_entity(&entity_fenced);
         // The default window: the short run's per-check read, deferral and tombstone,
         // times the default window's checks and deferrals.
         let short_checks = dropped.checks as f64;
@@ -1199,6 +1259,14 @@ async fn run(batch_size: f64) {
             "abandoned transactions (decided by the reads: 404/409/412)".to_owned(),
             vec![
                 ("this outbox, settled in the request path".to_owned(), in_request),
+                (
+                    "this outbox in entity mode, settled in the request path (its commit had not begun)".to_owned(),
+                    entity_settled,
+                ),
+                (
+                    "this outbox in entity mode, fenced in its item (a commit of unknown outcome)".to_owned(),
+                    entity_fence,
+                ),
                 (
                     format!(
                         "this outbox, dropped and left to its control message (30 s window: {default_checks} checks, \
