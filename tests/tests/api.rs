@@ -1573,7 +1573,8 @@ async fn a_commit_handed_to_a_task_past_the_answer_is_refused_or_left_to_finish(
     use outbox::protocol::{OutboxRecord, TxnId};
     use outbox::request::TxnError;
 
-    type Answers = Arc<tokio::sync::Mutex<Option<tokio::task::JoinHandle<Result<outbox::request::Committed, TxnError>>>>>;
+    type Answers =
+        Arc<tokio::sync::Mutex<Option<tokio::task::JoinHandle<Result<outbox::request::Committed, TxnError>>>>>;
     for wait_for_the_commit in [false, true] {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
         let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
@@ -1602,10 +1603,15 @@ async fn a_commit_handed_to_a_task_past_the_answer_is_refused_or_left_to_finish(
         let task: Answers = Answers::default();
         let handed = task.clone();
         let handler = move |State(_): State<Arc<Outbox>>, scope: RequestScope| async move {
-            let outbox::http::Begun::Started(mut txn) = scope.begin_entity("ORDER#1".parse().unwrap(), None).await? else {
+            let outbox::http::Begun::Started(mut txn) = scope.begin_entity("ORDER#1".parse().unwrap(), None).await?
+            else {
                 unreachable!("no key, no replay")
             };
-            txn.put("ORDER#1".parse().unwrap(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
+            txn.put(
+                "ORDER#1".parse().unwrap(),
+                json!({"lines": 2}),
+                ExpectedVersion::Exactly(1),
+            );
             let (began, begun) = tokio::sync::oneshot::channel();
             txn.on_commit_attempt(move |_| {
                 let _ = began.send(());
@@ -1625,7 +1631,11 @@ async fn a_commit_handed_to_a_task_past_the_answer_is_refused_or_left_to_finish(
             .with_state(outbox.clone());
         let response = app.oneshot(empty(Method::POST, "/")).await.unwrap();
         assert_eq!(response.status(), StatusCode::ACCEPTED);
-        let txn_id: TxnId = response.headers()["x-transaction-id"].to_str().unwrap().parse().unwrap();
+        let txn_id: TxnId = response.headers()["x-transaction-id"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         let answer = task.lock().await.take().unwrap().await.unwrap();
         match (wait_for_the_commit, &answer) {
             (false, Err(TxnError::Abandoned { .. })) | (true, Ok(_)) => {}

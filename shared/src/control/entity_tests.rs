@@ -240,7 +240,7 @@ async fn a_deleted_and_recreated_item_keeps_its_fence_mark() {
     assert!(world
         .backend
         .store
-        .get_items(&[world.key.clone()])
+        .get_items(std::slice::from_ref(&world.key))
         .await
         .unwrap()
         .is_empty());

@@ -17,10 +17,12 @@
 
 #[cfg(test)]
 mod entity_tests;
+mod outcome;
 mod path;
 pub mod poller;
 pub mod redelivery;
 #[cfg(feature = "worker")]
 pub mod worker;
 
-pub use path::{BatchReport, ControlError, ControlOutcome, ControlPath, ControlPorts, ItemReport, MAX_ATTEMPTS};
+pub use outcome::{BatchReport, ControlError, ControlOutcome, ItemReport};
+pub use path::{ControlPath, ControlPorts, MAX_ATTEMPTS};

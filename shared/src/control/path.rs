@@ -6,14 +6,13 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use super::outcome::{BatchReport, ControlError, ControlOutcome, ItemReport};
 use crate::ports::{
-    Clock, ControlDelivery, ControlQueue, FenceOutcome, ItemKey, Publisher, QueueError, Store, StoreError,
-    TombstoneOutcome,
+    Clock, ControlDelivery, ControlQueue, FenceOutcome, ItemKey, Publisher, Store, StoreError, TombstoneOutcome,
 };
-use crate::protocol::{ControlMessage, DecodeError, OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{ControlMessage, OutboxRecord, OutboxState, TxnId};
 use crate::publish::{publish_all, PublishFailure, RetryPolicy};
 use crate::settings::Timing;
-use crate::time::Timestamp;
 
 /// After this many checks a transaction is tombstoned even if the worker's clock says
 /// its window is still open: tombstoning is always safe (in entity mode too: the fence
@@ -40,125 +39,6 @@ pub struct ControlPath {
     ports: ControlPorts,
     timing: Timing,
     retry: RetryPolicy,
-}
-
-/// What handling one control message did. Logs, metrics and tests use these words.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ControlOutcome {
-    /// The transaction's messages were published and its record marked dispatched.
-    Dispatched {
-        /// How many messages.
-        messages: usize,
-        /// When the record was committed (for the dispatch lag).
-        committed_at: Timestamp,
-    },
-    /// Nothing to do: the record was already `dispatched` or a `tombstone`.
-    AlreadyDone {
-        /// The state found.
-        state: OutboxState,
-    },
-    /// No record yet, within the window: a later check was scheduled.
-    Deferred {
-        /// The attempt number of the new control message.
-        next_attempt: u32,
-        /// Its delay.
-        delay: Duration,
-    },
-    /// No record after the window: the transaction can never commit now.
-    Tombstoned,
-    /// Entity mode: the transaction's entry was found in its item beside its tombstone
-    /// record (a tombstone written without the fence, while a commit of it was on its
-    /// way: `Outbox::abandon` of a transaction whose commit was sent elsewhere). The entry
-    /// is proof of the commit: its messages were published, its record put dispatched and
-    /// the entry removed. Counted (`EntriesBesideTombstones`) and alarmed.
-    DispatchedBesideTombstone {
-        /// How many messages.
-        messages: usize,
-        /// When the entry was committed.
-        committed_at: Timestamp,
-    },
-    /// No record, and the control message is older than the retention: whatever the
-    /// transaction did has long been settled and its record forgotten; writing a
-    /// tombstone now could contradict a commit that has since expired.
-    Stale,
-}
-
-impl ControlOutcome {
-    /// A short name for logs and metrics.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Dispatched { .. } => "dispatched",
-            Self::AlreadyDone { .. } => "already_done",
-            Self::Deferred { .. } => "deferred",
-            Self::Tombstoned => "tombstoned",
-            Self::DispatchedBesideTombstone { .. } => "dispatched_beside_tombstone",
-            Self::Stale => "stale",
-        }
-    }
-}
-
-/// Why a control message must be retried (it goes back to the queue, and after the
-/// redrive policy's receive count to the dead-letter queue).
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum ControlError {
-    /// The body is not a control message this worker understands.
-    #[error("undecodable control message")]
-    Decode(#[source] Arc<DecodeError>),
-    /// Reading the outbox record failed.
-    #[error("reading the outbox record failed")]
-    Read(#[source] Arc<StoreError>),
-    /// Some messages could not be published; the rest may have been.
-    #[error("{failed} of {total} messages could not be published")]
-    Publish {
-        /// How many failed.
-        failed: usize,
-        /// How many the transaction has.
-        total: usize,
-        /// The first failure.
-        first: PublishFailure,
-    },
-    /// Marking the record dispatched failed; its messages were published.
-    #[error("marking the outbox record dispatched failed")]
-    Mark(#[source] Arc<StoreError>),
-    /// Sending the re-deferred control message failed.
-    #[error("re-deferring the control message failed")]
-    Defer(#[source] Arc<QueueError>),
-    /// Writing the tombstone failed.
-    #[error("writing the tombstone failed")]
-    Tombstone(#[source] Arc<StoreError>),
-}
-
-/// The result for one control message of a batch.
-#[derive(Debug, Clone)]
-pub struct ItemReport {
-    /// The queue's id of the message.
-    pub message_id: String,
-    /// The transaction, when the body could be decoded.
-    pub txn_id: Option<TxnId>,
-    /// The control message's attempt number, when decoded.
-    pub attempt: Option<u32>,
-    /// What happened.
-    pub result: Result<ControlOutcome, ControlError>,
-}
-
-/// The results for a batch, one per control message, in the batch's order.
-#[derive(Debug, Clone, Default)]
-pub struct BatchReport {
-    /// One per message.
-    pub items: Vec<ItemReport>,
-}
-
-impl BatchReport {
-    /// The queue ids of the messages that must be retried (the partial batch response).
-    pub fn failed_message_ids(&self) -> Vec<&str> {
-        self.items
-            .iter()
-            .filter(|item| item.result.is_err())
-            .map(|item| item.message_id.as_str())
-            .collect()
-    }
 }
 
 /// The span of one control message's handling: its SQS message id and its transaction.
@@ -569,6 +449,7 @@ mod tests {
     use super::*;
     use crate::embedded::{EmbeddedBackend, ManualClock};
     use crate::test_log::Logged;
+    use crate::time::Timestamp;
 
     #[tokio::test]
     async fn each_control_message_is_handled_in_a_span_naming_its_transaction() {

@@ -137,7 +137,12 @@ impl Outbox {
     /// [`Self::abandon_in`]'s write, once decided: T's tombstone record, or the fence in
     /// `entity` too.
     #[cfg(feature = "axum")]
-    pub(crate) async fn settle_abandoned(&self, txn_id: TxnId, entity: Option<&ItemKey>, deadline: Timestamp) -> Settlement {
+    pub(crate) async fn settle_abandoned(
+        &self,
+        txn_id: TxnId,
+        entity: Option<&ItemKey>,
+        deadline: Timestamp,
+    ) -> Settlement {
         self.settle(txn_id, entity, Some(deadline)).await.0
     }
 

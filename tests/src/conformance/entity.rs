@@ -491,7 +491,11 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         b.name
     );
     assert!(
-        b.store.get_items(&[entity_key.clone()]).await.unwrap().is_empty(),
+        b.store
+            .get_items(std::slice::from_ref(&entity_key))
+            .await
+            .unwrap()
+            .is_empty(),
         "{}",
         b.name
     );
@@ -529,7 +533,11 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
     );
     assert!(b.store.get_entity(&nowhere).await.unwrap().is_none(), "{}", b.name);
     assert!(
-        b.store.get_items(&[nowhere.clone()]).await.unwrap().is_empty(),
+        b.store
+            .get_items(std::slice::from_ref(&nowhere))
+            .await
+            .unwrap()
+            .is_empty(),
         "{}",
         b.name
     );

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use outbox::ports::{Clock, ExpectedVersion, ItemKey};
+use outbox::ports::{ExpectedVersion, ItemKey};
 use outbox::protocol::{Message, OutboxState, TxnId};
 use outbox::request::{InlineDispatch, Outbox, Transaction, TxnError};
 use outbox::settings::Timing;

@@ -385,12 +385,11 @@ impl Store for EmbeddedStore {
                 }
                 // A deleted item's fence mark stays with its key: a late commit of a
                 // transaction fenced in it meets the mark again if the item is created anew.
-                BusinessWrite::Delete { key, .. } => match state.items.remove(key.as_str()) {
-                    Some(Item::Business { fence: Some(fence), .. }) => {
+                BusinessWrite::Delete { key, .. } => {
+                    if let Some(Item::Business { fence: Some(fence), .. }) = state.items.remove(key.as_str()) {
                         state.insert(key.as_str().to_owned(), Item::Vacant { fence });
                     }
-                    _ => {}
-                },
+                }
                 BusinessWrite::Check { .. } => {}
             }
         }
