@@ -24,8 +24,13 @@ pub struct Observed {
     pub published: BTreeMap<DestinationName, (bool, Vec<SentMessage>)>,
     /// Outbox records physically present at the end.
     pub records: Vec<OutboxRecord>,
-    /// Business items at the end: version and count.
+    /// Business items at the end: version and count (an item deleted last is absent).
     pub items: BTreeMap<String, (u64, u64)>,
+    /// The versions each item's committed writes stored, in the order they applied, one
+    /// list per incarnation (a delete starts the next).
+    pub incarnations: BTreeMap<String, Vec<Vec<u64>>>,
+    /// Deletes applied (an item deleted and created again, entity mode).
+    pub deletes: usize,
     /// How each API request ended.
     pub api_results: Vec<ApiResult>,
     /// Control messages left in the queue and its dead-letter queue.
@@ -53,6 +58,12 @@ pub struct Observed {
     pub fences: usize,
 }
 
+/// Records `version` as stored by a write of `key`, in its current incarnation.
+fn stored(incarnations: &mut BTreeMap<String, Vec<Vec<u64>>>, key: String, version: u64) {
+    let lives = incarnations.entry(key).or_insert_with(|| vec![Vec::new()]);
+    lives.last_mut().expect("one at least").push(version);
+}
+
 /// A broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
@@ -74,6 +85,8 @@ impl Observed {
         let mut commits = BTreeMap::new();
         let mut tombstones = BTreeSet::new();
         let mut items: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        let mut incarnations: BTreeMap<String, Vec<Vec<u64>>> = BTreeMap::new();
+        let mut deletes = 0;
         let mut dispatched: BTreeSet<TxnId> = BTreeSet::new();
         let mut removed_before_record = Vec::new();
         let mut committed_twice = Vec::new();
@@ -82,9 +95,18 @@ impl Observed {
             match event {
                 StoreEvent::Committed { request, .. } => {
                     for write in &request.writes {
-                        if let BusinessWrite::Put { key, data, expected } = write {
-                            let count = data["count"].as_u64().unwrap_or(0);
-                            items.insert(key.to_string(), (expected.next(), count));
+                        match write {
+                            BusinessWrite::Put { key, data, expected } => {
+                                let count = data["count"].as_u64().unwrap_or(0);
+                                items.insert(key.to_string(), (expected.next(), count));
+                                stored(&mut incarnations, key.to_string(), expected.next());
+                            }
+                            BusinessWrite::Delete { key, .. } => {
+                                deletes += 1;
+                                items.remove(key.as_str());
+                                incarnations.entry(key.to_string()).or_default().push(Vec::new());
+                            }
+                            BusinessWrite::Check { .. } => {}
                         }
                     }
                     let txn_id = request.txn_id;
@@ -101,6 +123,7 @@ impl Observed {
                     entity_commits += 1;
                     let count = commit.data["count"].as_u64().unwrap_or(0);
                     items.insert(commit.key.to_string(), (commit.expected.next(), count));
+                    stored(&mut incarnations, commit.key.to_string(), commit.expected.next());
                     let request = CommitRequest {
                         txn_id: commit.entry.txn_id,
                         writes: vec![BusinessWrite::Put {
@@ -164,6 +187,8 @@ impl Observed {
             published,
             records: backend.store.outbox_records(),
             items,
+            incarnations,
+            deletes,
             api_results,
             control_left,
             control_sent,
@@ -459,23 +484,30 @@ impl Observed {
     /// No lost or doubled update: each counter's count equals its version, and equals the
     /// number of committed transactions that wrote it.
     fn business_state(&self) -> Result<(), Violation> {
-        let mut writers: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for request in self.commits.values() {
-            for write in &request.writes {
-                if let BusinessWrite::Put { key, expected, .. } = write {
-                    writers.entry(key.to_string()).or_default().push(expected.next());
+        for (key, lives) in &self.incarnations {
+            let fail = |detail: String| {
+                Err(Violation {
+                    invariant: "business state",
+                    detail: format!("{key}: {detail}"),
+                })
+            };
+            for (life, versions) in lives.iter().enumerate() {
+                let mut sorted = versions.clone();
+                sorted.sort_unstable();
+                let expected: Vec<u64> = (1..=versions.len() as u64).collect();
+                if sorted != expected {
+                    return fail(format!("incarnation {life}: committed versions {versions:?}"));
                 }
             }
-        }
-        for (key, mut versions) in writers {
-            versions.sort_unstable();
-            let expected: Vec<u64> = (1..=versions.len() as u64).collect();
-            let (version, count) = self.items[&key];
-            if versions != expected || version != count || count != versions.len() as u64 {
-                return Err(Violation {
-                    invariant: "business state",
-                    detail: format!("{key}: committed versions {versions:?}, final version {version}, count {count}"),
-                });
+            let last = lives.last().map_or(0, Vec::len) as u64;
+            match self.items.get(key) {
+                Some(&(version, count)) if version != last || count != last => {
+                    return fail(format!(
+                        "final version {version}, count {count}, after {last} writes in its last incarnation"
+                    ))
+                }
+                None if last > 0 => return fail("deleted last, yet written after".into()),
+                _ => {}
             }
         }
         Ok(())

@@ -93,6 +93,10 @@ pub struct SimConfig {
     /// settled by abandoning the transaction, as the HTTP glue does
     /// ([`Outbox::abandon`]). The task's commit and the abandon race in every order.
     pub spawned_commits: bool,
+    /// An actor deletes each counter (through the outbox's store, at the version it reads,
+    /// trying again while the counter holds entries) and creates it again at version 1,
+    /// racing the requests, their late and held commits, and the workers.
+    pub deletes: bool,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -337,6 +341,8 @@ enum Kind {
     },
     /// A task a request handed its transaction to, committing it.
     Spawned,
+    /// Deletes a counter and creates it again.
+    Deleter,
 }
 
 /// How an actor's future ends.
@@ -542,6 +548,64 @@ impl World {
                 }
             })
             .collect()
+    }
+
+    /// Deletes counter `key` (read, then a delete at the version read, tried again while it
+    /// holds entries or changes) and creates it again, each step through its gates.
+    fn deleter(&mut self, key: ItemKey) -> Actor {
+        use outbox::ports::{BusinessWrite, CommitRequest, Store};
+        use outbox::protocol::OutboxRecord;
+
+        const TRIES: usize = 6;
+        let (id, gate) = self.gate();
+        let store = self.store(&gate);
+        let clock = self.clock_for(&gate, 0);
+        let (ids, retention) = (self.ids.clone(), self.timing.retention);
+        let commit = move |write: BusinessWrite| {
+            let now = clock.now();
+            let txn_id = ids.next_txn_id(now);
+            CommitRequest {
+                txn_id,
+                writes: vec![write],
+                outbox: OutboxRecord::committed(txn_id, Vec::new(), now, now.plus(retention)),
+                idempotency: None,
+            }
+        };
+        let future: ActorFuture = Box::pin(async move {
+            let mut deleted = false;
+            for _ in 0..TRIES {
+                let Ok(read) = store.get_items(std::slice::from_ref(&key)).await else {
+                    continue;
+                };
+                let Some(item) = read.get(&key) else { break };
+                let delete = commit(BusinessWrite::Delete {
+                    key: key.clone(),
+                    version: item.version,
+                });
+                if store.commit(&delete).await.is_ok() {
+                    deleted = true;
+                    break;
+                }
+            }
+            if deleted {
+                for _ in 0..TRIES {
+                    let create = commit(BusinessWrite::Put {
+                        key: key.clone(),
+                        data: json!({ "count": 1 }),
+                        expected: ExpectedVersion::Absent,
+                    });
+                    if store.commit(&create).await.is_ok() {
+                        break;
+                    }
+                }
+            }
+            End::Ghost
+        });
+        Actor {
+            id,
+            kind: Kind::Deleter,
+            future,
+        }
     }
 
     fn worker(&mut self) -> Actor {
@@ -828,6 +892,11 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             config.entity,
             config.spawned_commits,
         ));
+    }
+    if config.deletes {
+        for key in &counters {
+            actors.push(world.deleter(key.clone()));
+        }
     }
     for _ in 0..config.workers {
         actors.push(world.worker());
