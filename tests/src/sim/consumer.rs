@@ -100,6 +100,11 @@ pub struct ConsumerSimConfig {
     /// The handler names the counter as its entity: entity mode (DESIGN.md section 11),
     /// and the conflicting writer commits in entity mode too.
     pub entity: bool,
+    /// The handler changes its mind: its first run counts M and emits, every later run
+    /// (of any copy) stages nothing, as a decision that depends on another item, the time
+    /// or configuration would (entity mode). M's effect is then the count and its message,
+    /// or nothing at all.
+    pub changes_mind: bool,
 }
 
 impl ConsumerSimConfig {
@@ -114,6 +119,7 @@ impl ConsumerSimConfig {
             max_deliveries: 12,
             max_steps: 1_000,
             entity: false,
+            changes_mind: false,
         }
     }
 
@@ -478,7 +484,27 @@ impl Store for Probe {
     }
 }
 
-fn destination() -> DestinationName {
+/// The counter at count 0, version 1, written straight into the table.
+fn seed_counter(world: &World) {
+    let txn_id = world.ids.next_txn_id(world.clock.now());
+    let now = world.clock.now();
+    let request = CommitRequest {
+        txn_id,
+        writes: vec![outbox::ports::BusinessWrite::Put {
+            key: counter_key(),
+            data: json!({ "count": 0 }),
+            expected: ExpectedVersion::Absent,
+        }],
+        outbox: outbox::protocol::OutboxRecord::committed(txn_id, Vec::new(), now, now.plus(RETENTION)),
+        idempotency: None,
+    };
+    Store::commit(world.backend.store.as_ref(), &request)
+        .now_or_never()
+        .expect("the embedded store answers at once")
+        .expect("a fresh table takes the seed");
+}
+
+pub(super) fn destination() -> DestinationName {
     EVENTS.parse().expect("valid")
 }
 
@@ -509,6 +535,7 @@ struct Counting {
     runs: Arc<AtomicU32>,
     log: Log,
     entity: bool,
+    changes_mind: bool,
 }
 
 #[async_trait]
@@ -516,6 +543,9 @@ impl Handler for Counting {
     async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
         let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
         push(&self.log, Event::HandlerRun { actor: self.actor });
+        if self.changes_mind && run > 1 {
+            return Ok(());
+        }
         let (order, key) = order_and_counter(message)?;
         let (count, expected) = match staging.get(&key).await? {
             Some(item) => (
@@ -608,6 +638,7 @@ pub(super) struct World {
     in_flight: InFlight,
     next_actor: ActorId,
     entity: bool,
+    changes_mind: bool,
 }
 
 impl World {
@@ -626,6 +657,7 @@ impl World {
             in_flight: InFlight::default(),
             next_actor: 0,
             entity,
+            changes_mind: false,
         }
     }
 
@@ -692,6 +724,7 @@ impl World {
             runs: self.runs.clone(),
             log: self.log.clone(),
             entity: self.entity,
+            changes_mind: self.changes_mind,
         });
         let consumer =
             Consumer::new(CONSUMER.parse().expect("valid"), ports, handler, RETENTION).with_retry_policy(RetryPolicy {
@@ -877,6 +910,13 @@ enum Action {
 /// to C5; an `Err` names the violated invariant (or the livelock) and the schedule.
 pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConfig) -> Result<ConsumerOutcome, String> {
     let mut world = World::new(config.entity);
+    world.changes_mind = config.changes_mind;
+    if config.changes_mind {
+        // The counter exists (count 0): the run that changes its mind finds it unchanged
+        // and can write it as read (where it does not exist, the message is failed and
+        // comes back, a limit `docs/ENTITY_MODE.md` names).
+        seed_counter(&world);
+    }
     let mut counts = ConsumerCounts::default();
     let mut trace: Vec<String> = Vec::new();
     let fail = |trace: &[String], what: String| format!("{what}\nschedule:\n  {}", trace.join("\n  "));
@@ -1027,8 +1067,18 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
                 }
                 trace.push(format!("        copy {copy}: {name}"));
                 if result.is_ok() {
-                    // C5: acknowledged only once M's messages went out.
-                    if published() == 0 {
+                    // C5: acknowledged only once M's messages went out (a handler that
+                    // changes its mind may have decided M has none: the final check holds
+                    // it to that, with the count unchanged and nothing published ever).
+                    let decided_nothing = config.changes_mind
+                        && matches!(
+                            result,
+                            Ok(ConsumeOutcome::Processed { messages: 0 }
+                                | ConsumeOutcome::Resumed { messages: 0 }
+                                | ConsumeOutcome::Adopted { messages: 0 }
+                                | ConsumeOutcome::Duplicate)
+                        );
+                    if published() == 0 && !decided_nothing {
                         return Err(fail(
                             &trace,
                             format!("C5 truthful acknowledgement: copy {copy} was acknowledged ({name}) before any of M's messages was published"),
@@ -1070,7 +1120,13 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
     counts.publishes = published();
     let events = world.log.lock().expect("log lock").clone();
     let checked = if config.entity {
-        super::entity::check(&world, &events, &deliveries.copy_of, config.conflicting_writer)
+        super::entity::check(
+            &world,
+            &events,
+            &deliveries.copy_of,
+            config.conflicting_writer,
+            config.changes_mind,
+        )
     } else {
         check(&world, &events, &deliveries.copy_of, config.conflicting_writer)
     };
@@ -1156,6 +1212,12 @@ fn check(
 
 /// C1, the business state: the counter counts M once (and the other writer's 100).
 pub(super) fn check_counter(world: &World, writer: bool) -> Result<(), String> {
+    check_count(world, writer, true)
+}
+
+/// C1, the business state: the counter counts M once if `applied`, else not at all (and
+/// the other writer's 100).
+pub(super) fn check_count(world: &World, writer: bool, applied: bool) -> Result<(), String> {
     let key = counter_key();
     let items = Store::get_items(world.backend.store.as_ref(), std::slice::from_ref(&key))
         .now_or_never()
@@ -1166,7 +1228,7 @@ pub(super) fn check_counter(world: &World, writer: bool) -> Result<(), String> {
         .and_then(|item| item.data["count"].as_u64())
         .unwrap_or(0);
     // The writer retries until its commit applies, and the schedule ends only after it.
-    let expected = 1 + if writer { WRITER_ADDS } else { 0 };
+    let expected = u64::from(applied) + if writer { WRITER_ADDS } else { 0 };
     if count != expected {
         return Err(format!(
             "C1 once in effect: {COUNTER} counts {count}, expected {expected} (M once{})",
@@ -1265,6 +1327,17 @@ pub(super) fn check_retention(
     events: &[Event],
     copy_of: &BTreeMap<ActorId, usize>,
 ) -> Result<bool, String> {
+    check_retention_of(world, events, copy_of, true)
+}
+
+/// [`check_retention`], where M's effect may be nothing at all (`messages` false: a
+/// handler that decided M has none), so that no publish started the TTL's clock.
+pub(super) fn check_retention_of(
+    world: &World,
+    events: &[Event],
+    copy_of: &BTreeMap<ActorId, usize>,
+    messages: bool,
+) -> Result<bool, String> {
     let txn_id = incoming_txn_id();
     let record = world
         .backend
@@ -1296,6 +1369,9 @@ pub(super) fn check_retention(
         ));
     }
     let sent = world.backend.publisher.queue(&destination()).expect("events").sent();
+    if !messages && sent.is_empty() {
+        return Ok(false);
+    }
     let first_publish = sent
         .iter()
         .map(|send| send.sent_at)

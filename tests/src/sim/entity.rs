@@ -18,8 +18,8 @@ use outbox::time::Timestamp;
 use serde_json::json;
 
 use super::consumer::{
-    check_counter, check_handler_runs, check_messages, check_retention, counter_key, incoming_txn_id, winner_copy,
-    ActorFuture, End, Event, World, COUNTER, RETENTION, WRITER_ADDS,
+    check_count, check_counter, check_handler_runs, check_messages, check_retention, check_retention_of, counter_key,
+    destination, incoming_txn_id, winner_copy, ActorFuture, End, Event, World, COUNTER, RETENTION, WRITER_ADDS,
 };
 use super::gate::ActorId;
 use super::ports::GatedStore;
@@ -77,9 +77,13 @@ pub(super) fn check(
     events: &[Event],
     copy_of: &BTreeMap<ActorId, usize>,
     writer: bool,
+    changes_mind: bool,
 ) -> Result<(Option<usize>, bool), String> {
     let txn_id = incoming_txn_id();
     let history = world.backend.store.history();
+    if changes_mind {
+        return check_changed_mind(world, events, copy_of, writer, &history);
+    }
 
     // C1: the counter changed once, by one conditional write carrying M's entry, and the
     // handler never ran in a round whose reads found M's entry or dedup record.
@@ -111,6 +115,64 @@ pub(super) fn check(
     let republished = check_retention(world, events, copy_of)?;
 
     check_entries(world, &history, txn_id)?;
+    Ok((winner_copy, republished))
+}
+
+/// [`check`] for a handler that changes its mind (its first run counts M and emits, every
+/// later run stages nothing): M's effect is one of two, never both, never half. Either
+/// the counting run's write applied (at most one write of M's entry, holding its message):
+/// the counter counts M once and that message, and only it, went out (C1 to C3); or it
+/// never applied: the counter does not count M, nothing of M went out, and M's write, if
+/// any, is the later run's (the entity as read, with an empty entry, blocking the counting
+/// run's attempt). Then C4, and no entry left behind.
+fn check_changed_mind(
+    world: &World,
+    events: &[Event],
+    copy_of: &BTreeMap<ActorId, usize>,
+    writer: bool,
+    history: &[StoreEvent],
+) -> Result<(Option<usize>, bool), String> {
+    let txn_id = incoming_txn_id();
+    let commits: Vec<(&EntityCommit, Timestamp)> = history
+        .iter()
+        .filter_map(|event| match event {
+            StoreEvent::EntityCommitted { commit, at } if commit.entry.txn_id == txn_id => Some((commit.as_ref(), *at)),
+            _ => None,
+        })
+        .collect();
+    check_handler_runs(events, copy_of)?;
+    let nothing = commits
+        .first()
+        .is_none_or(|(commit, _)| commit.entry.messages.is_empty());
+    let winner_copy = match commits.as_slice() {
+        [] | [(_, _)] if nothing => {
+            check_count(world, writer, false)?;
+            let sent = world.backend.publisher.queue(&destination()).expect("events").sent();
+            if !sent.is_empty() {
+                return Err(format!(
+                    "C2/C3: M's effect was nothing (its counting run never applied), yet {} message(s) went out",
+                    sent.len()
+                ));
+            }
+            commits
+                .first()
+                .and_then(|(commit, _)| winner_copy(events, copy_of, commit.entry.attempt))
+        }
+        [(winner, committed_at)] => {
+            check_count(world, writer, true)?;
+            check_messages(world, &winner.entry.messages, *committed_at)?;
+            winner_copy(events, copy_of, winner.entry.attempt)
+        }
+        _ => {
+            return Err(format!(
+                "C1 once in effect: M's entry was committed into {COUNTER} {} times (a run that changed its \
+                 mind did not block the attempt before it)",
+                commits.len()
+            ))
+        }
+    };
+    let republished = check_retention_of(world, events, copy_of, !nothing)?;
+    check_entries(world, history, txn_id)?;
     Ok((winner_copy, republished))
 }
 
