@@ -55,7 +55,7 @@ impl ResourceNames {
                 },
             )],
             control_visibility_timeout: Duration::from_secs(60),
-            max_receive_count: crate::control::redelivery::MAX_RECEIVE_COUNT,
+            max_receive_count: crate::ports::CONTROL_MAX_RECEIVE_COUNT,
         }
     }
 }

@@ -3,7 +3,7 @@
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 use aws_sdk_eventbridge::Client;
 
-use super::publisher::unavailable;
+use super::send_outcome::unavailable;
 use crate::event_detail::detail;
 use crate::ports::{EntryFailure, PublishError};
 use crate::protocol::{DestinationName, OutgoingMessage};

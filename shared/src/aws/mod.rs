@@ -9,6 +9,7 @@ mod eventbridge;
 mod item;
 mod layout;
 mod publisher;
+mod send_outcome;
 mod size;
 mod sns;
 mod sqs;

@@ -3,7 +3,7 @@
 use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use aws_sdk_sns::Client;
 
-use super::publisher::{failed_by_index, unavailable};
+use super::send_outcome::{failed_by_index, unavailable};
 use crate::ports::{EntryFailure, PublishError};
 use crate::protocol::{DestinationName, OutgoingMessage};
 

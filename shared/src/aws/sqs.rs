@@ -12,9 +12,9 @@ use aws_sdk_sqs::types::{
 };
 use aws_sdk_sqs::Client;
 
-use super::publisher::{failed_by_index, unavailable};
-use crate::consumer::{Delivery, Inbox};
+use super::send_outcome::{failed_by_index, unavailable};
 use crate::ports::{ControlDelivery, ControlInbox, ControlQueue, EntryFailure, PublishError, QueueError};
+use crate::ports::{Delivery, Inbox};
 use crate::protocol::{ControlMessage, DestinationName, OutgoingMessage, TXN_ID_ATTRIBUTE};
 
 /// The environment variable in which Lambda passes the X-Ray trace header.

@@ -8,27 +8,8 @@ use std::fmt;
 use serde_json::Value;
 
 use crate::event_detail::{DATA_FIELD, METADATA_FIELD};
+use crate::ports::Delivery;
 use crate::protocol::MESSAGE_ID_ATTRIBUTE;
-
-/// One message as a queue delivered it (an SQS record of a Lambda event, or a receive).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Delivery {
-    /// The queue's id of this message (SQS `messageId`): what a partial batch response
-    /// names. The same for every redelivery by the queue; a producer's re-send gets a
-    /// new one.
-    pub message_id: String,
-    /// The handle that acknowledges this receipt (empty on Lambda, where the event
-    /// source mapping acknowledges).
-    pub receipt: String,
-    /// The body as sent.
-    pub body: String,
-    /// The string message attributes.
-    pub attributes: BTreeMap<String, String>,
-    /// The FIFO message group, on FIFO queues.
-    pub group_id: Option<String>,
-    /// How many times it has been received, this time included.
-    pub receive_count: u32,
-}
 
 /// The id a message is deduplicated on: the same for every copy of one message,
 /// whoever sent it again. 1 to 1024 bytes.

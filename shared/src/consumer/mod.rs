@@ -46,11 +46,12 @@ mod tests;
 
 use async_trait::async_trait;
 
+pub use crate::ports::{Delivery, Inbox};
 pub use batch::{BatchReport, ItemReport};
 pub use consume::{ConsumeError, ConsumeOutcome, Consumer, ConsumerPorts, HANDLER_RUNS, ROUNDS};
-pub use incoming::{Delivery, Incoming, IncomingId, MessageIds, NoId, Source};
+pub use incoming::{Incoming, IncomingId, MessageIds, NoId, Source};
 pub use name::{ConsumerName, InvalidConsumerName};
-pub use poller::{poll_once, run as run_poller, Inbox};
+pub use poller::{poll_once, run as run_poller};
 pub use retention::{Retention, RetentionError};
 #[cfg(feature = "consumer")]
 pub use serve::{serve, ServeError, Setup, LONG_POLL_WAIT};

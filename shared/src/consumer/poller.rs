@@ -8,23 +8,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use super::{BatchReport, Consumer, Delivery};
 use crate::control::poller::{poll_loop, PollerStats, MAX_BATCH};
-use crate::ports::QueueError;
-
-/// A queue a consumer receives from, when no Lambda event source mapping does it.
-#[async_trait]
-pub trait Inbox: Send + Sync {
-    /// Receives up to `max` visible messages (1 to 10) with their string attributes and
-    /// FIFO group, waiting up to `wait` for the first. Each becomes invisible for the
-    /// queue's visibility timeout and comes back after it unless acknowledged.
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError>;
-
-    /// Deletes received messages. A receipt that is no longer current does nothing.
-    async fn ack(&self, receipts: &[String]) -> Result<(), QueueError>;
-}
+use crate::ports::{Inbox, QueueError};
 
 /// Receives one batch (waiting up to `wait` for it), processes it, and acknowledges the
 /// messages that succeeded. Returns the batch's report; an empty one when nothing came.

@@ -18,9 +18,7 @@ use crate::ports::{ControlDelivery, ControlInbox};
 pub const FIRST_RETRY: Duration = Duration::from_secs(2);
 /// The longest delay between two receives of a failing message.
 pub const MAX_RETRY: Duration = Duration::from_secs(300);
-/// Receives before the control queue moves a message to its dead-letter queue (the
-/// redrive policy of `template.yaml` and of the bootstrap).
-pub const MAX_RECEIVE_COUNT: u32 = 10;
+pub use crate::ports::CONTROL_MAX_RECEIVE_COUNT as MAX_RECEIVE_COUNT;
 /// How long a message that fails every time stays in the control queue: the sum of the
 /// delays after each of its [`MAX_RECEIVE_COUNT`] receives (2 s doubling, capped at
 /// 5 min: 2 + 4 + … + 256 + 300 + 300 s, about 18.5 minutes).

@@ -43,7 +43,7 @@ pub struct EmbeddedBackend {
 /// (six times the worker's 10 s timeout).
 pub const CONTROL_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Receives before a control message moves to the dead-letter queue.
-pub const CONTROL_MAX_RECEIVE_COUNT: u32 = crate::control::redelivery::MAX_RECEIVE_COUNT;
+pub const CONTROL_MAX_RECEIVE_COUNT: u32 = crate::ports::CONTROL_MAX_RECEIVE_COUNT;
 
 impl EmbeddedBackend {
     /// A backend whose time is `clock`, with the given destinations (a name marked

@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::problem::{respond, transaction_problem, Problem, OUTCOME_UNKNOWN};
-use super::scope::Progress;
+use super::progress::Progress;
 use crate::ports::StoreError;
 use crate::request::TxnError;
 

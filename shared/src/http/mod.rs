@@ -5,7 +5,7 @@
 //!   [`TxnError`](crate::request::TxnError) to its status (409, 412, 422, 503 with
 //!   `Retry-After`), always naming the transaction once one began.
 //! - [`headers`]: the `Idempotency-Key` and `If-Match` extractors, and ETags.
-//! - [`idempotency`]: the [`Idempotent`] extractor (a request's key and fingerprint, from
+//! - [`idempotency`] and `idempotent`: the [`Idempotent`] extractor (a request's key and fingerprint, from
 //!   its method, path and body), the stored answer's replay.
 //! - [`scope`]: each request's deadline (the Lambda invocation's, or a timeout) as a
 //!   middleware, and the request's transaction from `begin` to the answer, so that even a
@@ -46,14 +46,17 @@
 mod error;
 pub mod headers;
 pub mod idempotency;
+mod idempotent;
 pub mod problem;
+mod progress;
 pub mod scope;
 #[cfg(feature = "lambda")]
 pub mod stage;
 
 pub use error::HttpError;
 pub use headers::{etag, IdempotencyKeyHeader, IfMatch};
-pub use idempotency::{Idempotency, Idempotent};
+pub use idempotency::Idempotency;
+pub use idempotent::Idempotent;
 pub use problem::{FieldError, Problem, TRANSACTION_ID_HEADER};
 pub use scope::{enforce_deadline, Answer, Begun, Deadlines, Progress, RequestScope};
 #[cfg(feature = "lambda")]

@@ -37,6 +37,7 @@ use serde::Serialize;
 use super::error::{timeout_problem, HttpError};
 use super::idempotency::{stored, Idempotency};
 use super::problem::TRANSACTION_ID_HEADER;
+pub use super::progress::Progress;
 use crate::native::{NativeOutbox, NativeTransaction};
 use crate::ports::ItemKey;
 use crate::protocol::TxnId;
@@ -45,20 +46,6 @@ use crate::time::Timestamp;
 
 /// How long before a request's end the handler must stop working, to answer in time.
 pub const ANSWER_MARGIN: Duration = Duration::from_millis(500);
-
-/// How far a request's transaction got, for answering when time runs out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Progress {
-    /// No transaction yet: nothing can have been written.
-    #[default]
-    NotBegun,
-    /// The transaction began (its control message was sent) and its commit was not
-    /// tried: nothing was written; the middleware tombstones it before answering (or, if
-    /// that fails, its control message does).
-    Begun(TxnId),
-    /// Its commit was tried: it may have applied.
-    Committing(TxnId),
-}
 
 /// A request's transaction, from its begin to the answer: how it begins (through the
 /// request path [`Deadlines`] names, within the request's deadline), what it commits

@@ -8,6 +8,11 @@ use async_trait::async_trait;
 use super::BoxError;
 use crate::protocol::ControlMessage;
 
+/// Receives before the control queue moves a message to its dead-letter queue (the
+/// redrive policy of `template.yaml` and of the bootstrap; the control path's redelivery
+/// spaces them out).
+pub const CONTROL_MAX_RECEIVE_COUNT: u32 = 10;
+
 /// A queue operation that failed. The request path treats every failure to send as
 /// "not sent" and writes nothing, which is safe whether or not the message got through:
 /// a control message for a transaction that never commits only writes a tombstone.

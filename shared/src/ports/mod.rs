@@ -4,11 +4,13 @@
 
 mod clock;
 mod control_queue;
+mod inbox;
 mod publisher;
 mod store;
 
 pub use clock::{Clock, IdSource, RandomIds, SystemClock};
-pub use control_queue::{ControlDelivery, ControlInbox, ControlQueue, QueueError};
+pub use control_queue::{ControlDelivery, ControlInbox, ControlQueue, QueueError, CONTROL_MAX_RECEIVE_COUNT};
+pub use inbox::{Delivery, Inbox};
 pub use publisher::{EntryFailure, PublishError, Publisher};
 pub use store::{
     BusinessWrite, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, InvalidItemKey,

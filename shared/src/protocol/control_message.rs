@@ -15,7 +15,7 @@
 use serde_json::{Map, Value};
 
 use super::txn_id::TxnId;
-use crate::ports::ItemKey;
+use super::ItemKey;
 use crate::time::Timestamp;
 
 /// The newest version this code writes and reads (it reads every earlier one).

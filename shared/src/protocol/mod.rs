@@ -1,14 +1,17 @@
-//! The protocol's vocabulary: transaction ids, control messages, outgoing messages,
-//! outbox and idempotency records. Pure data with validation and encodings; no I/O.
+//! The protocol's vocabulary: transaction ids, item keys, control messages, outgoing
+//! messages, outbox and idempotency records. Pure data with validation and encodings; no
+//! I/O.
 
 mod control_message;
 mod idempotency;
+mod item_key;
 mod message;
 mod outbox_record;
 mod txn_id;
 
 pub use control_message::{ControlMessage, DecodeError, CONTROL_MESSAGE_VERSION};
 pub use idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, InvalidIdempotencyKey, StoredResponse};
+pub use item_key::{InvalidItemKey, ItemKey};
 pub use message::{
     DestinationName, EventType, InvalidDestination, Message, MessageId, OutgoingMessage, MESSAGE_ID_ATTRIBUTE,
     TXN_ID_ATTRIBUTE,

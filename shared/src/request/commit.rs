@@ -1,9 +1,7 @@
 //! A transaction's commit: its attempts, and the settling write that decides a failed or
 //! unknown one (DESIGN.md section 3).
 
-use std::time::Duration;
-
-use super::settle::{settle_bound, within, SETTLE_RESERVE};
+use super::settle::{settle_bound, within, COMMIT_RETRY_DELAY, SETTLE_RESERVE};
 use super::{Committed, Settlement, Transaction, TxnError};
 use crate::ports::{BusinessWrite, CommitError, CommitRequest, EntityCommit, ExpectedVersion};
 use crate::protocol::{IdempotencyRecord, MessageId, OutboxRecord, OutboxState};
@@ -11,8 +9,6 @@ use crate::time::Timestamp;
 
 /// Commits tried at most, when the store answers "contention" or "unknown outcome".
 pub const COMMIT_ATTEMPTS: u32 = 5;
-/// Wait before the first commit retry; doubled for the next.
-pub(super) const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(25);
 
 impl Transaction {
     /// Commits everything staged atomically with the outbox record.

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use super::commit::COMMIT_RETRY_DELAY;
 use super::live::Abandoned;
 use super::Outbox;
 use crate::ports::{Clock, FenceOutcome, ItemKey, TombstoneOutcome};
@@ -15,6 +14,9 @@ use crate::time::Timestamp;
 /// before the deadline. Also the most a settling write may add to an answer that is
 /// already definite (a refusal, an abandoned transaction).
 pub const SETTLE_RESERVE: Duration = Duration::from_millis(200);
+/// Wait before the first commit retry (doubled for the next), and between settling
+/// writes (times the attempt).
+pub(super) const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(25);
 /// Tombstone writes tried at most when settling a transaction in the request path.
 pub const SETTLE_ATTEMPTS: u32 = 3;
 

@@ -1,0 +1,18 @@
+//! How far a request's transaction got, which the request scope records and the answer
+//! given when time runs out depends on.
+
+use crate::protocol::TxnId;
+
+/// How far a request's transaction got, for answering when time runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Progress {
+    /// No transaction yet: nothing can have been written.
+    #[default]
+    NotBegun,
+    /// The transaction began (its control message was sent) and its commit was not
+    /// tried: nothing was written; the middleware tombstones it before answering (or, if
+    /// that fails, its control message does).
+    Begun(TxnId),
+    /// Its commit was tried: it may have applied.
+    Committing(TxnId),
+}

@@ -1,0 +1,42 @@
+//! The queue a message handler receives from: one message as the queue delivered it,
+//! and the inbox a local poller receives and acknowledges on when no Lambda event source
+//! mapping does it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::QueueError;
+
+/// One message as a queue delivered it (an SQS record of a Lambda event, or a receive).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The queue's id of this message (SQS `messageId`): what a partial batch response
+    /// names. The same for every redelivery by the queue; a producer's re-send gets a
+    /// new one.
+    pub message_id: String,
+    /// The handle that acknowledges this receipt (empty on Lambda, where the event
+    /// source mapping acknowledges).
+    pub receipt: String,
+    /// The body as sent.
+    pub body: String,
+    /// The string message attributes.
+    pub attributes: BTreeMap<String, String>,
+    /// The FIFO message group, on FIFO queues.
+    pub group_id: Option<String>,
+    /// How many times it has been received, this time included.
+    pub receive_count: u32,
+}
+
+/// A queue a consumer receives from, when no Lambda event source mapping does it.
+#[async_trait]
+pub trait Inbox: Send + Sync {
+    /// Receives up to `max` visible messages (1 to 10) with their string attributes and
+    /// FIFO group, waiting up to `wait` for the first. Each becomes invisible for the
+    /// queue's visibility timeout and comes back after it unless acknowledged.
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError>;
+
+    /// Deletes received messages. A receipt that is no longer current does nothing.
+    async fn ack(&self, receipts: &[String]) -> Result<(), QueueError>;
+}

@@ -1,0 +1,53 @@
+//! The key of a business item, chosen by the application: the protocol names it (a
+//! control message names the item a transaction commits into), and the store keys items
+//! by it.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The key of a business item, chosen by the application (`ORDER#42`). 1 to 1024 bytes;
+/// the prefixes `TXN#`, `IN#` and `IDEM#` belong to the protocol's records.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ItemKey(String);
+
+/// A key that breaks the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("item key must be 1 to 1024 bytes and must not start with TXN#, IN# or IDEM#")]
+pub struct InvalidItemKey;
+
+impl FromStr for ItemKey {
+    type Err = InvalidItemKey;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let reserved = ["TXN#", "IN#", "IDEM#"].iter().any(|prefix| input.starts_with(prefix));
+        ((1..=1024).contains(&input.len()) && !reserved)
+            .then(|| Self(input.to_owned()))
+            .ok_or(InvalidItemKey)
+    }
+}
+
+impl ItemKey {
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ItemKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn item_keys_keep_out_of_the_protocol_prefixes() {
+        assert!("ORDER#1".parse::<ItemKey>().is_ok());
+        for bad in ["", "TXN#x", "IN#x", "IDEM#x", &"k".repeat(1025)] {
+            assert!(bad.parse::<ItemKey>().is_err(), "{bad:?} accepted");
+        }
+    }
+}
