@@ -25,10 +25,11 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{service_fn, LambdaEvent};
 use outbox::aws::SortKeyValue;
 use outbox::aws::{bootstrap, load_sdk_config, queue_retention, redrive, AwsClients, ResourceNames};
+use outbox::consumer::consumer_vars;
 use outbox::consumer::Retention;
 use outbox::control::worker::lambda::handle_event;
 use outbox::control::worker::setup::Worker;
-use outbox::settings::{consumer_vars, layout_from_env, vars, Settings};
+use outbox::settings::{layout_from_env, vars, Settings};
 
 fn report(error: &dyn std::error::Error) -> ExitCode {
     eprintln!("error: {error}");

@@ -67,7 +67,7 @@ fn variables_the_settings_read() -> BTreeSet<String> {
 
 fn variables_the_consumer_settings_read() -> BTreeSet<String> {
     let seen = Mutex::new(BTreeSet::new());
-    let _ = outbox::settings::ConsumerSettings::from_lookup(|name| {
+    let _ = outbox::consumer::ConsumerSettings::from_lookup(|name| {
         seen.lock().unwrap().insert(name.to_owned());
         match name {
             vars::BACKEND => Some("aws".to_owned()),
@@ -592,7 +592,7 @@ fn the_queues_and_the_event_source_follow_the_rules() {
     assert_eq!(
         (
             to_json(&events_queue["MessageRetentionPeriod"]),
-            to_json(&consumer[outbox::settings::consumer_vars::SOURCE_RETENTION_SECONDS])
+            to_json(&consumer[outbox::consumer::consumer_vars::SOURCE_RETENTION_SECONDS])
         ),
         (
             json!("EventsQueueRetentionSeconds"),
@@ -601,7 +601,7 @@ fn the_queues_and_the_event_source_follow_the_rules() {
         "the consumer's retention is derived from the events queue's own (both !Ref the parameter)"
     );
     assert_eq!(
-        consumer[outbox::settings::consumer_vars::DLQ_RETENTION_SECONDS]
+        consumer[outbox::consumer::consumer_vars::DLQ_RETENTION_SECONDS]
             .as_str()
             .and_then(|seconds| seconds.parse::<i64>().ok()),
         resources["EventsDeadLetterQueue"]["Properties"]["MessageRetentionPeriod"].as_i64(),

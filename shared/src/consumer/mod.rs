@@ -41,6 +41,7 @@ mod poller;
 mod retention;
 #[cfg(feature = "consumer")]
 mod serve;
+mod settings;
 #[cfg(test)]
 mod tests;
 
@@ -55,6 +56,7 @@ pub use poller::{poll_once, run as run_poller};
 pub use retention::{Retention, RetentionError};
 #[cfg(feature = "consumer")]
 pub use serve::{serve, ServeError, Setup, LONG_POLL_WAIT};
+pub use settings::{consumer_vars, ConsumerBackend, ConsumerSettings};
 
 pub use crate::staging::Staging;
 

@@ -9,10 +9,11 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{service_fn, LambdaEvent};
 
+use super::settings::{consumer_vars, ConsumerBackend, ConsumerSettings};
 use super::{Consumer, ConsumerPorts, Handler, Inbox, RetentionError};
 use crate::aws::{load_sdk_config, AwsClients, AwsPublisher, DynamoStore, SqsInbox};
 use crate::ports::{Clock, QueueError, RandomIds, SystemClock};
-use crate::settings::{consumer_vars, vars, ConsumerBackend, ConsumerSettings, SettingsError};
+use crate::settings::{vars, SettingsError};
 
 /// How long one receive of the local poller waits: SQS's longest long poll.
 pub const LONG_POLL_WAIT: Duration = Duration::from_secs(20);

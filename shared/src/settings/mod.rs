@@ -9,11 +9,9 @@ use crate::destination::Target;
 use crate::protocol::DestinationName;
 use reader::{BackendKind, Reader};
 
-mod consumer;
 mod layout;
-mod reader;
+pub(crate) mod reader;
 
-pub use consumer::{consumer_vars, ConsumerBackend, ConsumerSettings};
 pub use layout::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
 };

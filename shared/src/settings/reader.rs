@@ -8,13 +8,13 @@ use super::{vars, SettingError, SortKeyValue, TableLayout};
 use crate::destination::{Parsed, Target};
 use crate::protocol::DestinationName;
 
-pub(super) struct Reader<'a, F: Fn(&str) -> Option<String>> {
-    pub(super) lookup: &'a F,
-    pub(super) errors: Vec<SettingError>,
+pub(crate) struct Reader<'a, F: Fn(&str) -> Option<String>> {
+    pub(crate) lookup: &'a F,
+    pub(crate) errors: Vec<SettingError>,
 }
 
 /// Which kind of backend `OUTBOX_BACKEND` names.
-pub(super) enum BackendKind {
+pub(crate) enum BackendKind {
     Embedded,
     Aws,
 }
@@ -23,7 +23,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
     /// `OUTBOX_BACKEND`: `embedded` (the default) or `aws`; inside Lambda (its runtime
     /// API is in the environment) only `aws`, since the embedded backend would serve from
     /// one sandbox's memory and lose everything with it.
-    pub(super) fn backend_kind(&mut self) -> Option<BackendKind> {
+    pub(crate) fn backend_kind(&mut self) -> Option<BackendKind> {
         let on_lambda = (self.lookup)(super::LAMBDA_RUNTIME_API).is_some();
         match self.text(vars::BACKEND).as_deref() {
             None | Some("embedded") if on_lambda => {
@@ -44,7 +44,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         }
     }
 
-    pub(super) fn fail(&mut self, variable: &str, problem: String) {
+    pub(crate) fn fail(&mut self, variable: &str, problem: String) {
         self.errors.push(SettingError {
             variable: variable.to_owned(),
             problem,
@@ -52,13 +52,13 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
     }
 
     /// The trimmed value; an empty one counts as unset.
-    pub(super) fn text(&self, name: &str) -> Option<String> {
+    pub(crate) fn text(&self, name: &str) -> Option<String> {
         (self.lookup)(name)
             .map(|value| value.trim().to_owned())
             .filter(|value| !value.is_empty())
     }
 
-    pub(super) fn required(&mut self, name: &str, what: &str) -> Option<String> {
+    pub(crate) fn required(&mut self, name: &str, what: &str) -> Option<String> {
         let value = self.text(name);
         if value.is_none() {
             self.fail(name, format!("is required with {}=aws: {what}", vars::BACKEND));
@@ -68,7 +68,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
 
     /// The table and its layout; `None` (with the errors recorded) when it is wrong. The
     /// table name is required unless there is a `default_table`.
-    pub(super) fn layout(&mut self, default_table: Option<&str>) -> Option<TableLayout> {
+    pub(crate) fn layout(&mut self, default_table: Option<&str>) -> Option<TableLayout> {
         let table = match default_table {
             Some(default) => self.text(vars::TABLE_NAME).unwrap_or_else(|| default.to_owned()),
             None => self.required(vars::TABLE_NAME, "the DynamoDB table's name")?,
@@ -108,7 +108,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         Some(layout)
     }
 
-    pub(super) fn flag(&mut self, name: &str, default: bool) -> bool {
+    pub(crate) fn flag(&mut self, name: &str, default: bool) -> bool {
         match self.text(name).as_deref() {
             None => default,
             Some("true") => true,
@@ -120,7 +120,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         }
     }
 
-    pub(super) fn count(&mut self, name: &str, default: usize, min: usize, max: usize) -> usize {
+    pub(crate) fn count(&mut self, name: &str, default: usize, min: usize, max: usize) -> usize {
         let Some(text) = self.text(name) else { return default };
         match text.parse::<usize>() {
             Ok(value) if (min..=max).contains(&value) => value,
@@ -134,7 +134,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         }
     }
 
-    pub(super) fn seconds(&mut self, name: &str, default: Duration, min: u64, max: u64) -> Duration {
+    pub(crate) fn seconds(&mut self, name: &str, default: Duration, min: u64, max: u64) -> Duration {
         let Some(text) = self.text(name) else { return default };
         match text.parse::<u64>() {
             Ok(value) if (min..=max).contains(&value) => Duration::from_secs(value),
@@ -145,7 +145,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         }
     }
 
-    pub(super) fn origins(&mut self) -> Vec<String> {
+    pub(crate) fn origins(&mut self) -> Vec<String> {
         let Some(text) = self.text(vars::CORS_ALLOWED_ORIGINS) else {
             return Vec::new();
         };
@@ -167,7 +167,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         origins
     }
 
-    pub(super) fn destinations(&mut self) -> BTreeMap<DestinationName, Target> {
+    pub(crate) fn destinations(&mut self) -> BTreeMap<DestinationName, Target> {
         let mut destinations = BTreeMap::new();
         let Some(text) = self.text(vars::DESTINATIONS) else {
             return destinations;

@@ -6,11 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::reader::{BackendKind, Reader};
-use super::{vars, SettingsError, TableLayout, TransactionLimits};
-use crate::consumer::{ConsumerName, MessageIds, Retention};
+use super::{ConsumerName, MessageIds, Retention};
 use crate::destination::Target;
 use crate::protocol::DestinationName;
+use crate::settings::reader::{BackendKind, Reader};
+use crate::settings::{vars, SettingsError, TableLayout, TransactionLimits};
 
 /// The variables only a consumer reads.
 pub mod consumer_vars {
@@ -77,7 +77,7 @@ impl ConsumerSettings {
     /// queue at start-up): a derived retention is derived again from the longer of it
     /// and the configured figure; a set one is refused when shorter than the real one,
     /// naming both (C4).
-    pub fn with_source_queue_retention(mut self, real: Duration) -> Result<Self, crate::consumer::RetentionError> {
+    pub fn with_source_queue_retention(mut self, real: Duration) -> Result<Self, super::RetentionError> {
         self.sources.source_queue = self.sources.source_queue.max(real);
         if self.retention_set {
             self.sources.check(self.retention)?;
