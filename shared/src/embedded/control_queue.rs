@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use super::inbox::EmbeddedInbox;
 use super::queue::{EmbeddedQueue, QueueFault, SendRequest};
-use crate::consumer::Inbox;
+use crate::ports::Inbox;
 use crate::ports::{Clock, ControlDelivery, ControlInbox, ControlQueue, QueueError};
 use crate::protocol::ControlMessage;
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::EmbeddedQueue;
-use crate::consumer::{Delivery, Inbox};
 use crate::ports::{Clock, QueueError};
+use crate::ports::{Delivery, Inbox};
 
 /// How often a waiting receive looks again.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);

@@ -26,8 +26,8 @@ pub struct RequestPorts {
 }
 
 /// The `Service` dimension of the request path's metrics unless
-/// [`Outbox::with_service_name`] names it.
-pub const DEFAULT_SERVICE: &str = "outbox";
+/// [`Outbox::with_service_name`] names it (and the settings' default service name).
+pub use crate::settings::DEFAULT_SERVICE;
 
 /// The entry point of the request path: begins transactions and reports their status.
 /// Build one per process and share it.

@@ -183,6 +183,10 @@ impl fmt::Display for SettingsError {
     }
 }
 
+/// The service name when neither `OUTBOX_SERVICE_NAME`, the executable's name nor the
+/// Lambda function's name gives one: the `Service` dimension of the metrics.
+pub const DEFAULT_SERVICE: &str = "outbox";
+
 /// How long the embedded backend keeps finished records unless told otherwise: long
 /// enough for a client to replay an idempotent request or read a transaction's status
 /// during development, short enough that a local server's memory stays flat.
@@ -266,7 +270,7 @@ impl Settings {
                 Some(executable_name()).filter(|name| !name.is_empty() && name != "bootstrap")
             })
             .or_else(|| lookup(LAMBDA_FUNCTION_NAME))
-            .unwrap_or_else(|| crate::request::DEFAULT_SERVICE.to_owned());
+            .unwrap_or_else(|| DEFAULT_SERVICE.to_owned());
 
         // A commit can reach the table as late as the API's timeout plus one SDK operation
         // after the first control message. The window must outlast that, or the worker
