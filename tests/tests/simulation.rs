@@ -1641,10 +1641,13 @@ fn transactions_that_outlive_their_request_keep_the_invariants() {
         &[
             "a task's commit refused: abandoned before it began",
             "abandoned, tombstoned",
+            "abandoned, found committed (a task's commit landed first)",
+            "abandoned, left to the worker",
             "commit window expired",
         ],
     );
-    assert!(tally.late.commits.1 > 0, "{tally:?}");
+    // Commits under way when their transaction was abandoned, fenced and refused.
+    assert!(tally.late.commits.1 > 0 && tally.late.fence_refused > 0, "{tally:?}");
 }
 
 /// Section 7 of issue 28: items deleted and created again under late attempts. An actor

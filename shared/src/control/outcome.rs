@@ -35,8 +35,8 @@ pub enum ControlOutcome {
     /// No record after the window: the transaction can never commit now.
     Tombstoned,
     /// Entity mode: the transaction's entry was found in its item beside its tombstone
-    /// record (a tombstone written without the fence, while a commit of it was on its
-    /// way: `Outbox::abandon` of a transaction whose commit was sent elsewhere). The entry
+    /// record (a tombstone written without the fence while a commit of it was on its way:
+    /// by an API of an earlier version, or a direct `Store::put_tombstone`). The entry
     /// is proof of the commit: its messages were published, its record put dispatched and
     /// the entry removed. Counted (`EntriesBesideTombstones`) and alarmed.
     DispatchedBesideTombstone {

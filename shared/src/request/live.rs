@@ -3,15 +3,17 @@
 //! whoever holds the transaction: a task spawned past the answer, a channel.
 //!
 //! A transaction is forgotten when it is dropped, unless its commit was cut off midway
-//! (its future dropped: a timeout, an aborted task) with an attempt perhaps on its way:
-//! that one stays, so that abandoning it later still fences it. Such leftovers are rare
-//! and small, and abandoning them removes them.
+//! (its future dropped: a timeout, an aborted task, a client gone) with an attempt perhaps
+//! on its way: that one stays, so that abandoning it later still fences it, until
+//! abandoned or until its commit window has passed (by the request path's clock; the
+//! worker fences it then, so forgetting it costs nothing but that: memory, not safety).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ports::ItemKey;
 use crate::protocol::TxnId;
+use crate::time::Timestamp;
 
 /// The live transactions of one request path (shared by its clones).
 #[derive(Debug, Default)]
@@ -23,6 +25,8 @@ struct LiveTxn {
     entity: Option<ItemKey>,
     /// Whether its commit began: an attempt may be on its way to the table.
     committing: bool,
+    /// When its commit window ends (its control message fences it after).
+    window_end: Timestamp,
 }
 
 /// What abandoning a transaction found.
@@ -43,16 +47,28 @@ impl Live {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Transaction `txn_id` began, committing into `entity` in entity mode; it is
-    /// forgotten when the returned guard drops (its commit ended, or it was dropped).
-    pub(super) fn begun(self: &Arc<Self>, txn_id: TxnId, entity: Option<ItemKey>) -> LiveGuard {
-        self.lock().insert(
+    /// Transaction `txn_id` began at `now`, committing into `entity` in entity mode,
+    /// within its window ending at `window_end`; it is forgotten when the returned guard
+    /// drops (its commit ended, or it was dropped). Commits cut off midway whose window
+    /// has passed are forgotten here.
+    pub(super) fn begun(
+        self: &Arc<Self>,
+        txn_id: TxnId,
+        entity: Option<ItemKey>,
+        now: Timestamp,
+        window_end: Timestamp,
+    ) -> LiveGuard {
+        let mut live = self.lock();
+        live.retain(|_, txn| !(txn.committing && txn.window_end < now));
+        live.insert(
             txn_id,
             LiveTxn {
                 entity,
                 committing: false,
+                window_end,
             },
         );
+        drop(live);
         LiveGuard {
             live: Arc::clone(self),
             txn_id,
@@ -70,8 +86,9 @@ impl Live {
         }
     }
 
-    /// Its commit ran to its end (answered, and settled where it failed): nothing of it is
-    /// on its way any more, so it is forgotten (its guard may have dropped already).
+    /// Its commit ran to its end (answered; settled where it failed, or left to its
+    /// control message where even that could not be written): it is forgotten (its guard
+    /// may have dropped already), and an abandon of it is left to the control message.
     pub(super) fn finish_commit(&self, txn_id: TxnId) {
         self.lock().remove(&txn_id);
     }

@@ -174,7 +174,9 @@ impl Outbox {
             staging: Staging::new(txn_id, Arc::clone(&self.ports.store)),
             on_commit: Vec::new(),
             idempotency: None,
-            _live: self.live.begun(txn_id, entity.clone()),
+            _live: self
+                .live
+                .begun(txn_id, entity.clone(), now, now.plus(self.timing.max_commit_duration)),
             entity,
             entity_barred: false,
             entity_attempted: false,

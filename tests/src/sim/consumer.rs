@@ -1067,10 +1067,16 @@ pub fn run_consumer_schedule(chooser: &mut dyn Chooser, config: &ConsumerSimConf
                 }
                 trace.push(format!("        copy {copy}: {name}"));
                 if result.is_ok() {
-                    // C5: acknowledged only once M's messages went out (a handler that
-                    // changes its mind may have decided M has none: the final check holds
-                    // it to that, with the count unchanged and nothing published ever).
+                    // C5: acknowledged only once M's messages went out. A handler that
+                    // changes its mind may have decided M has none, but only while no write
+                    // of M carrying messages has applied (the final check holds the rest:
+                    // the count unchanged and nothing published ever).
+                    let counted = world.backend.store.history().iter().any(|event| {
+                        matches!(event, StoreEvent::EntityCommitted { commit, .. }
+                            if commit.entry.txn_id == incoming_txn_id() && !commit.entry.messages.is_empty())
+                    });
                     let decided_nothing = config.changes_mind
+                        && !counted
                         && matches!(
                             result,
                             Ok(ConsumeOutcome::Processed { messages: 0 }
