@@ -16,19 +16,19 @@ use crate::protocol::{ControlMessage, DestinationName, Message, OutboxRecord, Ou
 use crate::settings::Timing;
 use crate::time::Timestamp;
 
-fn events() -> DestinationName {
+pub(super) fn events() -> DestinationName {
     "events".parse().unwrap()
 }
 
-struct World {
-    clock: Arc<ManualClock>,
-    backend: EmbeddedBackend,
-    control: ControlPath,
-    key: ItemKey,
+pub(super) struct World {
+    pub(super) clock: Arc<ManualClock>,
+    pub(super) backend: EmbeddedBackend,
+    pub(super) control: ControlPath,
+    pub(super) key: ItemKey,
 }
 
 /// An order `ORDER#1` written in the transactional mode (version 1).
-async fn world() -> World {
+pub(super) async fn world() -> World {
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
     let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
     let control = ControlPath::new(backend.control_ports(clock.clone()), Timing::default());
@@ -54,7 +54,7 @@ async fn world() -> World {
 }
 
 /// `control`, delivered once to `path`: its outcome.
-async fn handle_with(path: &ControlPath, control: ControlMessage) -> ControlOutcome {
+pub(super) async fn handle_with(path: &ControlPath, control: ControlMessage) -> ControlOutcome {
     let delivery = ControlDelivery {
         message_id: "m-1".into(),
         receipt: "r-1".into(),
@@ -66,7 +66,7 @@ async fn handle_with(path: &ControlPath, control: ControlMessage) -> ControlOutc
 
 impl World {
     /// T's commit into the order, as the request path writes it.
-    fn commit(&self, txn_id: TxnId) -> EntityCommit {
+    pub(super) fn commit(&self, txn_id: TxnId) -> EntityCommit {
         let message = Message::json(events(), &json!({"type": "LineAdded"})).unwrap();
         let now = self.clock.now();
         EntityCommit {
@@ -83,32 +83,17 @@ impl World {
         }
     }
 
-    async fn handle(&self, control: ControlMessage) -> ControlOutcome {
+    pub(super) async fn handle(&self, control: ControlMessage) -> ControlOutcome {
         handle_with(&self.control, control).await
     }
 
-    /// `control` handled by a control path whose store lets the request path do
-    /// `meanwhile` just before the worker's fence.
-    async fn handle_meanwhile(&self, control: ControlMessage, meanwhile: Meanwhile) -> ControlOutcome {
-        let store = Arc::new(SettledFirst {
-            inner: self.backend.store.clone(),
-            meanwhile,
-            settled: Default::default(),
-        });
-        let ports = super::ControlPorts {
-            store,
-            ..self.backend.control_ports(self.clock.clone())
-        };
-        handle_with(&ControlPath::new(ports, Timing::default()), control).await
-    }
-
     /// The order's fence mark.
-    async fn fence(&self) -> Option<TxnId> {
+    pub(super) async fn fence(&self) -> Option<TxnId> {
         self.backend.store.get_entity(&self.key).await.unwrap().unwrap().fence
     }
 
     /// A commit of the order in the transactional form (`writes` on it), by `txn_id`.
-    async fn commit_transactional(&self, txn_id: TxnId, write: BusinessWrite) -> Result<(), CommitError> {
+    pub(super) async fn commit_transactional(&self, txn_id: TxnId, write: BusinessWrite) -> Result<(), CommitError> {
         let now = self.clock.now();
         let request = CommitRequest {
             txn_id,
@@ -119,7 +104,7 @@ impl World {
         self.backend.store.commit(&request).await
     }
 
-    async fn record(&self, txn_id: TxnId) -> Option<OutboxRecord> {
+    pub(super) async fn record(&self, txn_id: TxnId) -> Option<OutboxRecord> {
         self.backend
             .store
             .get_outboxes(&[txn_id])
@@ -398,165 +383,6 @@ async fn an_entry_left_beside_its_dispatched_record_is_removed() {
         world.backend.publisher.queue(&events()).unwrap().receive(10).is_empty(),
         "nothing published again"
     );
-}
-
-/// What the request path does between the worker's reads and its fence.
-enum Meanwhile {
-    /// It settles T with its own fence.
-    Fences,
-    /// T's commit lands (late) and inline dispatch records it dispatched, but the
-    /// entry's removal fails.
-    CommitsAndRecords(Box<EntityCommit>),
-}
-
-/// A store whose first `fence_entity` call is preceded by what the request path does
-/// meanwhile: the worker read no record and no entry, then the request path acted, then
-/// the worker's own fence finds T's record.
-struct SettledFirst {
-    inner: Arc<crate::embedded::EmbeddedStore>,
-    meanwhile: Meanwhile,
-    settled: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl Store for SettledFirst {
-    async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
-        self.inner.commit(request).await
-    }
-
-    async fn get_items(
-        &self,
-        keys: &[ItemKey],
-    ) -> Result<std::collections::BTreeMap<ItemKey, crate::ports::VersionedItem>, crate::ports::StoreError> {
-        self.inner.get_items(keys).await
-    }
-
-    async fn get_outboxes(
-        &self,
-        txn_ids: &[TxnId],
-    ) -> Result<std::collections::BTreeMap<TxnId, OutboxRecord>, crate::ports::StoreError> {
-        self.inner.get_outboxes(txn_ids).await
-    }
-
-    async fn get_idempotency(
-        &self,
-        slot: &crate::protocol::IdempotencySlot,
-    ) -> Result<Option<crate::protocol::IdempotencyRecord>, crate::ports::StoreError> {
-        self.inner.get_idempotency(slot).await
-    }
-
-    async fn put_tombstone(
-        &self,
-        txn_id: TxnId,
-        now: Timestamp,
-        expires_at: Timestamp,
-    ) -> Result<crate::ports::TombstoneOutcome, crate::ports::StoreError> {
-        self.inner.put_tombstone(txn_id, now, expires_at).await
-    }
-
-    async fn mark_dispatched(
-        &self,
-        records: &[OutboxRecord],
-        expires_at: Timestamp,
-    ) -> Vec<Result<(), crate::ports::StoreError>> {
-        self.inner.mark_dispatched(records, expires_at).await
-    }
-
-    async fn get_entity(&self, key: &ItemKey) -> Result<Option<crate::ports::EntityItem>, crate::ports::StoreError> {
-        self.inner.get_entity(key).await
-    }
-
-    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), crate::ports::StoreError> {
-        self.inner.remove_entry(key, txn_id).await
-    }
-
-    async fn put_dispatched(
-        &self,
-        txn_id: TxnId,
-        now: Timestamp,
-        expires_at: Timestamp,
-    ) -> Result<(), crate::ports::StoreError> {
-        self.inner.put_dispatched(txn_id, now, expires_at).await
-    }
-
-    async fn fence_entity(
-        &self,
-        key: &ItemKey,
-        txn_id: TxnId,
-        now: Timestamp,
-        expires_at: Timestamp,
-    ) -> Result<crate::ports::FenceOutcome, crate::ports::StoreError> {
-        if !self.settled.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            match &self.meanwhile {
-                Meanwhile::Fences => {
-                    let settled = self.inner.fence_entity(key, txn_id, now, expires_at).await?;
-                    assert_eq!(settled, crate::ports::FenceOutcome::Fenced);
-                }
-                Meanwhile::CommitsAndRecords(commit) => {
-                    self.inner.commit_entity(commit).await.expect("the late commit applies");
-                    self.inner.put_dispatched(txn_id, now, expires_at).await?;
-                }
-            }
-        }
-        self.inner.fence_entity(key, txn_id, now, expires_at).await
-    }
-}
-
-/// Past the window the worker reads no record, and the request path's settling fence
-/// lands before the worker's own: the worker's fence finds the tombstone record, and the
-/// transaction is settled (before the fence mark, that fence was a slot the worker had to
-/// prune, and a fix for it answered "already done" too early: the fence stayed for good).
-#[tokio::test]
-async fn a_settling_fence_landing_before_the_workers_settles_it() {
-    let world = world().await;
-    let txn_id = TxnId::new_v7();
-    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
-    world
-        .clock
-        .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
-    let outcome = world.handle_meanwhile(control, Meanwhile::Fences).await;
-    assert_eq!(
-        outcome,
-        ControlOutcome::AlreadyDone {
-            state: OutboxState::Tombstone
-        }
-    );
-    assert_eq!(world.fence().await, Some(txn_id));
-    assert!(world.backend.control_queue.queue().next_visible_at().is_none());
-    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
-}
-
-/// Past the window the worker reads no record and no entry; meanwhile T's commit lands
-/// late, inline dispatch publishes it and records it dispatched, and its removal of the
-/// entry fails. The worker's fence then finds the dispatched record: the entry left in
-/// the entity is removed, as when the record is read first (found in review: it was
-/// acknowledged "already done" and the entry stayed in the entity for good).
-#[tokio::test]
-async fn a_dispatched_record_found_by_the_workers_fence_has_its_entry_removed() {
-    let world = world().await;
-    let txn_id = TxnId::new_v7();
-    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
-    let commit = world.commit(txn_id);
-    world
-        .clock
-        .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
-    let outcome = world
-        .handle_meanwhile(control, Meanwhile::CommitsAndRecords(Box::new(commit)))
-        .await;
-    assert_eq!(
-        outcome,
-        ControlOutcome::AlreadyDone {
-            state: OutboxState::Dispatched
-        }
-    );
-    let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
-    assert!(
-        entity.entries.is_empty(),
-        "the entry left by the failed removal is removed: {:?}",
-        entity.entries
-    );
-    assert_eq!(entity.item.version, 2, "the late commit stays");
-    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Dispatched);
 }
 
 /// A fence of the earlier kind (a tombstone in the transaction's slot, which the earlier

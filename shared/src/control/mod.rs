@@ -16,6 +16,8 @@
 //!   poller, set up from the settings.
 
 #[cfg(test)]
+mod entity_race_tests;
+#[cfg(test)]
 mod entity_tests;
 mod outcome;
 mod path;
