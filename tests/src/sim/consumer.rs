@@ -673,6 +673,7 @@ impl World {
             gate: gate.clone(),
             in_flight: self.in_flight.clone(),
             fenced_out: None,
+            signatures: None,
         })
     }
 
@@ -812,9 +813,9 @@ impl World {
                 let future: ActorFuture = Box::pin(async move {
                     let commit = match late {
                         LateOp::Commit(request) => GhostCommit::Transaction(request),
-                        LateOp::EntityCommit(commit) => GhostCommit::Entity(commit),
+                        LateOp::EntityCommit(commit, _) => GhostCommit::Entity(commit),
                         other => {
-                            let arrived = late_op(store, queue, gate, other, None).await;
+                            let arrived = late_op(store, queue, gate, other, None, None).await;
                             return End::Ghost(if arrived { "applied" } else { "lost" });
                         }
                     };

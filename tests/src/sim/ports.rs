@@ -69,10 +69,10 @@ pub(crate) enum LateOp {
         message: ControlMessage,
         delay: Duration,
     },
-    /// An entity-mode commit (one conditional write of the item and its entry). It
-    /// arrives whenever the scheduler lets it: AWS's refusal of old signatures is not
-    /// modelled, the worst case (the fence mark alone must refuse it).
-    EntityCommit(Box<EntityCommit>),
+    /// An entity-mode commit (one conditional write of the item and its entry), with its
+    /// `X-Amz-Date` where AWS's signature check is modelled ([`Signatures`]); otherwise it
+    /// arrives whenever the scheduler lets it, the worst case.
+    EntityCommit(Box<EntityCommit>, Option<Timestamp>),
     /// An entity-mode dedup record's put.
     PutDispatched {
         txn_id: TxnId,
@@ -116,6 +116,53 @@ pub(crate) struct GatedStore {
     pub in_flight: InFlight,
     /// Entity mode: commits refused by their item's fence mark, counted.
     pub fenced_out: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// Where set, AWS's signature check of entity commits.
+    pub signatures: Option<Signatures>,
+}
+
+/// SigV4: AWS refuses a request whose `X-Amz-Date` is more than 15 minutes from its own
+/// clock.
+pub(crate) const SIGNATURE_VALIDITY: Duration = Duration::from_secs(15 * 60);
+
+/// AWS's signature check of the request path's entity commits, on AWS's own clock (the
+/// simulation's): a request is dated when it is sent, by the request path's clock (skewed)
+/// or, once the SDK has learnt the skew from AWS's responses, by AWS's time; AWS refuses it
+/// on arrival if that date is more than [`SIGNATURE_VALIDITY`] from its time, and the
+/// request path hears of it as of unknown outcome (the DynamoDB adapter's mapping of an
+/// error it cannot prove wrote nothing).
+#[derive(Clone)]
+pub(crate) struct Signatures {
+    /// AWS's time.
+    pub clock: Arc<ManualClock>,
+    /// The request path's clock against AWS's, in milliseconds.
+    pub host_skew_millis: i64,
+    /// Whether the SDK corrects its signing clock by the skew it learnt.
+    pub sdk_corrects: bool,
+    /// Requests refused so far.
+    pub refused: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Signatures {
+    /// The `X-Amz-Date` of a request signed now.
+    pub fn sign(&self) -> Timestamp {
+        let aws = self.clock.now();
+        if self.sdk_corrects {
+            aws
+        } else {
+            Timestamp::from_millis(aws.as_millis().saturating_add_signed(self.host_skew_millis))
+        }
+    }
+
+    /// Whether AWS refuses, now, a request dated `signed_at` (counted when it does).
+    pub fn refuses(&self, signed_at: Timestamp) -> bool {
+        let now = self.clock.now();
+        let off = now.as_millis().abs_diff(signed_at.as_millis());
+        let refused = off > SIGNATURE_VALIDITY.as_millis() as u64;
+        if refused {
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        refused
+    }
 }
 
 /// `commit` applied to `store`; a refusal by the item's fence mark counted in `fenced_out`.
@@ -148,6 +195,7 @@ pub(crate) async fn late_op(
     gate: Gate,
     op: LateOp,
     fenced_out: Option<&Arc<std::sync::atomic::AtomicUsize>>,
+    signatures: Option<&Signatures>,
 ) -> bool {
     if gate.pass(op.op()).await == Fault::Fail {
         return false;
@@ -169,7 +217,10 @@ pub(crate) async fn late_op(
         LateOp::ControlSend { message, delay } => {
             let _ = queue.send(&message, delay).await;
         }
-        LateOp::EntityCommit(commit) => {
+        LateOp::EntityCommit(commit, signed_at) => {
+            if signatures.zip(signed_at).is_some_and(|(aws, at)| aws.refuses(at)) {
+                return false;
+            }
             let _ = entity_commit(store.as_ref(), &commit, fenced_out).await;
         }
         LateOp::PutDispatched {
@@ -303,8 +354,16 @@ impl Store for GatedStore {
 
     /// Meets what a transactional commit meets: its one conditional write is the commit.
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        let signed_at = self.signatures.as_ref().map(Signatures::sign);
         let fault = self.gate.pass(Op::Commit).await;
-        let apply = || entity_commit(self.inner.as_ref(), commit, self.fenced_out.as_ref());
+        let apply = || async {
+            match self.signatures.as_ref().zip(signed_at) {
+                Some((aws, at)) if aws.refuses(at) => Err(CommitError::Ambiguous(injected(
+                    "AWS refused the request: its X-Amz-Date is more than 15 minutes from AWS's time",
+                ))),
+                _ => entity_commit(self.inner.as_ref(), commit, self.fenced_out.as_ref()).await,
+            }
+        };
         match fault {
             Fault::None | Fault::Duplicate | Fault::FirstEntryFails => apply().await,
             Fault::CrashBefore => self.gate.crash().await,
@@ -319,7 +378,7 @@ impl Store for GatedStore {
             Fault::Fail => Err(CommitError::Unavailable(injected("entity commit refused"))),
             Fault::Busy => Err(CommitError::Contention(injected("entity commit met contention"))),
             Fault::Late => {
-                self.late(LateOp::EntityCommit(Box::new(commit.clone())));
+                self.late(LateOp::EntityCommit(Box::new(commit.clone()), signed_at));
                 Err(CommitError::Ambiguous(injected("entity commit timed out on its way")))
             }
         }

@@ -22,7 +22,7 @@ use serde_json::json;
 use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
 use super::invariants::Observed;
-use super::ports::{late_op, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight};
+use super::ports::{late_op, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight, Signatures};
 
 /// The standard destination every transaction emits an event to.
 pub const EVENTS: &str = "events";
@@ -87,6 +87,9 @@ pub struct SimConfig {
     pub api_skews: &'static [i64],
     /// The same for the workers' clock; empty for the random extras' small skews.
     pub worker_skews: &'static [i64],
+    /// Entity mode: AWS's signature check of entity commits modelled ([`Signatures`]), the
+    /// SDK correcting its signing clock by the skew it learnt (`Some(true)`) or not.
+    pub aws_signatures: Option<bool>,
     /// Transactions that outlive their request: each request chosen by `abandon_every`
     /// hands its staged transaction to a task of its own (a `tokio::spawn`, a channel),
     /// which commits it whenever the scheduler lets it, and answers; the request is then
@@ -198,6 +201,8 @@ pub struct LateOps {
     /// Entity commits refused by their item's fence mark (entity mode only): late ones,
     /// and any arriving after their transaction, or a later one on the item, was fenced.
     pub fence_refused: usize,
+    /// Entity commits AWS refused for their `X-Amz-Date` (where modelled).
+    pub signature_refused: usize,
 }
 
 impl LateOps {
@@ -216,6 +221,7 @@ impl LateOps {
         self.settle_failed_in_flight += other.settle_failed_in_flight;
         self.commit_applied_after_answer += other.commit_applied_after_answer;
         self.fence_refused += other.fence_refused;
+        self.signature_refused += other.signature_refused;
     }
 
     fn kind(&mut self, op: Op) -> &mut (usize, usize) {
@@ -381,6 +387,8 @@ struct World {
     handed: Handed,
     /// Entity mode: commits refused by their item's fence mark.
     fenced_out: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// Entity mode, where modelled: AWS's signature check.
+    signatures: Option<Signatures>,
 }
 
 impl World {
@@ -412,6 +420,7 @@ impl World {
             timers_fire,
             handed: Handed::default(),
             fenced_out,
+            signatures: None,
         }
     }
 
@@ -421,6 +430,7 @@ impl World {
             gate: gate.clone(),
             in_flight: self.in_flight.clone(),
             fenced_out: self.fenced_out.clone(),
+            signatures: self.signatures.clone(),
         })
     }
 
@@ -435,8 +445,9 @@ impl World {
                 let queue: Arc<dyn outbox::ports::ControlQueue> = self.backend.control_queue.clone();
                 let op = late.op();
                 let fenced_out = self.fenced_out.clone();
+                let signatures = self.signatures.clone();
                 let future: ActorFuture = Box::pin(async move {
-                    late_op(store, queue, gate, late, fenced_out.as_ref()).await;
+                    late_op(store, queue, gate, late, fenced_out.as_ref(), signatures.as_ref()).await;
                     End::Ghost
                 });
                 Actor {
@@ -862,6 +873,14 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     let seeded = if config.entity { counters.as_slice() } else { &[] };
     let mut world = World::new(worker_skew, config.timing, config.middleware.is_some(), seeded);
     world.api_skew = api_skew;
+    if let (Some(sdk_corrects), true) = (config.aws_signatures, config.entity) {
+        world.signatures = Some(Signatures {
+            clock: world.clock.clone(),
+            host_skew_millis: api_skew,
+            sdk_corrects,
+            refused: Arc::default(),
+        });
+    }
     let mut api_results: Vec<Option<ApiResult>> = (0..config.transactions).map(|_| None).collect();
     let mut actors: Vec<Actor> = Vec::new();
     let mut slots: Vec<Option<IdempotencySlot>> = Vec::new();
@@ -1173,6 +1192,10 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                 .fenced_out
                 .as_ref()
                 .map_or(0, |count| count.load(Ordering::Relaxed)),
+            signature_refused: world
+                .signatures
+                .as_ref()
+                .map_or(0, |aws| aws.refused.load(Ordering::Relaxed)),
             ..late
         },
     })
