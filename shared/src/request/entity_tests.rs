@@ -227,7 +227,11 @@ async fn an_abandoned_transaction_is_tombstoned_without_a_fence_in_its_item() {
 #[tokio::test]
 async fn a_commit_of_unknown_outcome_is_settled_by_a_fence_in_its_item() {
     let world = world(true).await;
-    let lost = Arc::new(LostCommits(world.backend.store.clone()));
+    let lost = Arc::new(HeldCommit {
+        inner: world.backend.store.clone(),
+        held: tokio::sync::Mutex::new(None),
+        lose_all: true,
+    });
     let ports = crate::request::RequestPorts {
         store: lost,
         ..world.backend.request_ports(world.clock.clone())
@@ -255,67 +259,14 @@ async fn a_commit_of_unknown_outcome_is_settled_by_a_fence_in_its_item() {
     ));
 }
 
-/// The embedded store, its entity commits lost on their way (never applied, answered
-/// "outcome unknown").
-struct LostCommits(Arc<crate::embedded::EmbeddedStore>);
-
-#[async_trait::async_trait]
-impl Store for LostCommits {
-    async fn commit(&self, request: &crate::ports::CommitRequest) -> Result<(), CommitError> {
-        self.0.commit(request).await
-    }
-    async fn get_items(
-        &self,
-        keys: &[ItemKey],
-    ) -> Result<std::collections::BTreeMap<ItemKey, crate::ports::VersionedItem>, crate::ports::StoreError> {
-        self.0.get_items(keys).await
-    }
-    async fn get_outboxes(
-        &self,
-        txn_ids: &[TxnId],
-    ) -> Result<std::collections::BTreeMap<TxnId, OutboxRecord>, crate::ports::StoreError> {
-        self.0.get_outboxes(txn_ids).await
-    }
-    async fn get_idempotency(
-        &self,
-        slot: &crate::protocol::IdempotencySlot,
-    ) -> Result<Option<crate::protocol::IdempotencyRecord>, crate::ports::StoreError> {
-        self.0.get_idempotency(slot).await
-    }
-    async fn put_tombstone(
-        &self,
-        txn_id: TxnId,
-        now: Timestamp,
-        expires_at: Timestamp,
-    ) -> Result<crate::ports::TombstoneOutcome, crate::ports::StoreError> {
-        self.0.put_tombstone(txn_id, now, expires_at).await
-    }
-    async fn mark_dispatched(
-        &self,
-        records: &[OutboxRecord],
-        expires_at: Timestamp,
-    ) -> Vec<Result<(), crate::ports::StoreError>> {
-        self.0.mark_dispatched(records, expires_at).await
-    }
-    async fn commit_entity(&self, _: &EntityCommit) -> Result<(), CommitError> {
-        Err(CommitError::Ambiguous("lost on its way".into()))
-    }
-    async fn fence_entity(
-        &self,
-        key: &ItemKey,
-        txn_id: TxnId,
-        now: Timestamp,
-        expires_at: Timestamp,
-    ) -> Result<crate::ports::FenceOutcome, crate::ports::StoreError> {
-        self.0.fence_entity(key, txn_id, now, expires_at).await
-    }
-}
-
 /// The embedded store, its first entity commit held on its way until released (a
-/// request in the network): it says when it is held, and applies when let go.
+/// request in the network): it says when it is held, and applies when let go. With
+/// `lose_all`, every entity commit is lost on its way instead (never applied, answered
+/// "outcome unknown").
 struct HeldCommit {
     inner: Arc<crate::embedded::EmbeddedStore>,
     held: tokio::sync::Mutex<Option<(tokio::sync::oneshot::Sender<()>, tokio::sync::oneshot::Receiver<()>)>>,
+    lose_all: bool,
 }
 
 #[async_trait::async_trait]
@@ -360,6 +311,9 @@ impl Store for HeldCommit {
         self.inner.get_entity(key).await
     }
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        if self.lose_all {
+            return Err(CommitError::Ambiguous("lost on its way".into()));
+        }
         let held = self.held.lock().await.take();
         if let Some((arrived, release)) = held {
             arrived.send(()).unwrap();
@@ -420,6 +374,7 @@ async fn an_abandon_during_a_commit_fences_it_in_its_item() {
     let held = Arc::new(HeldCommit {
         inner: world.backend.store.clone(),
         held: tokio::sync::Mutex::new(Some((arrived_tx, release_rx))),
+        lose_all: false,
     });
     let ports = crate::request::RequestPorts {
         store: held,
@@ -534,6 +489,7 @@ async fn a_commit_cut_off_midway_is_fenced_by_a_later_abandon() {
     let held = Arc::new(HeldCommit {
         inner: world.backend.store.clone(),
         held: tokio::sync::Mutex::new(Some((arrived_tx, release_rx))),
+        lose_all: false,
     });
     let ports = crate::request::RequestPorts {
         store: held,
