@@ -3,7 +3,7 @@
 //! reply lost after the commit applied, the request held until the client gave up and
 //! forwarded late, or the request dropped), and every answer is checked against the
 //! table once the late forwards have landed (I7). It counts how many commits of unknown
-//! outcome the request path's settling write (DESIGN.md section 3, "Settling in the
+//! outcome the request path's settling write (docs/PROTOCOL.md section 3, "Settling in the
 //! request path") turned into a definite answer.
 //!
 //! The DynamoDB client going through the proxy has SDK retries disabled, so each

@@ -543,7 +543,7 @@ async fn sns_fifo_entries_carry_their_group_and_their_stable_id_as_deduplication
 }
 
 // A commit whose first request the SDK gave up on (a timeout) may still apply, however
-// definitely the later requests are refused (DESIGN.md section 3: "An attempt's outcome
+// definitely the later requests are refused (docs/PROTOCOL.md section 3: "An attempt's outcome
 // is unknown whenever any request of it may still reach the table"). Through the real
 // SDK client with the production timeouts and retries, a stub DynamoDB holds the first
 // `TransactWriteItems` past the attempt timeout, throttles every later one, and answers

@@ -898,7 +898,7 @@ fn in_entity_mode(config: SimConfig) -> SimConfig {
     SimConfig { entity: true, ..config }
 }
 
-/// The request path in entity mode (DESIGN.md section 11), one transaction: every crash
+/// The request path in entity mode (docs/PROTOCOL.md section 11), one transaction: every crash
 /// point or fault, one per schedule, of its begin, its read, its one conditional write,
 /// and of the worker's record read, entity read, publish, dispatched record, entry
 /// removal and fence (past a 3 s window: the API crashed or failed before committing);
@@ -1219,7 +1219,7 @@ fn assert_consumer_reached(name: &str, counts: &ConsumerCounts, outcomes: &[&str
     );
 }
 
-/// Message handlers (DESIGN.md section 10): one copy of an incoming message, every fault
+/// Message handlers (docs/PROTOCOL.md section 10): one copy of an incoming message, every fault
 /// at every gated step (its record read, its handler's read, its commit, including one
 /// timed out on its way and applied later, its publishes, its mark) and every order of a
 /// late commit against the copy's next rounds, then redelivered until acknowledged; once
@@ -1317,7 +1317,7 @@ fn consumer_two_and_three_copies_one_after_another_and_concurrently() {
     }
 }
 
-/// The steps of entity mode (DESIGN.md section 11) that pass gates of their own kind.
+/// The steps of entity mode (docs/PROTOCOL.md section 11) that pass gates of their own kind.
 const ENTITY_STEPS: [&str; 4] = ["entity read", "entity commit", "dedup put", "entry removal"];
 
 /// Faults and crashes per entity-mode step, and the late writes, as one line.
@@ -1365,7 +1365,7 @@ fn assert_entity_reached(name: &str, counts: &ConsumerCounts, outcomes: &[&str])
     );
 }
 
-/// Message handlers in entity mode (DESIGN.md section 11): one copy of an incoming
+/// Message handlers in entity mode (docs/PROTOCOL.md section 11): one copy of an incoming
 /// message, every fault at every gated step (its entity read, its dedup record read, its
 /// one conditional write, including one timed out on its way and applied later, its
 /// publishes, its dedup record's put, its entry's removal, both of which can also land

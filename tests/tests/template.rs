@@ -1,7 +1,7 @@
 //! `template.yaml` against the code: every environment variable the code reads is set on
 //! the function that reads it, every AWS action the code calls (counted on the wire
 //! against the emulator) is granted to the function that calls it, on named resources,
-//! and the queue and event settings follow the rules of DESIGN.md section 7.
+//! and the queue and event settings follow the rules of docs/PROTOCOL.md section 7.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

@@ -7,7 +7,7 @@
 //!
 //! Its change is one item, the order's shipment, so it runs in entity mode
 //! ([`Handler::entity`]): the shipment carries its outbox entry and is written with one
-//! conditional write, no transaction (DESIGN.md section 11).
+//! conditional write, no transaction (docs/PROTOCOL.md section 11).
 
 use async_trait::async_trait;
 use outbox::consumer::{Handler, HandlerError, Incoming, Staging};

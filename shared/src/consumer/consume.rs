@@ -1,5 +1,5 @@
 //! One incoming message through the application's handler, exactly once in effect
-//! (DESIGN.md section 10, steps 1 to 5).
+//! (docs/PROTOCOL.md section 10, steps 1 to 5).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! One incoming message in entity mode (DESIGN.md section 11): its outbox entry lives in
+//! One incoming message in entity mode (docs/PROTOCOL.md section 11): its outbox entry lives in
 //! the one item the message changes, and its commit is one conditional write of that
 //! item, with no transaction.
 //!

@@ -1,6 +1,6 @@
 //! An incoming message as a consumer's handler sees it, read from what the queue
 //! delivered: unwrapped from an SNS notification or an EventBridge event when it came
-//! that way, with the id it is deduplicated on (DESIGN.md section 10, "The id").
+//! that way, with the id it is deduplicated on (docs/PROTOCOL.md section 10, "The id").
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,5 +1,5 @@
 //! Message handlers that process each incoming message exactly once in effect: the outbox
-//! driven by the incoming message (DESIGN.md section 10).
+//! driven by the incoming message (docs/PROTOCOL.md section 10).
 //!
 //! A consumer (a Lambda function triggered by a queue, or a local poller) hands each
 //! message to the application's [`Handler`], which reads (strongly consistent) and stages
@@ -77,7 +77,7 @@ pub trait Handler: Send + Sync {
     async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError>;
 
     /// The one item `message` changes, where the handler changes only that item: the
-    /// message is then processed in entity mode (DESIGN.md section 11, `docs/ENTITY_MODE.md`),
+    /// message is then processed in entity mode (docs/PROTOCOL.md section 11, `docs/ENTITY_MODE.md`),
     /// its outbox entry inside the item and its commit one conditional write: 3 write
     /// units instead of the transactional mode's 5, about a quarter less per message
     /// (`docs/BENCHMARKS.md`).

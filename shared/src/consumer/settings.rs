@@ -1,4 +1,4 @@
-//! A consumer's settings (DESIGN.md section 10): its name, where its table and
+//! A consumer's settings (docs/PROTOCOL.md section 10): its name, where its table and
 //! destinations are, how its messages' ids are found, and the retention of its dedup
 //! data, derived from the source queue's, its dead-letter queue's and the producer's
 //! re-send window (C4), and refused at start-up when shorter than the source queue's.

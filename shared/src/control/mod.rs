@@ -1,4 +1,4 @@
-//! The control path (DESIGN.md section 4): settle transactions named by control
+//! The control path (docs/PROTOCOL.md section 4): settle transactions named by control
 //! messages, a batch at a time.
 //!
 //! For each transaction: read its outbox record (one consistent batched read for the

@@ -106,7 +106,7 @@ pub struct CommitRequest {
 }
 
 /// A business item of the portable form as read with its outbox entries (entity mode,
-/// DESIGN.md section 11): the outbox records of the commits it carried, keyed by
+/// docs/PROTOCOL.md section 11): the outbox records of the commits it carried, keyed by
 /// transaction (for a consumer, [`TxnId::consumed`] of the incoming message).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EntityItem {
@@ -121,7 +121,7 @@ pub struct EntityItem {
 }
 
 /// A commit of one item that carries its outbox entry: one conditional write, no
-/// transaction (entity mode, DESIGN.md section 11).
+/// transaction (entity mode, docs/PROTOCOL.md section 11).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EntityCommit {
     /// The item.
@@ -263,7 +263,7 @@ pub enum TombstoneOutcome {
 }
 
 /// The result of trying to fence a transaction inside its entity (entity mode's request
-/// path, DESIGN.md section 11; `docs/ENTITY_MODE.md`).
+/// path, docs/PROTOCOL.md section 11; `docs/ENTITY_MODE.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FenceOutcome {
     /// The item's fence mark is at or above the transaction and its tombstone record is

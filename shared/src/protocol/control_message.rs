@@ -3,7 +3,7 @@
 //! Wire form, version 1:
 //! `{"version":1,"txn_id":"<uuid v7>","first_sent_at":<unix ms>,"attempt":<n >= 1>}`.
 //! Version 2 adds `"entity":"<item key>"`: the transaction commits in entity mode into that
-//! item (DESIGN.md section 11), so its outcome may be in the item rather than in its
+//! item (docs/PROTOCOL.md section 11), so its outcome may be in the item rather than in its
 //! record. That is a new meaning: a worker that knew only version 1 would tombstone such
 //! a transaction's record beside a commit in the item, so it must refuse the message.
 //! A message without an entity is still written as version 1.

@@ -34,7 +34,7 @@ impl TxnId {
     }
 
     /// The id of the transaction that consumer `consumer` runs for the incoming message
-    /// whose id is `incoming` (DESIGN.md section 10): a UUID v8 (RFC 9562's custom
+    /// whose id is `incoming` (docs/PROTOCOL.md section 10): a UUID v8 (RFC 9562's custom
     /// version) from the SHA-256 of both, so that every attempt of every copy of the
     /// message names the same record and the same outgoing ids, whatever the incoming
     /// id's length or alphabet. Never equal to a request path's v7 id.
@@ -58,7 +58,7 @@ impl TxnId {
     }
 
     /// The logical key of its record: `TXN#{id}` for the request path's transactions,
-    /// `IN#{id}` for a consumed message's (DESIGN.md sections 2 and 10).
+    /// `IN#{id}` for a consumed message's (docs/PROTOCOL.md sections 2 and 10).
     pub fn record_key(&self) -> String {
         if self.is_consumed() {
             format!("IN#{self}")

@@ -1,5 +1,5 @@
 //! A transaction's commit: its attempts, and the settling write that decides a failed or
-//! unknown one (DESIGN.md section 3).
+//! unknown one (docs/PROTOCOL.md section 3).
 
 use super::settle::{settle_bound, within, COMMIT_RETRY_DELAY, SETTLE_RESERVE};
 use super::{Committed, Settlement, Transaction, TxnError};
@@ -13,7 +13,7 @@ pub const COMMIT_ATTEMPTS: u32 = 5;
 impl Transaction {
     /// Commits everything staged atomically with the outbox record.
     ///
-    /// A commit that fails is settled before this returns (DESIGN.md section 3): the
+    /// A commit that fails is settled before this returns (docs/PROTOCOL.md section 3): the
     /// request path writes the transaction's tombstone, so its control message finds it
     /// settled. When the outcome was unknown (a timeout, a lost reply), that write
     /// decides it: written, the commit never applied and never can

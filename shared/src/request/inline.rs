@@ -1,5 +1,5 @@
 //! Publishing a committed transaction's messages in the request path, before the answer
-//! (DESIGN.md section 3, "Settling in the request path").
+//! (docs/PROTOCOL.md section 3, "Settling in the request path").
 
 use std::time::Duration;
 

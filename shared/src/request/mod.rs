@@ -1,4 +1,4 @@
-//! The request path (DESIGN.md section 3): a transactional session that sends the
+//! The request path (docs/PROTOCOL.md section 3): a transactional session that sends the
 //! delayed control message, stages business writes and messages, and commits them with
 //! the outbox record in one atomic write.
 //!

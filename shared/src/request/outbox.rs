@@ -76,7 +76,7 @@ impl Outbox {
     }
 
     /// This request path, publishing each committed transaction's messages itself through
-    /// `publisher` and marking its record `dispatched` before answering (DESIGN.md
+    /// `publisher` and marking its record `dispatched` before answering (docs/PROTOCOL.md
     /// section 3, "Settling in the request path"). A failure there is logged and left to
     /// the control worker, whose control message stays the guarantee; the answer is the
     /// commit's either way.
@@ -108,7 +108,7 @@ impl Outbox {
     }
 
     /// Begins a transaction that changes one existing item, `key`, in entity mode
-    /// (DESIGN.md section 11, `docs/ENTITY_MODE.md`): its control message names the item,
+    /// (docs/PROTOCOL.md section 11, `docs/ENTITY_MODE.md`): its control message names the item,
     /// and where its staging is one put of `key` at a version read (no create, no other
     /// item, no native action, no idempotency record), its commit is one conditional
     /// write of the item carrying its outbox entry, with no transaction. Anything else

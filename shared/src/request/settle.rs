@@ -1,5 +1,5 @@
 //! Settling a transaction in the request path: its tombstone, written by a deadline, and
-//! what the write found (DESIGN.md section 3, "Settling in the request path").
+//! what the write found (docs/PROTOCOL.md section 3, "Settling in the request path").
 
 use std::time::Duration;
 
@@ -45,7 +45,7 @@ pub(super) async fn within<T>(
     }
 }
 
-/// What the request path's tombstone write for a transaction found (DESIGN.md section 3,
+/// What the request path's tombstone write for a transaction found (docs/PROTOCOL.md section 3,
 /// "Settling in the request path").
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

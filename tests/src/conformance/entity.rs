@@ -1,4 +1,4 @@
-//! The conformance cases of the entity mode (DESIGN.md section 11): an item carries its
+//! The conformance cases of the entity mode (docs/PROTOCOL.md section 11): an item carries its
 //! outbox entries, a commit is one conditional write of it, a removal touches one entry.
 
 use std::sync::Arc;

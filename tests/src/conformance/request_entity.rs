@@ -1,4 +1,4 @@
-//! The conformance case of the request path in entity mode (DESIGN.md section 11), end to
+//! The conformance case of the request path in entity mode (docs/PROTOCOL.md section 11), end to
 //! end through `Outbox` and `ControlPath`: a change to one existing item is committed into
 //! it with one conditional write, dispatched by the control path or inline, and fenced
 //! past its window so that a late commit of it fails.

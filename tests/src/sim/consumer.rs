@@ -1,4 +1,4 @@
-//! Message handlers in the simulation (DESIGN.md section 10): copies of one incoming
+//! Message handlers in the simulation (docs/PROTOCOL.md section 10): copies of one incoming
 //! message M, each a real [`Consumer`] consuming its delivery over gated ports.
 //!
 //! Every copy is an actor. Its record read, its handler's read, its commit, its publishes
@@ -22,7 +22,7 @@
 //! dispatched, its TTL is the clock at a mark plus the retention, not before the first
 //! publish), C5 (every acknowledgement came after M's message had gone out).
 //!
-//! The same schedules run in entity mode (DESIGN.md section 11, [`ConsumerSimConfig::entity`]):
+//! The same schedules run in entity mode (docs/PROTOCOL.md section 11, [`ConsumerSimConfig::entity`]):
 //! the handler names the counter as its one item, so each copy reads the counter with its
 //! entries, then M's dedup record; commits the counter and M's entry in one conditional
 //! write; publishes; puts the dedup record; removes the entry. Each of those steps passes
@@ -97,7 +97,7 @@ pub struct ConsumerSimConfig {
     pub max_deliveries: u32,
     /// Steps after which the schedule counts as a livelock.
     pub max_steps: usize,
-    /// The handler names the counter as its entity: entity mode (DESIGN.md section 11),
+    /// The handler names the counter as its entity: entity mode (docs/PROTOCOL.md section 11),
     /// and the conflicting writer commits in entity mode too.
     pub entity: bool,
     /// The handler changes its mind: its first run counts M and emits, every later run

@@ -1,4 +1,4 @@
-//! Entity mode in the consumer simulation (DESIGN.md section 11): the other writer that
+//! Entity mode in the consumer simulation (docs/PROTOCOL.md section 11): the other writer that
 //! commits into M's entity beside M's copies, and the checks only this mode has.
 //!
 //! The schedules themselves are [`super::consumer`]'s: the handler names its counter as

@@ -1,4 +1,4 @@
-//! The invariants of DESIGN.md section 5, checked against what the embedded backend
+//! The invariants of docs/PROTOCOL.md section 5, checked against what the embedded backend
 //! really did (its history and queue logs), not against what actors were told.
 
 use std::collections::{BTreeMap, BTreeSet};

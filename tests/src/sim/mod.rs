@@ -13,7 +13,7 @@
 //! the clock advances to each next delivery, and the dead-letter queue is redriven, until
 //! nothing is left to do. Then [`invariants`] checks I1 to I7 and the business state.
 //!
-//! Message handlers (DESIGN.md section 10) have a schedule of their own
+//! Message handlers (docs/PROTOCOL.md section 10) have a schedule of their own
 //! ([`run_consumer_schedule`]): copies of one incoming message, each a consumer over the
 //! same gated ports, delivered again until acknowledged; then C1 to C5. The same
 //! schedules run in entity mode (section 11, [`ConsumerSimConfig::entity`]), where the

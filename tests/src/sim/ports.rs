@@ -1,7 +1,7 @@
 //! Gated ports: each wraps an embedded port, parks at a gate before every operation,
 //! and applies the fault the scheduler chose.
 //!
-//! The store's entity-mode operations (DESIGN.md section 11) pass the gates of their
+//! The store's entity-mode operations (docs/PROTOCOL.md section 11) pass the gates of their
 //! transactional counterparts, and so meet the same faults: reading an item with its
 //! entries is a read ([`Op::Read`]), the one conditional write a commit ([`Op::Commit`],
 //! its late request a [`Op::LateCommit`]), and the dedup record's put and the entry's

@@ -67,7 +67,7 @@ pub struct SimConfig {
     /// middleware's backstop and the request path's deadlines cut operations short when
     /// the clock passes them. `deadline` is then ignored.
     pub middleware: Option<Duration>,
-    /// Entity mode (DESIGN.md section 11): the counters exist before the requests start
+    /// Entity mode (docs/PROTOCOL.md section 11): the counters exist before the requests start
     /// (at version 1, count 1), and every request begins naming its counter
     /// ([`Outbox::begin_entity`]), so that its increment commits as one conditional write
     /// of the counter carrying its entry, fenced in the counter when settled. Requests

@@ -79,7 +79,7 @@ impl DynamoStore {
         let table = &self.layout.table;
         let action = match write {
             // An existing item is updated, not replaced: the outbox entries the entity mode
-            // keeps in it (DESIGN.md section 11) stay, with their messages still to go out,
+            // keeps in it (docs/PROTOCOL.md section 11) stay, with their messages still to go out,
             // and so does its fence mark. A create keeps the mark of a vacant key. Both
             // reserve the mark's room, so that a fence never grows the item.
             BusinessWrite::Put { key, data, expected } => {
@@ -471,7 +471,7 @@ impl DynamoStore {
             // winner's record, not a repeat of it.
             .client_request_token(Self::client_token(request, &marks))
             // One request per call: the SDK would retry a timed-out request and return
-            // only the last request's error, hiding one that may still apply (DESIGN.md
+            // only the last request's error, hiding one that may still apply (docs/PROTOCOL.md
             // section 3). The request path retries instead, and counts every request.
             .customize()
             .config_override(aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled()))

@@ -1,4 +1,4 @@
-//! The entity mode on DynamoDB (DESIGN.md section 11): an item's outbox entries live in
+//! The entity mode on DynamoDB (docs/PROTOCOL.md section 11): an item's outbox entries live in
 //! its map attribute `outbox` (transaction id to the record as JSON), a commit is one
 //! conditional `PutItem` (a new item) or `UpdateItem` (an existing one), and a removal is
 //! an `UpdateItem` that removes one entry and nothing else.
@@ -171,7 +171,7 @@ where
 }
 
 /// One request per call, as for the transactional commit: the SDK would retry a request
-/// that timed out and report only the last one's error (DESIGN.md section 3).
+/// that timed out and report only the last one's error (docs/PROTOCOL.md section 3).
 fn one_request() -> aws_sdk_dynamodb::config::Builder {
     aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled())
 }

@@ -1,5 +1,5 @@
 //! The consumer in entity mode on the embedded backend: one conditional write per
-//! message, each ordering rule of DESIGN.md section 11 shown by the failure it prevents.
+//! message, each ordering rule of docs/PROTOCOL.md section 11 shown by the failure it prevents.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

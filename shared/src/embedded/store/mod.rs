@@ -32,7 +32,7 @@ const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
 /// boxed so that the map's nodes stay small.
 #[derive(Debug, Clone)]
 enum Item {
-    /// The entity mode's outbox entries ride along (DESIGN.md section 11); an empty map
+    /// The entity mode's outbox entries ride along (docs/PROTOCOL.md section 11); an empty map
     /// allocates nothing.
     /// `fence` is its fence mark (entity mode), kept by every write of the item.
     Business {
