@@ -1185,7 +1185,37 @@ fn entity_mode_the_deadline_middleware_answers_truthfully() {
     assert!(tally.fences > 0, "{tally:?}");
 }
 
-use outbox_tests::sim::{consumer_faults, run_consumer_schedule, ConsumerCounts, ConsumerSimConfig};
+use outbox_tests::sim::{consumer_faults, run_consumer_schedule, ConsumerCounts, ConsumerOutcome, ConsumerSimConfig};
+
+/// Every schedule of `config` (its seeds: every interleaving with `None`, else every
+/// sequence of faults under each seed's orders), each checked by the run itself; `name`
+/// tells a failure apart.
+fn consumer_sweep(name: &str, config: &ConsumerSimConfig, seeds: Option<u64>) -> Vec<ConsumerOutcome> {
+    let orders: Vec<Option<u64>> = match seeds {
+        None => vec![None],
+        Some(seeds) => (0..seeds).map(Some).collect(),
+    };
+    let mut outcomes = Vec::new();
+    for seed in orders {
+        let mut prefix = Some(Vec::new());
+        while let Some(choices) = prefix {
+            let (outcome, next) = match seed {
+                None => {
+                    let mut chooser = DepthFirst::new(choices.clone());
+                    (run_consumer_schedule(&mut chooser, config), chooser.next_prefix())
+                }
+                Some(seed) => {
+                    let mut chooser = FaultsDepthFirst::new(choices.clone(), Some(seed));
+                    (run_consumer_schedule(&mut chooser, config), chooser.next_prefix())
+                }
+            };
+            outcomes
+                .push(outcome.unwrap_or_else(|error| panic!("{name}, seed {seed:?}: schedule {choices:?}: {error}")));
+            prefix = next;
+        }
+    }
+    outcomes
+}
 
 /// Asserts that the consumer schedules reached each rare path at least once.
 fn assert_consumer_reached(name: &str, counts: &ConsumerCounts, outcomes: &[&str]) {
@@ -1410,33 +1440,12 @@ fn consumer_entity_mode_every_crash_point_of_one_copy_then_a_redelivery() {
     let mut per_sweep = Vec::new();
     for (name, config, seeds) in &sweeps {
         let before = schedules;
-        let orders: Vec<Option<u64>> = if *seeds == 0 {
-            vec![None]
-        } else {
-            (0..*seeds).map(Some).collect()
-        };
-        for seed in orders {
-            let mut prefix = Some(Vec::new());
-            while let Some(choices) = prefix {
-                let (outcome, next) = match seed {
-                    None => {
-                        let mut chooser = DepthFirst::new(choices.clone());
-                        (run_consumer_schedule(&mut chooser, config), chooser.next_prefix())
-                    }
-                    Some(seed) => {
-                        let mut chooser = FaultsDepthFirst::new(choices.clone(), Some(seed));
-                        (run_consumer_schedule(&mut chooser, config), chooser.next_prefix())
-                    }
-                };
-                let outcome = outcome.unwrap_or_else(|error| {
-                    panic!("consumer in entity mode, {name}, seed {seed:?}: schedule {choices:?}: {error}")
-                });
-                schedules += 1;
-                with_fault += usize::from(outcome.faults > 0);
-                longest = longest.max(outcome.steps);
-                counts.add(&outcome.counts);
-                prefix = next;
-            }
+        let seeds = (*seeds > 0).then_some(*seeds);
+        for outcome in consumer_sweep(&format!("consumer in entity mode, {name}"), config, seeds) {
+            schedules += 1;
+            with_fault += usize::from(outcome.faults > 0);
+            longest = longest.max(outcome.steps);
+            counts.add(&outcome.counts);
         }
         per_sweep.push(format!("{name} {}", schedules - before));
     }
@@ -1769,34 +1778,11 @@ fn consumer_entity_mode_a_handler_that_changes_its_mind_keeps_c1_to_c5() {
         ),
     ];
     for (config, seeds) in &sweeps {
-        let orders: Vec<Option<u64>> = match seeds {
-            None => vec![None],
-            Some(seeds) => (0..*seeds).map(Some).collect(),
-        };
-        for seed in orders {
-            let mut prefix = Some(Vec::new());
-            while let Some(choices) = prefix {
-                let (outcome, next) = match seed {
-                    None => {
-                        let mut chooser = DepthFirst::new(choices.clone());
-                        (run_consumer_schedule(&mut chooser, config), chooser.next_prefix())
-                    }
-                    Some(seed) => {
-                        let mut chooser = FaultsDepthFirst::new(choices.clone(), Some(seed));
-                        (run_consumer_schedule(&mut chooser, config), chooser.next_prefix())
-                    }
-                };
-                let outcome = outcome.unwrap_or_else(|error| {
-                    panic!(
-                        "a handler that changes its mind, {} copies, seed {seed:?}: schedule {choices:?}: {error}",
-                        config.copies
-                    )
-                });
-                schedules += 1;
-                with_fault += usize::from(outcome.faults > 0);
-                counts.add(&outcome.counts);
-                prefix = next;
-            }
+        let name = format!("a handler that changes its mind, {} copies", config.copies);
+        for outcome in consumer_sweep(&name, config, *seeds) {
+            schedules += 1;
+            with_fault += usize::from(outcome.faults > 0);
+            counts.add(&outcome.counts);
         }
     }
     println!(

@@ -59,6 +59,15 @@ async fn world(inline: bool) -> World {
 }
 
 impl World {
+    /// A request path (inline publishing off) over `store` instead of the world's.
+    fn outbox_over(&self, store: impl Store + 'static) -> Outbox {
+        let ports = crate::request::RequestPorts {
+            store: Arc::new(store),
+            ..self.backend.request_ports(self.clock.clone())
+        };
+        Outbox::new(ports, Timing::default(), TransactionLimits::default())
+    }
+
     /// Adds a line to the order in entity mode.
     async fn add_line(&self) -> Result<super::Committed, TxnError> {
         let mut txn = self.outbox.begin_entity(order()).await.unwrap();
@@ -227,16 +236,11 @@ async fn an_abandoned_transaction_is_tombstoned_without_a_fence_in_its_item() {
 #[tokio::test]
 async fn a_commit_of_unknown_outcome_is_settled_by_a_fence_in_its_item() {
     let world = world(true).await;
-    let lost = Arc::new(HeldCommit {
+    let outbox = world.outbox_over(HeldCommit {
         inner: world.backend.store.clone(),
         held: tokio::sync::Mutex::new(None),
         lose_all: true,
     });
-    let ports = crate::request::RequestPorts {
-        store: lost,
-        ..world.backend.request_ports(world.clock.clone())
-    };
-    let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
     let mut txn = outbox.begin_entity(order()).await.unwrap();
     let txn_id = txn.id();
     txn.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
@@ -267,6 +271,27 @@ struct HeldCommit {
     inner: Arc<crate::embedded::EmbeddedStore>,
     held: tokio::sync::Mutex<Option<(tokio::sync::oneshot::Sender<()>, tokio::sync::oneshot::Receiver<()>)>>,
     lose_all: bool,
+}
+
+impl HeldCommit {
+    /// A store over `world`'s whose first entity commit is held: with the word that it
+    /// arrived, and the sender that lets it go on.
+    fn first(
+        world: &World,
+    ) -> (
+        Self,
+        tokio::sync::oneshot::Receiver<()>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (arrived_tx, arrived) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = tokio::sync::oneshot::channel();
+        let store = Self {
+            inner: world.backend.store.clone(),
+            held: tokio::sync::Mutex::new(Some((arrived_tx, release_rx))),
+            lose_all: false,
+        };
+        (store, arrived, release)
+    }
 }
 
 #[async_trait::async_trait]
@@ -369,18 +394,8 @@ async fn a_commit_after_its_transaction_was_abandoned_is_refused_and_writes_noth
 #[tokio::test]
 async fn an_abandon_during_a_commit_fences_it_in_its_item() {
     let world = world(false).await;
-    let (arrived_tx, arrived) = tokio::sync::oneshot::channel();
-    let (release, release_rx) = tokio::sync::oneshot::channel();
-    let held = Arc::new(HeldCommit {
-        inner: world.backend.store.clone(),
-        held: tokio::sync::Mutex::new(Some((arrived_tx, release_rx))),
-        lose_all: false,
-    });
-    let ports = crate::request::RequestPorts {
-        store: held,
-        ..world.backend.request_ports(world.clock.clone())
-    };
-    let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
+    let (held, arrived, release) = HeldCommit::first(&world);
+    let outbox = world.outbox_over(held);
     let mut txn = outbox.begin_entity(order()).await.unwrap();
     let txn_id = txn.id();
     txn.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
@@ -484,18 +499,8 @@ async fn a_commit_after_the_worker_fenced_it_is_refused() {
 #[tokio::test]
 async fn a_commit_cut_off_midway_is_fenced_by_a_later_abandon() {
     let world = world(false).await;
-    let (arrived_tx, arrived) = tokio::sync::oneshot::channel();
-    let (_release, release_rx) = tokio::sync::oneshot::channel::<()>();
-    let held = Arc::new(HeldCommit {
-        inner: world.backend.store.clone(),
-        held: tokio::sync::Mutex::new(Some((arrived_tx, release_rx))),
-        lose_all: false,
-    });
-    let ports = crate::request::RequestPorts {
-        store: held,
-        ..world.backend.request_ports(world.clock.clone())
-    };
-    let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
+    let (held, arrived, _release) = HeldCommit::first(&world);
+    let outbox = world.outbox_over(held);
     let mut txn = outbox.begin_entity(order()).await.unwrap();
     let txn_id = txn.id();
     txn.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
