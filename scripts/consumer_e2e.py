@@ -123,7 +123,6 @@ def main():
             OUTBOX_CONSUMER_NAME="shipping",
             OUTBOX_CONSUMER_QUEUE_URL=source,
             OUTBOX_DESTINATIONS=f"shipments=sqs:{shipments}",
-            OUTBOX_RETENTION_SECONDS="",
             OUTBOX_SERVICE_NAME=name,
             RUST_LOG="info",
             NO_COLOR="1",

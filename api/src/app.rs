@@ -1,5 +1,5 @@
 //! The router, built once: routes, fallbacks, and the tower-http layers (request id,
-//! tracing, timeout, body limit, CORS, compression).
+//! tracing, timeout, body limit, CORS, compression, except through a REST API on Lambda).
 
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-use outbox::http::{enforce_deadline, Deadlines};
+use outbox::http::{enforce_deadline, Deadlines, UncompressedThroughRestApiLayer};
 
 use crate::error::ApiError;
 use crate::orders::handlers;
@@ -116,6 +116,9 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
                 tracing::info_span!("request", request_id = %request_id, method = %request.method(), path = %request.uri().path(), route = tracing::field::Empty)
             }))
             .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+            // A REST API would hand a compressed answer to the client as base64 text: it
+            // gets a plain one, and compresses it itself (`MinimumCompressionSize`).
+            .layer(UncompressedThroughRestApiLayer)
             .layer(CompressionLayer::new())
             .layer(cors(&config.cors_origins))
             .layer(DefaultBodyLimit::max(config.max_body_bytes)),

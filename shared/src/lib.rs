@@ -50,6 +50,6 @@ pub mod time;
 
 /// The README's examples, compiled as doc tests so that they cannot rot (with the HTTP
 /// glue and the consumer, which they use).
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 #[cfg(all(doctest, feature = "axum", feature = "consumer"))]
 pub struct ReadmeDoctests;

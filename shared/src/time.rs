@@ -31,7 +31,7 @@ impl Timestamp {
         self.0 / 1000
     }
 
-    /// The current instant of the operating system's clock.
+    /// The instant `time`, in whole milliseconds (the epoch for a time before it).
     pub fn from_system_time(time: SystemTime) -> Self {
         let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
         Self(u64::try_from(since.as_millis()).unwrap_or(u64::MAX))

@@ -1449,24 +1449,102 @@ async fn a_second_transaction_in_one_request_is_refused_naming_the_first() {
     );
 }
 
-/// An event as `sam local generate-event` writes it (tests/fixtures/generate), through
-/// `lambda_http` and the API's router: its status, `Location` and JSON body.
-async fn through_lambda_http(router: &Router, event: &str) -> (StatusCode, Option<String>, Value) {
-    let mut request = lambda_http::request::from_str(event).expect("an event lambda_http reads");
-    // SAM's events accept gzip, which the API's compression layer then uses: read plain.
-    request.headers_mut().remove("accept-encoding");
-    let response = router
-        .clone()
-        .oneshot(request.map(|body| Body::from(body.to_vec())))
+/// How a front door hands the Lambda answer to its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FrontDoor {
+    /// A REST API (v1 proxy event) whose binary media types do not match the request (the
+    /// API's default: none): the body as the function wrote it, base64 or not.
+    RestApi,
+    /// An HTTP API (v2), a function URL, an ALB: a base64 body decoded.
+    DecodesBase64,
+}
+
+/// What the client of a front door gets.
+struct FromFrontDoor {
+    status: StatusCode,
+    headers: HeaderMap,
+    /// The Lambda answer's `isBase64Encoded`.
+    base64: bool,
+    /// The body as the client receives it, `Content-Encoding` not undone.
+    bytes: Vec<u8>,
+}
+
+impl FromFrontDoor {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    fn location(&self) -> Option<String> {
+        self.header("location").map(str::to_owned)
+    }
+
+    /// The body as JSON, as a client that accepts gzip reads it: gunzipped when
+    /// `Content-Encoding: gzip` says so. Null when it is not JSON.
+    fn json(&self) -> Value {
+        let bytes = if self.header("content-encoding") == Some("gzip") {
+            gunzip(&self.bytes)
+        } else {
+            self.bytes.clone()
+        };
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+    }
+}
+
+/// `bytes` gunzipped by `gzip` itself, as a reference implementation.
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut gzip = Command::new("gzip")
+        .arg("-dc")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("gzip on the PATH");
+    gzip.stdin.take().expect("piped").write_all(bytes).unwrap();
+    let output = gzip.wait_with_output().unwrap();
+    assert!(output.status.success(), "not gzip: {bytes:?}");
+    output.stdout
+}
+
+/// An event as `sam local generate-event` writes it (tests/fixtures/generate), served as
+/// `lambda_http::run` serves it (its adapter, from the event's JSON to the answer's JSON)
+/// by the API's router, and handed to the client as `door` would hand it. The event's
+/// `Accept-Encoding` is kept.
+async fn through_front_door(router: &Router, door: FrontDoor, event: &str) -> FromFrontDoor {
+    use lambda_http::lambda_runtime::{Context, LambdaEvent};
+    let payload: lambda_http::request::LambdaRequest = serde_json::from_str(event).expect("an event lambda_http reads");
+    let answer = lambda_http::Adapter::from(router.clone())
+        .oneshot(LambdaEvent::new(payload, Context::default()))
         .await
         .unwrap();
-    let status = response.status();
-    let location = response
-        .headers()
-        .get("location")
-        .map(|value| value.to_str().unwrap().to_owned());
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, location, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    let answer = serde_json::to_value(answer).unwrap();
+    let status = StatusCode::from_u16(answer["statusCode"].as_u64().unwrap() as u16).unwrap();
+    // A REST API answer has them all in `multiValueHeaders`, an HTTP API's in `headers`,
+    // an ALB's in both.
+    let mut headers = HeaderMap::new();
+    let multi = answer["multiValueHeaders"]
+        .as_object()
+        .filter(|multi| !multi.is_empty());
+    let single = answer["headers"].as_object();
+    for (name, values) in multi.or(single).into_iter().flatten() {
+        let name: axum::http::HeaderName = name.parse().unwrap();
+        for value in values.as_array().cloned().unwrap_or_else(|| vec![values.clone()]) {
+            headers.append(&name, value.as_str().unwrap().parse().unwrap());
+        }
+    }
+    let base64 = answer["isBase64Encoded"].as_bool().unwrap_or(false);
+    let body = answer["body"].as_str().unwrap_or_default();
+    let bytes = match door {
+        FrontDoor::RestApi => body.as_bytes().to_vec(),
+        FrontDoor::DecodesBase64 if base64 => aws_smithy_types::base64::decode(body).unwrap(),
+        FrontDoor::DecodesBase64 => body.as_bytes().to_vec(),
+    };
+    FromFrontDoor {
+        status,
+        headers,
+        base64,
+        bytes,
+    }
 }
 
 /// A REST API (v1) event of stage `prod`: `lambda_http` puts the stage in front of the
@@ -1475,14 +1553,20 @@ async fn through_lambda_http(router: &Router, event: &str) -> (StatusCode, Optio
 #[tokio::test]
 async fn rest_api_events_are_served_whatever_the_stage_and_locations_keep_it() {
     let app = app();
-    let (status, location, body) =
-        through_lambda_http(&app.router, include_str!("../fixtures/sam_rest_api_create_order.json")).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let create = include_str!("../fixtures/sam_rest_api_create_order.json");
+    let created = through_front_door(&app.router, FrontDoor::RestApi, create).await;
+    let body = created.json();
+    assert_eq!(created.status, StatusCode::CREATED, "{body}");
     let id = body["id"].as_str().expect("the order's id");
-    assert_eq!(location.as_deref(), Some(format!("/prod/orders/{id}").as_str()));
+    assert_eq!(created.location(), Some(format!("/prod/orders/{id}")));
     let get = include_str!("../fixtures/sam_rest_api_get_order.json").replace("ORDER_ID", id);
-    let (status, _, read) = through_lambda_http(&app.router, &get).await;
-    assert_eq!((status, read["id"].clone()), (StatusCode::OK, json!(id)), "{read}");
+    let read = through_front_door(&app.router, FrontDoor::RestApi, &get).await;
+    let read_body = read.json();
+    assert_eq!(
+        (read.status, read_body["id"].clone()),
+        (StatusCode::OK, json!(id)),
+        "{read_body}"
+    );
 }
 
 /// The HTTP API (v2, stage `$default`) and ALB events SAM generates create orders too;
@@ -1494,10 +1578,68 @@ async fn http_api_and_alb_events_from_sam_create_orders() {
         ("HTTP API", include_str!("../fixtures/sam_http_api_create_order.json")),
         ("ALB", include_str!("../fixtures/sam_alb_create_order.json")),
     ] {
-        let (status, location, body) = through_lambda_http(&app.router, event).await;
-        assert_eq!(status, StatusCode::CREATED, "{kind}: {body}");
+        let created = through_front_door(&app.router, FrontDoor::DecodesBase64, event).await;
+        let body = created.json();
+        assert_eq!(created.status, StatusCode::CREATED, "{kind}: {body}");
         let id = body["id"].as_str().expect("the order's id");
-        assert_eq!(location.as_deref(), Some(format!("/orders/{id}").as_str()), "{kind}");
+        assert_eq!(created.location(), Some(format!("/orders/{id}")), "{kind}");
+    }
+}
+
+/// `event` with `Accept-Encoding: gzip`, unless it has an `Accept-Encoding` already
+/// (SAM's HTTP API event has none; a browser or `curl --compressed` sends one).
+fn accepting_gzip(event: &str) -> String {
+    let mut event: Value = serde_json::from_str(event).unwrap();
+    let headers = event["headers"].as_object_mut().expect("headers");
+    if !headers.keys().any(|name| name.eq_ignore_ascii_case("accept-encoding")) {
+        headers.insert("accept-encoding".into(), json!("gzip"));
+    }
+    event.to_string()
+}
+
+/// Every front door hands its client JSON it can read when the client accepts gzip (as
+/// SAM's events do): a REST API, which would hand a compressed answer over as base64 text
+/// (its binary media types do not match), gets a plain one; an HTTP API and an ALB, which
+/// decode base64, get gzip, which gunzips to the order as a plain read gives it.
+#[tokio::test]
+async fn every_front_door_hands_its_client_readable_json_when_it_accepts_gzip() {
+    let app = app();
+    let rest_api = include_str!("../fixtures/sam_rest_api_create_order.json");
+    assert!(rest_api.contains("\"Accept-Encoding\": \"gzip, deflate, sdch\""));
+    let created = through_front_door(&app.router, FrontDoor::RestApi, rest_api).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    assert!(!created.base64, "a REST API answer is text");
+    assert_eq!(created.header("content-encoding"), None, "a REST API answer is plain");
+    let order: Value = serde_json::from_slice(&created.bytes).expect("the client reads JSON");
+    let id = order["id"].as_str().expect("the order's id");
+    let read = app.send(empty(Method::GET, &format!("/orders/{id}"))).await;
+    assert_eq!(order, read.body, "the order as a plain read gives it");
+    let get = include_str!("../fixtures/sam_rest_api_get_order.json").replace("ORDER_ID", id);
+    let read_through = through_front_door(&app.router, FrontDoor::RestApi, &get).await;
+    assert_eq!(
+        (read_through.base64, read_through.header("content-encoding")),
+        (false, None)
+    );
+    assert_eq!(serde_json::from_slice::<Value>(&read_through.bytes).unwrap(), order);
+
+    for (kind, event) in [
+        ("HTTP API", include_str!("../fixtures/sam_http_api_create_order.json")),
+        ("ALB", include_str!("../fixtures/sam_alb_create_order.json")),
+    ] {
+        let created = through_front_door(&app.router, FrontDoor::DecodesBase64, &accepting_gzip(event)).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{kind}");
+        assert!(created.base64, "{kind}: a compressed answer goes out as base64");
+        assert_eq!(created.header("content-encoding"), Some("gzip"), "{kind}: compressed");
+        assert!(
+            serde_json::from_slice::<Value>(&created.bytes).is_err(),
+            "{kind}: gzip, not JSON"
+        );
+        let order = created.json();
+        let id = order["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{kind}: the order's id in {order}"));
+        let read = app.send(empty(Method::GET, &format!("/orders/{id}"))).await;
+        assert_eq!(order, read.body, "{kind}: the order as a plain read gives it");
     }
 }
 

@@ -36,9 +36,50 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
     let clients = AwsClients::new(&config);
 
     let names = ResourceNames::for_stack(&unique_name("env"));
+    // An events queue an earlier bootstrap made with the emulator's default visibility
+    // (30 s): brought to the template's.
+    let (_, events) = &names.destinations[0];
+    clients
+        .sqs
+        .create_queue()
+        .queue_name(events.queue())
+        .attributes(QueueAttributeName::VisibilityTimeout, "30")
+        .send()
+        .await
+        .expect("an older events queue");
     let first = bootstrap(&clients, &names).await.expect("bootstrap");
     let again = bootstrap(&clients, &names).await.expect("bootstrap again");
     assert_eq!(first, again, "a second bootstrap finds everything in place");
+    // The events queue's visibility timeout is the template's (six times the consumer's
+    // timeout), and the worked consumer's own queue is there.
+    let visibility = |url: String| {
+        let sqs = clients.sqs.clone();
+        async move {
+            sqs.get_queue_attributes()
+                .queue_url(url)
+                .attribute_names(QueueAttributeName::VisibilityTimeout)
+                .send()
+                .await
+                .expect("attributes")
+                .attributes()
+                .and_then(|a| a.get(&QueueAttributeName::VisibilityTimeout).cloned())
+        }
+    };
+    for url in first.delivery_queues.values() {
+        assert_eq!(visibility(url.clone()).await.as_deref(), Some("60"), "{url}");
+    }
+    let shipments: Vec<String> = first
+        .consumer_destinations
+        .iter()
+        .map(|(name, target)| format!("{name}={target}"))
+        .collect();
+    assert_eq!(shipments.len(), 1, "{shipments:?}");
+    assert!(
+        shipments[0].starts_with("shipments=sqs:") && shipments[0].ends_with("-shipments"),
+        "{shipments:?}"
+    );
+    let shipments_url = shipments[0].trim_start_matches("shipments=sqs:").to_owned();
+    assert!(visibility(shipments_url).await.is_some(), "the shipments queue exists");
     // The dead-letter queues keep messages 14 days, as template.yaml's: a consumer's
     // retention counts them (C4), and `control-worker bootstrap` prints it from them.
     for url in [&first.control_dead_letter_queue_url]

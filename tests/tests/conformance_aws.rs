@@ -183,7 +183,7 @@ mod split_records {
             deliveries.extend(
                 backend
                     .inbox
-                    .receive(10, Duration::from_secs(1))
+                    .receive(10, Duration::from_secs(1), outbox::control::lease::LEASE)
                     .await
                     .expect("receive"),
             );
@@ -293,7 +293,11 @@ mod consumer_poller {
             assert_eq!(items[&key].data["group"], "g-1", "the FIFO group came with it");
         }
         assert!(
-            inbox.receive(10, Duration::from_secs(1)).await.unwrap().is_empty(),
+            inbox
+                .receive(10, Duration::from_secs(1), outbox::control::lease::LEASE)
+                .await
+                .unwrap()
+                .is_empty(),
             "processed messages were deleted"
         );
     }

@@ -12,6 +12,7 @@ use outbox::aws::{
     bootstrap, redrive, AwsClients, AwsPublisher, DestinationResource, DynamoStore, ResourceNames, SqsControlQueue,
     TableLayout,
 };
+use outbox::control::lease::LEASE;
 use outbox::control::poller;
 use outbox::control::worker::lambda::handle_event;
 use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
@@ -185,8 +186,13 @@ struct ShutdownOnReceive {
 
 #[async_trait]
 impl ControlInbox for ShutdownOnReceive {
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError> {
-        let received = self.inner.receive(max, wait).await?;
+    async fn receive(
+        &self,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> Result<Vec<ControlDelivery>, QueueError> {
+        let received = self.inner.receive(max, wait, visibility).await?;
         if !received.is_empty() {
             self.shutdown.notify_one();
         }
@@ -197,8 +203,8 @@ impl ControlInbox for ShutdownOnReceive {
         self.inner.ack(receipts).await
     }
 
-    async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
-        self.inner.retry_later(receipts).await
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+        self.inner.set_visibility(receipts).await
     }
 }
 
@@ -400,7 +406,7 @@ async fn a_batch_of_ten_pending_transactions_costs_three_calls() {
     while deliveries.len() < 10 {
         let received = backend
             .inbox
-            .receive(10 - deliveries.len(), Duration::from_secs(1))
+            .receive(10 - deliveries.len(), Duration::from_secs(1), LEASE)
             .await
             .unwrap();
         assert!(!received.is_empty(), "the control messages did not arrive");
@@ -524,7 +530,7 @@ async fn a_failed_control_message_comes_back_in_seconds_in_poll_and_in_lambda_mo
     let receive = || async {
         let started = std::time::Instant::now();
         loop {
-            let received = inbox.receive(10, Duration::from_secs(1)).await.unwrap();
+            let received = inbox.receive(10, Duration::from_secs(1), LEASE).await.unwrap();
             if !received.is_empty() {
                 return (received, started.elapsed());
             }

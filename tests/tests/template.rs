@@ -69,14 +69,16 @@ fn variables_the_consumer_settings_read() -> BTreeSet<String> {
     let seen = Mutex::new(BTreeSet::new());
     let _ = outbox::consumer::ConsumerSettings::from_lookup(|name| {
         seen.lock().unwrap().insert(name.to_owned());
-        match name {
-            vars::BACKEND => Some("aws".to_owned()),
-            // Set, so that the variable a set retention is checked against is read too.
-            vars::RETENTION_SECONDS => Some("86400".to_owned()),
-            _ => None,
-        }
+        (name == vars::BACKEND).then(|| "aws".to_owned())
     });
-    seen.into_inner().unwrap()
+    let mut seen = seen.into_inner().unwrap();
+    // The producer's retention is read only to refuse it where it would shorten the
+    // consumer's: a consumer's function must not set it.
+    assert!(
+        seen.remove(vars::RETENTION_SECONDS),
+        "the consumer looks for the producer's retention"
+    );
+    seen
 }
 
 #[test]
@@ -110,6 +112,13 @@ fn every_variable_the_code_reads_is_set_on_each_function() {
         ));
         let missing: Vec<_> = needed.difference(&set).collect();
         assert!(missing.is_empty(), "{function} lacks {missing:?}");
+        if function == "ShippingFunction" {
+            assert!(
+                !set.contains(vars::RETENTION_SECONDS),
+                "the consumer gets the API's {}",
+                vars::RETENTION_SECONDS
+            );
+        }
     }
 }
 
@@ -297,7 +306,11 @@ async fn operations_by_function(
 
     counter.reset();
     let control = backend.control(timing);
-    let received = backend.inbox.receive(10, Duration::from_secs(3)).await.unwrap();
+    let received = backend
+        .inbox
+        .receive(10, Duration::from_secs(3), backend.visibility_timeout)
+        .await
+        .unwrap();
     assert!(!received.is_empty(), "the order's control message");
     counter.reset();
     let now = backend.clock.now();
@@ -548,6 +561,66 @@ fn each_kind_of_events_destination_is_named_for_the_code_and_delivered_to_the_ev
     assert_eq!(when(source, "PublishesToTopic").as_str(), Some("EventsTopic"));
     assert_eq!(when(principal, "PublishesToBus").as_str(), Some("events.amazonaws.com"));
     assert_eq!(when(source, "PublishesToBus").as_str(), Some("EventsRule.Arn"));
+}
+
+#[test]
+fn the_bootstrap_makes_what_the_template_declares() {
+    let template = template();
+    let resources = &template["Resources"];
+    let names = outbox::aws::ResourceNames::for_stack("stack");
+    let queue_name = |resource: &str| {
+        resources[resource]["Properties"]["QueueName"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{resource} has no QueueName"))
+            .replace("${AWS::StackName}", "stack")
+    };
+    let seconds = |resource: &str, attribute: &str| {
+        std::time::Duration::from_secs(resources[resource]["Properties"][attribute].as_i64().unwrap() as u64)
+    };
+    assert_eq!(names.control_queue, queue_name("ControlQueue"));
+    assert_eq!(names.control_dead_letter_queue, queue_name("ControlDeadLetterQueue"));
+    assert_eq!(
+        names.control_visibility_timeout,
+        seconds("ControlQueue", "VisibilityTimeout")
+    );
+    assert_eq!(
+        i64::from(names.max_receive_count),
+        resources["ControlQueue"]["Properties"]["RedrivePolicy"]["maxReceiveCount"]
+            .as_i64()
+            .unwrap()
+    );
+    let (events, resource) = &names.destinations[0];
+    assert_eq!(
+        (events.as_str(), resource.queue()),
+        ("events", queue_name("EventsQueue").as_str())
+    );
+    assert_eq!(format!("{}-dlq", resource.queue()), queue_name("EventsDeadLetterQueue"));
+    assert_eq!(
+        names.destination_visibility_timeout,
+        seconds("EventsQueue", "VisibilityTimeout")
+    );
+    // The worked consumer: its name, its source and what it publishes to.
+    let consumer = names
+        .consumer
+        .expect("the bootstrap makes the worked consumer's queues");
+    let shipping = &resources["ShippingFunction"]["Properties"]["Environment"]["Variables"];
+    assert_eq!(
+        Some(consumer.name.as_str()),
+        shipping[outbox::consumer::consumer_vars::NAME].as_str()
+    );
+    assert_eq!(consumer.source, *events);
+    assert_eq!(
+        shipping[outbox::consumer::consumer_vars::QUEUE_URL].as_str(),
+        Some("EventsQueue"),
+        "it consumes the events queue (!Ref)"
+    );
+    let (shipments, queue) = &consumer.destinations[0];
+    assert_eq!(consumer.destinations.len(), 1);
+    assert_eq!(
+        shipping[vars::DESTINATIONS].as_str(),
+        Some(format!("{shipments}=sqs:${{ShipmentsQueue}}").as_str())
+    );
+    assert_eq!(*queue, queue_name("ShipmentsQueue"));
 }
 
 #[test]

@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox::control::lease::LEASE;
 use outbox::control::poller::{process, MAX_BATCH};
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
@@ -228,14 +229,14 @@ pub fn simulate(config: &Config, scenario: Scenario) -> Outcome {
                 if queue.has_visible() && !claimed.get() {
                     claimed.set(true);
                     time.sleep(env.draws.latency(Call::Receive)).await;
-                    let deliveries = inbox.receive(MAX_BATCH, Duration::ZERO).await;
+                    let deliveries = inbox.receive(MAX_BATCH, Duration::ZERO, LEASE).await;
                     claimed.set(false);
                     env.signal.notify();
                     let deliveries = deliveries.expect("the embedded queue receives");
                     if deliveries.is_empty() {
                         continue;
                     }
-                    let report = process(inbox.as_ref(), &control, &deliveries)
+                    let report = process(inbox.as_ref(), &control, &deliveries, LEASE)
                         .await
                         .expect("the embedded queue acknowledges");
                     let mut tally = tally.borrow_mut();

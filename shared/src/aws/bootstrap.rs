@@ -23,6 +23,10 @@ use crate::settings::TableLayout;
 /// queue (`template.yaml`'s events queue).
 const DESTINATION_MAX_RECEIVE_COUNT: u32 = 5;
 
+/// A destination queue's visibility timeout: six times its consumer's function timeout
+/// (10 s), as `template.yaml`'s events queue (an emulator's default is 30 s).
+pub const DESTINATION_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The names of the resources, as `template.yaml` names them for a stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourceNames {
@@ -38,11 +42,28 @@ pub struct ResourceNames {
     pub control_visibility_timeout: Duration,
     /// Receives before a control message moves to the dead-letter queue.
     pub max_receive_count: u32,
+    /// Each destination queue's visibility timeout.
+    pub destination_visibility_timeout: Duration,
+    /// The worked consumer behind the destinations, and what it publishes to.
+    pub consumer: Option<ConsumerResource>,
+}
+
+/// A consumer of one destination's queue (`outbox::consumer`), and the queues it
+/// publishes to: what `template.yaml` declares for its `ShippingFunction`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerResource {
+    /// Its name (`OUTBOX_CONSUMER_NAME`).
+    pub name: String,
+    /// The destination whose queue it consumes.
+    pub source: DestinationName,
+    /// Each of its own destinations and the queue that is it.
+    pub destinations: Vec<(DestinationName, String)>,
 }
 
 impl ResourceNames {
     /// The names for stack `stack`: `{stack}-table`, `{stack}-control`,
-    /// `{stack}-control-dlq`, and the destination `events` on `{stack}-events`.
+    /// `{stack}-control-dlq`, the destination `events` on `{stack}-events`, and the
+    /// shipping consumer of it, which publishes `shipments` to `{stack}-shipments`.
     pub fn for_stack(stack: &str) -> Self {
         Self {
             layout: TableLayout::dedicated(format!("{stack}-table")),
@@ -56,6 +77,12 @@ impl ResourceNames {
             )],
             control_visibility_timeout: Duration::from_secs(60),
             max_receive_count: crate::ports::CONTROL_MAX_RECEIVE_COUNT,
+            destination_visibility_timeout: DESTINATION_VISIBILITY_TIMEOUT,
+            consumer: Some(ConsumerResource {
+                name: "shipping".to_owned(),
+                source: "events".parse().expect("valid name"),
+                destinations: vec![("shipments".parse().expect("valid name"), format!("{stack}-shipments"))],
+            }),
         }
     }
 }
@@ -145,6 +172,8 @@ pub struct Resources {
     pub delivery_queues: BTreeMap<DestinationName, String>,
     /// Each destination queue's dead-letter queue, where a consumer's failures go.
     pub delivery_dead_letter_queues: BTreeMap<DestinationName, String>,
+    /// The consumer's own destinations, as its `OUTBOX_DESTINATIONS` names them.
+    pub consumer_destinations: BTreeMap<DestinationName, Target>,
 }
 
 /// A resource that could not be created.
@@ -225,7 +254,7 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
             clients,
             queue,
             Some((&dead_letter_url, DESTINATION_MAX_RECEIVE_COUNT)),
-            None,
+            Some(names.destination_visibility_timeout),
         )
         .await?;
         let target = match resource {
@@ -240,6 +269,12 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
         delivery_queues.insert(destination.clone(), url);
         delivery_dead_letter_queues.insert(destination.clone(), dead_letter_url);
     }
+    let mut consumer_destinations = BTreeMap::new();
+    for (destination, queue) in names.consumer.iter().flat_map(|consumer| &consumer.destinations) {
+        let url = create_queue(clients, queue, None, None).await?;
+        let fifo = queue.ends_with(".fifo");
+        consumer_destinations.insert(destination.clone(), Target::SqsQueue { url, fifo });
+    }
     Ok(Resources {
         layout: names.layout.clone(),
         control_queue_url,
@@ -247,6 +282,7 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
         destinations,
         delivery_queues,
         delivery_dead_letter_queues,
+        consumer_destinations,
     })
 }
 
@@ -574,16 +610,41 @@ async fn create_queue(
             serde_json::json!({ "deadLetterTargetArn": arn, "maxReceiveCount": max_receive_count.to_string() });
         attributes.insert(QueueAttributeName::RedrivePolicy, policy.to_string());
     }
-    let output = clients
+    let created = clients
         .sqs
         .create_queue()
         .queue_name(name)
-        .set_attributes(Some(attributes))
+        .set_attributes(Some(attributes.clone()))
         .send()
-        .await
-        .map_err(|e| failed(Box::new(e)))?;
-    output
+        .await;
+    let error = match created {
+        Ok(output) => {
+            return output
+                .queue_url()
+                .map(str::to_owned)
+                .ok_or_else(|| failed("no queue URL in the answer".into()))
+        }
+        Err(error) => error,
+    };
+    // A queue of that name with other attributes (one an earlier bootstrap made before
+    // they changed): brought to these, its kind (FIFO or not) aside, which cannot change.
+    let Ok(existing) = clients.sqs.get_queue_url().queue_name(name).send().await else {
+        return Err(failed(Box::new(error)));
+    };
+    let url = existing
         .queue_url()
         .map(str::to_owned)
-        .ok_or_else(|| failed("no queue URL in the answer".into()))
+        .ok_or_else(|| failed("no queue URL in the answer".into()))?;
+    attributes.remove(&QueueAttributeName::FifoQueue);
+    if !attributes.is_empty() {
+        clients
+            .sqs
+            .set_queue_attributes()
+            .queue_url(&url)
+            .set_attributes(Some(attributes))
+            .send()
+            .await
+            .map_err(|e| failed(Box::new(e)))?;
+    }
+    Ok(url)
 }

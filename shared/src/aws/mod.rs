@@ -25,7 +25,10 @@ pub use crate::settings::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
 };
 pub use backend::{native_outbox, AwsBackend, NotOnAws};
-pub use bootstrap::{bootstrap, outbox_event_pattern, BootstrapError, DestinationResource, ResourceNames, Resources};
+pub use bootstrap::{
+    bootstrap, outbox_event_pattern, BootstrapError, ConsumerResource, DestinationResource, ResourceNames, Resources,
+    DESTINATION_VISIBILITY_TIMEOUT,
+};
 pub use dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use publisher::AwsPublisher;
 pub use sqs::{queue_retention, receive_timeouts, redrive, SqsControlQueue, SqsInbox, RECEIVE_TIMEOUT_MARGIN};

@@ -100,6 +100,7 @@ async fn receive_messages(
     url: &str,
     max: usize,
     wait: Duration,
+    visibility: Duration,
 ) -> Result<Vec<aws_sdk_sqs::types::Message>, QueueError> {
     let wait = wait.min(Duration::from_secs(20));
     // No SDK retry either: a retried long poll would be cut short by the operation
@@ -112,6 +113,7 @@ async fn receive_messages(
         .queue_url(url)
         .max_number_of_messages(max.clamp(1, 10) as i32)
         .wait_time_seconds(wait.as_secs() as i32)
+        .visibility_timeout(visibility_seconds(visibility))
         .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
         .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
         .message_attribute_names("All")
@@ -167,8 +169,13 @@ fn receive_count(message: &aws_sdk_sqs::types::Message) -> u32 {
 
 #[async_trait]
 impl ControlInbox for SqsControlQueue {
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError> {
-        let messages = receive_messages(&self.client, &self.queue_url, max, wait).await?;
+    async fn receive(
+        &self,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> Result<Vec<ControlDelivery>, QueueError> {
+        let messages = receive_messages(&self.client, &self.queue_url, max, wait, visibility).await?;
         Ok(messages
             .iter()
             .map(|message| ControlDelivery {
@@ -184,39 +191,44 @@ impl ControlInbox for SqsControlQueue {
         delete_messages(&self.client, &self.queue_url, receipts).await
     }
 
-    async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
-        for chunk in receipts.chunks(10) {
-            let entries = chunk
-                .iter()
-                .enumerate()
-                .map(|(index, (receipt, delay))| {
-                    ChangeMessageVisibilityBatchRequestEntry::builder()
-                        .id(index.to_string())
-                        .receipt_handle(receipt)
-                        .visibility_timeout(delay.as_secs().min(43_200) as i32)
-                        .build()
-                        .expect("id and receipt are set")
-                })
-                .collect();
-            let output = self
-                .client
-                .change_message_visibility_batch()
-                .queue_url(&self.queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
-            // A failed entry only means the message comes back after the whole
-            // visibility timeout instead.
-            for failed in output.failed() {
-                tracing::warn!(
-                    code = failed.code(),
-                    "shortening a failed control message's visibility failed"
-                );
-            }
-        }
-        Ok(())
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+        change_visibility(&self.client, &self.queue_url, receipts).await
     }
+}
+
+/// SQS's visibility timeout in whole seconds, at most its 12 hours.
+fn visibility_seconds(visibility: Duration) -> i32 {
+    visibility.as_secs().min(43_200) as i32
+}
+
+/// Sets the visibility of received messages of the queue at `url`, ten per call. A failed
+/// entry only means its message comes back when its visibility ran out anyway: logged.
+async fn change_visibility(client: &Client, url: &str, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+    for chunk in receipts.chunks(10) {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .map(|(index, (receipt, visibility))| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(index.to_string())
+                    .receipt_handle(receipt)
+                    .visibility_timeout(visibility_seconds(*visibility))
+                    .build()
+                    .expect("id and receipt are set")
+            })
+            .collect();
+        let output = client
+            .change_message_visibility_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
+        for failed in output.failed() {
+            tracing::warn!(code = failed.code(), "changing a message's visibility failed");
+        }
+    }
+    Ok(())
 }
 
 /// The `MessageRetentionPeriod` of the queue at `url`: how long a copy of a message can
@@ -259,8 +271,8 @@ impl SqsInbox {
 
 #[async_trait]
 impl Inbox for SqsInbox {
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
-        let messages = receive_messages(&self.client, &self.queue_url, max, wait).await?;
+    async fn receive(&self, max: usize, wait: Duration, visibility: Duration) -> Result<Vec<Delivery>, QueueError> {
+        let messages = receive_messages(&self.client, &self.queue_url, max, wait, visibility).await?;
         Ok(messages
             .iter()
             .map(|message| Delivery {
@@ -284,6 +296,10 @@ impl Inbox for SqsInbox {
 
     async fn ack(&self, receipts: &[String]) -> Result<(), QueueError> {
         delete_messages(&self.client, &self.queue_url, receipts).await
+    }
+
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+        change_visibility(&self.client, &self.queue_url, receipts).await
     }
 }
 

@@ -41,6 +41,18 @@ impl Consumer {
     /// before what follows them), every group and every message of a standard queue
     /// concurrently.
     pub async fn consume_batch(&self, deliveries: &[Delivery]) -> BatchReport {
+        self.consume_batch_with(deliveries, |_, _| {}).await
+    }
+
+    /// [`Consumer::consume_batch`], telling `on_done` each delivery's result (by its
+    /// index in `deliveries`) as soon as it is known, so that a poller acknowledges each
+    /// message when it is done rather than when the slowest of its batch is.
+    pub async fn consume_batch_with(
+        &self,
+        deliveries: &[Delivery],
+        on_done: impl Fn(usize, &Result<ConsumeOutcome, ConsumeError>),
+    ) -> BatchReport {
+        let on_done = &on_done;
         let mut groups: Vec<Vec<usize>> = Vec::new();
         let mut fifo: BTreeMap<&str, usize> = BTreeMap::new();
         for (index, delivery) in deliveries.iter().enumerate() {
@@ -65,6 +77,7 @@ impl Consumer {
                     self.consume(&deliveries[index]).await
                 };
                 failed |= result.is_err();
+                on_done(index, &result);
                 results.push((index, result));
             }
             results

@@ -1,40 +1,78 @@
 //! The local poller: what a Lambda event source mapping does for a consumer, done by hand
 //! against an [`Inbox`] (an embedded queue, or SQS outside Lambda).
 //!
-//! One cycle receives a batch, hands it to the [`Consumer`], and deletes exactly the
-//! messages that succeeded; the failed ones come back after the queue's visibility
-//! timeout and count toward its dead-letter policy.
+//! One cycle receives a batch under a lease ([`crate::control::lease`]), hands it to the
+//! [`Consumer`], and deletes each message that succeeded as soon as it is done (those
+//! finishing together in one call), while the lease of those still being handled is
+//! renewed; the failed ones come back when their lease runs out and count toward the
+//! queue's dead-letter policy.
 
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::future::join;
+
 use super::{BatchReport, Consumer, Delivery};
+use crate::control::lease::{while_renewing, Held, LEASE};
 use crate::control::poller::{poll_loop, PollerStats, MAX_BATCH};
 use crate::ports::{Inbox, QueueError};
 
-/// Receives one batch (waiting up to `wait` for it), processes it, and acknowledges the
-/// messages that succeeded. Returns the batch's report; an empty one when nothing came.
+/// Receives one batch (waiting up to `wait` for it) under a [`LEASE`], processes it, and
+/// acknowledges the messages that succeeded. Returns the batch's report; an empty one
+/// when nothing came.
 pub async fn poll_once(inbox: &dyn Inbox, consumer: &Consumer, wait: Duration) -> Result<BatchReport, QueueError> {
-    let deliveries = inbox.receive(MAX_BATCH, wait).await?;
-    process(inbox, consumer, &deliveries).await
+    let deliveries = inbox.receive(MAX_BATCH, wait, LEASE).await?;
+    process(inbox, consumer, &deliveries, LEASE).await
 }
 
-async fn process(inbox: &dyn Inbox, consumer: &Consumer, deliveries: &[Delivery]) -> Result<BatchReport, QueueError> {
+/// Processes `deliveries`, received under `lease`: acknowledges each that succeeded when
+/// it is done, and renews the lease of those still being handled. An acknowledgement
+/// that failed is the error (its messages come back, and their records make that
+/// harmless).
+pub async fn process(
+    inbox: &dyn Inbox,
+    consumer: &Consumer,
+    deliveries: &[Delivery],
+    lease: Duration,
+) -> Result<BatchReport, QueueError> {
     if deliveries.is_empty() {
         return Ok(BatchReport::default());
     }
-    let report = consumer.consume_batch(deliveries).await;
-    let failed = report.failed_message_ids();
-    let handled: Vec<String> = deliveries
-        .iter()
-        .filter(|delivery| !failed.contains(&delivery.message_id.as_str()))
-        .map(|delivery| delivery.receipt.clone())
-        .collect();
-    if !handled.is_empty() {
-        // If this fails the messages come back, and their records make that harmless.
-        inbox.ack(&handled).await?;
+    let held = &Held::new(deliveries.iter().map(|delivery| delivery.receipt.clone()));
+    let (done, mut finished) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let consume = async move {
+        consumer
+            .consume_batch_with(deliveries, move |index, result| {
+                let receipt = &deliveries[index].receipt;
+                held.release(receipt);
+                if result.is_ok() {
+                    // The acknowledger ends only after the batch, so it still listens.
+                    let _ = done.send(receipt.clone());
+                }
+            })
+            .await
+    };
+    let acknowledge = async {
+        let mut failure = None;
+        while let Some(receipt) = finished.recv().await {
+            let mut receipts = vec![receipt];
+            while let Ok(more) = finished.try_recv() {
+                receipts.push(more);
+            }
+            if let Err(error) = inbox.ack(&receipts).await {
+                failure.get_or_insert(error);
+            }
+        }
+        failure
+    };
+    let renewing = while_renewing(consume, held, lease, |receipts| async move {
+        inbox.set_visibility(&receipts).await
+    });
+    let (report, failure) = join(renewing, acknowledge).await;
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(report),
     }
-    Ok(report)
 }
 
 /// Polls until `shutdown` completes, calling `on_batch` with each batch's report. A
@@ -48,8 +86,8 @@ pub async fn run(
     on_batch: impl FnMut(&BatchReport),
 ) -> PollerStats {
     let stats = poll_loop(
-        || inbox.receive(MAX_BATCH, wait),
-        |deliveries| async move { process(inbox, consumer, &deliveries).await },
+        || inbox.receive(MAX_BATCH, wait, LEASE),
+        |deliveries| async move { process(inbox, consumer, &deliveries, LEASE).await },
         |report: &BatchReport| report.items.is_empty(),
         shutdown,
         on_batch,

@@ -28,6 +28,10 @@ pub mod consumer_vars {
     pub const DLQ_RETENTION_SECONDS: &str = "OUTBOX_CONSUMER_DLQ_RETENTION_SECONDS";
     /// How long the producer may send a message again, in seconds (1 day by default).
     pub const RESEND_WINDOW_SECONDS: &str = "OUTBOX_CONSUMER_RESEND_WINDOW_SECONDS";
+    /// How long each message's dedup data is kept from its dispatch, in seconds, when set
+    /// rather than derived from the three above; refused when shorter than the source
+    /// queue's retention.
+    pub const RETENTION_SECONDS: &str = "OUTBOX_CONSUMER_RETENTION_SECONDS";
 }
 
 use consumer_vars as cv;
@@ -61,8 +65,8 @@ pub struct ConsumerSettings {
     pub sources: Retention,
     /// How long each message's dedup data is kept from its dispatch.
     pub retention: Duration,
-    /// Whether `retention` was set (`OUTBOX_RETENTION_SECONDS`) rather than derived from
-    /// `sources`.
+    /// Whether `retention` was set (`OUTBOX_CONSUMER_RETENTION_SECONDS`) rather than
+    /// derived from `sources`.
     pub retention_set: bool,
     /// What one message may emit.
     pub limits: TransactionLimits,
@@ -131,16 +135,16 @@ impl ConsumerSettings {
             dead_letter_queue: reader.seconds(cv::DLQ_RETENTION_SECONDS, Duration::from_secs(14 * DAY), 0, 14 * DAY),
             resend_window: reader.seconds(cv::RESEND_WINDOW_SECONDS, Duration::from_secs(DAY), 0, 365 * DAY),
         };
-        let retention_set = reader.text(vars::RETENTION_SECONDS).is_some();
-        let retention = match reader.text(vars::RETENTION_SECONDS) {
+        let retention_set = reader.text(cv::RETENTION_SECONDS).is_some();
+        let retention = match reader.text(cv::RETENTION_SECONDS) {
             None => sources.derived(),
             Some(_) => {
-                let asked = reader.seconds(vars::RETENTION_SECONDS, sources.derived(), 60, 2 * 365 * DAY);
+                let asked = reader.seconds(cv::RETENTION_SECONDS, sources.derived(), 60, 2 * 365 * DAY);
                 match sources.check(asked) {
                     Ok(retention) => retention,
                     Err(error) => {
                         reader.fail(
-                            &format!("{} and {}", vars::RETENTION_SECONDS, cv::SOURCE_RETENTION_SECONDS),
+                            &format!("{} and {}", cv::RETENTION_SECONDS, cv::SOURCE_RETENTION_SECONDS),
                             error.to_string(),
                         );
                         asked
@@ -148,6 +152,28 @@ impl ConsumerSettings {
                 }
             }
         };
+        // The producer's retention (the API's records), read by consumers before they had
+        // their own name: where it would shorten what this consumer keeps, it is most
+        // likely exported for the API beside it, and is refused rather than obeyed or
+        // silently dropped; otherwise it does not concern a consumer.
+        if !retention_set {
+            if let Some(text) = reader.text(vars::RETENTION_SECONDS) {
+                match text.parse::<u64>() {
+                    Ok(seconds) if seconds >= retention.as_secs() => {}
+                    _ => reader.fail(
+                        vars::RETENTION_SECONDS,
+                        format!(
+                            "is {text:?}, shorter than this consumer's dedup retention of {} s: it is the \
+                             producer's (the API's records), not a consumer's; unset it here, or set {} \
+                             to keep dedup data for less (at least the source queue's {} s)",
+                            retention.as_secs(),
+                            cv::RETENTION_SECONDS,
+                            sources.source_queue.as_secs()
+                        ),
+                    ),
+                }
+            }
+        }
         let defaults = TransactionLimits::default();
         let limits = TransactionLimits {
             max_messages: reader.count(vars::MAX_MESSAGES_PER_TRANSACTION, defaults.max_messages, 1, 10_000),
@@ -204,12 +230,12 @@ mod tests {
         let error = read(&[
             (cv::NAME, "shipping"),
             (cv::SOURCE_RETENTION_SECONDS, "345600"),
-            (vars::RETENTION_SECONDS, "86400"),
+            (cv::RETENTION_SECONDS, "86400"),
         ])
         .unwrap_err()
         .to_string();
         assert!(
-            error.contains(vars::RETENTION_SECONDS) && error.contains(cv::SOURCE_RETENTION_SECONDS),
+            error.contains(cv::RETENTION_SECONDS) && error.contains(cv::SOURCE_RETENTION_SECONDS),
             "{error}"
         );
         assert!(error.contains("86400 s") && error.contains("345600 s"), "{error}");
@@ -217,10 +243,44 @@ mod tests {
         let settings = read(&[
             (cv::NAME, "shipping"),
             (cv::SOURCE_RETENTION_SECONDS, "345600"),
-            (vars::RETENTION_SECONDS, "345600"),
+            (cv::RETENTION_SECONDS, "345600"),
         ])
         .unwrap();
         assert_eq!(settings.retention, Duration::from_secs(345_600));
+    }
+
+    #[test]
+    fn the_producers_retention_variable_never_shortens_a_consumers() {
+        // Exported for the API beside it (7 days), it would cut the derived 19 days.
+        let error = read(&[(cv::NAME, "shipping"), (vars::RETENTION_SECONDS, "604800")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(vars::RETENTION_SECONDS) && error.contains(cv::RETENTION_SECONDS),
+            "{error}"
+        );
+        assert!(error.contains(&format!("{} s", 19 * DAY)), "{error}");
+        let unreadable = read(&[(cv::NAME, "shipping"), (vars::RETENTION_SECONDS, "a week")]).unwrap_err();
+        assert!(unreadable.to_string().contains(vars::RETENTION_SECONDS), "{unreadable}");
+        // Longer than the derived figure, or beside the consumer's own variable, it is
+        // the producer's business and changes nothing here.
+        let longer = read(&[(cv::NAME, "shipping"), (vars::RETENTION_SECONDS, "31536000")]).unwrap();
+        assert_eq!(
+            (longer.retention, longer.retention_set),
+            (Duration::from_secs(19 * DAY), false)
+        );
+        let beside = read(&[
+            (cv::NAME, "shipping"),
+            (vars::RETENTION_SECONDS, "604800"),
+            (cv::RETENTION_SECONDS, "432000"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (beside.retention, beside.retention_set),
+            (Duration::from_secs(432_000), true)
+        );
+        // Empty, as a template that clears a global for its consumer has it: unset.
+        assert!(read(&[(cv::NAME, "shipping"), (vars::RETENTION_SECONDS, "")]).is_ok());
     }
 
     #[test]
@@ -238,7 +298,7 @@ mod tests {
             .unwrap();
         assert_eq!(shorter.retention, Duration::from_secs(19 * DAY));
         // A set retention is checked against the real figure.
-        let set = read(&[(cv::NAME, "shipping"), (vars::RETENTION_SECONDS, "432000")]).unwrap();
+        let set = read(&[(cv::NAME, "shipping"), (cv::RETENTION_SECONDS, "432000")]).unwrap();
         let error = set
             .with_source_queue_retention(Duration::from_secs(14 * DAY))
             .unwrap_err();

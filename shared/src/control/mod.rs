@@ -19,6 +19,7 @@
 mod entity_race_tests;
 #[cfg(test)]
 mod entity_tests;
+pub mod lease;
 mod outcome;
 mod path;
 pub mod poller;

@@ -1,14 +1,17 @@
 //! The local poller: what a Lambda event source mapping does for the control worker,
 //! done by hand against a [`ControlInbox`] (the embedded queue, or SQS outside Lambda).
 //!
-//! One cycle receives a batch, hands it to the [`ControlPath`], deletes exactly the
-//! messages that were handled, and brings the failed ones back in seconds
-//! ([`crate::control::redelivery`]); their receive count (and the dead-letter policy) keeps
-//! meaning something.
+//! One cycle receives a batch under a lease ([`crate::control::lease`]), hands it to the
+//! [`ControlPath`] while renewing the lease, deletes exactly the messages that were
+//! handled, and brings the failed ones back in seconds ([`crate::control::redelivery`]);
+//! their receive count (and the dead-letter policy) keeps meaning something. A batch's
+//! messages finish together (one read, one publishing pass, one mark for all), so they
+//! are acknowledged together, when each is done.
 
 use std::future::Future;
 use std::time::Duration;
 
+use crate::control::lease::{while_renewing, Held, LEASE};
 use crate::control::redelivery::retry_failed_soon;
 use crate::control::{BatchReport, ControlPath};
 use crate::ports::{ControlDelivery, ControlInbox, QueueError};
@@ -20,28 +23,35 @@ pub const FIRST_RECEIVE_BACKOFF: Duration = Duration::from_millis(250);
 /// The longest pause between two failed receives.
 pub const MAX_RECEIVE_BACKOFF: Duration = Duration::from_secs(5);
 
-/// Receives one batch (waiting up to `wait` for it), handles it, and acknowledges the
-/// messages that succeeded. Returns the batch's report; an empty one when nothing came.
+/// Receives one batch (waiting up to `wait` for it) under a [`LEASE`], handles it, and
+/// acknowledges the messages that succeeded. Returns the batch's report; an empty one
+/// when nothing came.
 pub async fn poll_once(
     inbox: &dyn ControlInbox,
     control: &ControlPath,
     wait: Duration,
 ) -> Result<BatchReport, QueueError> {
-    let deliveries = inbox.receive(MAX_BATCH, wait).await?;
-    process(inbox, control, &deliveries).await
+    let deliveries = inbox.receive(MAX_BATCH, wait, LEASE).await?;
+    process(inbox, control, &deliveries, LEASE).await
 }
 
-/// Handles received `deliveries`, acknowledges the ones that succeeded and makes the
-/// failed ones come back soon.
+/// Handles `deliveries`, received under `lease`, renewing the lease while they are
+/// handled; acknowledges the ones that succeeded and makes the failed ones come back
+/// soon.
 pub async fn process(
     inbox: &dyn ControlInbox,
     control: &ControlPath,
     deliveries: &[ControlDelivery],
+    lease: Duration,
 ) -> Result<BatchReport, QueueError> {
     if deliveries.is_empty() {
         return Ok(BatchReport::default());
     }
-    let report = control.handle_batch(deliveries).await;
+    let held = Held::new(deliveries.iter().map(|delivery| delivery.receipt.clone()));
+    let report = while_renewing(control.handle_batch(deliveries), &held, lease, |receipts| async move {
+        inbox.set_visibility(&receipts).await
+    })
+    .await;
     let failed = report.failed_message_ids();
     let handled: Vec<String> = deliveries
         .iter()
@@ -90,8 +100,8 @@ pub async fn run(
     on_batch: impl FnMut(&BatchReport),
 ) -> PollerStats {
     let stats = poll_loop(
-        || inbox.receive(MAX_BATCH, wait),
-        |deliveries| async move { process(inbox, control, &deliveries).await },
+        || inbox.receive(MAX_BATCH, wait, LEASE),
+        |deliveries| async move { process(inbox, control, &deliveries, LEASE).await },
         |report: &BatchReport| report.items.is_empty(),
         shutdown,
         on_batch,

@@ -44,7 +44,7 @@ pub async fn retry_failed_soon(inbox: &dyn ControlInbox, deliveries: &[ControlDe
     if receipts.is_empty() {
         return;
     }
-    if let Err(error) = inbox.retry_later(&receipts).await {
+    if let Err(error) = inbox.set_visibility(&receipts).await {
         tracing::warn!(
             error = %error,
             messages = receipts.len(),

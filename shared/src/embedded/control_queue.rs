@@ -51,10 +51,15 @@ impl ControlQueue for EmbeddedControlQueue {
 
 #[async_trait]
 impl ControlInbox for EmbeddedControlQueue {
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError> {
+    async fn receive(
+        &self,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> Result<Vec<ControlDelivery>, QueueError> {
         // The same waiting receive as a consumer's: control messages carry no attributes.
         let inbox = EmbeddedInbox::new(self.queue.clone(), self.clock.clone());
-        Ok(Inbox::receive(&inbox, max, wait)
+        Ok(Inbox::receive(&inbox, max, wait, visibility)
             .await?
             .into_iter()
             .map(|delivery| ControlDelivery {
@@ -73,7 +78,7 @@ impl ControlInbox for EmbeddedControlQueue {
         Ok(())
     }
 
-    async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
         for (receipt, delay) in receipts {
             self.queue.change_visibility(receipt, *delay);
         }

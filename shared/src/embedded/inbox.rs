@@ -29,10 +29,10 @@ impl EmbeddedInbox {
 
 #[async_trait]
 impl Inbox for EmbeddedInbox {
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
+    async fn receive(&self, max: usize, wait: Duration, visibility: Duration) -> Result<Vec<Delivery>, QueueError> {
         let deadline = self.clock.now().plus(wait);
         loop {
-            let received = self.queue.receive(max.clamp(1, 10));
+            let received = self.queue.receive_for(max.clamp(1, 10), visibility);
             if !received.is_empty() || self.clock.now() >= deadline {
                 return Ok(received
                     .into_iter()
@@ -55,6 +55,13 @@ impl Inbox for EmbeddedInbox {
     async fn ack(&self, receipts: &[String]) -> Result<(), QueueError> {
         for receipt in receipts {
             self.queue.delete(receipt);
+        }
+        Ok(())
+    }
+
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+        for (receipt, timeout) in receipts {
+            self.queue.change_visibility(receipt, *timeout);
         }
         Ok(())
     }

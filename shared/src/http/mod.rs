@@ -12,6 +12,8 @@
 //!   timeout names it.
 //! - `stage` (feature `lambda`): API Gateway's stage taken off the path before routing
 //!   and put back in front of a `Location`.
+//! - `compression` (feature `lambda`): no compressed answer to a request that came
+//!   through a REST API, which would hand the client base64 text.
 //! - [`HttpError`]: what these pieces fail with, answered as problem+json.
 //!
 //! A handler with native DynamoDB actions, from request to answer:
@@ -43,6 +45,8 @@
 //! }
 //! ```
 
+#[cfg(feature = "lambda")]
+pub mod compression;
 mod error;
 pub mod headers;
 pub mod idempotency;
@@ -53,6 +57,8 @@ pub mod scope;
 #[cfg(feature = "lambda")]
 pub mod stage;
 
+#[cfg(feature = "lambda")]
+pub use compression::UncompressedThroughRestApiLayer;
 pub use error::HttpError;
 pub use headers::{etag, IdempotencyKeyHeader, IfMatch};
 pub use idempotency::Idempotency;

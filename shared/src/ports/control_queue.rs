@@ -57,18 +57,25 @@ pub struct ControlDelivery {
 #[async_trait]
 pub trait ControlInbox: Send + Sync {
     /// Receives up to `max` visible messages (1 to 10), waiting up to `wait` for the
-    /// first. Each received message becomes invisible for the queue's visibility timeout
-    /// and comes back after it unless acknowledged.
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError>;
+    /// first. Each received message becomes invisible for `visibility` (the poller's
+    /// lease, whatever the queue's own visibility timeout) and comes back after it unless
+    /// acknowledged or made invisible longer ([`ControlInbox::set_visibility`]).
+    async fn receive(
+        &self,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> Result<Vec<ControlDelivery>, QueueError>;
 
     /// Deletes a received message. Acknowledging a receipt that is no longer current
     /// (the message was received again since) does nothing.
     async fn ack(&self, receipts: &[String]) -> Result<(), QueueError>;
 
     /// Makes received messages visible again after the given delays (SQS's
-    /// `ChangeMessageVisibility`), so that a message that failed comes back in seconds
-    /// rather than after the queue's whole visibility timeout. Each receipt counts as
-    /// one more receive toward the dead-letter policy when it comes back, as usual. A
-    /// receipt that is no longer current is ignored.
-    async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError>;
+    /// `ChangeMessageVisibility`): sooner, so that a message that failed comes back in
+    /// seconds rather than after its whole lease; or later, so that one still being
+    /// handled does not come back meanwhile. Each receipt counts as one more receive
+    /// toward the dead-letter policy when it comes back, as usual. A receipt that is no
+    /// longer current is ignored.
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError>;
 }

@@ -33,10 +33,17 @@ pub struct Delivery {
 #[async_trait]
 pub trait Inbox: Send + Sync {
     /// Receives up to `max` visible messages (1 to 10) with their string attributes and
-    /// FIFO group, waiting up to `wait` for the first. Each becomes invisible for the
-    /// queue's visibility timeout and comes back after it unless acknowledged.
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError>;
+    /// FIFO group, waiting up to `wait` for the first. Each becomes invisible for
+    /// `visibility` (the poller's lease, whatever the queue's own visibility timeout) and
+    /// comes back after it unless acknowledged or made invisible longer
+    /// ([`Inbox::set_visibility`]).
+    async fn receive(&self, max: usize, wait: Duration, visibility: Duration) -> Result<Vec<Delivery>, QueueError>;
 
     /// Deletes received messages. A receipt that is no longer current does nothing.
     async fn ack(&self, receipts: &[String]) -> Result<(), QueueError>;
+
+    /// Makes received messages visible again after the given durations from now (SQS's
+    /// `ChangeMessageVisibility`): the poller extends the lease of a message still being
+    /// handled. A receipt that is no longer current is ignored.
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError>;
 }

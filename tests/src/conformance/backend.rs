@@ -330,7 +330,11 @@ impl Backend {
         // calling it missing.
         let mut deliveries = Vec::new();
         for _ in 0..3 {
-            deliveries = self.inbox.receive(10, Duration::from_secs(2)).await.expect("receive");
+            deliveries = self
+                .inbox
+                .receive(10, Duration::from_secs(2), self.visibility_timeout)
+                .await
+                .expect("receive");
             if !deliveries.is_empty() {
                 break;
             }

@@ -462,19 +462,31 @@ pub async fn a_delayed_control_message_arrives_after_its_delay(b: &Backend) {
         .await
         .expect("send");
     assert!(
-        b.inbox.receive(10, Duration::ZERO).await.expect("receive").is_empty(),
+        b.inbox
+            .receive(10, Duration::ZERO, b.visibility_timeout)
+            .await
+            .expect("receive")
+            .is_empty(),
         "{}: visible before its delay",
         b.name
     );
     b.wait(Duration::from_secs(2)).await;
-    let received = b.inbox.receive(10, Duration::from_secs(1)).await.expect("receive");
+    let received = b
+        .inbox
+        .receive(10, Duration::from_secs(1), b.visibility_timeout)
+        .await
+        .expect("receive");
     assert_eq!(received.len(), 1, "{}", b.name);
     assert_eq!(ControlMessage::decode(&received[0].body).expect("decodes"), message);
     assert_eq!(received[0].receive_count, 1);
     b.inbox.ack(&[received[0].receipt.clone()]).await.expect("ack");
     b.wait(b.visibility_timeout).await;
     assert!(
-        b.inbox.receive(10, Duration::ZERO).await.unwrap().is_empty(),
+        b.inbox
+            .receive(10, Duration::ZERO, b.visibility_timeout)
+            .await
+            .unwrap()
+            .is_empty(),
         "{}: an acknowledged message came back",
         b.name
     );
@@ -485,14 +497,26 @@ pub async fn a_delayed_control_message_arrives_after_its_delay(b: &Backend) {
 pub async fn an_unacknowledged_control_message_comes_back(b: &Backend) {
     let message = ControlMessage::first(TxnId::new_v7(), b.clock.now());
     b.control_queue.send(&message, Duration::ZERO).await.expect("send");
-    let first = b.inbox.receive(10, Duration::from_secs(1)).await.expect("receive");
+    let first = b
+        .inbox
+        .receive(10, Duration::from_secs(1), b.visibility_timeout)
+        .await
+        .expect("receive");
     assert_eq!(first.len(), 1);
     assert!(
-        b.inbox.receive(10, Duration::ZERO).await.unwrap().is_empty(),
+        b.inbox
+            .receive(10, Duration::ZERO, b.visibility_timeout)
+            .await
+            .unwrap()
+            .is_empty(),
         "invisible while in flight"
     );
     b.wait(b.visibility_timeout).await;
-    let second = b.inbox.receive(10, Duration::from_secs(1)).await.expect("receive");
+    let second = b
+        .inbox
+        .receive(10, Duration::from_secs(1), b.visibility_timeout)
+        .await
+        .expect("receive");
     assert_eq!(second.len(), 1, "{}", b.name);
     assert_eq!(
         (second[0].body.as_str(), second[0].receive_count),

@@ -513,8 +513,13 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlQueue for GatedControlQueu
 
 #[async_trait]
 impl<Q: ControlQueue + ControlInbox + 'static> ControlInbox for GatedControlQueue<Q> {
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ControlDelivery>, QueueError> {
-        gated!(self.gate, Op::Receive, self.inner.receive(max, wait).await,
+    async fn receive(
+        &self,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> Result<Vec<ControlDelivery>, QueueError> {
+        gated!(self.gate, Op::Receive, self.inner.receive(max, wait, visibility).await,
             failed => Err(QueueError::Unavailable(injected("receive failed"))),
             lost => Err(QueueError::Unavailable(injected("receive reply lost"))))
     }
@@ -525,8 +530,8 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlInbox for GatedControlQueu
             lost => Err(QueueError::Unavailable(injected("ack reply lost"))))
     }
 
-    async fn retry_later(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
-        gated!(self.gate, Op::Ack, self.inner.retry_later(receipts).await,
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+        gated!(self.gate, Op::Ack, self.inner.set_visibility(receipts).await,
             failed => Err(QueueError::Unavailable(injected("visibility change refused"))),
             lost => Err(QueueError::Unavailable(injected("visibility change reply lost"))))
     }

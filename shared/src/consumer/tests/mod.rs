@@ -2,6 +2,7 @@
 //! acknowledged before its messages went out; `entity` the same in entity mode.
 
 mod entity;
+mod poller;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -258,6 +258,12 @@ impl EmbeddedQueue {
     /// moves to the dead-letter queue instead. On a FIFO queue, a group with a message in
     /// flight yields nothing until that message is deleted or visible again.
     pub fn receive(&self, max: usize) -> Vec<Received> {
+        self.receive_for(max, self.config.visibility_timeout)
+    }
+
+    /// [`EmbeddedQueue::receive`], each message invisible for `visibility` instead of
+    /// the queue's visibility timeout (SQS's `VisibilityTimeout` of a receive).
+    pub fn receive_for(&self, max: usize, visibility: Duration) -> Vec<Received> {
         let now = self.clock.now();
         let mut to_dead_letter = Vec::new();
         let mut received = Vec::new();
@@ -298,7 +304,7 @@ impl EmbeddedQueue {
                 }
                 let message = &mut state.messages[index];
                 message.receive_count += 1;
-                message.visible_at = now.plus(self.config.visibility_timeout);
+                message.visible_at = now.plus(visibility);
                 let receipt = format!("{}#{}", message.message_id, message.receive_count);
                 message.receipt = Some(receipt.clone());
                 received.push(Received {
