@@ -711,12 +711,23 @@ fn the_queues_and_the_event_source_follow_the_rules() {
         table["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"].as_bool(),
         Some(true)
     );
-    for function in FUNCTIONS {
+    // Built by the Makefile: one cargo invocation for every binary, each function's
+    // target copying its own bootstrap.
+    let makefile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Makefile")).expect("the Makefile");
+    for (function, binary) in FUNCTIONS.into_iter().zip(["api", "control-worker", "shipping"]) {
         assert_eq!(
             resources[function]["Metadata"]["BuildMethod"].as_str(),
-            Some("rust-cargolambda")
+            Some("makefile")
         );
+        let copy = format!(
+            "build-{function}: bootstraps\n\tcp target/lambda/{binary}/bootstrap \"$(ARTIFACTS_DIR)/bootstrap\""
+        );
+        assert!(makefile.contains(&copy), "the Makefile lacks {copy:?}");
     }
+    assert!(
+        makefile.contains("FUNCTIONS := api control-worker shipping"),
+        "one invocation builds them all"
+    );
     assert_eq!(
         template["Globals"]["Function"]["Runtime"].as_str(),
         Some("provided.al2023")

@@ -31,7 +31,10 @@ pub use bootstrap::{
 };
 pub use dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use publisher::AwsPublisher;
-pub use sqs::{queue_retention, receive_timeouts, redrive, SqsControlQueue, SqsInbox, RECEIVE_TIMEOUT_MARGIN};
+pub use sqs::{
+    queue_retention, queue_visibility_timeout, receive_timeouts, redrive, SqsControlQueue, SqsInbox,
+    RECEIVE_TIMEOUT_MARGIN,
+};
 
 /// The SDK configuration for this process: the standard credential chain and region
 /// (and `AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_DYNAMODB`, for emulators), explicit

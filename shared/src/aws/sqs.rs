@@ -7,7 +7,7 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageAttributeValue,
-    MessageSystemAttributeName, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
+    MessageSystemAttributeName, MessageSystemAttributeNameForSends, MessageSystemAttributeValue, QueueAttributeName,
     SendMessageBatchRequestEntry,
 };
 use aws_sdk_sqs::Client;
@@ -234,21 +234,46 @@ async fn change_visibility(client: &Client, url: &str, receipts: &[(String, Dura
 /// The `MessageRetentionPeriod` of the queue at `url`: how long a copy of a message can
 /// still be delivered from it.
 pub async fn queue_retention(client: &Client, url: &str) -> Result<Duration, QueueError> {
+    queue_seconds(
+        client,
+        url,
+        QueueAttributeName::MessageRetentionPeriod,
+        "the queue did not say its MessageRetentionPeriod",
+    )
+    .await
+}
+
+/// The `VisibilityTimeout` of the queue at `url`: how long a received message stays
+/// hidden unless its receiver says otherwise (a local poller's lease).
+pub async fn queue_visibility_timeout(client: &Client, url: &str) -> Result<Duration, QueueError> {
+    queue_seconds(
+        client,
+        url,
+        QueueAttributeName::VisibilityTimeout,
+        "the queue did not say its VisibilityTimeout",
+    )
+    .await
+}
+
+async fn queue_seconds(
+    client: &Client,
+    url: &str,
+    attribute: QueueAttributeName,
+    missing: &'static str,
+) -> Result<Duration, QueueError> {
     let output = client
         .get_queue_attributes()
         .queue_url(url)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::MessageRetentionPeriod)
+        .attribute_names(attribute.clone())
         .send()
         .await
         .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
     output
         .attributes()
-        .and_then(|attributes| attributes.get(&aws_sdk_sqs::types::QueueAttributeName::MessageRetentionPeriod))
+        .and_then(|attributes| attributes.get(&attribute))
         .and_then(|seconds| seconds.parse().ok())
         .map(Duration::from_secs)
-        .ok_or(QueueError::Rejected {
-            reason: "the queue did not say its MessageRetentionPeriod",
-        })
+        .ok_or(QueueError::Rejected { reason: missing })
 }
 
 /// A consumer's source queue on SQS, for the local poller (on Lambda the event source

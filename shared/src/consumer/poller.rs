@@ -75,19 +75,21 @@ pub async fn process(
     }
 }
 
-/// Polls until `shutdown` completes, calling `on_batch` with each batch's report. A
-/// shutdown interrupts only the wait for messages: a batch in hand is always finished
-/// and acknowledged first. A failed receive is logged and retried after a short backoff.
+/// Polls until `shutdown` completes, each batch received under `lease`, calling
+/// `on_batch` with each batch's report. A shutdown interrupts only the wait for messages:
+/// a batch in hand is always finished and acknowledged first. A failed receive is logged
+/// and retried after a short backoff.
 pub async fn run(
     inbox: &dyn Inbox,
     consumer: &Consumer,
     wait: Duration,
+    lease: Duration,
     shutdown: impl Future<Output = ()>,
     on_batch: impl FnMut(&BatchReport),
 ) -> PollerStats {
     let stats = poll_loop(
-        || inbox.receive(MAX_BATCH, wait, LEASE),
-        |deliveries| async move { process(inbox, consumer, &deliveries, LEASE).await },
+        || inbox.receive(MAX_BATCH, wait, lease),
+        |deliveries| async move { process(inbox, consumer, &deliveries, lease).await },
         |report: &BatchReport| report.items.is_empty(),
         shutdown,
         on_batch,
