@@ -5,7 +5,7 @@
 //! Everything runs the real code over the embedded backend: the request path
 //! ([`Outbox`]: begin with its control message overlapped with the read, as the orders
 //! API does, then commit, and with inline publishing its publish and mark) and the
-//! control path ([`ControlPath`] behind [`outbox::control::poller::process`], as the local
+//! control path ([`ControlPath`] behind [`outbox::control::poller::acknowledge`], as the local
 //! poller runs it). Every port call takes a modelled AWS latency in virtual time
 //! ([`ports`]), and a discrete-event executor ([`executor`]) interleaves the requests
 //! and the workers in time order, so that a control message with a 0 s delay really
@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox::control::lease::LEASE;
-use outbox::control::poller::{process, MAX_BATCH};
+use outbox::control::poller::{acknowledge, MAX_BATCH};
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::ports::{Clock, ControlInbox, ControlQueue, ExpectedVersion, IdSource, ItemKey, Publisher, Store};
@@ -236,7 +236,11 @@ pub fn simulate(config: &Config, scenario: Scenario) -> Outcome {
                     if deliveries.is_empty() {
                         continue;
                     }
-                    let report = process(inbox.as_ref(), &control, &deliveries, LEASE)
+                    // The poller's handling and acknowledgement; its lease renewal keeps
+                    // tokio's time, not this virtual clock, and a batch here never
+                    // outlasts a lease.
+                    let report = control.handle_batch(&deliveries).await;
+                    let report = acknowledge(inbox.as_ref(), &deliveries, report)
                         .await
                         .expect("the embedded queue acknowledges");
                     let mut tally = tally.borrow_mut();

@@ -177,6 +177,11 @@ impl Consumer {
         }
     }
 
+    /// The clock it keeps time by (its poller's lease renewals too).
+    pub fn clock(&self) -> &dyn Clock {
+        self.ports.clock.as_ref()
+    }
+
     /// This consumer, finding each message's id as `ids` says.
     pub fn with_message_ids(mut self, ids: MessageIds) -> Self {
         self.message_ids = ids;

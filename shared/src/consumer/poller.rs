@@ -65,7 +65,7 @@ pub async fn process(
         }
         failure
     };
-    let renewing = while_renewing(consume, held, lease, |receipts| async move {
+    let renewing = while_renewing(consume, held, lease, consumer.clock(), |receipts| async move {
         inbox.set_visibility(&receipts).await
     });
     let (report, failure) = join(renewing, acknowledge).await;

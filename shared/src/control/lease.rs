@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures_util::future::{select, Either};
 
-use crate::ports::QueueError;
+use crate::ports::{Clock, QueueError};
 
 /// How long a poller's receive hides a message, and how long each renewal hides it
 /// again. A message whose poller died comes back after at most this.
@@ -39,19 +39,21 @@ impl Held {
     }
 }
 
-/// Runs `work`, renewing the lease of what `held` still holds every third of `lease`
-/// through `renew` (a failed renewal is logged: the message may then come back to
-/// another poller, which its record makes harmless).
+/// Runs `work`, renewing the lease of what `held` still holds every third of `lease` by
+/// `clock`'s timer (raced against the work, as [`Clock::timer`] is meant) through
+/// `renew` (a failed renewal is logged: the message may then come back to another
+/// poller, which its record makes harmless).
 pub async fn while_renewing<T, Renewed>(
     work: impl Future<Output = T>,
     held: &Held,
     lease: Duration,
+    clock: &dyn Clock,
     renew: impl Fn(Vec<(String, Duration)>) -> Renewed,
 ) -> T
 where
     Renewed: Future<Output = Result<(), QueueError>>,
 {
-    let renewer = renew_forever(held, lease, renew);
+    let renewer = renew_forever(held, lease, clock, renew);
     let (work, renewer) = (std::pin::pin!(work), std::pin::pin!(renewer));
     match select(work, renewer).await {
         Either::Left((output, _)) => output,
@@ -62,13 +64,14 @@ where
 async fn renew_forever<Renewed>(
     held: &Held,
     lease: Duration,
+    clock: &dyn Clock,
     renew: impl Fn(Vec<(String, Duration)>) -> Renewed,
 ) -> Infallible
 where
     Renewed: Future<Output = Result<(), QueueError>>,
 {
     loop {
-        tokio::time::sleep(lease / 3).await;
+        clock.timer(lease / 3).await;
         let receipts: Vec<(String, Duration)> = held.current().into_iter().map(|receipt| (receipt, lease)).collect();
         if receipts.is_empty() {
             continue;
@@ -105,11 +108,17 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(10)).await;
             "done"
         };
-        let output = while_renewing(work, &held, Duration::from_secs(30), |receipts| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            renewals.lock().unwrap().push(receipts);
-            async { Ok(()) }
-        })
+        let output = while_renewing(
+            work,
+            &held,
+            Duration::from_secs(30),
+            &crate::ports::SystemClock,
+            |receipts| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                renewals.lock().unwrap().push(receipts);
+                async { Ok(()) }
+            },
+        )
         .await;
         assert_eq!(output, "done");
         let renewals = renewals.into_inner().unwrap();

@@ -77,6 +77,11 @@ impl ControlPath {
         self
     }
 
+    /// The clock it keeps time by (its poller's lease renewals too).
+    pub fn clock(&self) -> &dyn Clock {
+        self.ports.clock.as_ref()
+    }
+
     /// Handles one control message.
     pub async fn handle(&self, delivery: &ControlDelivery) -> ItemReport {
         let mut report = self.handle_batch(std::slice::from_ref(delivery)).await;

@@ -48,10 +48,25 @@ pub async fn process(
         return Ok(BatchReport::default());
     }
     let held = Held::new(deliveries.iter().map(|delivery| delivery.receipt.clone()));
-    let report = while_renewing(control.handle_batch(deliveries), &held, lease, |receipts| async move {
-        inbox.set_visibility(&receipts).await
-    })
+    let report = while_renewing(
+        control.handle_batch(deliveries),
+        &held,
+        lease,
+        control.clock(),
+        |receipts| async move { inbox.set_visibility(&receipts).await },
+    )
     .await;
+    acknowledge(inbox, deliveries, report).await
+}
+
+/// What a poller does with a handled batch: acknowledges the messages that succeeded
+/// and makes the failed ones come back soon ([`process`] without the lease, for a caller
+/// that keeps time by itself).
+pub async fn acknowledge(
+    inbox: &dyn ControlInbox,
+    deliveries: &[ControlDelivery],
+    report: BatchReport,
+) -> Result<BatchReport, QueueError> {
     let failed = report.failed_message_ids();
     let handled: Vec<String> = deliveries
         .iter()
