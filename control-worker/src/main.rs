@@ -6,8 +6,9 @@
 //! - `control-worker` or `control-worker poll`: long-polls the control queue (SQS or an
 //!   emulator through `AWS_ENDPOINT_URL`) with the same handler; SIGINT or SIGTERM stops
 //!   it after the batch in hand.
-//! - `control-worker redrive DEAD_LETTER_QUEUE_URL`: moves the dead-letter queue's
-//!   messages back to the control queue.
+//! - `control-worker redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL]`: moves a
+//!   dead-letter queue's messages back to its source queue: the one whose redrive policy
+//!   names it (the control queue's, a destination queue's), or the one given.
 //! - `control-worker bootstrap [STACK] [--events-via sqs|sns|eventbridge] [--consumer]`:
 //!   creates the table and queues of `template.yaml` for stack STACK (default `outbox`),
 //!   with the `events` destination published to its queue directly (the default), through
@@ -21,10 +22,11 @@
 //!   `OUTBOX_PARTITION_KEY`, `OUTBOX_SORT_KEY`, ...).
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{service_fn, LambdaEvent};
-use outbox::aws::redrive;
+use outbox::aws::{dead_letter_source, load_sdk_config, redrive, AwsClients};
 use outbox::control::worker::lambda::handle_event;
 use outbox::control::worker::setup::Worker;
 use outbox::settings::Settings;
@@ -52,7 +54,7 @@ async fn shutdown_signal() {
     tracing::info!("shutting down after the batch in hand");
 }
 
-const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL | bootstrap [STACK] [--events-via sqs|sns|eventbridge] [--consumer]";
+const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | bootstrap [STACK] [--events-via sqs|sns|eventbridge] [--consumer]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -67,8 +69,9 @@ async fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        [] | ["poll"] => run_worker(on_lambda, None).await,
-        ["redrive", dead_letter_queue_url] => run_worker(false, Some(dead_letter_queue_url)).await,
+        [] | ["poll"] => run_worker(on_lambda).await,
+        ["redrive", dead_letter_queue_url] => run_redrive(dead_letter_queue_url, None).await,
+        ["redrive", dead_letter_queue_url, source] => run_redrive(dead_letter_queue_url, Some(source)).await,
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)
@@ -76,7 +79,27 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run_worker(on_lambda: bool, redrive_from: Option<&str>) -> ExitCode {
+/// Moves the dead-letter queue's messages back to `source`, or to the queue whose redrive
+/// policy names it.
+async fn run_redrive(dead_letters: &str, source: Option<&str>) -> ExitCode {
+    let clients = AwsClients::new(&load_sdk_config(Duration::from_secs(10)).await);
+    let to = match source {
+        Some(source) => source.to_owned(),
+        None => match dead_letter_source(&clients.sqs, dead_letters).await {
+            Ok(source) => source,
+            Err(error) => return report(&error),
+        },
+    };
+    match redrive(&clients.sqs, dead_letters, &to).await {
+        Ok(moved) => {
+            println!("moved {moved} messages from {dead_letters} to {to}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => report(&error),
+    }
+}
+
+async fn run_worker(on_lambda: bool) -> ExitCode {
     let settings = match Settings::from_env() {
         Ok(settings) => settings,
         Err(error) => return report(&error),
@@ -85,15 +108,6 @@ async fn run_worker(on_lambda: bool, redrive_from: Option<&str>) -> ExitCode {
         Ok(worker) => worker,
         Err(error) => return report(&error),
     };
-    if let Some(from) = redrive_from {
-        return match redrive(&worker.clients.sqs, from, &worker.control_queue_url).await {
-            Ok(moved) => {
-                println!("moved {moved} messages from {from} to {}", worker.control_queue_url);
-                ExitCode::SUCCESS
-            }
-            Err(error) => report(&error),
-        };
-    }
     if on_lambda {
         let worker = &worker;
         let handler = service_fn(move |event: LambdaEvent<SqsEvent>| async move {

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use aws_sdk_sqs::types::QueueAttributeName;
 use outbox::aws::{
-    bootstrap, redrive, AwsClients, AwsPublisher, DestinationResource, DynamoStore, ResourceNames, SqsControlQueue,
-    TableLayout,
+    bootstrap, dead_letter_source, redrive, AwsClients, AwsPublisher, DestinationResource, DynamoStore, ResourceNames,
+    SqsControlQueue, TableLayout,
 };
 use outbox::control::lease::LEASE;
 use outbox::control::poller;
@@ -353,13 +353,20 @@ async fn a_poison_message_reaches_the_dead_letter_queue_and_is_dispatched_after_
         &resources.control_queue_url,
         resources.destinations.clone(),
     );
-    let moved = redrive(
-        &clients.sqs,
-        &resources.control_dead_letter_queue_url,
-        &resources.control_queue_url,
-    )
-    .await
-    .unwrap();
+    // Each dead-letter queue's source is the queue whose redrive policy names it.
+    let source = dead_letter_source(&clients.sqs, &resources.control_dead_letter_queue_url)
+        .await
+        .unwrap();
+    assert_eq!(source, resources.control_queue_url);
+    for (destination, dead_letters) in &resources.delivery_dead_letter_queues {
+        assert_eq!(
+            dead_letter_source(&clients.sqs, dead_letters).await.unwrap(),
+            resources.delivery_queues[destination]
+        );
+    }
+    let moved = redrive(&clients.sqs, &resources.control_dead_letter_queue_url, &source)
+        .await
+        .unwrap();
     assert_eq!(moved, 1);
     let report = poller::poll_once(control_queue.as_ref(), &fixed, Duration::from_secs(2))
         .await

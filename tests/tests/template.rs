@@ -141,6 +141,8 @@ fn iam_actions(operation: &str) -> Vec<&'static str> {
         "Publish" | "PublishBatch" => vec!["sns:Publish"],
         "PutEvents" => vec!["events:PutEvents"],
         "GetQueueAttributes" => vec!["sqs:GetQueueAttributes"],
+        "ReceiveMessage" => vec!["sqs:ReceiveMessage"],
+        "DeleteMessage" | "DeleteMessageBatch" => vec!["sqs:DeleteMessage"],
         other => panic!("the code calls {other}: add its IAM actions to this table"),
     }
 }
@@ -357,7 +359,7 @@ async fn operations_by_function(
         ConsumerPorts {
             store: backend.store.clone(),
             publisher: Arc::new(AwsPublisher::new(
-                clients,
+                clients.clone(),
                 BTreeMap::from([(
                     shipments,
                     Target::SqsQueue {
@@ -394,7 +396,49 @@ async fn operations_by_function(
         &ConsumeOutcome::Duplicate
     );
     operations.insert("ShippingFunction", called(&counter));
+    // Its local poller: the start-up read of the queue's lease, a receive and the
+    // acknowledgement (here of the shipment it published, a message like any other).
+    counter.reset();
+    outbox::aws::queue_visibility_timeout(&clients.sqs, audit_url)
+        .await
+        .expect("the queue's visibility timeout");
+    let inbox = outbox::aws::SqsInbox::new(clients.sqs.clone(), audit_url.clone());
+    let report = outbox::consumer::poll_once(&inbox, &consumer, Duration::from_secs(2))
+        .await
+        .expect("polled");
+    // (The FIFO queue may hold this run's shipment back behind an earlier run's in flight:
+    // the acknowledgement is looked for over all runs.)
+    assert!(report.failed_message_ids().is_empty(), "{report:?}");
+    operations.insert(SHIPPING_POLLER, called(&counter));
     operations
+}
+
+/// The shipping consumer's local poller, beside its function.
+const SHIPPING_POLLER: &str = "the shipping consumer's poller";
+
+/// The `service:Action`s of the README's line that starts with `starts`.
+fn readme_actions(starts: &str) -> BTreeSet<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README.md");
+    let start = readme
+        .find(starts)
+        .unwrap_or_else(|| panic!("the README has no {starts:?}"));
+    // The item runs to the next one (a line starting with `  - ` or `- `).
+    let rest = &readme[start + starts.len()..];
+    let end = rest
+        .find("\n  - ")
+        .into_iter()
+        .chain(rest.find("\n- "))
+        .min()
+        .unwrap_or(rest.len());
+    rest[..end]
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == ':'))
+        .filter(|word| {
+            word.split_once(':').is_some_and(|(service, action)| {
+                ["dynamodb", "sqs", "sns", "events"].contains(&service) && !action.is_empty()
+            })
+        })
+        .map(str::to_owned)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,6 +448,8 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
         .iter()
         .map(|function| (*function, grants(&template, function)))
         .collect();
+    let mut seen_on_lambda = BTreeSet::new();
+    let mut seen_polling = BTreeSet::new();
     for (kind, condition, destination, publish_resource) in kinds() {
         // Inline publishing on, the API publishes; off, the control worker does.
         let mut operations: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
@@ -413,6 +459,14 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
             }
         }
         println!("{kind}: operations on the wire: {operations:?}");
+        for (function, seen) in [
+            ("ShippingFunction", &mut seen_on_lambda),
+            (SHIPPING_POLLER, &mut seen_polling),
+        ] {
+            for operation in &operations[function] {
+                seen.extend(iam_actions(operation).into_iter().map(str::to_owned));
+            }
+        }
         for function in FUNCTIONS {
             let grants = &granted[function];
             let mut needed = BTreeSet::new();
@@ -457,6 +511,43 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
             }
         }
     }
+    // The consumer's IAM in the README: the function's grants, and every action the
+    // consumer and its poller were seen to call on the wire.
+    let on_lambda = readme_actions("  - on Lambda: ");
+    let poller = readme_actions("  - the local poller, besides: ");
+    let shipping_granted: BTreeSet<String> = granted["ShippingFunction"].keys().cloned().collect();
+    let publish_elsewhere = BTreeSet::from(["sns:Publish".to_owned(), "events:PutEvents".to_owned()]);
+    assert_eq!(
+        on_lambda
+            .difference(&publish_elsewhere)
+            .cloned()
+            .collect::<BTreeSet<_>>(),
+        shipping_granted,
+        "the README's IAM for a consumer on Lambda is ShippingFunction's (its destination a queue)"
+    );
+    let missing: Vec<_> = seen_on_lambda.difference(&on_lambda).collect();
+    assert!(missing.is_empty(), "the README's IAM on Lambda lacks {missing:?}");
+    for action in ["sqs:ReceiveMessage", "sqs:DeleteMessage"] {
+        assert!(
+            seen_polling.contains(action),
+            "the poller was never seen calling {action}"
+        );
+    }
+    let missing: Vec<_> = seen_polling
+        .iter()
+        .filter(|action| !on_lambda.contains(*action) && !poller.contains(*action))
+        .collect();
+    assert!(missing.is_empty(), "the README's IAM for the poller lacks {missing:?}");
+    // Its lease renewal (shown in the library's poller tests, not on this wire).
+    assert_eq!(
+        poller,
+        BTreeSet::from([
+            "sqs:ReceiveMessage".to_owned(),
+            "sqs:DeleteMessage".to_owned(),
+            "sqs:ChangeMessageVisibility".to_owned()
+        ])
+    );
+
     // Sending control messages is always granted, on the control queue alone.
     for function in PRODUCERS {
         let always: Vec<&Grant> = granted[function]["sqs:SendMessage"]

@@ -32,8 +32,8 @@ pub use bootstrap::{
 pub use dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use publisher::AwsPublisher;
 pub use sqs::{
-    queue_retention, queue_visibility_timeout, receive_timeouts, redrive, SqsControlQueue, SqsInbox,
-    RECEIVE_TIMEOUT_MARGIN,
+    dead_letter_source, queue_retention, queue_visibility_timeout, receive_timeouts, redrive, SqsControlQueue,
+    SqsInbox, RECEIVE_TIMEOUT_MARGIN,
 };
 
 /// The SDK configuration for this process: the standard credential chain and region

@@ -374,11 +374,33 @@ fn queue_entry(message: &OutgoingMessage, index: usize, fifo: bool) -> SendMessa
     entry.build().expect("id and body are set")
 }
 
-/// Moves every message of queue `from` (a dead-letter queue) to queue `to`, with its body
-/// and attributes, deleting each from `from` only once `to` has accepted it. SQS's own
-/// `StartMessageMoveTask` does this too, but emulators lack it and it needs extra IAM;
-/// this needs only receive, send and delete. Returns how many messages moved; stops when
-/// a round moves nothing (what is left failed to send and stays in `from`).
+/// The queue whose redrive policy names the dead-letter queue at `dead_letter_url`
+/// (`ListDeadLetterSourceQueues`): where its messages go back to. An error when no queue
+/// or several do (then the caller names one).
+pub async fn dead_letter_source(client: &Client, dead_letter_url: &str) -> Result<String, QueueError> {
+    let sources = client
+        .list_dead_letter_source_queues()
+        .queue_url(dead_letter_url)
+        .send()
+        .await
+        .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
+    match sources.queue_urls() {
+        [one] => Ok(one.clone()),
+        [] => Err(QueueError::Rejected {
+            reason: "no queue names it as its dead-letter queue: name the queue to move its messages to",
+        }),
+        _ => Err(QueueError::Rejected {
+            reason: "several queues name it as their dead-letter queue: name the one to move its messages to",
+        }),
+    }
+}
+
+/// Moves every message of queue `from` (a dead-letter queue) to queue `to` (its source,
+/// [`dead_letter_source`]), with its body and attributes (and on a FIFO queue its group,
+/// its SQS id as deduplication id), deleting each from `from` only once `to` has accepted
+/// it. SQS's own `StartMessageMoveTask` does this too, but emulators lack it and it needs
+/// extra IAM; this needs only receive, send and delete. Returns how many messages moved;
+/// stops when a round moves nothing (what is left failed to send and stays in `from`).
 pub async fn redrive(client: &Client, from: &str, to: &str) -> Result<usize, QueueError> {
     let failed = |error: Box<dyn std::error::Error + Send + Sync>| QueueError::Unavailable(error);
     let mut moved = 0;
@@ -390,6 +412,7 @@ pub async fn redrive(client: &Client, from: &str, to: &str) -> Result<usize, Que
             .wait_time_seconds(1)
             .visibility_timeout(30)
             .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
             .send()
             .await
             .map_err(|error| failed(Box::new(error)))?;
@@ -401,10 +424,13 @@ pub async fn redrive(client: &Client, from: &str, to: &str) -> Result<usize, Que
             .iter()
             .enumerate()
             .map(|(index, message)| {
+                let group = system_attribute(message, MessageSystemAttributeName::MessageGroupId);
                 SendMessageBatchRequestEntry::builder()
                     .id(index.to_string())
                     .message_body(message.body().unwrap_or_default())
                     .set_message_attributes(message.message_attributes().cloned())
+                    .set_message_group_id(group.map(str::to_owned))
+                    .set_message_deduplication_id(group.and(message.message_id()).map(str::to_owned))
                     .build()
                     .expect("id and body are set")
             })
