@@ -1,12 +1,15 @@
 # `sam build --build-in-source` runs this (template.yaml's functions use the makefile
-# build method): the first target it asks for builds every function's bootstrap in one
-# cargo invocation, so the dependencies compile once for all three (with their features
-# unified) and the release links run in parallel; every target then copies its own.
-# Without --build-in-source SAM would first copy the whole source tree, target/ included.
+# build method), once per function: each target first runs one cargo invocation for every
+# function's bootstrap (the first builds them all, the dependencies compiled once with
+# their features unified and the release links in parallel; the later ones find nothing
+# to do), then copies its own. Without --build-in-source SAM would first copy the whole
+# source tree, target/ included.
 #
-# LAMBDA_ARCH: arm64 (the template's default Architecture) or x86-64; keep it equal to
-# the Architecture parameter (./scripts/build-artifacts does).
-LAMBDA_ARCH ?= arm64
+# LAMBDA_ARCH (required): arm64 or x86-64, as the template's Architecture parameter says
+# (SAM does not pass it here; ./scripts/build-artifacts sets both).
+ifeq ($(filter arm64 x86-64,$(LAMBDA_ARCH)),)
+$(error set LAMBDA_ARCH to arm64 or x86-64, as the Architecture parameter: LAMBDA_ARCH=arm64 sam build --build-in-source)
+endif
 FUNCTIONS := api control-worker shipping
 
 .PHONY: bootstraps build-ApiFunction build-ControlWorkerFunction build-ShippingFunction

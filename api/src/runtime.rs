@@ -140,10 +140,14 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                         log_held(&held);
                     }
                 };
+                // Leased for the embedded queue's visibility timeout, as a worker on SQS
+                // leases for the control queue's.
+                let lease = inbox.queue().config().visibility_timeout;
                 poller::run(
                     inbox.as_ref(),
                     &control,
                     std::time::Duration::from_millis(500),
+                    lease,
                     shutdown,
                     on_batch,
                 )

@@ -71,7 +71,11 @@ pub async fn run(request: Request<'_>, usage: &str) -> ExitCode {
     if request.consumer {
         return print_consumer(&clients, &names, &resources, request.stack).await;
     }
-    print_producer(&clients, &resources, request.stack).await
+    let again = match request.events_via {
+        "sqs" => request.stack.to_owned(),
+        kind => format!("{} --events-via {kind}", request.stack),
+    };
+    print_producer(&clients, &resources, &again).await
 }
 
 /// The backend and the table's layout: the same for every binary.
@@ -89,7 +93,8 @@ fn print_table(resources: &Resources) {
     println!("export {}={}", vars::TTL_ATTRIBUTE, layout.ttl_attribute);
 }
 
-async fn print_producer(clients: &AwsClients, resources: &Resources, stack: &str) -> ExitCode {
+/// The settings of the API and the worker; `again` is how to name this bootstrap again.
+async fn print_producer(clients: &AwsClients, resources: &Resources, again: &str) -> ExitCode {
     let destinations: Vec<String> = resources
         .destinations
         .iter()
@@ -135,7 +140,7 @@ async fn print_producer(clients: &AwsClients, resources: &Resources, stack: &str
             retention.derived().as_secs()
         );
     }
-    println!("# the shipping consumer's settings: control-worker bootstrap {stack} --consumer");
+    println!("# the shipping consumer's settings: control-worker bootstrap {again} --consumer");
     ExitCode::SUCCESS
 }
 

@@ -234,6 +234,7 @@ async fn the_local_poller_finishes_the_batch_in_hand_before_shutting_down() {
         &inbox,
         &control,
         Duration::from_secs(1),
+        LEASE,
         async move { signal.notified().await },
         |_| batches += 1,
     )

@@ -628,9 +628,19 @@ async fn create_queue(
     };
     // A queue of that name with other attributes (one an earlier bootstrap made before
     // they changed): brought to these, its kind (FIFO or not) aside, which cannot change.
-    let Ok(existing) = clients.sqs.get_queue_url().queue_name(name).send().await else {
+    // SQS names this error QueueNameExists, its query protocol (and moto)
+    // QueueAlreadyExists; any other error is the answer.
+    use aws_sdk_sqs::error::ProvideErrorMetadata;
+    if !matches!(error.code(), Some("QueueNameExists" | "QueueAlreadyExists")) {
         return Err(failed(Box::new(error)));
-    };
+    }
+    let existing = clients
+        .sqs
+        .get_queue_url()
+        .queue_name(name)
+        .send()
+        .await
+        .map_err(|e| failed(Box::new(e)))?;
     let url = existing
         .queue_url()
         .map(str::to_owned)
@@ -645,6 +655,10 @@ async fn create_queue(
             .send()
             .await
             .map_err(|e| failed(Box::new(e)))?;
+        tracing::info!(
+            queue = name,
+            "an existing queue's attributes were brought to the template's"
+        );
     }
     Ok(url)
 }

@@ -113,7 +113,7 @@ async fn receive_messages(
         .queue_url(url)
         .max_number_of_messages(max.clamp(1, 10) as i32)
         .wait_time_seconds(wait.as_secs() as i32)
-        .visibility_timeout(visibility_seconds(visibility))
+        .visibility_timeout(lease_seconds(visibility))
         .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
         .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
         .message_attribute_names("All")
@@ -201,6 +201,12 @@ fn visibility_seconds(visibility: Duration) -> i32 {
     visibility.as_secs().min(43_200) as i32
 }
 
+/// A receive's lease in whole seconds: at least one (zero would show each message to the
+/// next receive at once).
+fn lease_seconds(lease: Duration) -> i32 {
+    visibility_seconds(lease).max(1)
+}
+
 /// Sets the visibility of received messages of the queue at `url`, ten per call. A failed
 /// entry only means its message comes back when its visibility ran out anyway: logged.
 async fn change_visibility(client: &Client, url: &str, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
@@ -225,7 +231,15 @@ async fn change_visibility(client: &Client, url: &str, receipts: &[(String, Dura
             .await
             .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
         for failed in output.failed() {
-            tracing::warn!(code = failed.code(), "changing a message's visibility failed");
+            // A message acknowledged while its renewal was on its way: nothing to renew.
+            if matches!(failed.code(), "ReceiptHandleIsInvalid" | "MessageNotInflight") {
+                tracing::debug!(
+                    code = failed.code(),
+                    "a message's visibility was not changed: it is no longer held"
+                );
+            } else {
+                tracing::warn!(code = failed.code(), "changing a message's visibility failed");
+            }
         }
     }
     Ok(())
@@ -291,6 +305,11 @@ impl SqsInbox {
             client,
             queue_url: queue_url.into(),
         }
+    }
+
+    /// The queue's own visibility timeout: the local poller's lease.
+    pub async fn visibility_timeout(&self) -> Result<Duration, QueueError> {
+        queue_visibility_timeout(&self.client, &self.queue_url).await
     }
 }
 
@@ -397,12 +416,18 @@ pub async fn dead_letter_source(client: &Client, dead_letter_url: &str) -> Resul
 
 /// Moves every message of queue `from` (a dead-letter queue) to queue `to` (its source,
 /// [`dead_letter_source`]), with its body and attributes (and on a FIFO queue its group,
-/// its SQS id as deduplication id), deleting each from `from` only once `to` has accepted
-/// it. SQS's own `StartMessageMoveTask` does this too, but emulators lack it and it needs
-/// extra IAM; this needs only receive, send and delete. Returns how many messages moved;
+/// its SQS id and the run as deduplication id), deleting each from `from` only once `to`
+/// has accepted it. SQS's own `StartMessageMoveTask` does this too, but emulators lack it
+/// and it needs extra IAM; this needs only receive, send and delete (and
+/// `ListDeadLetterSourceQueues` to find `to`). A FIFO group's order holds unless an entry
+/// of a batch fails and a later one of its group is sent: it comes back in a later round. Returns how many messages moved;
 /// stops when a round moves nothing (what is left failed to send and stays in `from`).
 pub async fn redrive(client: &Client, from: &str, to: &str) -> Result<usize, QueueError> {
     let failed = |error: Box<dyn std::error::Error + Send + Sync>| QueueError::Unavailable(error);
+    // A FIFO queue drops a deduplication id it saw in the last 5 minutes: a message
+    // redriven, failed and redriven again within them would be deleted here unsent. One
+    // id per run and message: a retry within the run is deduplicated, a later run is not.
+    let run = uuid::Uuid::now_v7();
     let mut moved = 0;
     loop {
         let received = client
@@ -430,7 +455,11 @@ pub async fn redrive(client: &Client, from: &str, to: &str) -> Result<usize, Que
                     .message_body(message.body().unwrap_or_default())
                     .set_message_attributes(message.message_attributes().cloned())
                     .set_message_group_id(group.map(str::to_owned))
-                    .set_message_deduplication_id(group.and(message.message_id()).map(str::to_owned))
+                    .set_message_deduplication_id(
+                        group
+                            .and(message.message_id())
+                            .map(|id| format!("{id}-{}", run.simple())),
+                    )
                     .build()
                     .expect("id and body are set")
             })

@@ -50,6 +50,9 @@ pub enum ServeError {
     /// The source queue's attributes could not be read at start-up.
     #[error("reading the source queue's retention failed")]
     QueueAttributes(#[source] QueueError),
+    /// The local poller could not read the source queue's visibility timeout, its lease.
+    #[error("reading the source queue's visibility timeout failed")]
+    QueueVisibility(#[source] QueueError),
     /// The Lambda runtime failed.
     #[error("the Lambda runtime failed")]
     Lambda(#[source] lambda_runtime::Error),
@@ -61,9 +64,6 @@ pub struct Setup {
     pub consumer: Consumer,
     /// Its source queue, for the local poller (and the start-up retention check).
     pub inbox: Option<(String, SqsInbox)>,
-    /// The local poller's lease on each message it receives: the source queue's own
-    /// visibility timeout (at least a second), renewed while the message is handled.
-    pub lease: Duration,
     /// Its settings.
     pub settings: ConsumerSettings,
 }
@@ -79,16 +79,11 @@ impl Setup {
         let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
         // The source queue's own retention, where it is named: the dedup data must
         // outlive what the queue really keeps, whatever the settings say (C4).
-        let (settings, inbox, lease) = match queue_url.clone() {
+        let (settings, inbox) = match queue_url.clone() {
             Some(url) => {
                 let real = crate::aws::queue_retention(&clients.sqs, &url)
                     .await
                     .map_err(ServeError::QueueAttributes)?;
-                // A dead poller's messages come back when the operator's setting says.
-                let lease = crate::aws::queue_visibility_timeout(&clients.sqs, &url)
-                    .await
-                    .map_err(ServeError::QueueAttributes)?
-                    .max(Duration::from_secs(1));
                 let settings = settings
                     .with_source_queue_retention(real)
                     .map_err(|source| ServeError::Retention {
@@ -96,9 +91,9 @@ impl Setup {
                         source,
                     })?;
                 let inbox = SqsInbox::new(clients.sqs.clone(), url.clone());
-                (settings, Some((url, inbox)), lease)
+                (settings, Some((url, inbox)))
             }
-            None => (settings, None, crate::control::lease::LEASE),
+            None => (settings, None),
         };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ports = ConsumerPorts {
@@ -123,7 +118,6 @@ impl Setup {
         Ok(Self {
             consumer,
             inbox,
-            lease,
             settings,
         })
     }
@@ -144,12 +138,19 @@ pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), ServeError> {
     let Some((url, inbox)) = &setup.inbox else {
         return Err(ServeError::NoQueue);
     };
-    tracing::info!(queue = %url, lease_s = setup.lease.as_secs(), "polling the source queue");
+    // Each message leased for the queue's own visibility timeout: a dead poller's
+    // messages come back when the operator's setting says.
+    let lease = inbox
+        .visibility_timeout()
+        .await
+        .map_err(ServeError::QueueVisibility)?
+        .max(Duration::from_secs(1));
+    tracing::info!(queue = %url, lease_s = lease.as_secs(), "polling the source queue");
     super::run_poller(
         inbox as &dyn Inbox,
         &setup.consumer,
         LONG_POLL_WAIT,
-        setup.lease,
+        lease,
         shutdown_signal(),
         |_| {},
     )

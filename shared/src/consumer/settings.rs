@@ -160,7 +160,14 @@ impl ConsumerSettings {
             if let Some(text) = reader.text(vars::RETENTION_SECONDS) {
                 match text.parse::<u64>() {
                     Ok(seconds) if seconds >= retention.as_secs() => {}
-                    _ => reader.fail(
+                    Err(_) => reader.fail(
+                        vars::RETENTION_SECONDS,
+                        format!(
+                            "is {text:?}, not a number of seconds (and it is the producer's, not a consumer's: unset it here, or set {})",
+                            cv::RETENTION_SECONDS
+                        ),
+                    ),
+                    Ok(_) => reader.fail(
                         vars::RETENTION_SECONDS,
                         format!(
                             "is {text:?}, shorter than this consumer's dedup retention of {} s: it is the \

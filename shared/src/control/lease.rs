@@ -14,8 +14,10 @@ use futures_util::future::{select, Either};
 
 use crate::ports::{Clock, QueueError};
 
-/// How long a poller's receive hides a message, and how long each renewal hides it
-/// again. A message whose poller died comes back after at most this.
+/// A lease when the queue's own visibility timeout is not known (SQS's default): how
+/// long a receive hides a message, and each renewal again. Pollers lease for their
+/// queue's visibility timeout where they can read it, so that a message whose poller
+/// died comes back when the operator's setting says.
 pub const LEASE: Duration = Duration::from_secs(30);
 
 /// The receipts a poller still holds: received and not yet finished.

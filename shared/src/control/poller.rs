@@ -103,20 +103,22 @@ pub fn receive_backoff(failures_in_a_row: u32) -> Duration {
         .min(MAX_RECEIVE_BACKOFF)
 }
 
-/// Polls until `shutdown` completes, calling `on_batch` with each batch's report. A
-/// shutdown interrupts only the wait for messages: a batch in hand is always finished
-/// and acknowledged first. A failed receive is logged and retried after a short backoff
-/// ([`receive_backoff`]).
+/// Polls until `shutdown` completes, each batch received under `lease` (the control
+/// queue's own visibility timeout, as the worker reads it), calling `on_batch` with each
+/// batch's report. A shutdown interrupts only the wait for messages: a batch in hand is
+/// always finished and acknowledged first. A failed receive is logged and retried after a
+/// short backoff ([`receive_backoff`]).
 pub async fn run(
     inbox: &dyn ControlInbox,
     control: &ControlPath,
     wait: Duration,
+    lease: Duration,
     shutdown: impl Future<Output = ()>,
     on_batch: impl FnMut(&BatchReport),
 ) -> PollerStats {
     let stats = poll_loop(
-        || inbox.receive(MAX_BATCH, wait, LEASE),
-        |deliveries| async move { process(inbox, control, &deliveries, LEASE).await },
+        || inbox.receive(MAX_BATCH, wait, lease),
+        |deliveries| async move { process(inbox, control, &deliveries, lease).await },
         |report: &BatchReport| report.items.is_empty(),
         shutdown,
         on_batch,

@@ -16,9 +16,9 @@ use crate::ports::{Clock, ExpectedVersion, Inbox, SystemClock};
 use crate::protocol::{DestinationName, Message, MESSAGE_ID_ATTRIBUTE};
 
 /// How long the slow message takes.
-const SLOW: Duration = Duration::from_millis(1200);
+const SLOW: Duration = Duration::from_secs(4);
 /// The poller's lease here: a quarter of the slow message's time.
-const LEASE: Duration = Duration::from_millis(300);
+const LEASE: Duration = Duration::from_secs(1);
 
 /// Ships each order; the order `slow` takes [`SLOW`].
 struct Shipping;
@@ -74,11 +74,12 @@ async fn each_message_is_acknowledged_when_done_and_a_slow_one_keeps_its_lease()
 
     // Another poller on the same queue, while the batch is handled.
     let other_poller = async {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        // The nine quick ones take milliseconds; a loaded machine gets a second.
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let left_while_slow_runs = source.len();
         let mut received_by_other = 0;
         while received_by_other == 0 && !source.is_empty() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
             received_by_other += source.receive_for(10, LEASE).len();
         }
         (left_while_slow_runs, received_by_other)

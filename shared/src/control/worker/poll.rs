@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::control::lease::LEASE;
 use crate::control::poller::{self, PollerStats};
 
 use super::batch_metrics;
@@ -14,13 +15,23 @@ use super::setup::Worker;
 /// ([`crate::aws::receive_timeouts`]).
 pub const LONG_POLL_WAIT: Duration = Duration::from_secs(20);
 
-/// Polls `worker`'s control queue until `shutdown` completes; returns what it did.
+/// Polls `worker`'s control queue until `shutdown` completes; returns what it did. Each
+/// message is leased for the queue's own visibility timeout (read once; [`LEASE`] when
+/// it cannot be read), renewed while it is handled.
 pub async fn run(worker: &Worker, shutdown: impl Future<Output = ()>) -> PollerStats {
-    tracing::info!(queue = %worker.control_queue_url, "polling the control queue");
+    let lease = match crate::aws::queue_visibility_timeout(&worker.clients.sqs, &worker.control_queue_url).await {
+        Ok(visibility) => visibility.max(Duration::from_secs(1)),
+        Err(error) => {
+            tracing::warn!(error = %error, lease_s = LEASE.as_secs(), "could not read the control queue's visibility timeout; leasing messages for the default");
+            LEASE
+        }
+    };
+    tracing::info!(queue = %worker.control_queue_url, lease_s = lease.as_secs(), "polling the control queue");
     poller::run(
         worker.control_queue.as_ref(),
         &worker.control,
         LONG_POLL_WAIT,
+        lease,
         shutdown,
         |report| batch_metrics::for_batch(report, worker.clock.now()).emit(),
     )
