@@ -1,5 +1,6 @@
 //! The API's binary: on Lambda (the runtime API is in the environment, as on AWS and
-//! under `cargo lambda watch`) it serves the router through `lambda_http`; elsewhere it
+//! under `cargo lambda watch`) it serves the router through `outbox::http::lambda::run`
+//! (`lambda_http`, and the extension that publishing after the answer needs); elsewhere it
 //! listens on `OUTBOX_LISTEN_ADDR` (default 127.0.0.1:3000). With no settings it runs on
 //! the embedded backend with the control worker in process.
 
@@ -50,9 +51,10 @@ async fn main() -> ExitCode {
     };
     tokio::spawn(signal(stop));
     let parts = start(&settings, wait_for_stop(stopped.clone())).await;
+    let after_answer = parts.state.outbox.after_answer().cloned();
     let app = router(parts.state, &http_config(&settings));
     if on_lambda {
-        return match lambda_http::run(app).await {
+        return match outbox::http::lambda::run(app, after_answer).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("error: {error}");
@@ -74,6 +76,16 @@ async fn main() -> ExitCode {
     {
         eprintln!("error: {error}");
         return ExitCode::FAILURE;
+    }
+    // What was left for after the answers goes out before the process ends (bounded: the
+    // control worker publishes whatever is cut off).
+    if let Some(after) = after_answer {
+        if !after.idle_within(settings.api_timeout).await {
+            tracing::warn!(
+                running = after.running(),
+                "stopping with publishing after the answer unfinished; the control worker publishes the rest"
+            );
+        }
     }
     if let Some(worker) = parts.worker {
         let _ = worker.await;

@@ -28,6 +28,7 @@ fn result_name(result: &ApiResult) -> &'static str {
         ApiResult::Answered(Ok(committed)) => match committed.inline {
             InlineDispatch::Dispatched => "committed, dispatched inline",
             InlineDispatch::LeftToWorker => "committed, left to the worker",
+            InlineDispatch::AfterAnswer => "committed, publishing after the answer",
             _ => "committed",
         },
         ApiResult::Answered(Err(TxnError::DeadlineExceeded { .. })) => "deadline exceeded",
@@ -85,6 +86,7 @@ fn one_transaction(inline: bool) -> SimConfig {
         worker_skews: &[],
         aws_signatures: None,
         spawned_commits: false,
+        after_answer: false,
         deletes: false,
     }
 }
@@ -320,6 +322,50 @@ fn inline_publishing_keeps_the_invariants_at_every_crash_point() {
             "api crashed",
         ],
     );
+}
+
+/// Publishing after the answer: the commit returns at once and its dispatch runs as an
+/// actor of its own, with every crash point and fault of its publish, mark (and, in
+/// entity mode, record and removal), racing the worker: the process answered, then
+/// crashed before or while dispatching, or the worker published first. Every placement
+/// of one fault, under the request-first order and 40 random orders, in both forms.
+#[test]
+fn publishing_after_the_answer_keeps_the_invariants_at_every_crash_point() {
+    for entity in [false, true] {
+        let started = Instant::now();
+        let mut config = SimConfig {
+            after_answer: true,
+            ..one_transaction(true)
+        };
+        if entity {
+            config = in_entity_mode(config);
+        }
+        let name = if entity {
+            "after the answer, entity mode"
+        } else {
+            "after the answer"
+        };
+        let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut runs = outbox_tests::sim::AfterAnswerRuns::default();
+        let outcomes = run_fault_sequences(name, &config, 40);
+        for outcome in &outcomes {
+            *endings.entry(ending(outcome)).or_default() += 1;
+            runs.add(&outcome.after_answer);
+        }
+        println!(
+            "{name}: {} schedules in {:.2?}; endings: {endings:?}; dispatches after the answer: {runs:?}",
+            outcomes.len(),
+            started.elapsed()
+        );
+        assert_reached(&endings, &["committed, publishing after the answer", "api crashed"]);
+        // Answered, then the process died before anything went out: the worker's.
+        assert!(runs.crashed_before_publishing > 0, "{runs:?}");
+        assert!(runs.crashed > runs.crashed_before_publishing, "{runs:?}");
+        assert!(
+            runs.finished > 0 && runs.handed == runs.finished + runs.crashed,
+            "{runs:?}"
+        );
+    }
 }
 
 /// Runs every fault sequence of `config` under the request-first order and `seeds`
@@ -658,6 +704,8 @@ fn random_config(seed: u64) -> SimConfig {
         aws_signatures: None,
         // A third hand their abandoned transactions to tasks that commit them.
         spawned_commits: rng.usize(0..3) == 0,
+        // Half of those publishing inline do it after the answer.
+        after_answer: rng.bool(),
         deletes: false,
     }
 }
@@ -784,6 +832,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             worker_skews: &[],
             aws_signatures: None,
             spawned_commits: false,
+            after_answer: false,
             deletes: false,
         };
         let mut prefix = Some(Vec::new());
@@ -1594,6 +1643,7 @@ fn entity_mode_clocks_skewed_by_up_to_an_hour_keep_the_invariants() {
             // not); the other half let every request arrive whenever, the worst case.
             aws_signatures: rng.bool().then(|| rng.bool()),
             spawned_commits: rng.bool(),
+            after_answer: rng.bool(),
             deletes: false,
         };
         let mut chooser = Seeded::new(seed, 8);
@@ -1715,6 +1765,7 @@ fn entity_mode_items_deleted_and_created_again_keep_the_invariants() {
             worker_skews: if rng.bool() { &[-HOUR, 0, HOUR] } else { &[] },
             aws_signatures: None,
             spawned_commits: rng.usize(0..4) == 0,
+            after_answer: rng.bool(),
             deletes: true,
         };
         let mut chooser = Seeded::new(seed, 8);

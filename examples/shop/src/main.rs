@@ -1,4 +1,5 @@
-//! The shop's binary: on Lambda it serves the router through `lambda_http`; elsewhere it
+//! The shop's binary: on Lambda it serves the router through `outbox::http::lambda::run`
+//! (`lambda_http`, and the extension that publishing after the answer needs); elsewhere it
 //! listens on `SHOP_LISTEN_ADDR` (default 127.0.0.1:3001). It needs DynamoDB and SQS (or
 //! the emulator through `AWS_ENDPOINT_URL`): native actions have no embedded backend.
 //! Settings: the `OUTBOX_*` variables (the table is the shop's own), and
@@ -40,6 +41,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let after_answer = outbox.outbox().after_answer().cloned();
     let catalog = DynamoCatalog::new(aws_sdk_dynamodb::Client::new(&sdk), layout.table.clone());
     let shop = Shop {
         outbox,
@@ -49,7 +51,7 @@ async fn main() -> ExitCode {
     };
     let app = router(shop, settings.api_timeout);
     if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
-        return match lambda_http::run(app).await {
+        return match outbox::http::lambda::run(app, after_answer).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("error: {error}");
@@ -66,12 +68,16 @@ async fn main() -> ExitCode {
         }
     };
     tracing::info!(%address, "serving the shop (POST /products/{{sku}}/reservations)");
-    match axum::serve(listener, app)
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
-        .await
-    {
+        .await;
+    // What was left for after the answers goes out before the process ends (bounded).
+    if let Some(after) = after_answer {
+        after.idle_within(settings.api_timeout).await;
+    }
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");

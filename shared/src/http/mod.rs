@@ -12,6 +12,8 @@
 //!   timeout names it.
 //! - `stage` (feature `lambda`): API Gateway's stage taken off the path before routing
 //!   and put back in front of a `Location`.
+//! - `lambda` (feature `lambda`): the router on Lambda, with an internal extension that
+//!   holds the environment until publishing after the answer is done.
 //! - `compression` (feature `lambda`): no compressed answer to a request that came
 //!   through a REST API, which would hand the client base64 text.
 //! - [`HttpError`]: what these pieces fail with, answered as problem+json.
@@ -51,6 +53,8 @@ mod error;
 pub mod headers;
 pub mod idempotency;
 mod idempotent;
+#[cfg(feature = "lambda")]
+pub mod lambda;
 pub mod problem;
 mod progress;
 pub mod scope;

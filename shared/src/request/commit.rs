@@ -85,10 +85,8 @@ impl Transaction {
                     Some(request) if found.state == OutboxState::Pending => request.outbox.clone(),
                     _ => found,
                 };
-                let inline = match (&self.entity, in_entity) {
-                    (Some(key), true) => self.outbox.dispatch_entry_inline(key, &committed, self.deadline).await,
-                    _ => self.outbox.dispatch_inline(&committed, self.deadline).await,
-                };
+                let entity = self.entity.as_ref().filter(|_| in_entity);
+                let inline = self.outbox.dispatch_committed(entity, &committed, self.deadline).await;
                 Ok(Committed {
                     txn_id,
                     message_ids,
@@ -262,10 +260,8 @@ impl Transaction {
     /// Publishes a committed transaction's messages in the request path, in the form it
     /// was committed in.
     async fn dispatch(&self, sent: &CommitRequest, committed: &OutboxRecord) -> super::InlineDispatch {
-        match (self.entity_form(sent), &self.entity) {
-            (Some(_), Some(key)) => self.outbox.dispatch_entry_inline(key, committed, self.deadline).await,
-            _ => self.outbox.dispatch_inline(committed, self.deadline).await,
-        }
+        let entity = self.entity_form(sent).and(self.entity.as_ref());
+        self.outbox.dispatch_committed(entity, committed, self.deadline).await
     }
 
     fn check_limits(&self) -> Result<(), TxnError> {

@@ -1,5 +1,5 @@
 //! Publishing a committed transaction's messages in the request path, before the answer
-//! (docs/PROTOCOL.md section 3, "Settling in the request path").
+//! or right after it (docs/PROTOCOL.md section 3, "Settling in the request path").
 
 use std::time::Duration;
 
@@ -31,6 +31,9 @@ pub enum InlineDispatch {
     /// Publishing or marking failed, or the deadline came first: the control worker
     /// publishes them (again, under the same ids), as without inline publishing.
     LeftToWorker,
+    /// Handed over to run right after the answer ([`super::AfterAnswer`]); what it
+    /// cannot do, the control worker does.
+    AfterAnswer,
 }
 
 impl InlineDispatch {
@@ -41,18 +44,54 @@ impl InlineDispatch {
             Self::NothingToPublish => "nothing_to_publish",
             Self::Dispatched => "dispatched",
             Self::LeftToWorker => "left_to_worker",
+            Self::AfterAnswer => "after_answer",
         }
     }
 }
 
 impl Outbox {
+    /// Publishes a committed transaction's messages and marks it dispatched, in the form
+    /// it was committed in (`entity`: an entry in that item), now or, when it publishes
+    /// after the answer, on its [`super::AfterAnswer`] as soon as this returns.
+    pub(super) async fn dispatch_committed(
+        &self,
+        entity: Option<&ItemKey>,
+        committed: &OutboxRecord,
+        deadline: Option<Timestamp>,
+    ) -> InlineDispatch {
+        let to_publish = entity.is_some() || committed.state == OutboxState::Pending;
+        match &self.after_answer {
+            Some(after) if self.inline.is_some() && to_publish => {
+                let (outbox, entity, committed) = (self.clone(), entity.cloned(), committed.clone());
+                after.run(async move {
+                    let outcome = outbox.dispatch_now(entity.as_ref(), &committed, deadline).await;
+                    tracing::debug!(txn_id = %committed.txn_id, inline = outcome.as_str(), "published after the answer");
+                });
+                InlineDispatch::AfterAnswer
+            }
+            _ => self.dispatch_now(entity, committed, deadline).await,
+        }
+    }
+
+    async fn dispatch_now(
+        &self,
+        entity: Option<&ItemKey>,
+        committed: &OutboxRecord,
+        deadline: Option<Timestamp>,
+    ) -> InlineDispatch {
+        match entity {
+            Some(key) => self.dispatch_entry_inline(key, committed, deadline).await,
+            None => self.dispatch_inline(committed, deadline).await,
+        }
+    }
+
     /// Publishes a transaction's entry committed into `entity` (entity mode), puts its
     /// record dispatched (where `GET /transactions` and the control worker find it), then
     /// removes the entry from the entity, within `deadline`. The record before the
     /// removal: the other order, with a crash between, would leave neither, and the
     /// worker would fence a committed transaction. Never fails: what it cannot do, the
     /// control worker does.
-    pub(super) async fn dispatch_entry_inline(
+    async fn dispatch_entry_inline(
         &self,
         entity: &ItemKey,
         entry: &OutboxRecord,
@@ -115,7 +154,7 @@ impl Outbox {
 
     /// Publishes a committed record's messages and marks it dispatched, within
     /// `deadline`. Never fails: what it cannot do, the control worker does.
-    pub(super) async fn dispatch_inline(&self, record: &OutboxRecord, deadline: Option<Timestamp>) -> InlineDispatch {
+    async fn dispatch_inline(&self, record: &OutboxRecord, deadline: Option<Timestamp>) -> InlineDispatch {
         let Some(publisher) = &self.inline else {
             return InlineDispatch::Off;
         };

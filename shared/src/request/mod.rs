@@ -15,9 +15,10 @@
 //!
 //! The modules: [`Outbox`] begins transactions ([`watch_begins`] lets a request scope see
 //! each); a [`Transaction`] stages reads, writes and messages, and its commit is tried
-//! and settled (`commit`, `settle`); `inline` publishes a committed transaction's messages
-//! before the answer; [`TxnError`] says why a transaction did not commit.
+//! and settled (`commit`, `settle`); `inline` publishes a committed transaction's messages,
+//! before the answer or, through [`after_answer`], right after it; [`TxnError`] says why a transaction did not commit.
 
+pub mod after_answer;
 mod commit;
 #[cfg(test)]
 mod entity_tests;
@@ -31,6 +32,7 @@ mod settle;
 mod transaction;
 mod watch;
 
+pub use after_answer::AfterAnswer;
 pub use commit::COMMIT_ATTEMPTS;
 pub use error::TxnError;
 pub use inline::InlineDispatch;

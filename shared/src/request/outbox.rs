@@ -2,13 +2,14 @@
 
 use std::sync::Arc;
 
+use super::after_answer::AfterAnswer;
 use super::live::Live;
 use super::settle::within;
 use super::watch::BEGIN_WATCH;
 use super::{Transaction, TxnError};
 use crate::ports::{Clock, ControlQueue, IdSource, ItemKey, Publisher, QueueError, Store, StoreError};
 use crate::protocol::{ControlMessage, OutboxState, TxnId};
-use crate::settings::{Settings, Timing, TransactionLimits};
+use crate::settings::{InlinePublish, Settings, Timing, TransactionLimits};
 use crate::staging::Staging;
 use crate::time::Timestamp;
 
@@ -37,6 +38,8 @@ pub struct Outbox {
     pub(super) timing: Timing,
     pub(super) limits: TransactionLimits,
     pub(super) inline: Option<Arc<dyn Publisher>>,
+    /// Where inline publishing runs when it runs after the answer.
+    pub(super) after_answer: Option<AfterAnswer>,
     /// The `Service` dimension of its metrics.
     pub(super) service: Arc<str>,
     /// Its transactions begun and not finished (shared by its clones).
@@ -51,19 +54,21 @@ impl Outbox {
             timing,
             limits,
             inline: None,
+            after_answer: None,
             service: Arc::from(DEFAULT_SERVICE),
             live: Arc::default(),
         }
     }
 
     /// The request path over `ports` as `settings` configure it: their timing, limits
-    /// and service name, publishing inline through `publisher` unless they turn that off.
+    /// and service name, publishing inline through `publisher` after the answer (on
+    /// tokio, [`AfterAnswer::on_tokio`]), before it, or not at all, as they choose.
     pub fn from_settings(ports: RequestPorts, settings: &Settings, publisher: Arc<dyn Publisher>) -> Self {
         let outbox = Self::new(ports, settings.timing, settings.limits).with_service_name(&settings.service_name);
-        if settings.inline_publish {
-            outbox.with_inline_publisher(publisher)
-        } else {
-            outbox
+        match settings.inline_publish {
+            InlinePublish::AfterAnswer => outbox.with_publishing_after_answer(publisher, AfterAnswer::on_tokio()),
+            InlinePublish::BeforeAnswer => outbox.with_inline_publisher(publisher),
+            InlinePublish::Off => outbox,
         }
     }
 
@@ -82,7 +87,26 @@ impl Outbox {
     /// commit's either way.
     pub fn with_inline_publisher(mut self, publisher: Arc<dyn Publisher>) -> Self {
         self.inline = Some(publisher);
+        self.after_answer = None;
         self
+    }
+
+    /// This request path, publishing each committed transaction's messages itself through
+    /// `publisher` right after the commit returns, on `after` instead of before the
+    /// answer: the client does not wait for the publish. Whatever holds the process up
+    /// until its work is done waits on [`Self::after_answer`] (the local server's graceful
+    /// shutdown; on Lambda, `outbox::http::lambda::run`'s internal extension). Work cut
+    /// off is the control worker's, as any failure of inline publishing.
+    pub fn with_publishing_after_answer(mut self, publisher: Arc<dyn Publisher>, after: AfterAnswer) -> Self {
+        self.inline = Some(publisher);
+        self.after_answer = Some(after);
+        self
+    }
+
+    /// Where it publishes after the answer, if it does: wait on it before the process
+    /// stops or freezes.
+    pub fn after_answer(&self) -> Option<&AfterAnswer> {
+        self.after_answer.as_ref()
     }
 
     /// The table, for reads outside a transaction (idempotency look-ups, queries).

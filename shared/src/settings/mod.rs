@@ -16,6 +16,23 @@ pub use layout::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
 };
 
+/// Whether and when the request path publishes a committed transaction's messages
+/// itself (docs/PROTOCOL.md section 3, "Settling in the request path"). The control
+/// worker publishes whatever it did not, whichever is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InlinePublish {
+    /// Right after the answer (the default): the client does not wait for the publish,
+    /// and events still leave milliseconds after the commit. On Lambda an internal
+    /// extension holds the environment until it is done.
+    #[default]
+    AfterAnswer,
+    /// Before the answer: for a client that reads its own events as soon as it has its
+    /// answer.
+    BeforeAnswer,
+    /// Not at all: the control worker publishes, after the first check delay.
+    Off,
+}
+
 /// Which adapters the process uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
@@ -97,10 +114,10 @@ pub struct Settings {
     pub cors_allowed_origins: Vec<String>,
     /// The largest request body the API takes.
     pub max_request_bytes: usize,
-    /// Whether the request path publishes a committed transaction's messages itself
-    /// (and marks its record dispatched) before answering; the control worker remains
-    /// the guarantee either way. On by default.
-    pub inline_publish: bool,
+    /// Whether and when the request path publishes a committed transaction's messages
+    /// itself (and marks it dispatched): after the answer by default; the control worker
+    /// remains the guarantee either way.
+    pub inline_publish: InlinePublish,
     /// The `Service` dimension of the request path's metrics: this service's name, so
     /// that each service committing through the outbox counts its own.
     pub service_name: String,
@@ -146,7 +163,9 @@ pub mod vars {
     pub const CORS_ALLOWED_ORIGINS: &str = "OUTBOX_CORS_ALLOWED_ORIGINS";
     /// Bytes, 1024 to 1048576, default 65536.
     pub const MAX_REQUEST_BYTES: &str = "OUTBOX_MAX_REQUEST_BYTES";
-    /// `true` (default) or `false`: the request path publishes committed messages itself.
+    /// `after` (default), `before` or `off`: whether and when the request path publishes
+    /// committed messages itself (`true` and `false`, the earlier values, mean `before` and
+    /// `off`).
     pub const INLINE_PUBLISH: &str = "OUTBOX_INLINE_PUBLISH";
     /// The `Service` dimension of the request path's metrics; by default the
     /// executable's name (`api`, `shop`), or `outbox`.
@@ -259,10 +278,21 @@ impl Settings {
         let sdk_operation_timeout = reader.seconds(vars::SDK_OPERATION_TIMEOUT_SECONDS, Duration::from_secs(5), 1, 300);
         let cors_allowed_origins = reader.origins();
         let max_request_bytes = reader.count(vars::MAX_REQUEST_BYTES, 64 * 1024, 1024, 1024 * 1024);
-        // On by default: events leave in milliseconds instead of after the first check delay,
-        // for one SendMessageBatch and one BatchWriteItem more in the request (about 18 ms at
-        // AWS-like latencies; README, "Settling in the request path", gives the measurements).
-        let inline_publish = reader.flag(vars::INLINE_PUBLISH, true);
+        // After the answer by default: events leave in milliseconds instead of after the
+        // first check delay, and the client does not wait for them (README, "Settling in
+        // the request path", gives the measurements).
+        let inline_publish = match reader.text(vars::INLINE_PUBLISH).as_deref() {
+            None | Some("after") => InlinePublish::AfterAnswer,
+            Some("before" | "true") => InlinePublish::BeforeAnswer,
+            Some("off" | "false") => InlinePublish::Off,
+            Some(other) => {
+                reader.fail(
+                    vars::INLINE_PUBLISH,
+                    format!("must be after, before or off, not {other:?}"),
+                );
+                InlinePublish::AfterAnswer
+            }
+        };
         let service_name = lookup(vars::SERVICE_NAME)
             .filter(|name| !name.trim().is_empty())
             .or_else(|| {

@@ -108,18 +108,6 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         Some(layout)
     }
 
-    pub(crate) fn flag(&mut self, name: &str, default: bool) -> bool {
-        match self.text(name).as_deref() {
-            None => default,
-            Some("true") => true,
-            Some("false") => false,
-            Some(other) => {
-                self.fail(name, format!("must be true or false, not {other:?}"));
-                default
-            }
-        }
-    }
-
     pub(crate) fn count(&mut self, name: &str, default: usize, min: usize, max: usize) -> usize {
         let Some(text) = self.text(name) else { return default };
         match text.parse::<usize>() {

@@ -27,6 +27,28 @@ fn nothing_set_means_embedded_with_the_documented_defaults() {
 }
 
 #[test]
+fn inline_publishing_is_after_the_answer_unless_chosen_otherwise() {
+    assert_eq!(settings(&[]).unwrap().inline_publish, InlinePublish::AfterAnswer);
+    for (value, chosen) in [
+        ("after", InlinePublish::AfterAnswer),
+        ("before", InlinePublish::BeforeAnswer),
+        ("off", InlinePublish::Off),
+        // The values of the earlier on/off flag keep their meaning.
+        ("true", InlinePublish::BeforeAnswer),
+        ("false", InlinePublish::Off),
+    ] {
+        assert_eq!(
+            settings(&[(vars::INLINE_PUBLISH, value)]).unwrap().inline_publish,
+            chosen,
+            "{value}"
+        );
+    }
+    let error = only_error(&[(vars::INLINE_PUBLISH, "later")]);
+    assert_eq!(error.variable, vars::INLINE_PUBLISH);
+    assert!(error.problem.contains("after, before or off"), "{error}");
+}
+
+#[test]
 fn metrics_are_counted_under_the_service_named_or_the_executable() {
     assert_eq!(settings(&[(vars::SERVICE_NAME, "shop")]).unwrap().service_name, "shop");
     // The unit tests' executable is `outbox-<hash>`: never the API's name.

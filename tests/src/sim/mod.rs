@@ -35,4 +35,6 @@ pub use consumer::{
 };
 pub use gate::{Fault, Op};
 pub use split::{run_split_schedule, SplitConfig, SplitCounts, SplitOutcome};
-pub use world::{run_schedule, sim_timing, ApiResult, LateOps, LoopEnds, Outcome, SimConfig, UnknownCommits};
+pub use world::{
+    run_schedule, sim_timing, AfterAnswerRuns, ApiResult, LateOps, LoopEnds, Outcome, SimConfig, UnknownCommits,
+};

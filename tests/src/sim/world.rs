@@ -14,7 +14,9 @@ use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::ports::{Clock, ExpectedVersion, IdSource, ItemKey};
 use outbox::protocol::{DestinationName, IdempotencyKey, IdempotencySlot, Message, StoredResponse, TxnId};
 use outbox::publish::RetryPolicy;
-use outbox::request::{Committed, Outbox, RequestPorts, Settlement, TxnError, COMMIT_ATTEMPTS, SETTLE_ATTEMPTS};
+use outbox::request::{
+    AfterAnswer, Committed, Outbox, RequestPorts, Settlement, TxnError, COMMIT_ATTEMPTS, SETTLE_ATTEMPTS,
+};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
 use serde_json::json;
@@ -96,6 +98,12 @@ pub struct SimConfig {
     /// settled by abandoning the transaction, as the HTTP glue does
     /// ([`Outbox::abandon`]). The task's commit and the abandon race in every order.
     pub spawned_commits: bool,
+    /// With `inline`: the request path publishes after its answer
+    /// ([`Outbox::with_publishing_after_answer`]): the commit returns at once, and its
+    /// dispatch becomes an actor of its own, which the scheduler runs whenever it likes,
+    /// crashes at any of its steps (answered, then crashed before or while dispatching),
+    /// or races against the worker.
+    pub after_answer: bool,
     /// An actor deletes each counter (through the outbox's store, at the version it reads,
     /// trying again while the counter holds entries) and creates it again at version 1,
     /// racing the requests, their late and held commits, and the workers.
@@ -171,6 +179,31 @@ pub struct Outcome {
     pub unknown_commits: UnknownCommits,
     /// Operations that went on their way after their caller stopped waiting.
     pub late: LateOps,
+    /// Dispatches after the answer ([`SimConfig::after_answer`]).
+    pub after_answer: AfterAnswerRuns,
+}
+
+/// What became of the dispatches handed over to run after the answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AfterAnswerRuns {
+    /// Handed over by a commit that had returned.
+    pub handed: usize,
+    /// Ran to their end (dispatched, or left to the worker after a failure).
+    pub finished: usize,
+    /// Crashed at one of their steps: the process died after the answer.
+    pub crashed: usize,
+    /// Of those, crashed before their first publish: nothing went out inline.
+    pub crashed_before_publishing: usize,
+}
+
+impl AfterAnswerRuns {
+    /// `self + other`.
+    pub fn add(&mut self, other: &AfterAnswerRuns) {
+        self.handed += other.handed;
+        self.finished += other.finished;
+        self.crashed += other.crashed;
+        self.crashed_before_publishing += other.crashed_before_publishing;
+    }
 }
 
 /// Operations that went on their way after their caller stopped waiting
@@ -347,6 +380,8 @@ enum Kind {
     },
     /// A task a request handed its transaction to, committing it.
     Spawned,
+    /// A request path's dispatch after its answer.
+    AfterAnswer,
     /// Deletes a counter and creates it again.
     Deleter,
 }
@@ -357,6 +392,8 @@ enum End {
     Ghost,
     /// A commit handed to a task of its own ([`SimConfig::spawned_commits`]), its result.
     Spawned(ApiResult),
+    /// A dispatch after the answer that ran to its end.
+    AfterAnswer,
 }
 
 /// Transactions handed to tasks of their own, waiting for the scheduler to make actors
@@ -364,6 +401,10 @@ enum End {
 type Handed = Arc<std::sync::Mutex<Vec<outbox::request::Transaction>>>;
 
 type ActorFuture = Pin<Box<dyn Future<Output = End>>>;
+
+/// Dispatches handed over to run after the answer, waiting for the scheduler to make
+/// actors of them.
+type AfterWork = Arc<std::sync::Mutex<Vec<outbox::request::after_answer::Work>>>;
 
 struct Actor {
     id: ActorId,
@@ -385,6 +426,8 @@ struct World {
     timers_fire: bool,
     /// Transactions handed to tasks of their own.
     handed: Handed,
+    /// Dispatches handed over to run after the answer.
+    after_work: AfterWork,
     /// Entity mode: commits refused by their item's fence mark.
     fenced_out: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// Entity mode, where modelled: AWS's signature check.
@@ -419,6 +462,7 @@ impl World {
             in_flight: InFlight::default(),
             timers_fire,
             handed: Handed::default(),
+            after_work: AfterWork::default(),
             fenced_out,
             signatures: None,
         }
@@ -494,11 +538,13 @@ impl World {
         middleware: Option<Duration>,
         entity: bool,
         spawns: bool,
+        after_answer: bool,
     ) -> Actor {
         let (id, own_gate) = self.gate();
-        // A request that hands its transaction to a task shares its ports with that task:
-        // each operation passes the gate of whichever of them performs it.
-        let gate = if spawns && abandons {
+        // A request that hands its transaction to a task, or its dispatch to run after
+        // its answer, shares its ports with that task: each operation passes the gate of
+        // whichever of them performs it.
+        let gate = if (spawns && abandons) || (inline && after_answer) {
             self.gates.shared()
         } else {
             own_gate
@@ -514,10 +560,17 @@ impl World {
             TransactionLimits::default(),
         );
         if inline {
-            outbox = outbox.with_inline_publisher(Arc::new(GatedPublisher {
+            let publisher = Arc::new(GatedPublisher {
                 inner: self.backend.publisher.clone(),
                 gate: gate.clone(),
-            }));
+            });
+            outbox = if after_answer {
+                let after_work = self.after_work.clone();
+                let spawner = Arc::new(move |work| after_work.lock().expect("after-answer lock").push(work));
+                outbox.with_publishing_after_answer(publisher, AfterAnswer::with_spawner(spawner))
+            } else {
+                outbox.with_inline_publisher(publisher)
+            };
         }
         let future: ActorFuture = match middleware {
             Some(timeout) => {
@@ -535,6 +588,26 @@ impl World {
             kind: Kind::Api(index),
             future,
         }
+    }
+
+    /// Actors for the dispatches handed over to run after the answer since the last call.
+    fn after_answers(&mut self) -> Vec<Actor> {
+        let handed = std::mem::take(&mut *self.after_work.lock().expect("after-answer lock"));
+        handed
+            .into_iter()
+            .map(|work| {
+                let (id, _) = self.gate();
+                let future: ActorFuture = Box::pin(async move {
+                    work.await;
+                    End::AfterAnswer
+                });
+                Actor {
+                    id,
+                    kind: Kind::AfterAnswer,
+                    future,
+                }
+            })
+            .collect()
     }
 
     /// Tasks for the transactions handed over since the last call: each waits for the
@@ -910,6 +983,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             config.middleware,
             config.entity,
             config.spawned_commits,
+            config.after_answer,
         ));
     }
     if config.deletes {
@@ -964,12 +1038,18 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     let mut settle_failed: std::collections::BTreeSet<ActorId> = std::collections::BTreeSet::new();
     // The answers of commits handed to tasks of their own.
     let mut spawned_results: Vec<ApiResult> = Vec::new();
+    let mut after_answer = AfterAnswerRuns::default();
+    // Dispatches after the answer that got past their first publish's gate.
+    let mut published_after: std::collections::BTreeSet<ActorId> = std::collections::BTreeSet::new();
     loop {
         steps += 1;
         if steps > config.max_steps {
             return Err(format!("no quiescence after {} steps: a livelock", config.max_steps));
         }
-        let api_alive = actors.iter().any(|actor| matches!(actor.kind, Kind::Api(_)));
+        // A dispatch after the answer races the worker as the request did.
+        let api_alive = actors
+            .iter()
+            .any(|actor| matches!(actor.kind, Kind::Api(_) | Kind::AfterAnswer));
         let faults_allowed = faults < config.fault_budget;
         let waiting = world.gates.lock().waiting.clone();
         let mut options: Vec<Action> = Vec::new();
@@ -1059,6 +1139,12 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                     if op == Op::Commit && matches!(fault, Fault::ReplyLost | Fault::Late) {
                         unknown.insert(actor_id);
                     }
+                    if matches!(actors[position].kind, Kind::AfterAnswer)
+                        && op == Op::Publish
+                        && fault != Fault::CrashBefore
+                    {
+                        published_after.insert(actor_id);
+                    }
                     // What the request path meets while a commit of its own is on its way.
                     let commit_in_flight = ghost_origins
                         .values()
@@ -1129,6 +1215,20 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                         actors.swap_remove(position);
                         None
                     }
+                    Poll::Ready(End::AfterAnswer) => {
+                        after_answer.finished += 1;
+                        actors.swap_remove(position);
+                        None
+                    }
+                    Poll::Pending if crashed && matches!(actors[position].kind, Kind::AfterAnswer) => {
+                        world.gates.lock().waiting.remove(&actor_id);
+                        after_answer.crashed += 1;
+                        if !published_after.contains(&actor_id) {
+                            after_answer.crashed_before_publishing += 1;
+                        }
+                        actors.swap_remove(position);
+                        None
+                    }
                     Poll::Pending if crashed => {
                         world.gates.lock().waiting.remove(&actor_id);
                         if let Kind::Worker = actors[position].kind {
@@ -1151,6 +1251,15 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                             unknown_commits.record(&result, before_deadline);
                         }
                         api_results[index] = Some(result);
+                    }
+                }
+                // Dispatches handed over to run after the answer become actors of their own.
+                for mut task in world.after_answers() {
+                    after_answer.handed += 1;
+                    if matches!(poll(&mut task), Poll::Ready(_)) {
+                        after_answer.finished += 1;
+                    } else {
+                        actors.push(task);
                     }
                 }
                 // Transactions handed to tasks become actors of their own.
@@ -1185,6 +1294,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         observed,
         loop_ends,
         unknown_commits,
+        after_answer,
         late: LateOps {
             refused_behind_in_flight: refused_behind.len(),
             settle_failed_in_flight: settle_failed.len(),
