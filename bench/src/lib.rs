@@ -108,6 +108,7 @@ pub async fn run(config: &Config) -> Result<Report, BenchError> {
         // The embedded backend alone: every latency zero.
         let bare = Rig::new(variant, Arc::new(Delays::new(Latencies::zero(), 0)), config.requests).await?;
         let bare_samples = measure::sequential(&bare, 0, config.requests).await?;
+        bare.settled().await;
         check_calls(variant, bare.store_calls(), config.requests)?;
         let bare = Summary::of(bare_samples);
 
@@ -133,6 +134,7 @@ pub async fn run(config: &Config) -> Result<Report, BenchError> {
         )
         .await?;
         let requests = warm_up + 2 * config.requests;
+        rig.settled().await;
         let store_calls = rig.store_calls();
         check_calls(variant, store_calls.clone(), requests)?;
         rows.push(Row {

@@ -3,7 +3,8 @@
 //! outbox, as baselines (a, b), and with it: the control send before the read (c) or
 //! overlapped with it (d), and (d) with inline publishing (e); and in entity mode (issue
 //! 21, `docs/ENTITY_MODE.md`), the commit one conditional write of the item instead of a
-//! transaction, inline publishing off (f) and on (g).
+//! transaction, inline publishing off (f) and on (g); and (e) and (g) publishing after the
+//! answer (h, i; issue 29).
 
 use std::fmt;
 use std::str::FromStr;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use outbox::embedded::{EmbeddedBackend, SendRequest};
 use outbox::ports::{Clock, ExpectedVersion, ItemKey, Store, SystemClock};
 use outbox::protocol::{DestinationName, Message};
-use outbox::request::{InlineDispatch, Outbox, RequestPorts};
+use outbox::request::{AfterAnswer, InlineDispatch, Outbox, RequestPorts};
 use outbox::settings::{Timing, TransactionLimits};
 use serde_json::json;
 
@@ -62,11 +63,18 @@ pub enum Variant {
     /// message, puts the transaction's record dispatched (`PutItem`) and removes the entry
     /// from the item (`UpdateItem`), one after another, before answering.
     OutboxEntityInline,
+    /// (h) (e) publishing after the answer (the library's default): the commit returns at
+    /// once and the publish and mark run on their own ([`outbox::request::AfterAnswer`]);
+    /// the request's latency is (d)'s.
+    OutboxAfter,
+    /// (i) (g) publishing after the answer: the request's latency is (f)'s, the publish,
+    /// record and removal follow it.
+    OutboxEntityAfter,
 }
 
 impl Variant {
     /// Every variant, in the order reported.
-    pub const ALL: [Variant; 7] = [
+    pub const ALL: [Variant; 9] = [
         Variant::PlainPut,
         Variant::DualWrite,
         Variant::OutboxSequential,
@@ -74,6 +82,8 @@ impl Variant {
         Variant::OutboxInline,
         Variant::OutboxEntity,
         Variant::OutboxEntityInline,
+        Variant::OutboxAfter,
+        Variant::OutboxEntityAfter,
     ];
 
     /// Its name on the command line and in the report.
@@ -86,10 +96,12 @@ impl Variant {
             Variant::OutboxInline => "outbox-inline",
             Variant::OutboxEntity => "outbox-entity",
             Variant::OutboxEntityInline => "outbox-entity-inline",
+            Variant::OutboxAfter => "outbox-after",
+            Variant::OutboxEntityAfter => "outbox-entity-after",
         }
     }
 
-    /// Its letter in the issue and the report: `a` to `g`.
+    /// Its letter in the issue and the report: `a` to `i`.
     pub fn letter(self) -> char {
         match self {
             Variant::PlainPut => 'a',
@@ -99,6 +111,8 @@ impl Variant {
             Variant::OutboxInline => 'e',
             Variant::OutboxEntity => 'f',
             Variant::OutboxEntityInline => 'g',
+            Variant::OutboxAfter => 'h',
+            Variant::OutboxEntityAfter => 'i',
         }
     }
 
@@ -114,7 +128,8 @@ impl Variant {
             Variant::PlainPut => &[&[Call::Get], &[Call::Put]],
             Variant::DualWrite => &[&[Call::Get], &[Call::Put], &[Call::Send]],
             Variant::OutboxSequential => &[&[Call::Send], &[Call::Get], &[Call::Transact]],
-            Variant::Outbox => &[&[Call::Send, Call::Get], &[Call::Transact]],
+            // The dispatch after the answer is not on the request's path.
+            Variant::Outbox | Variant::OutboxAfter => &[&[Call::Send, Call::Get], &[Call::Transact]],
             Variant::OutboxInline => &[
                 &[Call::Send, Call::Get],
                 &[Call::Transact],
@@ -122,7 +137,7 @@ impl Variant {
                 &[Call::Update],
             ],
             // commit_entity: one conditional UpdateItem.
-            Variant::OutboxEntity => &[&[Call::Send, Call::Get], &[Call::Update]],
+            Variant::OutboxEntity | Variant::OutboxEntityAfter => &[&[Call::Send, Call::Get], &[Call::Update]],
             // + publish, put_dispatched (PutItem), remove_entry (UpdateItem).
             Variant::OutboxEntityInline => &[
                 &[Call::Send, Call::Get],
@@ -143,13 +158,13 @@ impl Variant {
             Variant::PlainPut | Variant::DualWrite => &[(StoreOp::GetItems, 1)],
             // The transactional commit goes through `commit_native` (no native actions here).
             Variant::OutboxSequential | Variant::Outbox => &[(StoreOp::CommitNative, 1), (StoreOp::GetItems, 1)],
-            Variant::OutboxInline => &[
+            Variant::OutboxInline | Variant::OutboxAfter => &[
                 (StoreOp::CommitNative, 1),
                 (StoreOp::GetItems, 1),
                 (StoreOp::MarkDispatched, 1),
             ],
             Variant::OutboxEntity => &[(StoreOp::GetItems, 1), (StoreOp::CommitEntity, 1)],
-            Variant::OutboxEntityInline => &[
+            Variant::OutboxEntityInline | Variant::OutboxEntityAfter => &[
                 (StoreOp::GetItems, 1),
                 (StoreOp::CommitEntity, 1),
                 (StoreOp::RemoveEntry, 1),
@@ -167,14 +182,25 @@ impl Variant {
             .collect()
     }
 
-    /// Whether its commits publish inline.
+    /// Whether its commits publish inline, before or after the answer.
     pub fn publishes_inline(self) -> bool {
-        matches!(self, Variant::OutboxInline | Variant::OutboxEntityInline)
+        matches!(
+            self,
+            Variant::OutboxInline | Variant::OutboxEntityInline | Variant::OutboxAfter | Variant::OutboxEntityAfter
+        )
+    }
+
+    /// Whether its commits publish after the answer.
+    pub fn publishes_after_answer(self) -> bool {
+        matches!(self, Variant::OutboxAfter | Variant::OutboxEntityAfter)
     }
 
     /// Whether it begins its transactions in entity mode.
     pub fn entity_mode(self) -> bool {
-        matches!(self, Variant::OutboxEntity | Variant::OutboxEntityInline)
+        matches!(
+            self,
+            Variant::OutboxEntity | Variant::OutboxEntityInline | Variant::OutboxEntityAfter
+        )
     }
 }
 
@@ -208,6 +234,7 @@ pub struct Rig {
     events: SlowQueue,
     events_name: DestinationName,
     outbox: Option<Outbox>,
+    after: Option<AfterAnswer>,
 }
 
 impl Rig {
@@ -231,7 +258,9 @@ impl Rig {
             | Variant::Outbox
             | Variant::OutboxInline
             | Variant::OutboxEntity
-            | Variant::OutboxEntityInline => {
+            | Variant::OutboxEntityInline
+            | Variant::OutboxAfter
+            | Variant::OutboxEntityAfter => {
                 let ports = RequestPorts {
                     store: store.clone(),
                     control_queue: Arc::new(SlowControlQueue::new(backend.control_queue.clone(), delays.clone())),
@@ -239,14 +268,17 @@ impl Rig {
                     ids: Arc::new(outbox::ports::RandomIds),
                 };
                 let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
-                Some(if variant.publishes_inline() {
-                    outbox
-                        .with_inline_publisher(Arc::new(SlowPublisher::new(backend.publisher.clone(), delays.clone())))
+                let publisher = Arc::new(SlowPublisher::new(backend.publisher.clone(), delays.clone()));
+                Some(if variant.publishes_after_answer() {
+                    outbox.with_publishing_after_answer(publisher, AfterAnswer::on_tokio())
+                } else if variant.publishes_inline() {
+                    outbox.with_inline_publisher(publisher)
                 } else {
                     outbox
                 })
             }
         };
+        let after = outbox.as_ref().and_then(|outbox| outbox.after_answer().cloned());
         Ok(Self {
             variant,
             clock,
@@ -254,7 +286,16 @@ impl Rig {
             events: SlowQueue::new(events_queue, delays),
             events_name,
             outbox,
+            after,
         })
+    }
+
+    /// Waits until every dispatch left for after the answer is done (before its store
+    /// calls are counted).
+    pub async fn settled(&self) {
+        if let Some(after) = &self.after {
+            after.idle().await;
+        }
     }
 
     /// The store calls made so far through this rig's slowed store (the seeding is not
@@ -305,7 +346,9 @@ impl Rig {
         let event = json!({ "type": "ItemCounted", "item": key.as_str(), "count": count });
         txn.emit(Message::json(self.events_name.clone(), &event)?);
         let committed = txn.commit().await?;
-        let expected = if self.variant.publishes_inline() {
+        let expected = if self.variant.publishes_after_answer() {
+            InlineDispatch::AfterAnswer
+        } else if self.variant.publishes_inline() {
             InlineDispatch::Dispatched
         } else {
             InlineDispatch::Off

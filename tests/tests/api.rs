@@ -1349,6 +1349,12 @@ async fn the_embedded_api_runs_with_an_eventbridge_destination_and_names_its_eve
     let parts = api::runtime::start(&settings, std::future::pending()).await;
     let embedded = parts.embedded.clone().expect("the embedded backend");
     embedded.record();
+    let after = parts
+        .state
+        .outbox
+        .after_answer()
+        .cloned()
+        .expect("publishing after the answer, the default");
     let router = router(parts.state, &api::runtime::http_config(&settings));
     let response = router
         .oneshot(json_request(Method::POST, "/orders", &new_order()))
@@ -1361,7 +1367,8 @@ async fn the_embedded_api_runs_with_an_eventbridge_destination_and_names_its_eve
         .queue(&events())
         .expect("the events destination")
         .clone();
-    // Published inline (the default) before the answer; the worker is the safety net.
+    // Published inline right after the answer (the default); the worker is the safety net.
+    assert!(after.idle_within(std::time::Duration::from_secs(5)).await);
     let sent = queue.sent();
     assert_eq!(sent.len(), 1, "one event");
     let event: Value = serde_json::from_str(&sent[0].request.body).unwrap();

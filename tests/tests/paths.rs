@@ -577,6 +577,72 @@ async fn inline_publishing_sends_the_events_before_answering_and_leaves_the_work
     );
 }
 
+/// A publisher that sends nothing until released.
+struct HeldPublisher {
+    inner: Arc<dyn outbox::ports::Publisher>,
+    released: tokio::sync::Semaphore,
+}
+
+#[async_trait::async_trait]
+impl outbox::ports::Publisher for HeldPublisher {
+    async fn send_batch(
+        &self,
+        destination: &DestinationName,
+        messages: &[outbox::protocol::OutgoingMessage],
+    ) -> Result<Vec<outbox::ports::EntryFailure>, outbox::ports::PublishError> {
+        let _permit = self.released.acquire().await.expect("open");
+        self.inner.send_batch(destination, messages).await
+    }
+
+    fn entry_bytes(&self, destination: &DestinationName, message: &outbox::protocol::OutgoingMessage) -> usize {
+        self.inner.entry_bytes(destination, message)
+    }
+}
+
+/// Publishing after the answer: the commit returns before anything is published (the
+/// publisher is held), the dispatch runs on its own and is counted until done, and then
+/// the event is out once and the control message finds the transaction done.
+#[tokio::test]
+async fn publishing_after_the_answer_returns_before_the_publish_and_finishes_it_after() {
+    let f = fixture();
+    let held = Arc::new(HeldPublisher {
+        inner: f.backend.publisher.clone(),
+        released: tokio::sync::Semaphore::new(0),
+    });
+    let after = outbox::request::AfterAnswer::on_tokio();
+    let outbox = f
+        .outbox
+        .clone()
+        .with_publishing_after_answer(held.clone(), after.clone());
+    let mut txn = outbox.begin().await.unwrap();
+    txn.put(key("ORDER#1"), json!({"n": 1}), ExpectedVersion::Absent);
+    txn.emit(Message::json(events(), &json!({"type": "Placed"})).unwrap());
+    let committed = txn.commit().await.unwrap();
+    assert_eq!(committed.inline, outbox::request::InlineDispatch::AfterAnswer);
+    assert_eq!(after.running(), 1, "the dispatch is counted while it runs");
+    assert!(
+        f.backend.publisher.queue(&events()).unwrap().sent().is_empty(),
+        "nothing published before the answer"
+    );
+    assert_eq!(outbox.status(committed.txn_id).await.unwrap(), TxnStatus::Pending);
+    held.released.add_permits(100);
+    assert!(after.idle_within(Duration::from_secs(5)).await, "the dispatch finished");
+    assert_eq!(f.backend.publisher.queue(&events()).unwrap().sent().len(), 1);
+    assert_eq!(outbox.status(committed.txn_id).await.unwrap(), TxnStatus::Dispatched);
+    let report = f.first_check(committed.txn_id).await;
+    assert_eq!(
+        report.result.unwrap(),
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Dispatched
+        }
+    );
+    assert_eq!(
+        f.backend.publisher.queue(&events()).unwrap().sent().len(),
+        1,
+        "published once"
+    );
+}
+
 /// Inline publishing that fails leaves the record pending for the worker, and the
 /// answer is the commit's.
 #[tokio::test]

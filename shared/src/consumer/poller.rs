@@ -94,6 +94,9 @@ pub async fn run(
         shutdown,
         on_batch,
         "the source queue",
+        // One batch at a time: its messages are handled concurrently and acknowledged
+        // each when done already.
+        1,
     )
     .await;
     tracing::info!(?stats, consumer = %consumer.name(), "consumer poller stopped");

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tracing::Instrument;
 
 use super::outcome::{BatchReport, ControlError, ControlOutcome, ItemReport};
@@ -155,29 +156,36 @@ impl ControlPath {
                 return txn_ids.into_iter().map(|id| (id, Err(error.clone()))).collect();
             }
         };
-        let mut decisions = BTreeMap::new();
-        for (txn_id, control) in controls {
-            let decision = match records.remove(txn_id) {
-                // In entity mode the request path records the transaction dispatched,
-                // then removes its entry from the entity; a removal that failed is done
-                // here. A read tells (a read unit, cheaper than a blind write's). An entry
-                // beside a tombstone is proof of a commit, and is published.
-                Some(Ok(record)) => match &control.entity {
-                    Some(key) => self.decide_on_entity_record(control, key, record).await,
-                    None => self.decide_on_record(record),
-                },
-                Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
-                None => {
-                    let span = tracing::info_span!("control_message", txn_id = %txn_id, attempt = control.attempt);
-                    match &control.entity {
-                        Some(key) => self.decide_on_entity(control, key).instrument(span).await,
-                        None => self.decide_on_absence(control).instrument(span).await,
-                    }
-                }
-            };
-            decisions.insert(*txn_id, decision);
-        }
+        // Each transaction decided on its own, all at once: the reads of their items, the
+        // fences and the deferrals of a batch overlap instead of queueing.
+        let decided = controls.iter().map(|(txn_id, control)| {
+            let record = records.remove(txn_id);
+            async move { (*txn_id, self.decide(control, record).await) }
+        });
+        let decisions: BTreeMap<TxnId, Decision> = join_all(decided).await.into_iter().collect();
         self.dispatch(decisions).await
+    }
+
+    /// What to do for one transaction, given what the batched read found of its record.
+    async fn decide(&self, control: &ControlMessage, record: Option<Result<OutboxRecord, StoreError>>) -> Decision {
+        match record {
+            // In entity mode the request path records the transaction dispatched, then
+            // removes its entry from the entity; a removal that failed is done here. A
+            // read tells (a read unit, cheaper than a blind write's). An entry beside a
+            // tombstone is proof of a commit, and is published.
+            Some(Ok(record)) => match &control.entity {
+                Some(key) => self.decide_on_entity_record(control, key, record).await,
+                None => self.decide_on_record(record),
+            },
+            Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
+            None => {
+                let span = tracing::info_span!("control_message", txn_id = %control.txn_id, attempt = control.attempt);
+                match &control.entity {
+                    Some(key) => self.decide_on_entity(control, key).instrument(span).await,
+                    None => self.decide_on_absence(control).instrument(span).await,
+                }
+            }
+        }
     }
 
     fn decide_on_record(&self, record: OutboxRecord) -> Decision {
@@ -417,11 +425,12 @@ impl ControlPath {
                 }
             }
         }
-        for entry in entries_out {
+        // Each entry's record and removal on its own, all at once.
+        let finished = entries_out.into_iter().map(|entry| {
             let (key, beside_tombstone) = &entities[&entry.txn_id];
-            let outcome = self.finish_entry(key, entry, *beside_tombstone).await;
-            outcomes.insert(entry.txn_id, outcome);
-        }
+            async move { (entry.txn_id, self.finish_entry(key, entry, *beside_tombstone).await) }
+        });
+        outcomes.extend(join_all(finished).await);
         if to_mark.is_empty() {
             return outcomes;
         }

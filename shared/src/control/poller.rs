@@ -9,7 +9,10 @@
 //! are acknowledged together, when each is done.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use crate::control::lease::{while_renewing, Held, LEASE};
 use crate::control::redelivery::retry_failed_soon;
@@ -18,6 +21,9 @@ use crate::ports::{ControlDelivery, ControlInbox, QueueError};
 
 /// Most messages one receive asks for (SQS's limit).
 pub const MAX_BATCH: usize = 10;
+/// Batches the control poller handles at once: a receive starts whenever fewer are in
+/// hand, so that a batch waiting on its writes never holds up the next one.
+pub const BATCHES_IN_FLIGHT: usize = 4;
 /// The pause after the first failed receive; doubled after each further one in a row.
 pub const FIRST_RECEIVE_BACKOFF: Duration = Duration::from_millis(250);
 /// The longest pause between two failed receives.
@@ -104,9 +110,10 @@ pub fn receive_backoff(failures_in_a_row: u32) -> Duration {
 }
 
 /// Polls until `shutdown` completes, each batch received under `lease` (the control
-/// queue's own visibility timeout, as the worker reads it), calling `on_batch` with each
-/// batch's report. A shutdown interrupts only the wait for messages: a batch in hand is
-/// always finished and acknowledged first. A failed receive is logged and retried after a
+/// queue's own visibility timeout, as the worker reads it), up to [`BATCHES_IN_FLIGHT`]
+/// batches handled at once, calling `on_batch` with each batch's report. A shutdown
+/// interrupts only the wait for messages: the batches in hand are always finished and
+/// acknowledged first. A failed receive is logged and retried after a
 /// short backoff ([`receive_backoff`]).
 pub async fn run(
     inbox: &dyn ControlInbox,
@@ -123,6 +130,7 @@ pub async fn run(
         shutdown,
         on_batch,
         "the control queue",
+        BATCHES_IN_FLIGHT,
     )
     .await;
     tracing::info!(?stats, "control poller stopped");
@@ -130,8 +138,10 @@ pub async fn run(
 }
 
 /// The loop of a poller (the control worker's, a consumer's): receive, interrupted only
-/// by `shutdown`; hand each batch to `process`; report the non-empty ones to `on_batch`;
-/// after a failed cycle, pause ([`receive_backoff`]) and try again.
+/// by `shutdown`; hand each batch to `process`, with up to `in_flight` batches being
+/// processed at once (a receive starts whenever fewer are); report the non-empty ones to
+/// `on_batch`; after a failed cycle, pause ([`receive_backoff`]) before the next receive.
+/// A shutdown stops receiving and lets the batches in hand finish.
 pub(crate) async fn poll_loop<D, R, Received, Processed>(
     mut receive: impl FnMut() -> Received,
     mut process: impl FnMut(Vec<D>) -> Processed,
@@ -139,47 +149,78 @@ pub(crate) async fn poll_loop<D, R, Received, Processed>(
     shutdown: impl Future<Output = ()>,
     mut on_batch: impl FnMut(&R),
     queue: &str,
+    in_flight: usize,
 ) -> PollerStats
 where
     Received: Future<Output = Result<Vec<D>, QueueError>>,
     Processed: Future<Output = Result<R, QueueError>>,
 {
     tokio::pin!(shutdown);
+    let in_flight = in_flight.max(1);
     let mut stats = PollerStats::default();
     let mut failures_in_a_row = 0;
+    // The receive under way, kept across turns of the loop: dropping a long poll that
+    // has taken messages would leave them invisible for their whole lease.
+    let mut receiving: Option<Pin<Box<Received>>> = None;
+    let mut batches = FuturesUnordered::new();
+    let mut pause: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let failed = |stats: &mut PollerStats, failures_in_a_row: &mut u32, error: QueueError| {
+        stats.failures += 1;
+        *failures_in_a_row += 1;
+        let wait = receive_backoff(*failures_in_a_row);
+        tracing::warn!(error = %error, retry_in_ms = wait.as_millis() as u64, "polling {queue} failed; retrying");
+        Some(Box::pin(tokio::time::sleep(wait)))
+    };
     loop {
-        let received = tokio::select! {
+        if receiving.is_none() && pause.is_none() && batches.len() < in_flight {
+            receiving = Some(Box::pin(receive()));
+        }
+        tokio::select! {
             () = &mut shutdown => break,
-            received = receive() => received,
-        };
-        let result = match received {
-            Ok(deliveries) => {
-                stats.receives += 1;
-                stats.messages += deliveries.len() as u64;
-                process(deliveries).await
-            }
-            Err(error) => Err(error),
-        };
-        match result {
-            Ok(report) => {
-                failures_in_a_row = 0;
-                if !is_empty(&report) {
-                    on_batch(&report);
+            received = until_some(receiving.as_mut()) => {
+                receiving = None;
+                match received {
+                    Ok(deliveries) => {
+                        stats.receives += 1;
+                        stats.messages += deliveries.len() as u64;
+                        batches.push(process(deliveries));
+                    }
+                    Err(error) => pause = failed(&mut stats, &mut failures_in_a_row, error),
                 }
             }
+            Some(result) = batches.next(), if !batches.is_empty() => match result {
+                Ok(report) => {
+                    failures_in_a_row = 0;
+                    if !is_empty(&report) {
+                        on_batch(&report);
+                    }
+                }
+                Err(error) => pause = failed(&mut stats, &mut failures_in_a_row, error),
+            },
+            () = until_some(pause.as_mut()) => pause = None,
+        }
+    }
+    // A batch in hand is always finished and acknowledged.
+    drop(receiving);
+    while let Some(result) = batches.next().await {
+        match result {
+            Ok(report) if !is_empty(&report) => on_batch(&report),
+            Ok(_) => {}
             Err(error) => {
                 stats.failures += 1;
-                failures_in_a_row += 1;
-                let pause = receive_backoff(failures_in_a_row);
-                tracing::warn!(error = %error, retry_in_ms = pause.as_millis() as u64, "polling {queue} failed; retrying");
-                tokio::select! {
-                    () = &mut shutdown => break,
-                    () = tokio::time::sleep(pause) => {}
-                }
+                tracing::warn!(error = %error, "finishing a batch from {queue} failed");
             }
         }
     }
     stats
+}
+
+/// `future`'s output, or never when there is none.
+async fn until_some<F: Future + Unpin>(future: Option<&mut F>) -> F::Output {
+    match future {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]
