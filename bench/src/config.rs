@@ -45,14 +45,17 @@ VARIANTS (one request each: read one item, write it under its version, publish o
   (d) outbox             the outbox as the orders API uses it: SendMessage (control) overlapped
                          with GetItem, then TransactWriteItems; inline publishing off
   (e) outbox-inline      (d) + SendMessageBatch + BatchWriteItem (publish and mark dispatched
-                         before answering; inline publishing is the library's default)
+                         before answering: OUTBOX_INLINE_PUBLISH=before)
   (f) outbox-entity      (d) in entity mode (begin_entity: the control message names the item):
                          SendMessage overlapped with GetItem, then one conditional UpdateItem of
                          the item carrying its outbox entry, no transaction; inline publishing off
   (g) outbox-entity-inline  (f) + SendMessageBatch + PutItem (the record, dispatched) + UpdateItem
                          (the entry removed from the item), one after another before answering
-The report prints each variant's p50 over (a)'s and (b)'s, whether (d)/(b) <= 1.5 and
-(f)/(b) <= 1.0, and the store calls each variant made per request (counted: a run whose
+  (h) outbox-after       (e) publishing after the answer (OUTBOX_INLINE_PUBLISH=after, the
+                         default): the request's calls are (d)'s, the publish and mark follow it
+  (i) outbox-entity-after  (g) publishing after the answer: the request's calls are (f)'s
+The report prints each variant's p50 over (a)'s and (b)'s, whether (d)/(b) <= 1.5,
+(f)/(b) <= 1.0 and (i)/(b) <= 1.0, and the store calls each variant made per request (counted: a run whose
 commits did not take the form its variant claims fails).
 ";
 
@@ -264,7 +267,9 @@ mod tests {
                 "(d) outbox",
                 "(e) outbox-inline",
                 "(f) outbox-entity",
-                "(g) outbox-entity-inline"
+                "(g) outbox-entity-inline",
+                "(h) outbox-after",
+                "(i) outbox-entity-after"
             ]
         );
     }

@@ -550,6 +550,21 @@ impl Report {
                 )?;
             }
         }
+        if let Some(i) = self.row(Variant::OutboxEntityAfter) {
+            if let Some(over_b) = self.p50_ratio(i, Variant::DualWrite) {
+                let b_model = latencies.staged_model(Variant::DualWrite.stages());
+                writeln!(
+                    out,
+                    "(i)/(b) p50 = {over_b:.2} (entity mode publishing after the answer, issue 29; goal <= {GOAL_F_OVER_B}): {} (model {:.2})",
+                    if over_b <= GOAL_F_OVER_B + 1e-9 { "met" } else { "not met" },
+                    ratio(i.model, b_model).unwrap_or(f64::NAN),
+                )?;
+                writeln!(
+                    out,
+                    "  the answer waits for the commit alone; the publish, record and removal follow it"
+                )?;
+            }
+        }
         Ok(())
     }
 

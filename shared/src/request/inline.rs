@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::settle::within;
 use super::Outbox;
 use crate::ports::{ItemKey, Publisher};
@@ -63,10 +65,12 @@ impl Outbox {
         match &self.after_answer {
             Some(after) if self.inline.is_some() && to_publish => {
                 let (outbox, entity, committed) = (self.clone(), entity.cloned(), committed.clone());
-                after.run(async move {
+                // In the request's span, as its logs before the answer are.
+                let dispatch = async move {
                     let outcome = outbox.dispatch_now(entity.as_ref(), &committed, deadline).await;
                     tracing::debug!(txn_id = %committed.txn_id, inline = outcome.as_str(), "published after the answer");
-                });
+                };
+                after.run(dispatch.instrument(tracing::Span::current()));
                 InlineDispatch::AfterAnswer
             }
             _ => self.dispatch_now(entity, committed, deadline).await,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use outbox::ports::{ExpectedVersion, ItemKey};
 use outbox::protocol::{Message, OutboxState, TxnId};
-use outbox::request::{InlineDispatch, Outbox, Transaction, TxnError};
+use outbox::request::{AfterAnswer, InlineDispatch, Outbox, Transaction, TxnError};
 use outbox::settings::Timing;
 use serde_json::json;
 
@@ -125,6 +125,35 @@ pub async fn the_request_path_in_entity_mode_commits_into_the_item_and_dispatche
         .await;
     assert!(b.drain(&events()).await.is_empty(), "{}: published once", b.name);
 
+    // After the answer: the commit returns with the publish handed over; once it is
+    // done, the same as before the answer.
+    let after = AfterAnswer::on_tokio();
+    let answering = b
+        .outbox(timing)
+        .with_publishing_after_answer(b.publisher.clone(), after.clone());
+    let committed = add_line(&answering, &order).await.commit().await.expect("the commit");
+    assert_eq!(committed.inline, InlineDispatch::AfterAnswer, "{}", b.name);
+    assert!(
+        after.idle_within(Duration::from_secs(30)).await,
+        "{}: the dispatch ended",
+        b.name
+    );
+    let delivered = b.drain(&events()).await;
+    assert_eq!(delivered.len(), 1, "{}: {delivered:?}", b.name);
+    assert_eq!(delivered[0].txn_id, Some(committed.txn_id.to_string()), "{}", b.name);
+    let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
+    assert_eq!(entity.item.version, 4, "{}", b.name);
+    assert!(entity.entries.is_empty(), "{}: {:?}", b.name, entity.entries);
+    assert_eq!(
+        record(b, committed.txn_id).await.map(|record| record.state),
+        Some(OutboxState::Dispatched),
+        "{}",
+        b.name
+    );
+    b.handle_until_settled(&control, committed.txn_id, timing.first_check_delay, |_| {})
+        .await;
+    assert!(b.drain(&events()).await.is_empty(), "{}: published once", b.name);
+
     // Late: the worker's window (two seconds) ends before the commit is tried; it fences
     // the order. The request path's own window is a minute (a clock behind the worker's),
     // so its commit goes to the table, which refuses it.
@@ -145,7 +174,7 @@ pub async fn the_request_path_in_entity_mode_commits_into_the_item_and_dispatche
         b.name
     );
     let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
-    assert_eq!(entity.item.version, 3, "{}: nothing applied", b.name);
+    assert_eq!(entity.item.version, 4, "{}: nothing applied", b.name);
     assert_eq!(
         record(b, late_id).await.map(|record| record.state),
         Some(OutboxState::Tombstone),
