@@ -71,6 +71,10 @@ pub struct Scenario {
     pub inline: bool,
     /// Share of requests whose API process crashes just after the commit.
     pub crash_fraction: f64,
+    /// Entity mode: each request changes an existing item of its own
+    /// (`Outbox::begin_entity`), so that its commit is one conditional write carrying its
+    /// entry, and the worker reads the item, publishes, records and removes the entry.
+    pub entity: bool,
 }
 
 /// The configurations compared: inline publishing off with first check delays 0, 1 and
@@ -82,16 +86,23 @@ pub fn scenarios(config: &Config) -> Vec<Scenario> {
         first_check_delay: Duration::from_secs(seconds),
         inline: false,
         crash_fraction: 0.0,
+        entity: false,
     };
     vec![
         off(0),
         off(1),
         off(5),
         Scenario {
+            name: "entity mode, inline off, first check 1 s".into(),
+            entity: true,
+            ..off(1)
+        },
+        Scenario {
             name: "inline on, first check 1 s".into(),
             first_check_delay: Duration::from_secs(1),
             inline: true,
             crash_fraction: 0.0,
+            entity: false,
         },
         Scenario {
             name: format!(
@@ -101,6 +112,7 @@ pub fn scenarios(config: &Config) -> Vec<Scenario> {
             first_check_delay: Duration::from_secs(1),
             inline: true,
             crash_fraction: config.crash_fraction,
+            entity: false,
         },
     ]
 }
@@ -149,6 +161,9 @@ pub fn simulate(config: &Config, scenario: Scenario) -> Outcome {
     let env = Env::new(time.clone(), Draws::new(config.latencies.clone(), config.seed));
     let events: DestinationName = "events".parse().expect("a valid destination name");
     let backend = EmbeddedBackend::new(clock.clone(), [(events.clone(), false)]);
+    if scenario.entity {
+        seed(&backend, clock.now(), config.transactions);
+    }
     backend.record();
     let store: Arc<dyn Store> = Arc::new(SimStore {
         inner: backend.store.clone(),
@@ -207,9 +222,10 @@ pub fn simulate(config: &Config, scenario: Scenario) -> Outcome {
             outbox.clone()
         };
         let (time, tally, events) = (time.clone(), tally.clone(), events.clone());
+        let entity = scenario.entity;
         tasks.push(Box::pin(async move {
             time.sleep_until(arrival).await;
-            if let Err(error) = request(&outbox, index, events, &tally).await {
+            if let Err(error) = request(&outbox, index, events, entity, &tally).await {
                 eprintln!("dispatch-lag-sim: request {index} failed: {error}");
                 tally.borrow_mut().failed += 1;
             }
@@ -311,16 +327,57 @@ pub fn simulate(config: &Config, scenario: Scenario) -> Outcome {
     }
 }
 
+/// Writes items `0..count` (no latency, no control message): the items entity-mode
+/// requests change.
+fn seed(backend: &EmbeddedBackend, now: Timestamp, count: usize) {
+    use futures_util::FutureExt;
+    use outbox::ports::{BusinessWrite, CommitRequest};
+    use outbox::protocol::OutboxRecord;
+    let ids = SeqIds(AtomicU64::new(u64::MAX / 2));
+    for index in 0..count {
+        let txn_id = ids.next_txn_id(now);
+        let request = CommitRequest {
+            txn_id,
+            writes: vec![BusinessWrite::Put {
+                key: order_key(index),
+                data: json!({ "order": index }),
+                expected: ExpectedVersion::Absent,
+            }],
+            outbox: OutboxRecord::committed(txn_id, Vec::new(), now, now.plus(Duration::from_secs(3600))),
+            idempotency: None,
+        };
+        backend
+            .store
+            .commit(&request)
+            .now_or_never()
+            .expect("the embedded store answers at once")
+            .expect("a new item");
+    }
+}
+
+fn order_key(index: usize) -> ItemKey {
+    format!("ORDER#{index:06}").parse().expect("a valid key")
+}
+
 /// One request: begin (the control send) overlapped with the read, as the orders API
-/// does; one new item; one event; commit (with inline publishing, publish and mark).
+/// does; one new item (in entity mode, a change to an existing one, begun naming it); one
+/// event; commit (with inline publishing, publish and mark).
 async fn request(
     outbox: &Outbox,
     index: usize,
     events: DestinationName,
+    entity: bool,
     tally: &RefCell<Tally>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let key: ItemKey = format!("ORDER#{index:06}").parse()?;
-    let (txn, items) = join2(outbox.begin(), outbox.store().get_items(std::slice::from_ref(&key))).await;
+    let key = order_key(index);
+    let begin = async {
+        if entity {
+            outbox.begin_entity(key.clone()).await
+        } else {
+            outbox.begin().await
+        }
+    };
+    let (txn, items) = join2(begin, outbox.store().get_items(std::slice::from_ref(&key))).await;
     let (mut txn, items) = (txn?, items?);
     let expected = match items.get(&key) {
         Some(item) => ExpectedVersion::Exactly(item.version),

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox::ports::{
-    CommitError, CommitRequest, ControlQueue, EntryFailure, ItemKey, PublishError, Publisher, QueueError, Store,
-    StoreError, TombstoneOutcome, VersionedItem,
+    CommitError, CommitRequest, ControlQueue, EntityCommit, EntityItem, EntryFailure, FenceOutcome, ItemKey,
+    PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use outbox::protocol::{
     ControlMessage, DestinationName, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutgoingMessage, TxnId,
@@ -119,6 +119,41 @@ impl Store for SimStore {
     async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
         self.env
             .call(Call::Update, self.inner.mark_dispatched(records, expires_at))
+            .await
+    }
+
+    async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
+        self.env.call(Call::Get, self.inner.get_entity(key)).await
+    }
+
+    async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        let result = self.env.call(Call::Update, self.inner.commit_entity(commit)).await;
+        if result.is_ok() {
+            let now = self.env.time.now();
+            self.env.observed().acks.entry(commit.entry.txn_id).or_insert(now);
+        }
+        result
+    }
+
+    async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
+        self.env.call(Call::Update, self.inner.remove_entry(key, txn_id)).await
+    }
+
+    async fn fence_entity(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<FenceOutcome, StoreError> {
+        self.env
+            .call(Call::Transact, self.inner.fence_entity(key, txn_id, now, expires_at))
+            .await
+    }
+
+    async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
+        self.env
+            .call(Call::Put, self.inner.put_dispatched(txn_id, now, expires_at))
             .await
     }
 }
