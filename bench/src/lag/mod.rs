@@ -146,6 +146,9 @@ struct Tally {
     inline: BTreeMap<&'static str, usize>,
     /// Worker invocations (batches).
     invocations: usize,
+    /// Their handling time summed (receive to acknowledgement), in virtual milliseconds:
+    /// what a Lambda worker is billed for.
+    handling_ms: u64,
     /// Control messages handled, by outcome.
     outcomes: BTreeMap<&'static str, usize>,
     /// Control messages whose handling failed.
@@ -255,12 +258,14 @@ pub fn simulate(config: &Config, scenario: Scenario) -> Outcome {
                     // The poller's handling and acknowledgement; its lease renewal keeps
                     // tokio's time, not this virtual clock, and a batch here never
                     // outlasts a lease.
+                    let started = time.now();
                     let report = control.handle_batch(&deliveries).await;
                     let report = acknowledge(inbox.as_ref(), &deliveries, report)
                         .await
                         .expect("the embedded queue acknowledges");
                     let mut tally = tally.borrow_mut();
                     tally.invocations += 1;
+                    tally.handling_ms += time.now().since(started).as_millis() as u64;
                     for item in &report.items {
                         match &item.result {
                             Ok(outcome) => *tally.outcomes.entry(outcome.as_str()).or_default() += 1,
@@ -321,6 +326,7 @@ pub fn simulate(config: &Config, scenario: Scenario) -> Outcome {
         crashed: observed.crashed.len(),
         tombstones: outcome("tombstoned"),
         invocations: tally.invocations,
+        handling_ms: tally.handling_ms,
         control_errors: tally.control_errors,
         left_in_control_queue: backend.control_queue.queue().len(),
         scenario,

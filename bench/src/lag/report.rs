@@ -38,6 +38,8 @@ pub struct Outcome {
     pub tombstones: usize,
     /// Worker invocations (batches).
     pub invocations: usize,
+    /// Their handling time summed, in milliseconds (what a Lambda worker is billed for).
+    pub handling_ms: u64,
     /// Control messages whose handling failed (none are expected).
     pub control_errors: usize,
     /// Control messages still queued when the run ended (none are expected).
@@ -66,6 +68,11 @@ fn percentile(sorted: &[i64], q: f64) -> i64 {
 }
 
 impl Outcome {
+    /// The worker's mean handling time per invocation, in milliseconds.
+    pub fn ms_per_invocation(&self) -> f64 {
+        self.handling_ms as f64 / self.invocations.max(1) as f64
+    }
+
     /// The lags' percentiles (all zero when nothing was published).
     pub fn summary(&self) -> Summary {
         let mut sorted = self.lags_ms.clone();
@@ -124,6 +131,7 @@ impl Outcome {
             "deferrals": self.deferrals,
             "checks": self.checks,
             "worker_invocations": self.invocations,
+            "worker_ms_per_invocation": self.ms_per_invocation(),
             "worker_dispatches": self.worker_dispatches,
             "inline_dispatches": self.inline_dispatches,
             "crashed_after_commit": self.crashed,
@@ -166,14 +174,23 @@ pub fn table(config: &Config, outcomes: &[Outcome]) -> String {
         .unwrap_or(13);
     let _ = writeln!(
         out,
-        "{:<name_width$}  {:>5}  {:>7}  {:>7}  {:>7}  {:>7}  {:>9}  {:>9}  {:>9}",
-        "configuration", "txns", "p50 ms", "p90 ms", "p99 ms", "max ms", "ctl/txn", "deferrals", "by worker"
+        "{:<name_width$}  {:>5}  {:>7}  {:>7}  {:>7}  {:>7}  {:>9}  {:>9}  {:>9}  {:>9}",
+        "configuration",
+        "txns",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "ctl/txn",
+        "deferrals",
+        "by worker",
+        "ms/batch"
     );
     for outcome in outcomes {
         let summary = outcome.summary();
         let _ = writeln!(
             out,
-            "{:<name_width$}  {:>5}  {:>7}  {:>7}  {:>7}  {:>7}  {:>9.2}  {:>9}  {:>9}",
+            "{:<name_width$}  {:>5}  {:>7}  {:>7}  {:>7}  {:>7}  {:>9.2}  {:>9}  {:>9}  {:>9.1}",
             outcome.scenario.name,
             outcome.committed,
             summary.p50,
@@ -182,7 +199,8 @@ pub fn table(config: &Config, outcomes: &[Outcome]) -> String {
             summary.max,
             outcome.control_per_txn(),
             outcome.deferrals,
-            outcome.worker_dispatches
+            outcome.worker_dispatches,
+            outcome.ms_per_invocation()
         );
     }
     let _ = writeln!(out);
@@ -190,7 +208,8 @@ pub fn table(config: &Config, outcomes: &[Outcome]) -> String {
         out,
         "ctl/txn: control messages sent (first and deferred) per committed transaction\n\
          deferrals: checks that found no record yet (each sends a later control message)\n\
-         by worker: transactions the control worker published; the request path published the rest"
+         by worker: transactions the control worker published; the request path published the rest\n\
+         ms/batch: the worker's handling time per invocation (receive to acknowledgement), what Lambda bills"
     );
     for outcome in outcomes.iter().filter(|outcome| !outcome.is_clean()) {
         let _ = writeln!(
