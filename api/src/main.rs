@@ -70,15 +70,11 @@ async fn main() -> ExitCode {
         }
     };
     tracing::info!(%address, "serving the orders API (POST /orders, GET /openapi.json)");
-    if let Err(error) = axum::serve(listener, app)
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(wait_for_stop(stopped))
-        .await
-    {
-        eprintln!("error: {error}");
-        return ExitCode::FAILURE;
-    }
-    // What was left for after the answers goes out before the process ends (bounded: the
-    // control worker publishes whatever is cut off).
+        .await;
+    // What was left for after the answers goes out before the process ends, however the
+    // server stopped (bounded: the control worker publishes whatever is cut off).
     if let Some(after) = after_answer {
         if !after.idle_within(settings.api_timeout).await {
             tracing::warn!(
@@ -86,6 +82,10 @@ async fn main() -> ExitCode {
                 "stopping with publishing after the answer unfinished; the control worker publishes the rest"
             );
         }
+    }
+    if let Err(error) = served {
+        eprintln!("error: {error}");
+        return ExitCode::FAILURE;
     }
     if let Some(worker) = parts.worker {
         let _ = worker.await;

@@ -156,13 +156,32 @@ impl ControlPath {
                 return txn_ids.into_iter().map(|id| (id, Err(error.clone()))).collect();
             }
         };
-        // Each transaction decided on its own, all at once: the reads of their items, the
-        // fences and the deferrals of a batch overlap instead of queueing.
-        let decided = controls.iter().map(|(txn_id, control)| {
-            let record = records.remove(txn_id);
-            async move { (*txn_id, self.decide(control, record).await) }
+        // Transactions decided at once: the reads of their items, the fences and the
+        // deferrals of a batch overlap instead of queueing. Those naming the same item go
+        // one after another, so that their fences of it never contend.
+        let mut by_item: BTreeMap<&ItemKey, Vec<(TxnId, &ControlMessage)>> = BTreeMap::new();
+        let mut groups: Vec<Vec<(TxnId, &ControlMessage)>> = Vec::new();
+        for (txn_id, control) in controls {
+            match &control.entity {
+                Some(key) => by_item.entry(key).or_default().push((*txn_id, control)),
+                None => groups.push(vec![(*txn_id, control)]),
+            }
+        }
+        groups.extend(by_item.into_values());
+        let decided = groups.into_iter().map(|group| {
+            let group: Vec<_> = group
+                .into_iter()
+                .map(|(txn_id, control)| (txn_id, control, records.remove(&txn_id)))
+                .collect();
+            async move {
+                let mut decisions = Vec::with_capacity(group.len());
+                for (txn_id, control, record) in group {
+                    decisions.push((txn_id, self.decide(control, record).await));
+                }
+                decisions
+            }
         });
-        let decisions: BTreeMap<TxnId, Decision> = join_all(decided).await.into_iter().collect();
+        let decisions: BTreeMap<TxnId, Decision> = join_all(decided).await.into_iter().flatten().collect();
         self.dispatch(decisions).await
     }
 

@@ -181,6 +181,7 @@ where
                 receiving = None;
                 match received {
                     Ok(deliveries) => {
+                        failures_in_a_row = 0;
                         stats.receives += 1;
                         stats.messages += deliveries.len() as u64;
                         batches.push(process(deliveries));
@@ -226,6 +227,82 @@ async fn until_some<F: Future + Unpin>(future: Option<&mut F>) -> F::Output {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Up to `in_flight` batches are handled at once, a receive starting whenever fewer
+    /// are; a shutdown stops receiving and lets the batches in hand finish.
+    #[tokio::test]
+    async fn several_batches_are_handled_at_once_and_finished_at_shutdown() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let (running, most, received) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let finished = Arc::new(AtomicUsize::new(0));
+        let (received_by, running_in, most_in, release_in, finished_in) = (
+            received.clone(),
+            running.clone(),
+            most.clone(),
+            release.clone(),
+            finished.clone(),
+        );
+        let poller = poll_loop(
+            move || {
+                let received = received_by.clone();
+                async move {
+                    received.fetch_add(1, Ordering::SeqCst);
+                    Ok(vec![1u8])
+                }
+            },
+            move |batch: Vec<u8>| {
+                let (running, most, release, finished) = (
+                    running_in.clone(),
+                    most_in.clone(),
+                    release_in.clone(),
+                    finished_in.clone(),
+                );
+                async move {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    release.acquire().await.expect("open").forget();
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    finished.fetch_add(1, Ordering::SeqCst);
+                    Ok::<usize, QueueError>(batch.len())
+                }
+            },
+            |_: &usize| false,
+            async {
+                let _ = stopped.await;
+            },
+            |_| {},
+            "a test queue",
+            3,
+        );
+        let poller = tokio::spawn(poller);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(running.load(Ordering::SeqCst), 3, "three batches in hand at once");
+        assert_eq!(received.load(Ordering::SeqCst), 3, "no receive while three are in hand");
+        release.add_permits(1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            received.load(Ordering::SeqCst),
+            4,
+            "one receive more once one batch ended"
+        );
+        stop.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!poller.is_finished(), "the batches in hand are waited for");
+        release.add_permits(3);
+        let stats = tokio::time::timeout(Duration::from_secs(5), poller)
+            .await
+            .expect("stops")
+            .unwrap();
+        assert_eq!((finished.load(Ordering::SeqCst), stats.receives), (4, 4));
+        assert_eq!(most.load(Ordering::SeqCst), 3);
+    }
 
     #[test]
     fn a_failing_receive_is_retried_within_seconds_not_a_long_poll() {

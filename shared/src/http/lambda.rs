@@ -13,12 +13,10 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
 use axum::Router;
-use lambda_extension::{service_fn, Extension, LambdaEvent, NextEvent};
-use lambda_http::RequestExt;
+use lambda_extension::{service_fn, Extension, LambdaEvent as ExtensionEvent, NextEvent};
+use lambda_http::request::LambdaRequest;
+use lambda_http::LambdaEvent;
 use tokio::sync::Notify;
 
 use crate::request::AfterAnswer;
@@ -85,41 +83,90 @@ impl Answered {
     }
 }
 
-/// Records the invocation's request id once the handler's answer is made, whatever it
-/// is: every transaction it committed has handed its publishing over by then.
-async fn mark_answered(State(answered): State<Answered>, request: Request, next: Next) -> Response {
-    let request_id = request.lambda_context_ref().map(|context| context.request_id.clone());
-    let response = next.run(request).await;
-    if let Some(request_id) = request_id {
-        answered.mark(request_id);
-    }
-    response
+/// Marks its invocation answered when dropped: when the answer is made, and also when
+/// the handler panics, its event cannot be read, or its future is dropped.
+struct MarkOnDrop {
+    answered: Answered,
+    request_id: String,
 }
+
+impl Drop for MarkOnDrop {
+    fn drop(&mut self) {
+        self.answered.mark(std::mem::take(&mut self.request_id));
+    }
+}
+
+/// The router as the Lambda runtime's handler (what `lambda_http::run` makes of it),
+/// marking each invocation answered once its answer is made, whatever it is: every
+/// transaction it committed has handed its publishing over by then.
+#[derive(Clone)]
+struct Marked {
+    app: Router,
+    answered: Answered,
+}
+
+impl lambda_http::Service<LambdaEvent<serde_json::Value>> for Marked {
+    type Response = serde_json::Value;
+    type Error = lambda_http::Error;
+    // Not `Send`: the adapter's future holds the answer's body, which is not `Sync`, and
+    // the runtime polls its handler's future in place.
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<serde_json::Value, lambda_http::Error>>>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, event: LambdaEvent<serde_json::Value>) -> Self::Future {
+        let LambdaEvent { payload, context } = event;
+        let marked = MarkOnDrop {
+            answered: self.answered.clone(),
+            request_id: context.request_id.clone(),
+        };
+        let app = self.app.clone();
+        Box::pin(async move {
+            let _marked = marked;
+            let request: LambdaRequest = serde_json::from_value(payload)?;
+            let mut adapter = lambda_http::Adapter::from(app);
+            let response = match adapter.call(LambdaEvent::new(request, context)).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
+            Ok(serde_json::to_value(response)?)
+        })
+    }
+}
+
+/// How long before the invocation's deadline the extension stops holding: asking for the
+/// next event after it would make Lambda count the invocation as timed out and reset the
+/// environment.
+pub const HOLD_MARGIN: Duration = Duration::from_millis(200);
 
 /// Serves `app` on Lambda. With `after` (the outbox's [`AfterAnswer`], when it publishes
 /// after the answer) an internal extension holds each invocation's environment until
-/// that invocation has answered and `after` has no work left, bounded by the
-/// invocation's deadline; without it, this is `lambda_http::run(app)`.
+/// that invocation has answered and `after` has no work left, at most until
+/// [`HOLD_MARGIN`] before the invocation's deadline; without it, this is
+/// `lambda_http::run(app)`.
 pub async fn run(app: Router, after: Option<AfterAnswer>) -> Result<(), LambdaError> {
     let Some(after) = after else {
         return lambda_http::run(app).await.map_err(LambdaError::Runtime);
     };
     let answered = Answered::default();
-    let app = app.layer(axum::middleware::from_fn_with_state(answered.clone(), mark_answered));
-    let hold = service_fn(move |event: LambdaEvent| {
+    let handler = Marked {
+        app,
+        answered: answered.clone(),
+    };
+    let hold = service_fn(move |event: ExtensionEvent| {
         let (answered, after) = (answered.clone(), after.clone());
         async move {
             if let NextEvent::Invoke(invoke) = event.next {
-                let now_ms = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |now| u64::try_from(now.as_millis()).unwrap_or(u64::MAX));
-                let left = Duration::from_millis(invoke.deadline_ms.saturating_sub(now_ms));
-                let done = tokio::time::timeout(left, async {
-                    answered.wait_for(&invoke.request_id).await;
-                    after.idle().await;
-                })
-                .await;
-                if done.is_err() {
+                let until = UNIX_EPOCH + Duration::from_millis(invoke.deadline_ms) - HOLD_MARGIN;
+                let left = || until.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
+                if tokio::time::timeout(left(), answered.wait_for(&invoke.request_id))
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(request_id = %invoke.request_id, "the invocation's deadline came before its handler answered");
+                } else if !after.idle_within(left()).await {
                     tracing::warn!(
                         request_id = %invoke.request_id,
                         running = after.running(),
@@ -141,13 +188,64 @@ pub async fn run(app: Router, after: Option<AfterAnswer>) -> Result<(), LambdaEr
         .map_err(LambdaError::Register)?;
     tokio::select! {
         result = extension.run() => result.map_err(LambdaError::Extension),
-        result = lambda_http::run(app) => result.map_err(LambdaError::Runtime),
+        result = lambda_http::lambda_runtime::run(handler) => result.map_err(LambdaError::Runtime),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn invocation(request_id: &str, payload: serde_json::Value) -> LambdaEvent<serde_json::Value> {
+        let mut context = lambda_http::Context::default();
+        context.request_id = request_id.into();
+        LambdaEvent::new(payload, context)
+    }
+
+    /// Every invocation is marked answered: one the router answered, one whose event it
+    /// could not read, and one whose handler panicked.
+    #[tokio::test]
+    async fn every_invocation_is_marked_answered_whatever_became_of_it() {
+        use lambda_http::Service as _;
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" })).route(
+            "/panic",
+            axum::routing::get(|| async { panic!("a handler bug") as &'static str }),
+        );
+        let answered = Answered::default();
+        let mut marked = Marked {
+            app,
+            answered: answered.clone(),
+        };
+        let event = |path: &str| {
+            serde_json::json!({
+                "version": "2.0", "routeKey": "$default", "rawPath": path, "rawQueryString": "",
+                "headers": {"host": "x"}, "isBase64Encoded": false,
+                "requestContext": {
+                    "accountId": "1", "apiId": "a", "domainName": "x", "domainPrefix": "x",
+                    "requestId": "r", "routeKey": "$default", "stage": "$default",
+                    "time": "26/Nov/2026:00:00:00 +0000", "timeEpoch": 0,
+                    "http": {"method": "GET", "path": path, "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1", "userAgent": "t"}
+                }
+            })
+        };
+        let answer = marked.call(invocation("served", event("/"))).await.expect("an answer");
+        assert_eq!(answer["statusCode"], 200, "{answer}");
+        assert!(answered.take("served"));
+        assert!(marked
+            .call(invocation("unreadable", serde_json::json!({})))
+            .await
+            .is_err());
+        assert!(
+            answered.take("unreadable"),
+            "an event the router never saw is marked too"
+        );
+        let panicking = marked.call(invocation("panicked", event("/panic")));
+        let panicked = tokio::task::LocalSet::new()
+            .run_until(async move { tokio::task::spawn_local(panicking).await })
+            .await;
+        assert!(panicked.is_err(), "the handler panicked");
+        assert!(answered.take("panicked"), "a handler that panicked is marked too");
+    }
 
     #[tokio::test]
     async fn the_extension_waits_for_its_own_invocations_answer() {
