@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use outbox::control::ControlPath;
 use outbox::ports::{ExpectedVersion, ItemKey};
 use outbox::protocol::{Message, OutboxState, TxnId};
 use outbox::request::{AfterAnswer, InlineDispatch, Outbox, Transaction, TxnError};
@@ -109,21 +110,7 @@ pub async fn the_request_path_in_entity_mode_commits_into_the_item_and_dispatche
     let committed = add_line(&inline, &order).await.commit().await.expect("the commit");
     assert_eq!(committed.inline, InlineDispatch::Dispatched, "{}", b.name);
     assert_eq!(transactions_on_the_wire(b), before, "{}", b.name);
-    let delivered = b.drain(&events()).await;
-    assert_eq!(delivered.len(), 1, "{}: {delivered:?}", b.name);
-    assert_eq!(delivered[0].txn_id, Some(committed.txn_id.to_string()), "{}", b.name);
-    let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
-    assert_eq!(entity.item.version, 3, "{}", b.name);
-    assert!(entity.entries.is_empty(), "{}: {:?}", b.name, entity.entries);
-    assert_eq!(
-        record(b, committed.txn_id).await.map(|record| record.state),
-        Some(OutboxState::Dispatched),
-        "{}",
-        b.name
-    );
-    b.handle_until_settled(&control, committed.txn_id, timing.first_check_delay, |_| {})
-        .await;
-    assert!(b.drain(&events()).await.is_empty(), "{}: published once", b.name);
+    dispatched_by_the_request_path(b, &control, timing, &order, committed.txn_id, 3).await;
 
     // After the answer: the commit returns with the publish handed over; once it is
     // done, the same as before the answer.
@@ -138,21 +125,7 @@ pub async fn the_request_path_in_entity_mode_commits_into_the_item_and_dispatche
         "{}: the dispatch ended",
         b.name
     );
-    let delivered = b.drain(&events()).await;
-    assert_eq!(delivered.len(), 1, "{}: {delivered:?}", b.name);
-    assert_eq!(delivered[0].txn_id, Some(committed.txn_id.to_string()), "{}", b.name);
-    let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
-    assert_eq!(entity.item.version, 4, "{}", b.name);
-    assert!(entity.entries.is_empty(), "{}: {:?}", b.name, entity.entries);
-    assert_eq!(
-        record(b, committed.txn_id).await.map(|record| record.state),
-        Some(OutboxState::Dispatched),
-        "{}",
-        b.name
-    );
-    b.handle_until_settled(&control, committed.txn_id, timing.first_check_delay, |_| {})
-        .await;
-    assert!(b.drain(&events()).await.is_empty(), "{}: published once", b.name);
+    dispatched_by_the_request_path(b, &control, timing, &order, committed.txn_id, 4).await;
 
     // Late: the worker's window (two seconds) ends before the commit is tried; it fences
     // the order. The request path's own window is a minute (a clock behind the worker's),
@@ -182,4 +155,32 @@ pub async fn the_request_path_in_entity_mode_commits_into_the_item_and_dispatche
         b.name
     );
     assert!(b.drain(&events()).await.is_empty(), "{}: nothing published", b.name);
+}
+
+/// What the request path's own dispatch of `txn_id` leaves: its one event out, its entry
+/// gone from `order` (at `version`), its record dispatched, and its control message
+/// finding it done (the event published once).
+async fn dispatched_by_the_request_path(
+    b: &Backend,
+    control: &ControlPath,
+    timing: Timing,
+    order: &ItemKey,
+    txn_id: TxnId,
+    version: u64,
+) {
+    let delivered = b.drain(&events()).await;
+    assert_eq!(delivered.len(), 1, "{}: {delivered:?}", b.name);
+    assert_eq!(delivered[0].txn_id, Some(txn_id.to_string()), "{}", b.name);
+    let entity = b.store.get_entity(order).await.unwrap().expect("the order");
+    assert_eq!(entity.item.version, version, "{}", b.name);
+    assert!(entity.entries.is_empty(), "{}: {:?}", b.name, entity.entries);
+    assert_eq!(
+        record(b, txn_id).await.map(|record| record.state),
+        Some(OutboxState::Dispatched),
+        "{}",
+        b.name
+    );
+    b.handle_until_settled(control, txn_id, timing.first_check_delay, |_| {})
+        .await;
+    assert!(b.drain(&events()).await.is_empty(), "{}: published once", b.name);
 }
