@@ -115,7 +115,7 @@ impl World {
 }
 
 #[tokio::test]
-async fn an_entry_in_the_entity_is_published_then_recorded_then_removed() {
+async fn an_entry_in_the_entity_is_published_then_settled_into_a_sent_mark() {
     let world = world().await;
     let txn_id = TxnId::new_v7();
     let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
@@ -127,11 +127,12 @@ async fn an_entry_in_the_entity_is_published_then_recorded_then_removed() {
     );
     let published = world.backend.publisher.queue(&events()).unwrap().receive(10);
     assert_eq!(published.len(), 1);
-    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Dispatched);
+    assert!(world.record(txn_id).await.is_none(), "no record: one write settles it");
     let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
     assert!(entity.entries.is_empty(), "the entry is removed");
+    assert!(entity.sent.contains_key(&txn_id), "its sent mark is its proof");
     assert_eq!(entity.item.data, json!({"lines": 2}));
-    // A copy of the control message: the record speaks for the transaction now.
+    // A copy of the control message: the mark speaks for the transaction now.
     let again = world.handle(control).await;
     assert_eq!(
         again,
@@ -353,7 +354,15 @@ async fn past_the_window_an_entry_is_dispatched_not_fenced() {
         .unwrap()
         .entries
         .is_empty());
-    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Dispatched);
+    assert!(world
+        .backend
+        .store
+        .get_entity(&world.key)
+        .await
+        .unwrap()
+        .unwrap()
+        .sent
+        .contains_key(&txn_id));
 }
 
 /// The request path recorded the transaction dispatched but failed to remove its entry:

@@ -6,9 +6,10 @@
 //! `tombstone` → nothing to do; absent within the commit window → send a new, later
 //! control message; absent after it → write a tombstone, and if a record appeared
 //! meanwhile, handle that record instead. A transaction in entity mode (its control
-//! message names its entity) may have its outcome in the entity instead: its entry is
-//! published, its record put dispatched and the entry removed; after the window its
-//! fence goes into the entity with its record's tombstone.
+//! message names its entity) has its outcome in the entity, read first: its sent mark
+//! (done), or its entry, which is published and settled into a sent mark; its record is
+//! read only where the entity does not tell. After the window its fence goes into the
+//! entity with its record's tombstone. [`marks`] says when sent marks move out.
 //!
 //! - [`ControlPath`] handles a batch; [`poller`] receives and acknowledges control messages
 //!   outside Lambda; [`redelivery`] brings failed ones back in seconds.
@@ -20,6 +21,7 @@ mod entity_race_tests;
 #[cfg(test)]
 mod entity_tests;
 pub mod lease;
+pub mod marks;
 mod outcome;
 mod path;
 pub mod poller;

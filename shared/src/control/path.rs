@@ -146,14 +146,20 @@ impl ControlPath {
         if controls.is_empty() {
             return BTreeMap::new();
         }
-        let txn_ids: Vec<TxnId> = controls.keys().copied().collect();
+        // Entity mode reads the item first (its sent mark settles most), the record only
+        // where the item does not tell; the others' records are read in one batch.
+        let txn_ids: Vec<TxnId> = controls
+            .iter()
+            .filter(|(_, control)| control.entity.is_none())
+            .map(|(txn_id, _)| *txn_id)
+            .collect();
         // Each record on its own: one that cannot be read fails its control message
         // alone, never its neighbours.
-        let mut records = match self.ports.store.get_outboxes_each(&txn_ids).await {
+        let mut records = match self.read_records(&txn_ids).await {
             Ok(records) => records,
             Err(error) => {
                 let error = ControlError::Read(Arc::new(error));
-                return txn_ids.into_iter().map(|id| (id, Err(error.clone()))).collect();
+                return controls.keys().map(|id| (*id, Err(error.clone()))).collect();
             }
         };
         // Transactions decided at once: the reads of their items, the fences and the
@@ -185,8 +191,21 @@ impl ControlPath {
         self.dispatch(decisions).await
     }
 
-    /// What to do for one transaction, given what the batched read found of its record.
+    /// Records `txn_ids`, each read on its own (no call for none).
+    async fn read_records(&self, txn_ids: &[TxnId]) -> Result<crate::ports::OutboxReads, StoreError> {
+        if txn_ids.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        self.ports.store.get_outboxes_each(txn_ids).await
+    }
+
+    /// What to do for one transaction, given what the batched read found of its record
+    /// (entity mode: nothing was read yet).
     async fn decide(&self, control: &ControlMessage, record: Option<Result<OutboxRecord, StoreError>>) -> Decision {
+        if let Some(key) = &control.entity {
+            let span = tracing::info_span!("control_message", txn_id = %control.txn_id, attempt = control.attempt);
+            return self.decide_in_entity(control, key).instrument(span).await;
+        }
         match record {
             // In entity mode the request path records the transaction dispatched, then
             // removes its entry from the entity; a removal that failed is done here. A
@@ -199,10 +218,7 @@ impl ControlPath {
             Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             None => {
                 let span = tracing::info_span!("control_message", txn_id = %control.txn_id, attempt = control.attempt);
-                match &control.entity {
-                    Some(key) => self.decide_on_entity(control, key).instrument(span).await,
-                    None => self.decide_on_absence(control).instrument(span).await,
-                }
+                self.decide_on_absence(control).instrument(span).await
             }
         }
     }
@@ -291,13 +307,62 @@ impl ControlPath {
         Ok(())
     }
 
-    /// No record, in entity mode: the outcome may be in the entity (its entry, pending
-    /// dispatch).
-    async fn decide_on_entity(&self, control: &ControlMessage, key: &ItemKey) -> Decision {
-        match self.entry(key, control.txn_id).await {
-            Ok(Some(entry)) => Decision::PublishEntry(key.clone(), entry, false),
-            Ok(None) => self.decide_on_absence(control).await,
-            Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
+    /// Entity mode: the item first. T's sent mark there settles it (one read, the usual
+    /// case once the request path dispatched); otherwise T's record tells, read after the
+    /// item: a mark leaves the item only once its record is put, so a mark missed by the
+    /// item's read is found in the record. An entry is published; nothing at all is an
+    /// absence (the fence, which checks both again atomically, decides).
+    async fn decide_in_entity(&self, control: &ControlMessage, key: &ItemKey) -> Decision {
+        let txn_id = control.txn_id;
+        let entity = match self.ports.store.get_entity(key).await {
+            Ok(entity) => entity,
+            Err(error) => return Decision::Done(Err(ControlError::Read(Arc::new(error)))),
+        };
+        if let Some(entity) = &entity {
+            self.evict_marks(key, &entity.sent).await;
+            if entity.sent.contains_key(&txn_id) {
+                return Decision::Done(Ok(ControlOutcome::AlreadyDone {
+                    state: OutboxState::Dispatched,
+                }));
+            }
+        }
+        let record = match self.ports.store.get_outboxes_each(&[txn_id]).await {
+            Ok(mut records) => records.remove(&txn_id),
+            Err(error) => Some(Err(error)),
+        };
+        match record {
+            Some(Ok(record)) => self.decide_on_entity_record(control, key, record).await,
+            Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
+            None => match entity.and_then(|entity| entity.entries.get(&txn_id).cloned()) {
+                Some(entry) if entry.state != OutboxState::Tombstone => {
+                    Decision::PublishEntry(key.clone(), entry, false)
+                }
+                _ => self.decide_on_absence(control).await,
+            },
+        }
+    }
+
+    /// Moves the item's sent marks out when it holds more than [`super::marks::MAX_SENT_MARKS`]
+    /// (the item's size is paid by every write of it). A failure is logged: the next
+    /// control message of the item tries again, and nothing depends on it.
+    async fn evict_marks(&self, key: &ItemKey, sent: &BTreeMap<TxnId, crate::time::Timestamp>) {
+        let now = self.ports.clock.now();
+        let Some(eviction) = super::marks::eviction(sent, now) else {
+            return;
+        };
+        match self
+            .ports
+            .store
+            .evict_marks(key, &eviction.evict, &eviction.forget, now)
+            .await
+        {
+            Ok(()) => tracing::info!(
+                entity = %key,
+                evicted = eviction.evict.len(),
+                forgotten = eviction.forget.len(),
+                "sent marks moved out of their item"
+            ),
+            Err(error) => tracing::warn!(entity = %key, error = %error, "moving sent marks out of their item failed"),
         }
     }
 
@@ -332,6 +397,9 @@ impl ControlPath {
             {
                 Ok(FenceOutcome::Fenced) => Decision::Done(Ok(ControlOutcome::Tombstoned)),
                 Ok(FenceOutcome::Committed(entry)) => Decision::PublishEntry(key.clone(), entry, false),
+                Ok(FenceOutcome::Dispatched) => Decision::Done(Ok(ControlOutcome::AlreadyDone {
+                    state: OutboxState::Dispatched,
+                })),
                 // Recorded since this message's read (tombstoned by the request path's
                 // settling fence, or committed and dispatched, its entry perhaps left in
                 // the entity by a removal that failed): handled as a record read first is.
@@ -359,8 +427,10 @@ impl ControlPath {
         Duration::from_secs(whole_seconds.clamp(1, 900))
     }
 
-    /// An entry whose messages went out: the transaction's record is put dispatched
-    /// (where `GET /transactions` and a replay find it), then the entry leaves its entity.
+    /// An entry whose messages went out leaves its entity, which keeps the transaction's
+    /// sent mark ([`Store::settle_entry`]). Beside a tombstone record the record is put
+    /// dispatched over it instead, then the entry removed: a record that says tombstone
+    /// must not outlive the proof of the commit.
     async fn finish_entry(
         &self,
         key: &ItemKey,
@@ -369,14 +439,18 @@ impl ControlPath {
     ) -> Result<ControlOutcome, ControlError> {
         let now = self.ports.clock.now();
         let store = &self.ports.store;
-        store
-            .put_dispatched(entry.txn_id, entry.created_at, now.plus(self.timing.retention))
-            .await
-            .map_err(|error| ControlError::Mark(Arc::new(error)))?;
-        store
-            .remove_entry(key, entry.txn_id)
-            .await
-            .map_err(|error| ControlError::Mark(Arc::new(error)))?;
+        let expires_at = now.plus(self.timing.retention);
+        let settled = if beside_tombstone {
+            match store.put_dispatched(entry.txn_id, entry.created_at, expires_at).await {
+                Ok(()) => store.remove_entry(key, entry.txn_id).await,
+                Err(error) => Err(error),
+            }
+        } else {
+            store
+                .settle_entry(key, entry.txn_id, entry.created_at, expires_at)
+                .await
+        };
+        settled.map_err(|error| ControlError::Mark(Arc::new(error)))?;
         let (messages, committed_at) = (entry.messages.len(), entry.created_at);
         Ok(if beside_tombstone {
             ControlOutcome::DispatchedBesideTombstone { messages, committed_at }

@@ -118,6 +118,11 @@ pub struct EntityItem {
     /// any. A commit of the request path in entity form by a transaction at or below it is
     /// refused ([`CommitError::EntityFenced`]); the mark only moves up.
     pub fence: Option<TxnId>,
+    /// Its sent marks ([`Store::settle_entry`]): the transactions committed into it whose
+    /// messages went out and whose entries left it, each with the time its proof may be
+    /// forgotten. A mark is the transaction's proof of commit until
+    /// [`Store::evict_marks`] moves it to the transaction's record.
+    pub sent: BTreeMap<TxnId, Timestamp>,
 }
 
 /// A commit of one item that carries its outbox entry: one conditional write, no
@@ -273,6 +278,9 @@ pub enum FenceOutcome {
     /// The transaction committed into the item: its entry, as it was. An entry is proof
     /// of the commit even beside a tombstone record (one written without the fence).
     Committed(OutboxRecord),
+    /// The transaction committed into the item and its messages went out: the item holds
+    /// its sent mark ([`Store::settle_entry`]). Nothing is left to do.
+    Dispatched,
     /// The transaction has a record already: committed in the transactional form or
     /// dispatched (pending or dispatched; an entry left in the item beside a dispatched
     /// record is the caller's to remove), or tombstoned before (no entry in the item; the
@@ -382,10 +390,10 @@ pub trait Store: Send + Sync {
     }
 
     /// Fences transaction `txn_id` inside item `key`, in one atomic write, where the item
-    /// holds no entry of it: the item's fence mark is raised to `txn_id` (left where it is
-    /// at or above it already), and the transaction's record becomes a tombstone expiring
-    /// at `expires_at`, where it has none (its outcome moves to that record after
-    /// dispatch, and a commit in the transactional form writes it). So neither form of its
+    /// holds no entry and no sent mark of it: the item's fence mark is raised to `txn_id`
+    /// (left where it is at or above it already), and the transaction's record becomes a
+    /// tombstone expiring at `expires_at`, where it has none (a mark evicted moves to that
+    /// record, and a commit in the transactional form writes it). So neither form of its
     /// commit can apply any more: the mark never moves down and is never pruned, so no
     /// request of the transaction, however late, gets past it. A key without an item (never
     /// created, or deleted) keeps the mark in a vacant item, which reads as absent, which a
@@ -398,6 +406,42 @@ pub trait Store: Send + Sync {
         expires_at: Timestamp,
     ) -> Result<FenceOutcome, StoreError> {
         let _ = (key, txn_id, now, expires_at);
+        Err(StoreError::Unsupported("the entity mode"))
+    }
+
+    /// Settles transaction `txn_id`'s entry in item `key` once its messages went out, in
+    /// one write: the entry leaves the item, and the item keeps the transaction's sent
+    /// mark, to be forgotten at `expires_at`, as the proof that it committed (what a fence,
+    /// the control worker and a status read find) until [`Self::evict_marks`] moves it to
+    /// the transaction's record. Touches nothing else; an entry that is not there (settled
+    /// already) is harmless. The default puts the record dispatched, then removes the
+    /// entry (two writes, the proof in the record): a store that wraps another forwards
+    /// this to keep the one write.
+    async fn settle_entry(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.put_dispatched(txn_id, now, expires_at).await?;
+        self.remove_entry(key, txn_id).await
+    }
+
+    /// Moves sent marks out of item `key` ([`Self::settle_entry`]): each transaction of
+    /// `evict` gets its record `dispatched`, expiring when its mark would have been
+    /// forgotten, and only then do the marks of `evict` and of `forget` (marks past their
+    /// time, whose proof is no longer kept) leave the item. The records come first, so
+    /// that a transaction's proof is never gone from both. Touches nothing else, and
+    /// never brings back an item deleted meanwhile.
+    async fn evict_marks(
+        &self,
+        key: &ItemKey,
+        evict: &[(TxnId, Timestamp)],
+        forget: &[TxnId],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let _ = (key, evict, forget, now);
         Err(StoreError::Unsupported("the entity mode"))
     }
 

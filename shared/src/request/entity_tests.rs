@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{InlineDispatch, Outbox, Settlement, TxnError};
+use super::{InlineDispatch, Outbox, Settlement, TxnError, TxnStatus};
 use crate::control::{ControlOutcome, ControlPath};
 use crate::embedded::{EmbeddedBackend, ManualClock, StoreEvent};
 use crate::ports::{Clock, CommitError, ControlDelivery, EntityCommit, ExpectedVersion, ItemKey, Store};
@@ -141,12 +141,17 @@ async fn a_change_to_one_item_commits_in_one_write_and_is_dispatched_inline() {
         "one write into the item, no transaction"
     );
     assert_eq!(world.published(), 1);
-    assert_eq!(
-        world.record(committed.txn_id).await.unwrap().state,
-        OutboxState::Dispatched
+    assert!(
+        world.record(committed.txn_id).await.is_none(),
+        "no record: the dispatch is one write"
     );
     let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
     assert!(entity.entries.is_empty(), "the entry moved out");
+    assert!(entity.sent.contains_key(&committed.txn_id), "its sent mark stays");
+    assert_eq!(
+        world.outbox.status_in(committed.txn_id, &order()).await.unwrap(),
+        TxnStatus::Dispatched
+    );
     assert_eq!(
         (entity.item.version, entity.item.data.clone()),
         (2, json!({"lines": 2}))
@@ -172,6 +177,15 @@ async fn with_inline_publishing_off_the_worker_dispatches_the_entry() {
         OutboxState::Pending,
         "the entry waits in the item"
     );
+    assert_eq!(
+        world.outbox.status_in(committed.txn_id, &order()).await.unwrap(),
+        TxnStatus::Pending
+    );
+    assert_eq!(
+        world.outbox.status(committed.txn_id).await.unwrap(),
+        TxnStatus::Unknown,
+        "without the item, nothing tells"
+    );
     assert!(world.record(committed.txn_id).await.is_none());
     let outcomes = world.settle_control().await;
     assert!(
@@ -179,19 +193,10 @@ async fn with_inline_publishing_off_the_worker_dispatches_the_entry() {
         "{outcomes:?}"
     );
     assert_eq!(world.published(), 1);
-    assert_eq!(
-        world.record(committed.txn_id).await.unwrap().state,
-        OutboxState::Dispatched
-    );
-    assert!(world
-        .backend
-        .store
-        .get_entity(&order())
-        .await
-        .unwrap()
-        .unwrap()
-        .entries
-        .is_empty());
+    assert!(world.record(committed.txn_id).await.is_none());
+    let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
+    assert!(entity.entries.is_empty());
+    assert!(entity.sent.contains_key(&committed.txn_id));
 }
 
 #[tokio::test]

@@ -89,12 +89,11 @@ impl Outbox {
         }
     }
 
-    /// Publishes a transaction's entry committed into `entity` (entity mode), puts its
-    /// record dispatched (where `GET /transactions` and the control worker find it), then
-    /// removes the entry from the entity, within `deadline`. The record before the
-    /// removal: the other order, with a crash between, would leave neither, and the
-    /// worker would fence a committed transaction. Never fails: what it cannot do, the
-    /// control worker does.
+    /// Publishes a transaction's entry committed into `entity` (entity mode), then
+    /// settles it, within `deadline`: one write that removes the entry and leaves the
+    /// transaction's sent mark in the item, its proof of commit (where a fence, the
+    /// control worker and `GET /transactions` find it). Never fails: what it cannot do,
+    /// the control worker does.
     async fn dispatch_entry_inline(
         &self,
         entity: &ItemKey,
@@ -110,16 +109,14 @@ impl Outbox {
                 return InlineDispatch::LeftToWorker;
             }
             let now = clock.now();
-            let store = &self.ports.store;
-            if let Err(error) = store
-                .put_dispatched(entry.txn_id, entry.created_at, now.plus(self.timing.retention))
+            if let Err(error) = self
+                .ports
+                .store
+                .settle_entry(entity, entry.txn_id, entry.created_at, now.plus(self.timing.retention))
                 .await
             {
-                tracing::warn!(error = %error, "recording the transaction dispatched failed; the control worker will");
+                tracing::warn!(error = %error, "settling the entry failed; the control worker will");
                 return InlineDispatch::LeftToWorker;
-            }
-            if let Err(error) = store.remove_entry(entity, entry.txn_id).await {
-                tracing::warn!(error = %error, "removing the entry failed; the control worker will");
             }
             if entry.messages.is_empty() {
                 InlineDispatch::NothingToPublish

@@ -221,6 +221,25 @@ impl Outbox {
             None => TxnStatus::Unknown,
         })
     }
+
+    /// What is known of transaction `txn_id`, begun in entity mode on item `key`
+    /// ([`Self::begin_entity`]): its record where it has one, else the item, which holds
+    /// its entry until dispatch and its sent mark after.
+    pub async fn status_in(&self, txn_id: TxnId, key: &ItemKey) -> Result<TxnStatus, StoreError> {
+        let status = self.status(txn_id).await?;
+        if status != TxnStatus::Unknown {
+            return Ok(status);
+        }
+        let Some(entity) = self.ports.store.get_entity(key).await? else {
+            return Ok(TxnStatus::Unknown);
+        };
+        Ok(match entity.entries.get(&txn_id) {
+            Some(entry) if entry.state == OutboxState::Pending => TxnStatus::Pending,
+            Some(entry) if entry.state == OutboxState::Dispatched => TxnStatus::Dispatched,
+            _ if entity.sent.contains_key(&txn_id) => TxnStatus::Dispatched,
+            _ => TxnStatus::Unknown,
+        })
+    }
 }
 
 /// What is known of a transaction, for clients that got an ambiguous answer.

@@ -179,6 +179,10 @@ impl Outbox {
                                 Settlement::AlreadyTombstoned
                             }
                             FenceOutcome::Recorded(found) => Settlement::Committed(found),
+                            // Committed into the entity and sent: nothing is left to do.
+                            FenceOutcome::Dispatched => {
+                                Settlement::Committed(OutboxRecord::committed(txn_id, Vec::new(), now, expires_at))
+                            }
                             FenceOutcome::Committed(entry) => {
                                 in_entity = true;
                                 Settlement::Committed(entry)

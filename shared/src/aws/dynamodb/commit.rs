@@ -19,13 +19,22 @@ use crate::ports::{
 use crate::protocol::{IdempotencySlot, OutboxRecord, OutboxState, TxnId};
 use crate::settings::TableLayout;
 
-use super::entity::OUTBOX_ATTRIBUTE;
+use super::entity::{sent_of, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
 use super::fence::{fence_of, FENCE_ATTRIBUTE, NO_FENCE};
 use super::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES, PART_ORPHAN_GUARD};
 
-/// The fence marks of the items a commit deletes, as read before it (`None`: no mark): a
-/// deleted item that has one keeps it in a vacant item.
-type Marks = std::collections::BTreeMap<ItemKey, Option<TxnId>>;
+/// What an item a commit deletes keeps, as read before the commit: a deleted item with a
+/// fence mark or sent marks keeps them in a vacant item.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Kept {
+    /// Its fence mark (`None`: no mark).
+    fence: Option<TxnId>,
+    /// Whether it holds sent marks.
+    sent: bool,
+}
+
+/// What each item a commit deletes keeps, read before the commit.
+type Marks = std::collections::BTreeMap<ItemKey, Kept>;
 
 /// What each action of a commit stands for, to read its cancellation reason.
 enum Role {
@@ -111,14 +120,26 @@ impl DynamoStore {
             BusinessWrite::Delete { key, version } => {
                 let mut values = HashMap::from([(":expected".to_owned(), n(*version)), (":none".to_owned(), n(0))]);
                 let base = "attribute_exists(version) AND version = :expected AND (attribute_not_exists(#outbox) OR size(#outbox) = :none)";
-                match marks.get(key).copied().flatten() {
+                let kept = marks.get(key).copied().unwrap_or_default();
+                let fence_as_read = match kept.fence {
                     Some(mark) => {
                         values.insert(":mark".to_owned(), s(mark.to_string()));
+                        "#fence = :mark"
+                    }
+                    None => {
+                        values.insert(":nofence".to_owned(), s(NO_FENCE.to_owned()));
+                        "(attribute_not_exists(#fence) OR #fence = :nofence)"
+                    }
+                };
+                match kept {
+                    // The marks stay in a vacant item (the sent marks whatever they are
+                    // now: none leaves it here).
+                    Kept { fence: Some(_), .. } | Kept { sent: true, .. } => {
                         let vacate = Update::builder()
                             .table_name(table)
                             .set_key(Some(self.key(key.as_str())))
                             .update_expression("REMOVE #data, version, #outbox")
-                            .condition_expression(format!("{base} AND #fence = :mark"))
+                            .condition_expression(format!("{base} AND {fence_as_read}"))
                             .expression_attribute_names("#data", "data")
                             .expression_attribute_names("#outbox", OUTBOX_ATTRIBUTE)
                             .expression_attribute_names("#fence", FENCE_ATTRIBUTE)
@@ -128,16 +149,21 @@ impl DynamoStore {
                             .map_err(invalid)?;
                         TransactWriteItem::builder().update(vacate).build()
                     }
-                    None => {
-                        values.insert(":nofence".to_owned(), s(NO_FENCE.to_owned()));
+                    // Nothing to keep, as read; a mark that appeared since fails the
+                    // condition, and the commit is tried again.
+                    Kept {
+                        fence: None,
+                        sent: false,
+                    } => {
                         let delete = Delete::builder()
                             .table_name(table)
                             .set_key(Some(self.key(key.as_str())))
                             .condition_expression(format!(
-                                "{base} AND (attribute_not_exists(#fence) OR #fence = :nofence)"
+                                "{base} AND {fence_as_read} AND (attribute_not_exists(#sent) OR size(#sent) = :none)"
                             ))
                             .expression_attribute_names("#outbox", OUTBOX_ATTRIBUTE)
                             .expression_attribute_names("#fence", FENCE_ATTRIBUTE)
+                            .expression_attribute_names("#sent", SENT_ATTRIBUTE)
                             .set_expression_attribute_values(Some(values))
                             // What blocked it: another version, entries still to dispatch, or a
                             // fence since the read.
@@ -182,13 +208,16 @@ impl DynamoStore {
                 .read_raw(key)
                 .await
                 .map_err(|error| CommitError::Unavailable(Box::new(error)))?;
-            let mark = match &item {
-                Some(item) => {
-                    fence_of(&self.layout, item).map_err(|error| CommitError::Unavailable(Box::new(error)))?
-                }
-                None => None,
+            let kept = match &item {
+                Some(item) => Kept {
+                    fence: fence_of(&self.layout, item).map_err(|error| CommitError::Unavailable(Box::new(error)))?,
+                    sent: !sent_of(&self.layout, item)
+                        .map_err(|error| CommitError::Unavailable(Box::new(error)))?
+                        .is_empty(),
+                },
+                None => Kept::default(),
             };
-            marks.insert(key.clone(), mark);
+            marks.insert(key.clone(), kept);
         }
         Ok(marks)
     }
@@ -445,7 +474,11 @@ impl DynamoStore {
         let base = request.outbox.attempt.unwrap_or(request.txn_id).to_string();
         let marked: Vec<String> = marks
             .iter()
-            .filter_map(|(key, mark)| mark.map(|mark| format!("{key}={mark}")))
+            .filter(|(_, kept)| **kept != Kept::default())
+            .map(|(key, kept)| match kept.fence {
+                Some(mark) => format!("{key}={mark}{}", if kept.sent { "+sent" } else { "" }),
+                None => format!("{key}=sent"),
+            })
             .collect();
         if marked.is_empty() {
             return base;
@@ -556,10 +589,15 @@ mod tests {
             outbox: OutboxRecord::committed(txn_id, vec![], now, now),
             idempotency: None,
         };
-        let token = |mark: Option<TxnId>| DynamoStore::client_token(&request, &Marks::from([(key.clone(), mark)]));
-        assert_eq!(token(None), txn_id.to_string());
-        let (first, second) = (token(Some(TxnId::new_v7())), token(Some(TxnId::new_v7())));
+        let token = |fence: Option<TxnId>, sent: bool| {
+            DynamoStore::client_token(&request, &Marks::from([(key.clone(), Kept { fence, sent })]))
+        };
+        assert_eq!(token(None, false), txn_id.to_string());
+        let (first, second) = (token(Some(TxnId::new_v7()), false), token(Some(TxnId::new_v7()), false));
         assert_ne!(first, second);
+        // Sent marks choose the vacant form too.
+        let with_sent = token(None, true);
+        assert_ne!(with_sent, txn_id.to_string());
         assert_ne!(first, txn_id.to_string());
         assert!(
             first.len() <= 36,

@@ -32,6 +32,11 @@ use super::{unavailable, DynamoStore};
 /// The attribute that holds an item's outbox entries.
 pub(crate) const OUTBOX_ATTRIBUTE: &str = "outbox";
 
+/// The attribute that holds an item's sent marks: a map of transaction id to the time
+/// (N, milliseconds) its proof may be forgotten. Every commit in entity form reserves
+/// it (an empty map) so that settling an entry can set one mark in it.
+pub(crate) const SENT_ATTRIBUTE: &str = "outbox_sent";
+
 /// DynamoDB's 400 KB item limit.
 const MAX_ITEM_BYTES: usize = 400 * 1024;
 
@@ -75,6 +80,28 @@ pub(super) fn entries_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<T
                 return Err(reader.corrupt(format!("entry {txn} names {}", record.txn_id)));
             }
             Ok((txn_id, record))
+        })
+        .collect()
+}
+
+/// The sent marks of an item as stored, read back.
+pub(crate) fn sent_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<TxnId, Timestamp>, StoreError> {
+    let reader = Reader::new(layout, item);
+    let Some(map) = item.get(SENT_ATTRIBUTE) else {
+        return Ok(BTreeMap::new());
+    };
+    let map = map.as_m().map_err(|_| reader.corrupt("outbox_sent is not a map"))?;
+    map.iter()
+        .map(|(txn, value)| {
+            let txn_id: TxnId = txn
+                .parse()
+                .map_err(|_| reader.corrupt(format!("bad sent mark {txn}")))?;
+            let millis: u64 = value
+                .as_n()
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .ok_or_else(|| reader.corrupt(format!("sent mark {txn} is not a number")))?;
+            Ok((txn_id, Timestamp::from_millis(millis)))
         })
         .collect()
 }
@@ -202,6 +229,7 @@ impl DynamoStore {
             item: business,
             entries: entries_of(&self.layout, &item)?,
             fence: fence_of(&self.layout, &item)?,
+            sent: sent_of(&self.layout, &item)?,
         }))
     }
 
@@ -249,11 +277,13 @@ impl DynamoStore {
             ("#version".to_owned(), "version".to_owned()),
             ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
             ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
+            ("#sent".to_owned(), SENT_ATTRIBUTE.to_owned()),
         ]);
         let mut values = HashMap::from([
             (":data".to_owned(), data.clone()),
             (":next".to_owned(), n(commit.expected.next())),
             (":nofence".to_owned(), s(NO_FENCE.to_owned())),
+            (":nosent".to_owned(), AttributeValue::M(HashMap::new())),
         ]);
         if let ExpectedVersion::Exactly(version) = commit.expected {
             values.insert(":expected".to_owned(), n(version));
@@ -263,7 +293,7 @@ impl DynamoStore {
                 names.insert("#txn".to_owned(), txn);
                 values.insert(":entry".to_owned(), entry.clone());
                 (
-                    "SET #data = :data, #version = :next, #outbox.#txn = :entry, #fence = if_not_exists(#fence, :nofence)",
+                    "SET #data = :data, #version = :next, #outbox.#txn = :entry, #fence = if_not_exists(#fence, :nofence), #sent = if_not_exists(#sent, :nosent)",
                     "attribute_exists(#pk) AND #version = :expected AND attribute_exists(#outbox) AND attribute_not_exists(#outbox.#txn)".to_owned(),
                 )
             }
@@ -273,7 +303,7 @@ impl DynamoStore {
                     AttributeValue::M(HashMap::from([(txn, entry.clone())])),
                 );
                 (
-                    "SET #data = :data, #version = :next, #outbox = :map, #fence = if_not_exists(#fence, :nofence)",
+                    "SET #data = :data, #version = :next, #outbox = :map, #fence = if_not_exists(#fence, :nofence), #sent = if_not_exists(#sent, :nosent)",
                     if form == Form::Create {
                         "attribute_not_exists(#version)".to_owned()
                     } else {
@@ -353,6 +383,110 @@ impl DynamoStore {
             .update_expression("REMOVE #outbox.#txn")
             // Never creates the item again, nor a map on an item without one.
             .condition_expression("attribute_exists(#outbox.#txn)")
+            .set_expression_attribute_names(Some(names))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(service))
+                if matches!(service.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
+            {
+                Ok(())
+            }
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    /// Settles T's entry in K in one `UpdateItem`: the entry removed, T's sent mark set,
+    /// where the entry is there. An item whose entry was committed before sent marks
+    /// existed has no map for them: its record is put and the entry removed instead.
+    pub(super) async fn settle_in_item(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let names = HashMap::from([
+            ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
+            ("#sent".to_owned(), SENT_ATTRIBUTE.to_owned()),
+            ("#txn".to_owned(), txn_id.to_string()),
+        ]);
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.key(key.as_str())))
+            .update_expression("REMOVE #outbox.#txn SET #sent.#txn = :expires")
+            // Never creates the item again, nor a mark without the entry it replaces.
+            .condition_expression("attribute_exists(#outbox.#txn) AND attribute_exists(#sent)")
+            .set_expression_attribute_names(Some(names))
+            .expression_attribute_values(":expires", n(expires_at.as_millis()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(service))
+                if matches!(service.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
+            {
+                let old = match service.err() {
+                    UpdateItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
+                    _ => None,
+                };
+                let legacy = old.as_ref().is_some_and(|item| {
+                    !item.contains_key(SENT_ATTRIBUTE)
+                        && entries_of(&self.layout, item).is_ok_and(|entries| entries.contains_key(&txn_id))
+                });
+                if legacy {
+                    self.put_dispatched_record(txn_id, now, expires_at).await?;
+                    self.drop_entry(key, txn_id).await?;
+                }
+                // Otherwise the entry is gone: settled already.
+                Ok(())
+            }
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    /// Evicts sent marks from K: the records of `evict` put dispatched (each expiring when
+    /// its mark would have been forgotten), then one `UpdateItem` removing those marks and
+    /// the ones of `forget`.
+    pub(super) async fn evict_from_item(
+        &self,
+        key: &ItemKey,
+        evict: &[(TxnId, Timestamp)],
+        forget: &[TxnId],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let puts = evict
+            .iter()
+            .map(|(txn_id, expires_at)| self.put_dispatched_record(*txn_id, now, *expires_at));
+        for put in futures_util::future::join_all(puts).await {
+            put?;
+        }
+        let gone: Vec<TxnId> = evict
+            .iter()
+            .map(|(txn_id, _)| *txn_id)
+            .chain(forget.iter().copied())
+            .collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let mut names = HashMap::from([("#sent".to_owned(), SENT_ATTRIBUTE.to_owned())]);
+        let mut removals = Vec::with_capacity(gone.len());
+        for (index, txn_id) in gone.iter().enumerate() {
+            names.insert(format!("#t{index}"), txn_id.to_string());
+            removals.push(format!("#sent.#t{index}"));
+        }
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.key(key.as_str())))
+            .update_expression(format!("REMOVE {}", removals.join(", ")))
+            // Never creates the item again.
+            .condition_expression("attribute_exists(#sent)")
             .set_expression_attribute_names(Some(names))
             .send()
             .await;

@@ -20,7 +20,7 @@ use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
 
-use super::entity::{entries_of, OUTBOX_ATTRIBUTE};
+use super::entity::{entries_of, sent_of, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
 use super::{unavailable, DynamoStore};
 use crate::aws::item::{outbox_from_items, outbox_items, outbox_pk, s, Item, Reader};
 use crate::ports::{FenceOutcome, ItemKey, Store, StoreError};
@@ -151,6 +151,12 @@ impl DynamoStore {
             .filter(|entry| entry.state != OutboxState::Tombstone))
     }
 
+    /// Whether `item` holds T's sent mark.
+    fn sent_mark_in(&self, item: Option<&Item>, txn_id: TxnId) -> Result<bool, StoreError> {
+        let Some(item) = item else { return Ok(false) };
+        Ok(sent_of(&self.layout, item)?.contains_key(&txn_id))
+    }
+
     /// One try: K's action in `form`; T's record put as `tombstone` where it has none, or,
     /// with `tombstoned` (its tombstone as read), checked to be that tombstone still.
     async fn try_fence(
@@ -164,15 +170,18 @@ impl DynamoStore {
         let mut names = HashMap::from([
             ("#version".to_owned(), "version".to_owned()),
             ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
+            ("#sent".to_owned(), SENT_ATTRIBUTE.to_owned()),
+            ("#txn".to_owned(), txn_id.to_string()),
         ]);
         let values = HashMap::from([(":txnid".to_owned(), s(txn_id.to_string()))]);
+        // No sent mark of T (a vacant key keeps them too): a mark is proof of its commit.
         let mut condition = if form.exists {
             names.insert("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned());
-            names.insert("#txn".to_owned(), txn_id.to_string());
             // No entry of T: an entry is proof of its commit.
-            "attribute_exists(#version) AND attribute_not_exists(#outbox.#txn)".to_owned()
+            "attribute_exists(#version) AND attribute_not_exists(#outbox.#txn) AND attribute_not_exists(#sent.#txn)"
+                .to_owned()
         } else {
-            "attribute_not_exists(#version)".to_owned()
+            "attribute_not_exists(#version) AND attribute_not_exists(#sent.#txn)".to_owned()
         };
         condition.push_str(if form.raise {
             " AND (attribute_not_exists(#fence) OR #fence < :txnid)"
@@ -291,6 +300,9 @@ impl DynamoStore {
                     Tried::Done(FenceOutcome::Recorded(record))
                 }
                 (_, Some(entry)) => Tried::Done(FenceOutcome::Committed(entry)),
+                (_, None) if self.sent_mark_in(item_now.as_ref().and_then(Option::as_ref), txn_id)? => {
+                    Tried::Done(FenceOutcome::Dispatched)
+                }
                 (tombstone, None) => Tried::Again {
                     item: item_now,
                     tombstone,

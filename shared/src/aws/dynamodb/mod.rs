@@ -318,6 +318,26 @@ impl Store for DynamoStore {
         self.write_fence(key, txn_id, now, expires_at).await
     }
 
+    async fn settle_entry(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.settle_in_item(key, txn_id, now, expires_at).await
+    }
+
+    async fn evict_marks(
+        &self,
+        key: &ItemKey,
+        evict: &[(TxnId, Timestamp)],
+        forget: &[TxnId],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.evict_from_item(key, evict, forget, now).await
+    }
+
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
         self.put_dispatched_record(txn_id, now, expires_at).await
     }

@@ -1,6 +1,6 @@
 //! The entity mode on the embedded table: an item's outbox entries live in the item, a
-//! commit is one conditional write of it, a removal touches only its entry, and a fence
-//! raises the item's fence mark.
+//! commit is one conditional write of it, a removal touches only its entry, a settling
+//! leaves a sent mark in its place, and a fence raises the item's fence mark.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +20,7 @@ pub(super) fn read(state: &State, key: &ItemKey, now: Timestamp) -> Option<Entit
             json,
             entries,
             fence,
+            sent,
         }) => Some(EntityItem {
             item: VersionedItem {
                 key: key.clone(),
@@ -28,6 +29,7 @@ pub(super) fn read(state: &State, key: &ItemKey, now: Timestamp) -> Option<Entit
             },
             entries: entries.clone(),
             fence: *fence,
+            sent: sent.clone(),
         }),
         _ => None,
     }
@@ -38,15 +40,16 @@ pub(super) fn read(state: &State, key: &ItemKey, now: Timestamp) -> Option<Entit
 pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -> Result<(), CommitError> {
     let key = commit.key.as_str();
     let txn_id = commit.entry.txn_id;
-    let (current, mut entries, fence) = match EmbeddedStore::live(state, key, now) {
+    let (current, mut entries, fence, sent) = match EmbeddedStore::live(state, key, now) {
         Some(Item::Business {
             version,
             entries,
             fence,
+            sent,
             ..
-        }) => (Some(*version), entries.clone(), *fence),
-        Some(Item::Vacant { fence }) => (None, BTreeMap::new(), Some(*fence)),
-        _ => (None, BTreeMap::new(), None),
+        }) => (Some(*version), entries.clone(), *fence, sent.clone()),
+        Some(Item::Vacant { fence, sent }) => (None, BTreeMap::new(), *fence, sent.clone()),
+        _ => (None, BTreeMap::new(), None, BTreeMap::new()),
     };
     if let Some(found) = entries.get(&txn_id) {
         return if commit.entry.is_own(found) {
@@ -88,6 +91,7 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
         json: json.into_boxed_str(),
         entries,
         fence,
+        sent,
     };
     state.insert(key.to_owned(), item);
     state.record(|| StoreEvent::EntityCommitted {
@@ -128,12 +132,79 @@ pub(super) fn entry(state: &State, key: &ItemKey, txn_id: TxnId) -> Option<Outbo
 /// the item holds no entry of it); a key without an item keeps the mark in a vacant item.
 pub(super) fn raise_fence(state: &mut State, key: &ItemKey, txn_id: TxnId) {
     match state.items.get_mut(key.as_str()) {
-        Some(Item::Business { fence, .. }) => {
+        Some(Item::Business { fence, .. } | Item::Vacant { fence, .. }) => {
             *fence = (*fence).max(Some(txn_id));
         }
-        Some(Item::Vacant { fence }) => *fence = (*fence).max(txn_id),
         _ => {
-            state.insert(key.as_str().to_owned(), Item::Vacant { fence: txn_id });
+            let vacant = Item::Vacant {
+                fence: Some(txn_id),
+                sent: BTreeMap::new(),
+            };
+            state.insert(key.as_str().to_owned(), vacant);
         }
+    }
+}
+
+/// Whether item `key` (or its vacant key) holds transaction `txn_id`'s sent mark.
+pub(super) fn has_sent_mark(state: &State, key: &ItemKey, txn_id: TxnId) -> bool {
+    match state.items.get(key.as_str()) {
+        Some(Item::Business { sent, .. } | Item::Vacant { sent, .. }) => sent.contains_key(&txn_id),
+        _ => false,
+    }
+}
+
+/// Moves `txn_id`'s entry out of item `key` and leaves its sent mark, if the entry is
+/// there (one write: nothing else of the item changes).
+pub(super) fn settle(state: &mut State, key: &ItemKey, txn_id: TxnId, expires_at: Timestamp, now: Timestamp) {
+    let settled = match state.items.get_mut(key.as_str()) {
+        Some(Item::Business { entries, sent, .. })
+            if entries
+                .get(&txn_id)
+                .is_some_and(|entry| entry.state != OutboxState::Tombstone) =>
+        {
+            entries.remove(&txn_id);
+            sent.insert(txn_id, expires_at);
+            true
+        }
+        _ => false,
+    };
+    if settled {
+        state.record(|| StoreEvent::EntrySettled {
+            key: key.clone(),
+            txn_id,
+            at: now,
+        });
+    }
+}
+
+/// Drops the sent marks of `evicted` (whose records the caller put) and `forgotten` from
+/// item `key` (or its vacant key), where they are.
+pub(super) fn drop_marks(state: &mut State, key: &ItemKey, evicted: &[TxnId], forgotten: &[TxnId], now: Timestamp) {
+    let Some(Item::Business { sent, .. } | Item::Vacant { sent, .. }) = state.items.get_mut(key.as_str()) else {
+        return;
+    };
+    let evicted: Vec<TxnId> = evicted
+        .iter()
+        .copied()
+        .filter(|txn_id| sent.remove(txn_id).is_some())
+        .collect();
+    let forgotten: Vec<TxnId> = forgotten
+        .iter()
+        .copied()
+        .filter(|txn_id| sent.remove(txn_id).is_some())
+        .collect();
+    // A vacant key that keeps nothing any more is gone, as a deleted item is.
+    if let Some(Item::Vacant { fence: None, sent }) = state.items.get(key.as_str()) {
+        if sent.is_empty() {
+            state.items.remove(key.as_str());
+        }
+    }
+    if !evicted.is_empty() || !forgotten.is_empty() {
+        state.record(|| StoreEvent::MarksEvicted {
+            key: key.clone(),
+            evicted,
+            forgotten,
+            at: now,
+        });
     }
 }

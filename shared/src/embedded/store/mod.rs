@@ -34,17 +34,20 @@ const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
 enum Item {
     /// The entity mode's outbox entries ride along (docs/PROTOCOL.md section 11); an empty map
     /// allocates nothing.
-    /// `fence` is its fence mark (entity mode), kept by every write of the item.
+    /// `fence` is its fence mark and `sent` its sent marks (entity mode), kept by every
+    /// write of the item.
     Business {
         version: u64,
         json: Box<str>,
         entries: BTreeMap<TxnId, OutboxRecord>,
         fence: Option<TxnId>,
+        sent: BTreeMap<TxnId, Timestamp>,
     },
-    /// A business key without an item that keeps a fence mark: the fence found no item,
-    /// or the item was deleted. Read as absent; a create keeps the mark.
+    /// A business key without an item that keeps a fence mark or sent marks: the fence
+    /// found no item, or the item was deleted. Read as absent; a create keeps the marks.
     Vacant {
-        fence: TxnId,
+        fence: Option<TxnId>,
+        sent: BTreeMap<TxnId, Timestamp>,
     },
     Outbox(Box<OutboxRecord>),
     Idempotency(Box<IdempotencyRecord>),
@@ -107,6 +110,28 @@ pub enum StoreEvent {
     EntityCommitted {
         /// What was committed.
         commit: Box<EntityCommit>,
+        /// When.
+        at: Timestamp,
+    },
+    /// An entry left its item with its messages sent, the item keeping its sent mark
+    /// ([`Store::settle_entry`]).
+    EntrySettled {
+        /// The item.
+        key: ItemKey,
+        /// The entry's transaction.
+        txn_id: TxnId,
+        /// When.
+        at: Timestamp,
+    },
+    /// Sent marks left their item ([`Store::evict_marks`]): those of `evicted` after their
+    /// records were put dispatched, those of `forgotten` without.
+    MarksEvicted {
+        /// The item.
+        key: ItemKey,
+        /// The marks whose transactions' records were put.
+        evicted: Vec<TxnId>,
+        /// The marks past their time, dropped.
+        forgotten: Vec<TxnId>,
         /// When.
         at: Timestamp,
     },
@@ -370,24 +395,30 @@ impl Store for EmbeddedStore {
                 BusinessWrite::Put { key, data, expected } => {
                     // An update of an existing item keeps its entries and its fence mark;
                     // a create keeps the mark a vacant key held.
-                    let (entries, fence) = match state.items.remove(key.as_str()) {
-                        Some(Item::Business { entries, fence, .. }) => (entries, fence),
-                        Some(Item::Vacant { fence }) => (BTreeMap::new(), Some(fence)),
-                        _ => (BTreeMap::new(), None),
+                    let (entries, fence, sent) = match state.items.remove(key.as_str()) {
+                        Some(Item::Business {
+                            entries, fence, sent, ..
+                        }) => (entries, fence, sent),
+                        Some(Item::Vacant { fence, sent }) => (BTreeMap::new(), fence, sent),
+                        _ => (BTreeMap::new(), None, BTreeMap::new()),
                     };
                     let item = Item::Business {
                         version: expected.next(),
                         json: data.to_string().into_boxed_str(),
                         entries,
                         fence,
+                        sent,
                     };
                     state.insert(key.as_str().to_owned(), item);
                 }
-                // A deleted item's fence mark stays with its key: a late commit of a
-                // transaction fenced in it meets the mark again if the item is created anew.
+                // A deleted item's marks stay with its key: a late commit of a transaction
+                // fenced in it meets the fence mark again if the item is created anew, and
+                // a late control message of a transaction sent from it finds its sent mark.
                 BusinessWrite::Delete { key, .. } => {
-                    if let Some(Item::Business { fence: Some(fence), .. }) = state.items.remove(key.as_str()) {
-                        state.insert(key.as_str().to_owned(), Item::Vacant { fence });
+                    if let Some(Item::Business { fence, sent, .. }) = state.items.remove(key.as_str()) {
+                        if fence.is_some() || !sent.is_empty() {
+                            state.insert(key.as_str().to_owned(), Item::Vacant { fence, sent });
+                        }
                     }
                 }
                 BusinessWrite::Check { .. } => {}
@@ -542,6 +573,7 @@ impl Store for EmbeddedStore {
         match (record, entity::entry(&state, key, txn_id)) {
             (Some(record), _) if record.state != OutboxState::Tombstone => return Ok(FenceOutcome::Recorded(record)),
             (_, Some(entry)) => return Ok(FenceOutcome::Committed(entry)),
+            _ if entity::has_sent_mark(&state, key, txn_id) => return Ok(FenceOutcome::Dispatched),
             // A tombstone written without the fence: the mark is raised all the same.
             (Some(tombstone), None) => {
                 entity::raise_fence(&mut state, key, txn_id);
@@ -564,6 +596,44 @@ impl Store for EmbeddedStore {
         });
         state.record(|| StoreEvent::Tombstoned { txn_id, at: clock_now });
         Ok(FenceOutcome::Fenced)
+    }
+
+    async fn settle_entry(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        _now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let clock_now = self.clock.now();
+        let mut state = self.lock();
+        state.sweep(clock_now);
+        entity::settle(&mut state, key, txn_id, expires_at, clock_now);
+        Ok(())
+    }
+
+    async fn evict_marks(
+        &self,
+        key: &ItemKey,
+        evict: &[(TxnId, Timestamp)],
+        forget: &[TxnId],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let clock_now = self.clock.now();
+        let mut state = self.lock();
+        state.sweep(clock_now);
+        // The records first (one write each on DynamoDB), then the marks leave the item.
+        for (txn_id, expires_at) in evict {
+            let record = OutboxRecord::committed(*txn_id, Vec::new(), now, *expires_at);
+            state.insert(outbox_key(*txn_id), Item::Outbox(Box::new(record)));
+            state.record(|| StoreEvent::MarkedDispatched {
+                txn_id: *txn_id,
+                at: clock_now,
+            });
+        }
+        let evicted: Vec<TxnId> = evict.iter().map(|(txn_id, _)| *txn_id).collect();
+        entity::drop_marks(&mut state, key, &evicted, forget, clock_now);
+        Ok(())
     }
 
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
