@@ -20,6 +20,25 @@ pub const MAX_SENT_MARKS: usize = 8;
 /// messages are still to come.
 pub const KEPT_SENT_MARKS: usize = 4;
 
+/// How many sent marks an item keeps: [`MAX_SENT_MARKS`] and [`KEPT_SENT_MARKS`] by
+/// default (a simulation lowers them to reach the eviction at every step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentMarkLimits {
+    /// The most an item keeps before they move out.
+    pub max: usize,
+    /// The newest it keeps when they do (at most `max`).
+    pub kept: usize,
+}
+
+impl Default for SentMarkLimits {
+    fn default() -> Self {
+        Self {
+            max: MAX_SENT_MARKS,
+            kept: KEPT_SENT_MARKS,
+        }
+    }
+}
+
 /// The marks to move out of an item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Eviction {
@@ -30,23 +49,25 @@ pub struct Eviction {
     pub forget: Vec<TxnId>,
 }
 
-/// What to move out of an item holding `sent` at `now`, if anything: nothing while it
-/// holds at most [`MAX_SENT_MARKS`]; otherwise every mark but the [`KEPT_SENT_MARKS`]
-/// newest (by transaction id, which orders transactions by when they began).
-pub fn eviction(sent: &BTreeMap<TxnId, Timestamp>, now: Timestamp) -> Option<Eviction> {
-    if sent.len() <= MAX_SENT_MARKS {
-        return None;
+impl SentMarkLimits {
+    /// What to move out of an item holding `sent` at `now`, if anything: nothing while
+    /// it holds at most `max`; otherwise every mark but the `kept` newest (by transaction
+    /// id, which orders transactions by when they began).
+    pub fn eviction(&self, sent: &BTreeMap<TxnId, Timestamp>, now: Timestamp) -> Option<Eviction> {
+        if sent.len() <= self.max {
+            return None;
+        }
+        let older = sent.len() - self.kept.min(self.max);
+        let (forget, evict): (Vec<_>, Vec<_>) = sent
+            .iter()
+            .take(older)
+            .map(|(txn_id, expires_at)| (*txn_id, *expires_at))
+            .partition(|(_, expires_at)| *expires_at <= now);
+        Some(Eviction {
+            evict,
+            forget: forget.into_iter().map(|(txn_id, _)| txn_id).collect(),
+        })
     }
-    let older = sent.len() - KEPT_SENT_MARKS;
-    let (forget, evict): (Vec<_>, Vec<_>) = sent
-        .iter()
-        .take(older)
-        .map(|(txn_id, expires_at)| (*txn_id, *expires_at))
-        .partition(|(_, expires_at)| *expires_at <= now);
-    Some(Eviction {
-        evict,
-        forget: forget.into_iter().map(|(txn_id, _)| txn_id).collect(),
-    })
 }
 
 #[cfg(test)]
@@ -71,10 +92,10 @@ mod tests {
             sent.insert(txn_id, expires_at);
             std::thread::sleep(Duration::from_millis(2));
         }
-        assert_eq!(eviction(&sent, now), None, "at most {MAX_SENT_MARKS}: kept");
+        assert_eq!(SentMarkLimits::default().eviction(&sent, now), None, "at most {MAX_SENT_MARKS}: kept");
         let newest = TxnId::new_v7();
         sent.insert(newest, now.plus(Duration::from_secs(60)));
-        let moved = eviction(&sent, now).expect("one too many");
+        let moved = SentMarkLimits::default().eviction(&sent, now).expect("one too many");
         assert_eq!(moved.forget, ids[..2].to_vec(), "past their time: dropped");
         let evicted: Vec<TxnId> = moved.evict.iter().map(|(txn_id, _)| *txn_id).collect();
         assert_eq!(evicted, ids[2..MAX_SENT_MARKS + 1 - KEPT_SENT_MARKS].to_vec());

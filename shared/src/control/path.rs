@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tracing::Instrument;
 
+use super::marks::SentMarkLimits;
 use super::outcome::{BatchReport, ControlError, ControlOutcome, ItemReport};
 use crate::ports::{
     Clock, ControlDelivery, ControlQueue, FenceOutcome, ItemKey, Publisher, Store, StoreError, TombstoneOutcome,
@@ -40,6 +41,7 @@ pub struct ControlPath {
     ports: ControlPorts,
     timing: Timing,
     retry: RetryPolicy,
+    marks: SentMarkLimits,
 }
 
 /// The span of one control message's handling: its SQS message id and its transaction.
@@ -69,7 +71,14 @@ impl ControlPath {
             ports,
             timing,
             retry: RetryPolicy::default(),
+            marks: SentMarkLimits::default(),
         }
+    }
+
+    /// Replaces how many sent marks an item keeps (entity mode).
+    pub fn with_sent_mark_limits(mut self, marks: SentMarkLimits) -> Self {
+        self.marks = marks;
+        self
     }
 
     /// Replaces the retry policy for failed publish entries.
@@ -342,12 +351,12 @@ impl ControlPath {
         }
     }
 
-    /// Moves the item's sent marks out when it holds more than [`super::marks::MAX_SENT_MARKS`]
-    /// (the item's size is paid by every write of it). A failure is logged: the next
+    /// Moves the item's sent marks out when it holds more than its limit ([`SentMarkLimits`]:
+    /// the item's size is paid by every write of it). A failure is logged: the next
     /// control message of the item tries again, and nothing depends on it.
     async fn evict_marks(&self, key: &ItemKey, sent: &BTreeMap<TxnId, crate::time::Timestamp>) {
         let now = self.ports.clock.now();
-        let Some(eviction) = super::marks::eviction(sent, now) else {
+        let Some(eviction) = self.marks.eviction(sent, now) else {
             return;
         };
         match self

@@ -213,32 +213,14 @@ impl Outbox {
 
     /// What is known of transaction `txn_id`.
     pub async fn status(&self, txn_id: TxnId) -> Result<TxnStatus, StoreError> {
-        let records = self.ports.store.get_outboxes(&[txn_id]).await?;
-        Ok(match records.get(&txn_id).map(|record| record.state) {
-            Some(OutboxState::Pending) => TxnStatus::Pending,
-            Some(OutboxState::Dispatched) => TxnStatus::Dispatched,
-            Some(OutboxState::Tombstone) => TxnStatus::Tombstoned,
-            None => TxnStatus::Unknown,
-        })
+        TxnStatus::read(self.ports.store.as_ref(), txn_id, None).await
     }
 
     /// What is known of transaction `txn_id`, begun in entity mode on item `key`
     /// ([`Self::begin_entity`]): its record where it has one, else the item, which holds
     /// its entry until dispatch and its sent mark after.
     pub async fn status_in(&self, txn_id: TxnId, key: &ItemKey) -> Result<TxnStatus, StoreError> {
-        let status = self.status(txn_id).await?;
-        if status != TxnStatus::Unknown {
-            return Ok(status);
-        }
-        let Some(entity) = self.ports.store.get_entity(key).await? else {
-            return Ok(TxnStatus::Unknown);
-        };
-        Ok(match entity.entries.get(&txn_id) {
-            Some(entry) if entry.state == OutboxState::Pending => TxnStatus::Pending,
-            Some(entry) if entry.state == OutboxState::Dispatched => TxnStatus::Dispatched,
-            _ if entity.sent.contains_key(&txn_id) => TxnStatus::Dispatched,
-            _ => TxnStatus::Unknown,
-        })
+        TxnStatus::read(self.ports.store.as_ref(), txn_id, Some(key)).await
     }
 }
 
@@ -256,6 +238,31 @@ pub enum TxnStatus {
 }
 
 impl TxnStatus {
+    /// What `store` holds of transaction `txn_id`: its record, or, where it has none and
+    /// the transaction was begun in entity mode on `entity`, that item (its entry until
+    /// dispatch, its sent mark after).
+    pub async fn read(store: &dyn Store, txn_id: TxnId, entity: Option<&ItemKey>) -> Result<Self, StoreError> {
+        let records = store.get_outboxes(&[txn_id]).await?;
+        let status = match records.get(&txn_id).map(|record| record.state) {
+            Some(OutboxState::Pending) => Self::Pending,
+            Some(OutboxState::Dispatched) => Self::Dispatched,
+            Some(OutboxState::Tombstone) => Self::Tombstoned,
+            None => Self::Unknown,
+        };
+        let Some(key) = entity.filter(|_| status == Self::Unknown) else {
+            return Ok(status);
+        };
+        let Some(item) = store.get_entity(key).await? else {
+            return Ok(Self::Unknown);
+        };
+        Ok(match item.entries.get(&txn_id).map(|entry| entry.state) {
+            Some(OutboxState::Pending) => Self::Pending,
+            Some(OutboxState::Dispatched) => Self::Dispatched,
+            _ if item.sent.contains_key(&txn_id) => Self::Dispatched,
+            _ => Self::Unknown,
+        })
+    }
+
     /// The status's name as reported.
     pub fn as_str(self) -> &'static str {
         match self {

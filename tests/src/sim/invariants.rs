@@ -8,7 +8,7 @@ use futures::FutureExt;
 use outbox::embedded::{EmbeddedBackend, SentMessage, StoreEvent, DEDUPLICATION_WINDOW};
 use outbox::ports::{BusinessWrite, CommitRequest, ItemKey, Store};
 use outbox::protocol::{DestinationName, OutboxRecord, OutboxState, TxnId, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
-use outbox::request::Settlement;
+use outbox::request::{Settlement, TxnStatus};
 use outbox::time::Timestamp;
 
 use super::world::ApiResult;
@@ -56,6 +56,18 @@ pub struct Observed {
     pub entries_removed: usize,
     /// Entity mode: fences written (the mark raised or checked, with the tombstone record).
     pub fences: usize,
+    /// Entity mode: entries settled into a sent mark (one write), among `entries_removed`.
+    pub settled: usize,
+    /// Entity mode: sent marks moved out of their item with their record put first, and
+    /// those forgotten past their time.
+    pub marks_evicted: usize,
+    /// See `marks_evicted`.
+    pub marks_forgotten: usize,
+    /// Entity mode: sent marks that left their item before their record was there.
+    pub evicted_before_record: Vec<TxnId>,
+    /// What a status read (`GET /transactions/{id}`, given the item in entity mode) says at
+    /// the end of each transaction that committed or was tombstoned.
+    pub statuses: BTreeMap<TxnId, outbox::request::TxnStatus>,
 }
 
 /// Records `version` as stored by a write of `key`, in its current incarnation.
@@ -91,6 +103,10 @@ impl Observed {
         let mut removed_before_record = Vec::new();
         let mut committed_twice = Vec::new();
         let (mut entity_commits, mut entries_removed, mut fences) = (0, 0, 0);
+        let (mut marks_evicted, mut marks_forgotten) = (0, 0);
+        let mut settled: BTreeSet<TxnId> = BTreeSet::new();
+        let mut evicted_before_record = Vec::new();
+        let mut entity_keys: BTreeMap<TxnId, ItemKey> = BTreeMap::new();
         for event in backend.store.history() {
             match event {
                 StoreEvent::Committed { request, .. } => {
@@ -121,6 +137,7 @@ impl Observed {
                 // entry its record.
                 StoreEvent::EntityCommitted { commit, .. } => {
                     entity_commits += 1;
+                    entity_keys.insert(commit.entry.txn_id, commit.key.clone());
                     let count = commit.data["count"].as_u64().unwrap_or(0);
                     items.insert(commit.key.to_string(), (commit.expected.next(), count));
                     stored(&mut incarnations, commit.key.to_string(), commit.expected.next());
@@ -142,9 +159,37 @@ impl Observed {
                 StoreEvent::MarkedDispatched { txn_id, .. } => {
                     dispatched.insert(txn_id);
                 }
-                StoreEvent::Fenced { .. } => fences += 1,
+                StoreEvent::Fenced { key, txn_id, .. } => {
+                    fences += 1;
+                    entity_keys.insert(txn_id, key);
+                }
                 // A committed transaction's entry leaves its item only once its record
                 // is dispatched (only committed transactions have entries).
+                // One write: the entry leaves and its sent mark, the proof, stays.
+                StoreEvent::EntrySettled { txn_id, .. } => {
+                    entries_removed += 1;
+                    settled.insert(txn_id);
+                }
+                // A sent mark leaves its item only with its record dispatched, or past its
+                // time (forgotten, as an expired record is).
+                StoreEvent::MarksEvicted {
+                    evicted, forgotten, at, ..
+                } => {
+                    marks_forgotten += forgotten.len();
+                    // Forgotten before its time: its proof gone from both.
+                    evicted_before_record.extend(
+                        forgotten
+                            .into_iter()
+                            .filter(|(_, until)| *until > at)
+                            .map(|(txn_id, _)| txn_id),
+                    );
+                    for txn_id in evicted {
+                        marks_evicted += 1;
+                        if !dispatched.contains(&txn_id) {
+                            evicted_before_record.push(txn_id);
+                        }
+                    }
+                }
                 StoreEvent::EntryRemoved { txn_id, .. } => {
                     if dispatched.contains(&txn_id) {
                         entries_removed += 1;
@@ -154,6 +199,17 @@ impl Observed {
                 }
             }
         }
+        let statuses = commits
+            .keys()
+            .chain(tombstones.iter())
+            .map(|txn_id| {
+                let status = TxnStatus::read(backend.store.as_ref(), *txn_id, entity_keys.get(txn_id))
+                    .now_or_never()
+                    .expect("the embedded store answers at once")
+                    .expect("the embedded store reads");
+                (*txn_id, status)
+            })
+            .collect();
         let entries_left = items
             .keys()
             .filter_map(|key| key.parse::<ItemKey>().ok())
@@ -199,6 +255,11 @@ impl Observed {
             entity_commits,
             entries_removed,
             fences,
+            settled: settled.len(),
+            marks_evicted,
+            marks_forgotten,
+            evicted_before_record,
+            statuses,
         }
     }
 
@@ -223,6 +284,14 @@ impl Observed {
             return Err(Violation {
                 invariant: "business state",
                 detail: format!("transaction {txn_id} committed twice"),
+            });
+        }
+        if let Some(txn_id) = self.evicted_before_record.first() {
+            return Err(Violation {
+                invariant: "I3 tombstones are final",
+                detail: format!(
+                    "the sent mark of committed transaction {txn_id} left its item before its record was there"
+                ),
             });
         }
         if let Some(txn_id) = self.removed_before_record.first() {
@@ -402,6 +471,20 @@ impl Observed {
                 detail,
             })
         };
+        // What a status read says at the end: a committed transaction is pending or
+        // dispatched, one that never committed is never either (entity mode reads the
+        // item: its entry, or its sent mark, once its record is no longer written).
+        for (txn_id, status) in &self.statuses {
+            let committed = self.commits.contains_key(txn_id);
+            let told = matches!(status, TxnStatus::Pending | TxnStatus::Dispatched);
+            if committed != told {
+                return fail(format!(
+                    "a status read of {txn_id} says {} at the end; it {}",
+                    status.as_str(),
+                    if committed { "committed" } else { "never committed" }
+                ));
+            }
+        }
         for (index, result) in self.api_results.iter().enumerate() {
             match result {
                 ApiResult::Answered(Ok(committed)) => match self.commits.get(&committed.txn_id) {

@@ -84,6 +84,20 @@ pub(crate) enum LateOp {
         key: ItemKey,
         txn_id: TxnId,
     },
+    /// An entry settled into its sent mark.
+    Settle {
+        key: ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    },
+    /// Sent marks leaving their item (the records put before, on their own).
+    Evict {
+        key: ItemKey,
+        evict: Vec<(TxnId, Timestamp)>,
+        forget: Vec<TxnId>,
+        now: Timestamp,
+    },
     /// A fence in an item, with its transaction's tombstone record.
     Fence {
         key: ItemKey,
@@ -99,7 +113,11 @@ impl LateOp {
         match self {
             LateOp::Commit(_) | LateOp::EntityCommit(..) => Op::LateCommit,
             LateOp::Tombstone { .. } | LateOp::Fence { .. } => Op::LateTombstone,
-            LateOp::Mark { .. } | LateOp::PutDispatched { .. } | LateOp::RemoveEntry { .. } => Op::LateMark,
+            LateOp::Mark { .. }
+            | LateOp::PutDispatched { .. }
+            | LateOp::RemoveEntry { .. }
+            | LateOp::Settle { .. }
+            | LateOp::Evict { .. } => Op::LateMark,
             LateOp::ControlSend { .. } => Op::LateSend,
         }
     }
@@ -232,6 +250,22 @@ pub(crate) async fn late_op(
         }
         LateOp::RemoveEntry { key, txn_id } => {
             let _ = store.remove_entry(&key, txn_id).await;
+        }
+        LateOp::Settle {
+            key,
+            txn_id,
+            now,
+            expires_at,
+        } => {
+            let _ = store.settle_entry(&key, txn_id, now, expires_at).await;
+        }
+        LateOp::Evict {
+            key,
+            evict,
+            forget,
+            now,
+        } => {
+            let _ = store.evict_marks(&key, &evict, &forget, now).await;
         }
         LateOp::Fence {
             key,
@@ -405,6 +439,76 @@ impl Store for GatedStore {
             }
             Fault::Fail => Err(StoreError::Unavailable(injected("entry removal refused"))),
             Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => remove().await,
+        }
+    }
+
+    /// Meets what a mark meets: one write of the item.
+    async fn settle_entry(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let settle = || self.inner.settle_entry(key, txn_id, now, expires_at);
+        match self.gate.pass(Op::Mark).await {
+            Fault::Late => {
+                self.late(LateOp::Settle {
+                    key: key.clone(),
+                    txn_id,
+                    now,
+                    expires_at,
+                });
+                Err(StoreError::Unavailable(injected("settling timed out on its way")))
+            }
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = settle().await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = settle().await;
+                Err(StoreError::Unavailable(injected("settling reply lost")))
+            }
+            Fault::Fail => Err(StoreError::Unavailable(injected("settling refused"))),
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => settle().await,
+        }
+    }
+
+    /// Each record's put on its own gate (as the DynamoDB store sends them), then the
+    /// marks' removal on one more: a crash between leaves records beside their marks.
+    async fn evict_marks(
+        &self,
+        key: &ItemKey,
+        evict: &[(TxnId, Timestamp)],
+        forget: &[TxnId],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        for (txn_id, expires_at) in evict {
+            self.put_dispatched(*txn_id, now, *expires_at).await?;
+        }
+        let removal = || self.inner.evict_marks(key, evict, forget, now);
+        match self.gate.pass(Op::Mark).await {
+            Fault::Late => {
+                self.late(LateOp::Evict {
+                    key: key.clone(),
+                    evict: evict.to_vec(),
+                    forget: forget.to_vec(),
+                    now,
+                });
+                Err(StoreError::Unavailable(injected("mark removal timed out on its way")))
+            }
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = removal().await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = removal().await;
+                Err(StoreError::Unavailable(injected("mark removal reply lost")))
+            }
+            Fault::Fail => Err(StoreError::Unavailable(injected("mark removal refused"))),
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => removal().await,
         }
     }
 

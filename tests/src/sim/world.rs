@@ -9,6 +9,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use outbox::control::poller::poll_once;
+use outbox::control::marks::SentMarkLimits;
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::ports::{Clock, ExpectedVersion, IdSource, ItemKey};
@@ -706,7 +707,10 @@ impl World {
                 clock: self.clock_for(&gate, self.worker_skew),
             },
             self.timing,
-        );
+        )
+        // Sent marks move out of an item as soon as it holds two: every eviction step is
+        // reached, racing the dispatches, fences and deletes.
+        .with_sent_mark_limits(SentMarkLimits { max: 1, kept: 0 });
         let future = Box::pin(async move {
             loop {
                 // Errors leave messages to come back after their visibility timeout.

@@ -188,10 +188,9 @@ pub(super) fn drop_marks(state: &mut State, key: &ItemKey, evicted: &[TxnId], fo
         .copied()
         .filter(|txn_id| sent.remove(txn_id).is_some())
         .collect();
-    let forgotten: Vec<TxnId> = forgotten
+    let forgotten: Vec<(TxnId, Timestamp)> = forgotten
         .iter()
-        .copied()
-        .filter(|txn_id| sent.remove(txn_id).is_some())
+        .filter_map(|txn_id| sent.remove(txn_id).map(|until| (*txn_id, until)))
         .collect();
     // A vacant key that keeps nothing any more is gone, as a deleted item is.
     if let Some(Item::Vacant { fence: None, sent }) = state.items.get(key.as_str()) {

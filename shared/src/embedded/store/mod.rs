@@ -130,8 +130,8 @@ pub enum StoreEvent {
         key: ItemKey,
         /// The marks whose transactions' records were put.
         evicted: Vec<TxnId>,
-        /// The marks past their time, dropped.
-        forgotten: Vec<TxnId>,
+        /// The marks past their time, dropped, each with the time it was kept until.
+        forgotten: Vec<(TxnId, Timestamp)>,
         /// When.
         at: Timestamp,
     },
