@@ -11,26 +11,28 @@ use aws_sdk_dynamodb::types::{
     TransactWriteItem, Update,
 };
 
-use crate::aws::item::{attempt_of, idempotency_item, n, outbox_items, s, to_attribute, Item};
+use crate::aws::item::{attempt_of, dispatched_item, idempotency_item, n, outbox_items, s, to_attribute, Item};
 use crate::aws::size::{action_bytes, item_bytes};
 use crate::ports::{
     BoxError, BusinessWrite, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction, Store,
 };
 use crate::protocol::{IdempotencySlot, OutboxRecord, OutboxState, TxnId};
 use crate::settings::TableLayout;
+use crate::time::Timestamp;
 
 use super::entity::{sent_of, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
 use super::fence::{fence_of, FENCE_ATTRIBUTE, NO_FENCE};
 use super::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES, PART_ORPHAN_GUARD};
 
-/// What an item a commit deletes keeps, as read before the commit: a deleted item with a
-/// fence mark or sent marks keeps them in a vacant item.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What an item a commit deletes holds of the protocol, as read before the commit: a
+/// fence mark, which the deleted item keeps in a vacant item, and sent marks, which the
+/// commit moves to their transactions' records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Kept {
     /// Its fence mark (`None`: no mark).
     fence: Option<TxnId>,
-    /// Whether it holds sent marks.
-    sent: bool,
+    /// Its sent marks.
+    sent: std::collections::BTreeMap<TxnId, Timestamp>,
 }
 
 /// What each item a commit deletes keeps, read before the commit.
@@ -43,6 +45,8 @@ enum Role {
     Business(ItemKey, Option<u64>),
     Outbox,
     Part,
+    /// The record of a sent mark a deleted item carried.
+    MarkRecord,
     Idempotency(IdempotencySlot),
 }
 
@@ -119,8 +123,13 @@ impl DynamoStore {
             // between is not lost.
             BusinessWrite::Delete { key, version } => {
                 let mut values = HashMap::from([(":expected".to_owned(), n(*version)), (":none".to_owned(), n(0))]);
+                let mut names = HashMap::from([
+                    ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
+                    ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
+                    ("#sent".to_owned(), SENT_ATTRIBUTE.to_owned()),
+                ]);
                 let base = "attribute_exists(version) AND version = :expected AND (attribute_not_exists(#outbox) OR size(#outbox) = :none)";
-                let kept = marks.get(key).copied().unwrap_or_default();
+                let kept = marks.get(key).cloned().unwrap_or_default();
                 let fence_as_read = match kept.fence {
                     Some(mark) => {
                         values.insert(":mark".to_owned(), s(mark.to_string()));
@@ -131,42 +140,47 @@ impl DynamoStore {
                         "(attribute_not_exists(#fence) OR #fence = :nofence)"
                     }
                 };
-                match kept {
-                    // The marks stay in a vacant item (the sent marks whatever they are
-                    // now: none leaves it here).
-                    Kept { fence: Some(_), .. } | Kept { sent: true, .. } => {
+                // The sent marks exactly as read, whose records this commit puts: one
+                // settled or evicted since fails it, and the commit is tried again.
+                let sent_as_read = if kept.sent.is_empty() {
+                    "(attribute_not_exists(#sent) OR size(#sent) = :none)".to_owned()
+                } else {
+                    values.insert(":marks".to_owned(), n(kept.sent.len()));
+                    let mut condition = "size(#sent) = :marks".to_owned();
+                    for (index, txn_id) in kept.sent.keys().enumerate() {
+                        names.insert(format!("#m{index}"), txn_id.to_string());
+                        condition.push_str(&format!(" AND attribute_exists(#sent.#m{index})"));
+                    }
+                    condition
+                };
+                let condition = format!("{base} AND {fence_as_read} AND {sent_as_read}");
+                match kept.fence {
+                    // The fence mark stays in a vacant item.
+                    Some(_) => {
+                        names.insert("#data".to_owned(), "data".to_owned());
                         let vacate = Update::builder()
                             .table_name(table)
                             .set_key(Some(self.key(key.as_str())))
-                            .update_expression("REMOVE #data, version, #outbox")
-                            .condition_expression(format!("{base} AND {fence_as_read}"))
-                            .expression_attribute_names("#data", "data")
-                            .expression_attribute_names("#outbox", OUTBOX_ATTRIBUTE)
-                            .expression_attribute_names("#fence", FENCE_ATTRIBUTE)
+                            .update_expression("REMOVE #data, version, #outbox, #sent")
+                            .condition_expression(condition)
+                            .set_expression_attribute_names(Some(names))
                             .set_expression_attribute_values(Some(values))
                             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
                             .build()
                             .map_err(invalid)?;
                         TransactWriteItem::builder().update(vacate).build()
                     }
-                    // Nothing to keep, as read; a mark that appeared since fails the
-                    // condition, and the commit is tried again.
-                    Kept {
-                        fence: None,
-                        sent: false,
-                    } => {
+                    // No fence mark, as read; one that appeared since fails the condition,
+                    // and the commit is tried again.
+                    None => {
                         let delete = Delete::builder()
                             .table_name(table)
                             .set_key(Some(self.key(key.as_str())))
-                            .condition_expression(format!(
-                                "{base} AND {fence_as_read} AND (attribute_not_exists(#sent) OR size(#sent) = :none)"
-                            ))
-                            .expression_attribute_names("#outbox", OUTBOX_ATTRIBUTE)
-                            .expression_attribute_names("#fence", FENCE_ATTRIBUTE)
-                            .expression_attribute_names("#sent", SENT_ATTRIBUTE)
+                            .condition_expression(condition)
+                            .set_expression_attribute_names(Some(names))
                             .set_expression_attribute_values(Some(values))
-                            // What blocked it: another version, entries still to dispatch, or a
-                            // fence since the read.
+                            // What blocked it: another version, entries still to dispatch, or
+                            // marks changed since the read.
                             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
                             .build()
                             .map_err(invalid)?;
@@ -211,9 +225,7 @@ impl DynamoStore {
             let kept = match &item {
                 Some(item) => Kept {
                     fence: fence_of(&self.layout, item).map_err(|error| CommitError::Unavailable(Box::new(error)))?,
-                    sent: !sent_of(&self.layout, item)
-                        .map_err(|error| CommitError::Unavailable(Box::new(error)))?
-                        .is_empty(),
+                    sent: sent_of(&self.layout, item).map_err(|error| CommitError::Unavailable(Box::new(error)))?,
                 },
                 None => Kept::default(),
             };
@@ -250,6 +262,19 @@ impl DynamoStore {
         let application_actions = items.len();
 
         let mut protocol_bytes = 0;
+        // The sent marks of deleted items move to their records, in the same commit.
+        for (txn_id, expires_at) in marks.values().flat_map(|kept| &kept.sent) {
+            let record = OutboxRecord::committed(*txn_id, Vec::new(), now, *expires_at);
+            let item = dispatched_item(&self.layout, &record, *expires_at);
+            protocol_bytes += item_bytes(&item);
+            let put = Put::builder()
+                .table_name(&self.layout.table)
+                .set_item(Some(item))
+                .build()
+                .map_err(invalid)?;
+            items.push(TransactWriteItem::builder().put(put).build());
+            roles.push(Role::MarkRecord);
+        }
         let part_expiry = now.plus(PART_ORPHAN_GUARD);
         let outbox = outbox_items(&self.layout, &request.outbox, part_expiry, self.part_bytes)
             .map_err(|reason| CommitError::TooLarge { reason })?;
@@ -475,9 +500,10 @@ impl DynamoStore {
         let marked: Vec<String> = marks
             .iter()
             .filter(|(_, kept)| **kept != Kept::default())
-            .map(|(key, kept)| match kept.fence {
-                Some(mark) => format!("{key}={mark}{}", if kept.sent { "+sent" } else { "" }),
-                None => format!("{key}=sent"),
+            .map(|(key, kept)| {
+                let fence = kept.fence.map(|mark| mark.to_string()).unwrap_or_default();
+                let sent: Vec<String> = kept.sent.keys().map(TxnId::to_string).collect();
+                format!("{key}={fence}+{}", sent.join(","))
             })
             .collect();
         if marked.is_empty() {
@@ -589,15 +615,17 @@ mod tests {
             outbox: OutboxRecord::committed(txn_id, vec![], now, now),
             idempotency: None,
         };
-        let token = |fence: Option<TxnId>, sent: bool| {
+        let token = |fence: Option<TxnId>, sent: &[TxnId]| {
+            let sent = sent.iter().map(|txn_id| (*txn_id, now)).collect();
             DynamoStore::client_token(&request, &Marks::from([(key.clone(), Kept { fence, sent })]))
         };
-        assert_eq!(token(None, false), txn_id.to_string());
-        let (first, second) = (token(Some(TxnId::new_v7()), false), token(Some(TxnId::new_v7()), false));
+        assert_eq!(token(None, &[]), txn_id.to_string());
+        let (first, second) = (token(Some(TxnId::new_v7()), &[]), token(Some(TxnId::new_v7()), &[]));
         assert_ne!(first, second);
-        // Sent marks choose the vacant form too.
-        let with_sent = token(None, true);
-        assert_ne!(with_sent, txn_id.to_string());
+        // The sent marks read decide the records the commit puts.
+        let (one, other) = (token(None, &[TxnId::new_v7()]), token(None, &[TxnId::new_v7()]));
+        assert_ne!(one, other);
+        assert_ne!(one, txn_id.to_string());
         assert_ne!(first, txn_id.to_string());
         assert!(
             first.len() <= 36,

@@ -48,7 +48,7 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
             sent,
             ..
         }) => (Some(*version), entries.clone(), *fence, sent.clone()),
-        Some(Item::Vacant { fence, sent }) => (None, BTreeMap::new(), *fence, sent.clone()),
+        Some(Item::Vacant { fence }) => (None, BTreeMap::new(), Some(*fence), BTreeMap::new()),
         _ => (None, BTreeMap::new(), None, BTreeMap::new()),
     };
     if let Some(found) = entries.get(&txn_id) {
@@ -132,23 +132,20 @@ pub(super) fn entry(state: &State, key: &ItemKey, txn_id: TxnId) -> Option<Outbo
 /// the item holds no entry of it); a key without an item keeps the mark in a vacant item.
 pub(super) fn raise_fence(state: &mut State, key: &ItemKey, txn_id: TxnId) {
     match state.items.get_mut(key.as_str()) {
-        Some(Item::Business { fence, .. } | Item::Vacant { fence, .. }) => {
+        Some(Item::Business { fence, .. }) => {
             *fence = (*fence).max(Some(txn_id));
         }
+        Some(Item::Vacant { fence }) => *fence = (*fence).max(txn_id),
         _ => {
-            let vacant = Item::Vacant {
-                fence: Some(txn_id),
-                sent: BTreeMap::new(),
-            };
-            state.insert(key.as_str().to_owned(), vacant);
+            state.insert(key.as_str().to_owned(), Item::Vacant { fence: txn_id });
         }
     }
 }
 
-/// Whether item `key` (or its vacant key) holds transaction `txn_id`'s sent mark.
+/// Whether item `key` holds transaction `txn_id`'s sent mark.
 pub(super) fn has_sent_mark(state: &State, key: &ItemKey, txn_id: TxnId) -> bool {
     match state.items.get(key.as_str()) {
-        Some(Item::Business { sent, .. } | Item::Vacant { sent, .. }) => sent.contains_key(&txn_id),
+        Some(Item::Business { sent, .. }) => sent.contains_key(&txn_id),
         _ => false,
     }
 }
@@ -178,9 +175,9 @@ pub(super) fn settle(state: &mut State, key: &ItemKey, txn_id: TxnId, expires_at
 }
 
 /// Drops the sent marks of `evicted` (whose records the caller put) and `forgotten` from
-/// item `key` (or its vacant key), where they are.
+/// item `key`, where they are.
 pub(super) fn drop_marks(state: &mut State, key: &ItemKey, evicted: &[TxnId], forgotten: &[TxnId], now: Timestamp) {
-    let Some(Item::Business { sent, .. } | Item::Vacant { sent, .. }) = state.items.get_mut(key.as_str()) else {
+    let Some(Item::Business { sent, .. }) = state.items.get_mut(key.as_str()) else {
         return;
     };
     let evicted: Vec<TxnId> = evicted
@@ -192,12 +189,6 @@ pub(super) fn drop_marks(state: &mut State, key: &ItemKey, evicted: &[TxnId], fo
         .iter()
         .filter_map(|txn_id| sent.remove(txn_id).map(|until| (*txn_id, until)))
         .collect();
-    // A vacant key that keeps nothing any more is gone, as a deleted item is.
-    if let Some(Item::Vacant { fence: None, sent }) = state.items.get(key.as_str()) {
-        if sent.is_empty() {
-            state.items.remove(key.as_str());
-        }
-    }
     if !evicted.is_empty() || !forgotten.is_empty() {
         state.record(|| StoreEvent::MarksEvicted {
             key: key.clone(),

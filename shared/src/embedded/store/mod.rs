@@ -43,11 +43,10 @@ enum Item {
         fence: Option<TxnId>,
         sent: BTreeMap<TxnId, Timestamp>,
     },
-    /// A business key without an item that keeps a fence mark or sent marks: the fence
-    /// found no item, or the item was deleted. Read as absent; a create keeps the marks.
+    /// A business key without an item that keeps a fence mark: the fence found no item,
+    /// or the item was deleted. Read as absent; a create keeps the mark.
     Vacant {
-        fence: Option<TxnId>,
-        sent: BTreeMap<TxnId, Timestamp>,
+        fence: TxnId,
     },
     Outbox(Box<OutboxRecord>),
     Idempotency(Box<IdempotencyRecord>),
@@ -399,7 +398,7 @@ impl Store for EmbeddedStore {
                         Some(Item::Business {
                             entries, fence, sent, ..
                         }) => (entries, fence, sent),
-                        Some(Item::Vacant { fence, sent }) => (BTreeMap::new(), fence, sent),
+                        Some(Item::Vacant { fence }) => (BTreeMap::new(), Some(fence), BTreeMap::new()),
                         _ => (BTreeMap::new(), None, BTreeMap::new()),
                     };
                     let item = Item::Business {
@@ -411,13 +410,19 @@ impl Store for EmbeddedStore {
                     };
                     state.insert(key.as_str().to_owned(), item);
                 }
-                // A deleted item's marks stay with its key: a late commit of a transaction
-                // fenced in it meets the fence mark again if the item is created anew, and
-                // a late control message of a transaction sent from it finds its sent mark.
+                // A deleted item's fence mark stays with its key: a late commit of a
+                // transaction fenced in it meets the mark again if the item is created
+                // anew. Its sent marks move to their transactions' records, in the same
+                // commit, so that no proof of a commit leaves with the item.
                 BusinessWrite::Delete { key, .. } => {
                     if let Some(Item::Business { fence, sent, .. }) = state.items.remove(key.as_str()) {
-                        if fence.is_some() || !sent.is_empty() {
-                            state.insert(key.as_str().to_owned(), Item::Vacant { fence, sent });
+                        if let Some(fence) = fence {
+                            state.insert(key.as_str().to_owned(), Item::Vacant { fence });
+                        }
+                        for (txn_id, expires_at) in sent {
+                            let record = OutboxRecord::committed(txn_id, Vec::new(), now, expires_at);
+                            state.insert(txn_id.record_key(), Item::Outbox(Box::new(record)));
+                            state.record(|| StoreEvent::MarkedDispatched { txn_id, at: now });
                         }
                     }
                 }
