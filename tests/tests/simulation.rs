@@ -889,6 +889,14 @@ struct EntityTally {
     entries_removed: usize,
     /// Fences written (the item's mark raised or checked, with the tombstone record).
     fences: usize,
+    /// Entries settled into a sent mark (one write), among `entries_removed`.
+    settled: usize,
+    /// Sent marks moved out of their item, their records put first; and those forgotten
+    /// past their time.
+    marks_evicted: usize,
+    marks_forgotten: usize,
+    /// Status reads at the end, by what they said.
+    statuses: BTreeMap<&'static str, usize>,
     /// Transactions tombstoned (a fence's record, or a tombstone without a fence).
     tombstones: usize,
     late: LateOps,
@@ -908,6 +916,12 @@ impl EntityTally {
         self.transactional_commits += observed.commits.len() - observed.entity_commits - seeds;
         self.entries_removed += observed.entries_removed;
         self.fences += observed.fences;
+        self.settled += observed.settled;
+        self.marks_evicted += observed.marks_evicted;
+        self.marks_forgotten += observed.marks_forgotten;
+        for status in observed.statuses.values() {
+            *self.statuses.entry(status.as_str()).or_default() += 1;
+        }
         self.tombstones += observed.tombstones.len();
         self.late.add(&outcome.late);
         self.unknown.add(&outcome.unknown_commits);
@@ -919,13 +933,17 @@ impl EntityTally {
 
     fn print(&self, name: &str, started: Instant) {
         println!(
-            "entity mode, {name}: {} schedules ({} with a fault) in {:.2?}; commits: {} one conditional write, {} transactional; entries removed after dispatch {}; fences written {}; tombstoned {}; late (sent, applied): commits {:?}, fences and tombstones {:?}, records and removals {:?}, control sends {:?}, {} applied after their sender had ended; commits refused by the fence mark {}; commits of unknown outcome: {:?}; retry loops run to their end: {:?}; endings: {:?}",
+            "entity mode, {name}: {} schedules ({} with a fault) in {:.2?}; commits: {} one conditional write, {} transactional; entries removed after dispatch {} ({} settled into a sent mark); sent marks moved out {} (forgotten past their time {}); status reads at the end {:?}; fences written {}; tombstoned {}; late (sent, applied): commits {:?}, fences and tombstones {:?}, records and removals {:?}, control sends {:?}, {} applied after their sender had ended; commits refused by the fence mark {}; commits of unknown outcome: {:?}; retry loops run to their end: {:?}; endings: {:?}",
             self.schedules,
             self.with_fault,
             started.elapsed(),
             self.entity_commits,
             self.transactional_commits,
             self.entries_removed,
+            self.settled,
+            self.marks_evicted,
+            self.marks_forgotten,
+            self.statuses,
             self.fences,
             self.tombstones,
             self.late.commits,

@@ -708,9 +708,10 @@ impl World {
             },
             self.timing,
         )
-        // Sent marks move out of an item as soon as it holds two: every eviction step is
-        // reached, racing the dispatches, fences and deletes.
-        .with_sent_mark_limits(SentMarkLimits { max: 1, kept: 0 });
+        // Every sent mark moves out of its item as soon as the worker reads it (the
+        // default keeps up to eight): each eviction step is reached at every crash point,
+        // racing the dispatches, fences and deletes.
+        .with_sent_mark_limits(SentMarkLimits { max: 0, kept: 0 });
         let future = Box::pin(async move {
             loop {
                 // Errors leave messages to come back after their visibility timeout.
