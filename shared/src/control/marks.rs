@@ -92,7 +92,11 @@ mod tests {
             sent.insert(txn_id, expires_at);
             std::thread::sleep(Duration::from_millis(2));
         }
-        assert_eq!(SentMarkLimits::default().eviction(&sent, now), None, "at most {MAX_SENT_MARKS}: kept");
+        assert_eq!(
+            SentMarkLimits::default().eviction(&sent, now),
+            None,
+            "at most {MAX_SENT_MARKS}: kept"
+        );
         let newest = TxnId::new_v7();
         sent.insert(newest, now.plus(Duration::from_secs(60)));
         let moved = SentMarkLimits::default().eviction(&sent, now).expect("one too many");

@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
+use outbox::control::marks::{KEPT_SENT_MARKS, MAX_SENT_MARKS};
 use outbox::control::ControlPath;
-use outbox::ports::{ExpectedVersion, ItemKey};
+use outbox::ports::{Clock, ExpectedVersion, FenceOutcome, ItemKey};
 use outbox::protocol::{Message, OutboxState, TxnId};
-use outbox::request::{AfterAnswer, InlineDispatch, Outbox, Transaction, TxnError};
+use outbox::request::{AfterAnswer, InlineDispatch, Outbox, Transaction, TxnError, TxnStatus};
 use outbox::settings::Timing;
 use serde_json::json;
 
@@ -48,9 +49,9 @@ fn transactions_on_the_wire(b: &Backend) -> Option<usize> {
 }
 
 /// Begun naming the item, a change to it commits into the item itself (its entry there,
-/// no record yet, no `TransactWriteItems` on the wire); the control path publishes it once,
-/// records it dispatched and removes the entry; inline publishing does all that in the
-/// request; past the window the control path fences the item, after which a commit of the
+/// no record yet, no `TransactWriteItems` on the wire); the control path publishes it once
+/// and settles the entry into its sent mark (no record); inline publishing does all that
+/// in the request; past the window the control path fences the item, after which a commit of the
 /// transaction, from a request path whose clock still has it in its window, fails and
 /// changes nothing.
 pub async fn the_request_path_in_entity_mode_commits_into_the_item_and_dispatches_once(b: &Backend) {
@@ -94,17 +95,10 @@ pub async fn the_request_path_in_entity_mode_commits_into_the_item_and_dispatche
     let delivered = b.drain(&events()).await;
     assert_eq!(delivered.len(), 1, "{}: {delivered:?}", b.name);
     assert_eq!(delivered[0].txn_id, Some(txn_id.to_string()), "{}", b.name);
-    assert_eq!(
-        record(b, txn_id).await.map(|record| record.state),
-        Some(OutboxState::Dispatched),
-        "{}",
-        b.name
-    );
-    let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
-    assert!(entity.entries.is_empty(), "{}: {:?}", b.name, entity.entries);
+    settled_into_its_mark(b, &outbox, &order, txn_id).await;
 
-    // Inline on: published, recorded and removed before the answer; the control message
-    // finds it done.
+    // Inline on: published and settled before the answer; the control message finds it
+    // done.
     let inline = b.outbox(timing).with_inline_publisher(b.publisher.clone());
     let before = transactions_on_the_wire(b);
     let committed = add_line(&inline, &order).await.commit().await.expect("the commit");
@@ -173,14 +167,140 @@ async fn dispatched_by_the_request_path(
     assert_eq!(delivered[0].txn_id, Some(txn_id.to_string()), "{}", b.name);
     let entity = b.store.get_entity(order).await.unwrap().expect("the order");
     assert_eq!(entity.item.version, version, "{}", b.name);
-    assert!(entity.entries.is_empty(), "{}: {:?}", b.name, entity.entries);
-    assert_eq!(
-        record(b, txn_id).await.map(|record| record.state),
-        Some(OutboxState::Dispatched),
-        "{}",
-        b.name
-    );
+    settled_into_its_mark(b, &b.outbox(timing), order, txn_id).await;
     b.handle_until_settled(control, txn_id, timing.first_check_delay, |_| {})
         .await;
     assert!(b.drain(&events()).await.is_empty(), "{}: published once", b.name);
+}
+
+/// `txn_id`'s entry has left `order` in one write that left its sent mark there, and no
+/// record: a status read given the item finds it dispatched.
+async fn settled_into_its_mark(b: &Backend, outbox: &Outbox, order: &ItemKey, txn_id: TxnId) {
+    let entity = b.store.get_entity(order).await.unwrap().expect("the order");
+    assert!(entity.entries.is_empty(), "{}: {:?}", b.name, entity.entries);
+    assert!(
+        entity.sent.contains_key(&txn_id),
+        "{}: the sent mark of {txn_id} in {:?}",
+        b.name,
+        entity.sent
+    );
+    assert!(record(b, txn_id).await.is_none(), "{}: no record written", b.name);
+    assert_eq!(
+        outbox.status_in(txn_id, order).await.expect("a status read"),
+        TxnStatus::Dispatched,
+        "{}",
+        b.name
+    );
+}
+
+/// A sent mark is its transaction's proof of commit wherever it is: a fence finds it and
+/// writes nothing; moved out (by the control path, once the item holds more than it keeps,
+/// or by a delete of the item) its record is put first, and a status read finds that.
+pub async fn sent_marks_prove_their_commits_until_they_move_to_records(b: &Backend) {
+    let timing = timing(Duration::from_secs(60));
+    let outbox = b.outbox(timing);
+    let inline = b.outbox(timing).with_inline_publisher(b.publisher.clone());
+    let order = key(&format!("ORDER#{}", TxnId::new_v7()));
+    let mut create = outbox.begin().await.expect("begin");
+    create.put(order.clone(), json!({"lines": 1}), ExpectedVersion::Absent);
+    create.commit().await.expect("the create");
+
+    // A fence of a transaction whose mark the item holds finds it and changes nothing.
+    let first = add_line(&inline, &order)
+        .await
+        .commit()
+        .await
+        .expect("the commit")
+        .txn_id;
+    settled_into_its_mark(b, &inline, &order, first).await;
+    let now = b.clock.now();
+    let fenced = b
+        .store
+        .fence_entity(&order, first, now, now.plus(RETENTION))
+        .await
+        .expect("the fence");
+    assert_eq!(fenced, FenceOutcome::Dispatched, "{}", b.name);
+    let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
+    assert_eq!(entity.fence, None, "{}: no mark raised", b.name);
+    assert!(record(b, first).await.is_none(), "{}: no tombstone", b.name);
+
+    // The control path moves all but the newest marks out once the item holds more than
+    // it keeps: their records first, then the marks.
+    let mut committed = vec![first];
+    while committed.len() <= MAX_SENT_MARKS {
+        let txn = add_line(&inline, &order).await.commit().await.expect("the commit");
+        committed.push(txn.txn_id);
+    }
+    b.drain(&events()).await;
+    let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
+    assert_eq!(entity.sent.len(), MAX_SENT_MARKS + 1, "{}", b.name);
+    // Every control message finds its transaction done; the first to read the item
+    // moves the older marks out.
+    b.wait(timing.first_check_delay).await;
+    b.settle(timing).await;
+    // The newest by transaction id (ids of one millisecond are not in commit order).
+    committed.sort();
+    let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
+    let kept: Vec<TxnId> = entity.sent.keys().copied().collect();
+    assert_eq!(kept, committed[committed.len() - KEPT_SENT_MARKS..], "{}", b.name);
+    for txn_id in &committed[..committed.len() - KEPT_SENT_MARKS] {
+        assert_eq!(
+            record(b, *txn_id).await.map(|record| record.state),
+            Some(OutboxState::Dispatched),
+            "{}: {txn_id} moved to its record",
+            b.name
+        );
+        assert_eq!(
+            outbox.status_in(*txn_id, &order).await.expect("a status read"),
+            TxnStatus::Dispatched,
+            "{}",
+            b.name
+        );
+    }
+    // A fence of a transaction moved out finds its record.
+    let fenced = b
+        .store
+        .fence_entity(&order, committed[0], now, now.plus(RETENTION))
+        .await
+        .expect("the fence");
+    assert!(
+        matches!(&fenced, FenceOutcome::Recorded(record) if record.state == OutboxState::Dispatched),
+        "{}: {fenced:?}",
+        b.name
+    );
+
+    // A delete through the outbox moves the marks left to their records in its commit.
+    let mut delete = outbox.begin().await.expect("begin");
+    let read = delete.get(&order).await.expect("read").expect("the order");
+    delete.delete(order.clone(), read.version);
+    delete.commit().await.expect("the delete");
+    assert!(
+        b.store.get_entity(&order).await.unwrap().is_none(),
+        "{}: deleted",
+        b.name
+    );
+    for txn_id in &committed[committed.len() - KEPT_SENT_MARKS..] {
+        assert_eq!(
+            record(b, *txn_id).await.map(|record| record.state),
+            Some(OutboxState::Dispatched),
+            "{}: {txn_id}'s mark moved to its record with the delete",
+            b.name
+        );
+        assert_eq!(
+            outbox.status_in(*txn_id, &order).await.expect("a status read"),
+            TxnStatus::Dispatched,
+            "{}",
+            b.name
+        );
+        let fenced = b
+            .store
+            .fence_entity(&order, *txn_id, now, now.plus(RETENTION))
+            .await
+            .expect("the fence");
+        assert!(
+            matches!(&fenced, FenceOutcome::Recorded(record) if record.state == OutboxState::Dispatched),
+            "{}: {fenced:?}",
+            b.name
+        );
+    }
 }

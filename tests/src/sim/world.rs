@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use outbox::control::poller::poll_once;
 use outbox::control::marks::SentMarkLimits;
+use outbox::control::poller::poll_once;
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::ports::{Clock, ExpectedVersion, IdSource, ItemKey};
