@@ -65,6 +65,7 @@ fn cors(origins: &[String]) -> CorsLayer {
             axum::http::header::LOCATION,
             REQUEST_ID,
             HeaderName::from_static("x-transaction-id"),
+            HeaderName::from_static("x-transaction-item"),
         ]);
     if origins.iter().any(|origin| origin == "*") {
         layer.allow_origin(AllowOrigin::any())

@@ -74,6 +74,13 @@ pub static TRANSACTION_ID: Text = Text::new(
     "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-7[0-9a-fA-F]{3}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
 );
 
+/// The item of an order, as the `x-transaction-item` header names it and a status query
+/// takes it back: `ORDER#` and the order's id.
+pub static TRANSACTION_ITEM: Text = Text::new(
+    42..=42,
+    "^ORDER#[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+);
+
 /// A customer id.
 pub static CUSTOMER_ID: Text = Text::new(1..=64, "^[A-Za-z0-9_-]+$");
 
@@ -135,6 +142,14 @@ pub mod schema {
     /// A transaction's id.
     pub fn transaction_id() -> ObjectBuilder {
         uuid(&TRANSACTION_ID).description(Some("A transaction's id: a UUID v7"))
+    }
+
+    /// The item a transaction in entity mode commits into.
+    pub fn transaction_item() -> ObjectBuilder {
+        TRANSACTION_ITEM.schema().description(Some(
+            "The item a change of one order committed into, as its answer's `x-transaction-item` header names it: \
+             `ORDER#` and the order's id",
+        ))
     }
 
     /// A customer id.
@@ -218,6 +233,10 @@ pub mod schema {
     schema_type!(
         /// A transaction id, as a path parameter or a header.
         TransactionId => transaction_id()
+    );
+    schema_type!(
+        /// The item a transaction in entity mode commits into, as a response header.
+        TransactionItem => transaction_item()
     );
     schema_type!(
         /// A SKU, as a path parameter.

@@ -614,11 +614,58 @@ async fn transactions_report_their_status() {
     let unknown = outbox::protocol::TxnId::new_v7();
     let reply = app.send(empty(Method::GET, &format!("/transactions/{unknown}"))).await;
     assert_eq!(reply.body["status"], "unknown");
-    let txn = header(&app.create().await, "x-transaction-id").unwrap().to_owned();
+    let created = app.create().await;
+    let txn = header(&created, "x-transaction-id").unwrap().to_owned();
     assert_eq!(
         app.send(empty(Method::GET, &format!("/transactions/{txn}"))).await.body["status"],
         "pending"
     );
+    assert!(
+        header(&created, "x-transaction-item").is_none(),
+        "a create is transactional: its record tells"
+    );
+
+    // A change of one order commits into it (entity mode): the answer names the item, and
+    // once dispatched the transaction's proof is its sent mark there, not a record.
+    let id = created.body["id"].as_str().unwrap().to_owned();
+    app.settle().await;
+    let added = app
+        .send(json_request(
+            Method::POST,
+            &format!("/orders/{id}/items"),
+            &json!({"sku": "SKU-2", "quantity": 1, "unit_price_cents": 500}),
+        ))
+        .await;
+    assert_eq!(added.status, StatusCode::OK);
+    let change = header(&added, "x-transaction-id").unwrap().to_owned();
+    let item = header(&added, "x-transaction-item").unwrap().to_owned();
+    assert_eq!(item, format!("ORDER%23{id}"));
+    let status_in = |item: &str| format!("/transactions/{change}?item={item}");
+    assert_eq!(
+        app.send(empty(Method::GET, &status_in(&item))).await.body["status"],
+        "pending"
+    );
+    app.settle().await;
+    assert_eq!(
+        app.send(empty(Method::GET, &status_in(&item))).await.body["status"],
+        "dispatched"
+    );
+    assert_eq!(
+        app.send(empty(Method::GET, &format!("/transactions/{change}")))
+            .await
+            .body["status"],
+        "unknown",
+        "without the item nothing tells"
+    );
+    for bad in ["TXN%23x", "ORDER%23not-an-id", "%FF"] {
+        let reply = app.send(empty(Method::GET, &status_in(bad))).await;
+        assert!(
+            matches!(reply.status, StatusCode::UNPROCESSABLE_ENTITY | StatusCode::BAD_REQUEST),
+            "{bad}: {} {}",
+            reply.status,
+            reply.body
+        );
+    }
 }
 
 #[tokio::test]

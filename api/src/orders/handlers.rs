@@ -269,7 +269,8 @@ async fn change_order(
     ),
     responses(
         (status = 200, description = "The order after the change (or as it was, when it already held the line)", body = OrderView, headers(
-            ("ETag" = inline(schema::ETag)), ("x-transaction-id" = inline(schema::TransactionId)), ("Idempotent-Replayed" = inline(schema::Replayed)))),
+            ("ETag" = inline(schema::ETag)), ("x-transaction-id" = inline(schema::TransactionId)),
+            ("x-transaction-item" = inline(schema::TransactionItem)), ("Idempotent-Replayed" = inline(schema::Replayed)))),
         (status = 400, description = "The path cannot be read, malformed JSON, or an invalid header", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json",
             headers(("x-transaction-id" = inline(schema::TransactionId)))),
@@ -309,7 +310,8 @@ pub async fn orders_add_item(
     ),
     responses(
         (status = 200, description = "The order after the change (or as it was, when it had no such line)", body = OrderView, headers(
-            ("ETag" = inline(schema::ETag)), ("x-transaction-id" = inline(schema::TransactionId)), ("Idempotent-Replayed" = inline(schema::Replayed)))),
+            ("ETag" = inline(schema::ETag)), ("x-transaction-id" = inline(schema::TransactionId)),
+            ("x-transaction-item" = inline(schema::TransactionItem)), ("Idempotent-Replayed" = inline(schema::Replayed)))),
         (status = 400, description = "The path cannot be read, or an invalid header", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json",
             headers(("x-transaction-id" = inline(schema::TransactionId)))),
@@ -344,7 +346,8 @@ pub async fn orders_remove_item(
     ),
     responses(
         (status = 200, description = "The cancelled order", body = OrderView, headers(
-            ("ETag" = inline(schema::ETag)), ("x-transaction-id" = inline(schema::TransactionId)), ("Idempotent-Replayed" = inline(schema::Replayed)))),
+            ("ETag" = inline(schema::ETag)), ("x-transaction-id" = inline(schema::TransactionId)),
+            ("x-transaction-item" = inline(schema::TransactionItem)), ("Idempotent-Replayed" = inline(schema::Replayed)))),
         (status = 400, description = "The path cannot be read, or an invalid header", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json",
             headers(("x-transaction-id" = inline(schema::TransactionId)))),

@@ -67,7 +67,7 @@ pub use error::HttpError;
 pub use headers::{etag, IdempotencyKeyHeader, IfMatch};
 pub use idempotency::Idempotency;
 pub use idempotent::Idempotent;
-pub use problem::{FieldError, Problem, TRANSACTION_ID_HEADER};
+pub use problem::{encode_item_key, FieldError, Problem, TRANSACTION_ID_HEADER, TRANSACTION_ITEM_HEADER};
 pub use scope::{enforce_deadline, Answer, Begun, Deadlines, Progress, RequestScope};
 #[cfg(feature = "lambda")]
 pub use stage::serve_under_stage;

@@ -16,6 +16,22 @@ use crate::request::TxnError;
 
 /// The header that carries a transaction id on answers that concern one.
 pub const TRANSACTION_ID_HEADER: &str = "x-transaction-id";
+/// The header that names, percent-encoded, the item a transaction begun in entity mode
+/// commits into: a status read of the transaction needs it once the transaction's proof
+/// lives in that item (`GET /transactions/{id}?item=…` in the orders API).
+pub const TRANSACTION_ITEM_HEADER: &str = "x-transaction-item";
+
+/// `key` percent-encoded, for [`TRANSACTION_ITEM_HEADER`] and a query string: every byte
+/// but ASCII letters, digits and `-._~` is escaped, so that the value is both a valid
+/// header and a valid query parameter, which a query decoder turns back into the key.
+pub fn encode_item_key(key: &crate::ports::ItemKey) -> String {
+    const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(key.as_str(), ESCAPED).to_string()
+}
 /// The media type of problem documents.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 /// How many seconds `Retry-After` asks a client to wait before retrying a 503.

@@ -36,7 +36,7 @@ use serde::Serialize;
 
 use super::error::{timeout_problem, HttpError};
 use super::idempotency::{stored, Idempotency};
-use super::problem::TRANSACTION_ID_HEADER;
+use super::problem::{encode_item_key, TRANSACTION_ID_HEADER, TRANSACTION_ITEM_HEADER};
 pub use super::progress::Progress;
 use crate::native::{NativeOutbox, NativeTransaction};
 use crate::ports::ItemKey;
@@ -486,11 +486,16 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
                 let by = crate::request::settle_bound(clock.now(), Some(settle_by));
                 scope.abandon(txn_id, by).await;
             }
-            // Once a transaction began, every answer names it: a 404 or a no-op too.
+            // Once a transaction began, every answer names it: a 404 or a no-op too; in
+            // entity mode with its item, where a status read finds it after dispatch.
             if let Progress::Begun(txn_id) | Progress::Committing(txn_id) = progress {
                 if !response.headers().contains_key(TRANSACTION_ID_HEADER) {
                     let value = HeaderValue::from_str(&txn_id.to_string()).expect("transaction ids are ASCII");
                     response.headers_mut().insert(TRANSACTION_ID_HEADER, value);
+                }
+                if let Some(key) = scope.state().begun_entity.clone() {
+                    let value = HeaderValue::from_str(&encode_item_key(&key)).expect("percent-encoded is ASCII");
+                    response.headers_mut().insert(TRANSACTION_ITEM_HEADER, value);
                 }
             }
             response
@@ -509,7 +514,14 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
                 }
                 Progress::NotBegun => progress,
             };
-            timeout_problem(answer).into_response()
+            let mut response = timeout_problem(answer).into_response();
+            if let (Progress::Begun(_) | Progress::Committing(_), Some(key)) =
+                (answer, scope.state().begun_entity.clone())
+            {
+                let value = HeaderValue::from_str(&encode_item_key(&key)).expect("percent-encoded is ASCII");
+                response.headers_mut().insert(TRANSACTION_ITEM_HEADER, value);
+            }
+            response
         }
     }
 }
