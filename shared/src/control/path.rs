@@ -216,14 +216,7 @@ impl ControlPath {
             return self.decide_in_entity(control, key).instrument(span).await;
         }
         match record {
-            // In entity mode the request path records the transaction dispatched, then
-            // removes its entry from the entity; a removal that failed is done here. A
-            // read tells (a read unit, cheaper than a blind write's). An entry beside a
-            // tombstone is proof of a commit, and is published.
-            Some(Ok(record)) => match &control.entity {
-                Some(key) => self.decide_on_entity_record(control, key, record).await,
-                None => self.decide_on_record(record),
-            },
+            Some(Ok(record)) => self.decide_on_record(record),
             Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             None => {
                 let span = tracing::info_span!("control_message", txn_id = %control.txn_id, attempt = control.attempt);
@@ -239,17 +232,35 @@ impl ControlPath {
         }
     }
 
-    /// T's record as found, in entity mode, where the entity may still hold T's entry:
-    /// beside a dispatched record (the request path's removal failed) it is removed;
-    /// beside a tombstone it is proof of a commit the tombstone did not fence, and is
-    /// published.
-    async fn decide_on_entity_record(&self, control: &ControlMessage, key: &ItemKey, record: OutboxRecord) -> Decision {
+    /// T's record as found, in entity mode, where the entity may still hold T's entry
+    /// (`slot`: T's slot in the entity as read already, `None` where it was not read):
+    /// beside a dispatched record (a removal of an earlier version that failed) it is
+    /// removed; beside a tombstone it is proof of a commit the tombstone did not fence,
+    /// and is published.
+    async fn decide_on_entity_record(
+        &self,
+        control: &ControlMessage,
+        key: &ItemKey,
+        record: OutboxRecord,
+        slot: Option<Option<OutboxRecord>>,
+    ) -> Decision {
+        let slot = match slot {
+            Some(slot) => Ok(slot),
+            None => self.slot(key, control.txn_id).await,
+        };
         match record.state {
-            OutboxState::Dispatched => match self.remove_leftover_entry(key, control.txn_id).await {
-                Ok(()) => self.decide_on_record(record),
-                Err(error) => Decision::Done(Err(ControlError::Mark(Arc::new(error)))),
+            OutboxState::Dispatched => match slot {
+                Ok(Some(entry)) if entry.state != OutboxState::Tombstone => {
+                    tracing::info!(txn_id = %control.txn_id, entity = %key, "removing an entry left in its entity");
+                    match self.ports.store.remove_entry(key, control.txn_id).await {
+                        Ok(()) => self.decide_on_record(record),
+                        Err(error) => Decision::Done(Err(ControlError::Mark(Arc::new(error)))),
+                    }
+                }
+                Ok(_) => self.decide_on_record(record),
+                Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             },
-            OutboxState::Tombstone => match self.slot(key, control.txn_id).await {
+            OutboxState::Tombstone => match slot {
                 // A fence of the earlier kind (a tombstone in T's slot, which was pruned
                 // on a clock): the mark takes its place, then the slot goes.
                 Ok(Some(fence)) if fence.state == OutboxState::Tombstone => {
@@ -282,14 +293,6 @@ impl ControlPath {
         Ok(entity.and_then(|entity| entity.entries.get(&txn_id).cloned()))
     }
 
-    /// Transaction `txn_id`'s committed entry in `key`, if there is one.
-    async fn entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<Option<OutboxRecord>, StoreError> {
-        Ok(self
-            .slot(key, txn_id)
-            .await?
-            .filter(|entry| entry.state != OutboxState::Tombstone))
-    }
-
     /// Replaces a fence of the earlier kind (a tombstone in the transaction's slot, which
     /// the earlier versions pruned later on a clock) by the fence mark: the slot goes, then
     /// the mark is raised to the transaction (its record is a tombstone already). A commit
@@ -305,15 +308,6 @@ impl ControlPath {
             .await?;
         tracing::info!(txn_id = %control.txn_id, entity = %key, "a slot fence replaced by the fence mark");
         Ok(outcome)
-    }
-
-    /// Removes transaction `txn_id`'s entry from `key` if it is still there.
-    async fn remove_leftover_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
-        if self.entry(key, txn_id).await?.is_some() {
-            tracing::info!(%txn_id, entity = %key, "removing an entry left in its entity");
-            self.ports.store.remove_entry(key, txn_id).await?;
-        }
-        Ok(())
     }
 
     /// Entity mode: the item first. T's sent mark there settles it (one read, the usual
@@ -340,7 +334,10 @@ impl ControlPath {
             Err(error) => Some(Err(error)),
         };
         match record {
-            Some(Ok(record)) => self.decide_on_entity_record(control, key, record).await,
+            Some(Ok(record)) => {
+                let slot = entity.as_ref().and_then(|entity| entity.entries.get(&txn_id).cloned());
+                self.decide_on_entity_record(control, key, record, Some(slot)).await
+            }
             Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             None => match entity.and_then(|entity| entity.entries.get(&txn_id).cloned()) {
                 Some(entry) if entry.state != OutboxState::Tombstone => {
@@ -412,7 +409,7 @@ impl ControlPath {
                 // Recorded since this message's read (tombstoned by the request path's
                 // settling fence, or committed and dispatched, its entry perhaps left in
                 // the entity by a removal that failed): handled as a record read first is.
-                Ok(FenceOutcome::Recorded(record)) => self.decide_on_entity_record(control, key, record).await,
+                Ok(FenceOutcome::Recorded(record)) => self.decide_on_entity_record(control, key, record, None).await,
                 Err(error) => Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
             };
         }
