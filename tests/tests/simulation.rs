@@ -891,9 +891,10 @@ struct EntityTally {
     fences: usize,
     /// Entries settled into a sent mark (one write), among `entries_removed`.
     settled: usize,
-    /// Sent marks moved out of their item, their records put first; and those forgotten
-    /// past their time.
-    marks_evicted: usize,
+    /// Entries settled into their records instead, their counter full of marks (two
+    /// writes), among `entries_removed`.
+    settled_into_records: usize,
+    /// Sent marks dropped past their time.
     marks_forgotten: usize,
     /// Status reads at the end, by what they said.
     statuses: BTreeMap<&'static str, usize>,
@@ -917,7 +918,7 @@ impl EntityTally {
         self.entries_removed += observed.entries_removed;
         self.fences += observed.fences;
         self.settled += observed.settled;
-        self.marks_evicted += observed.marks_evicted;
+        self.settled_into_records += observed.entries_removed - observed.settled;
         self.marks_forgotten += observed.marks_forgotten;
         for status in observed.statuses.values() {
             *self.statuses.entry(status.as_str()).or_default() += 1;
@@ -933,7 +934,7 @@ impl EntityTally {
 
     fn print(&self, name: &str, started: Instant) {
         println!(
-            "entity mode, {name}: {} schedules ({} with a fault) in {:.2?}; commits: {} one conditional write, {} transactional; entries removed after dispatch {} ({} settled into a sent mark); sent marks moved out {} (forgotten past their time {}); status reads at the end {:?}; fences written {}; tombstoned {}; late (sent, applied): commits {:?}, fences and tombstones {:?}, records and removals {:?}, control sends {:?}, {} applied after their sender had ended; commits refused by the fence mark {}; commits of unknown outcome: {:?}; retry loops run to their end: {:?}; endings: {:?}",
+            "entity mode, {name}: {} schedules ({} with a fault) in {:.2?}; commits: {} one conditional write, {} transactional; entries removed after dispatch {} ({} settled into a sent mark, {} into their record, the counter full); sent marks dropped past their time {}; status reads at the end {:?}; fences written {}; tombstoned {}; late (sent, applied): commits {:?}, fences and tombstones {:?}, records and removals {:?}, control sends {:?}, {} applied after their sender had ended; commits refused by the fence mark {}; commits of unknown outcome: {:?}; retry loops run to their end: {:?}; endings: {:?}",
             self.schedules,
             self.with_fault,
             started.elapsed(),
@@ -941,7 +942,7 @@ impl EntityTally {
             self.transactional_commits,
             self.entries_removed,
             self.settled,
-            self.marks_evicted,
+            self.settled_into_records,
             self.marks_forgotten,
             self.statuses,
             self.fences,

@@ -9,7 +9,8 @@
 //! message names its entity) has its outcome in the entity, read first: its sent mark
 //! (done), or its entry, which is published and settled into a sent mark; its record is
 //! read only where the entity does not tell. After the window its fence goes into the
-//! entity with its record's tombstone. [`marks`] says when sent marks move out.
+//! entity with its record's tombstone. [`crate::protocol::sent_marks`] says how many sent
+//! marks an item keeps.
 //!
 //! - [`ControlPath`] handles a batch; [`poller`] receives and acknowledges control messages
 //!   outside Lambda; [`redelivery`] brings failed ones back in seconds.
@@ -21,7 +22,6 @@ mod entity_race_tests;
 #[cfg(test)]
 mod entity_tests;
 pub mod lease;
-pub mod marks;
 mod outcome;
 mod path;
 pub mod poller;

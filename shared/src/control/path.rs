@@ -7,12 +7,11 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tracing::Instrument;
 
-use super::marks::SentMarkLimits;
 use super::outcome::{BatchReport, ControlError, ControlOutcome, ItemReport};
 use crate::ports::{
     Clock, ControlDelivery, ControlQueue, FenceOutcome, ItemKey, Publisher, Store, StoreError, TombstoneOutcome,
 };
-use crate::protocol::{ControlMessage, OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{sent_marks, ControlMessage, OutboxRecord, OutboxState, TxnId};
 use crate::publish::{publish_all, PublishFailure, RetryPolicy};
 use crate::settings::Timing;
 
@@ -41,7 +40,7 @@ pub struct ControlPath {
     ports: ControlPorts,
     timing: Timing,
     retry: RetryPolicy,
-    marks: SentMarkLimits,
+    sent_marks: usize,
 }
 
 /// The span of one control message's handling: its SQS message id and its transaction.
@@ -71,13 +70,15 @@ impl ControlPath {
             ports,
             timing,
             retry: RetryPolicy::default(),
-            marks: SentMarkLimits::default(),
+            sent_marks: sent_marks::MAX_SENT_MARKS,
         }
     }
 
-    /// Replaces how many sent marks an item keeps (entity mode).
-    pub fn with_sent_mark_limits(mut self, marks: SentMarkLimits) -> Self {
-        self.marks = marks;
+    /// Replaces how many sent marks an item holds (entity mode;
+    /// [`sent_marks::MAX_SENT_MARKS`] by default): as many as the request path's
+    /// ([`crate::request::Outbox::with_sent_marks`]).
+    pub fn with_sent_marks(mut self, max: usize) -> Self {
+        self.sent_marks = max;
         self
     }
 
@@ -322,7 +323,7 @@ impl ControlPath {
             Err(error) => return Decision::Done(Err(ControlError::Read(Arc::new(error)))),
         };
         if let Some(entity) = &entity {
-            self.evict_marks(key, &entity.sent).await;
+            self.forget_marks(key, &entity.sent).await;
             if entity.sent.contains_key(&txn_id) {
                 return Decision::Done(Ok(ControlOutcome::AlreadyDone {
                     state: OutboxState::Dispatched,
@@ -348,27 +349,16 @@ impl ControlPath {
         }
     }
 
-    /// Moves the item's sent marks out when it holds more than its limit ([`SentMarkLimits`]:
-    /// the item's size is paid by every write of it). A failure is logged: the next
-    /// control message of the item tries again, and nothing depends on it.
-    async fn evict_marks(&self, key: &ItemKey, sent: &BTreeMap<TxnId, crate::time::Timestamp>) {
-        let now = self.ports.clock.now();
-        let Some(eviction) = self.marks.eviction(sent, now) else {
+    /// Drops the marks past their time from an item that holds as many as it keeps, to
+    /// make room for the next. A failure is logged: the next control message of the item
+    /// tries again, and nothing depends on it (a full item settles in two writes).
+    async fn forget_marks(&self, key: &ItemKey, sent: &BTreeMap<TxnId, crate::time::Timestamp>) {
+        let Some(forget) = sent_marks::past_their_time(sent, self.ports.clock.now(), self.sent_marks) else {
             return;
         };
-        match self
-            .ports
-            .store
-            .evict_marks(key, &eviction.evict, &eviction.forget, now)
-            .await
-        {
-            Ok(()) => tracing::info!(
-                entity = %key,
-                evicted = eviction.evict.len(),
-                forgotten = eviction.forget.len(),
-                "sent marks moved out of their item"
-            ),
-            Err(error) => tracing::warn!(entity = %key, error = %error, "moving sent marks out of their item failed"),
+        match self.ports.store.forget_marks(key, &forget).await {
+            Ok(()) => tracing::info!(entity = %key, forgotten = forget.len(), "sent marks past their time dropped"),
+            Err(error) => tracing::warn!(entity = %key, error = %error, "dropping sent marks past their time failed"),
         }
     }
 
@@ -453,7 +443,7 @@ impl ControlPath {
             }
         } else {
             store
-                .settle_entry(key, entry.txn_id, entry.created_at, expires_at)
+                .settle_entry(key, entry.txn_id, entry.created_at, expires_at, self.sent_marks)
                 .await
         };
         settled.map_err(|error| ControlError::Mark(Arc::new(error)))?;

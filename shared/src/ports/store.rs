@@ -120,8 +120,8 @@ pub struct EntityItem {
     pub fence: Option<TxnId>,
     /// Its sent marks ([`Store::settle_entry`]): the transactions committed into it whose
     /// messages went out and whose entries left it, each with the time its proof may be
-    /// forgotten. A mark is the transaction's proof of commit until
-    /// [`Store::evict_marks`] moves it to the transaction's record.
+    /// forgotten. A mark is the transaction's proof of commit while it is there (a delete
+    /// of the item moves it to the transaction's record).
     pub sent: BTreeMap<TxnId, Timestamp>,
 }
 
@@ -392,8 +392,8 @@ pub trait Store: Send + Sync {
     /// Fences transaction `txn_id` inside item `key`, in one atomic write, where the item
     /// holds no entry and no sent mark of it: the item's fence mark is raised to `txn_id`
     /// (left where it is at or above it already), and the transaction's record becomes a
-    /// tombstone expiring at `expires_at`, where it has none (a mark evicted moves to that
-    /// record, and a commit in the transactional form writes it). So neither form of its
+    /// tombstone expiring at `expires_at`, where it has none (a mark moved out with a delete
+    /// goes to that record, and a commit in the transactional form writes it). So neither form of its
     /// commit can apply any more: the mark never moves down and is never pruned, so no
     /// request of the transaction, however late, gets past it. A key without an item (never
     /// created, or deleted) keeps the mark in a vacant item, which reads as absent, which a
@@ -410,38 +410,34 @@ pub trait Store: Send + Sync {
     }
 
     /// Settles transaction `txn_id`'s entry in item `key` once its messages went out, in
-    /// one write: the entry leaves the item, and the item keeps the transaction's sent
-    /// mark, to be forgotten at `expires_at`, as the proof that it committed (what a fence,
-    /// the control worker and a status read find) until [`Self::evict_marks`] moves it to
-    /// the transaction's record. Touches nothing else; an entry that is not there (settled
-    /// already) is harmless. The default puts the record dispatched, then removes the
-    /// entry (two writes, the proof in the record): a store that wraps another forwards
-    /// this to keep the one write.
+    /// one write where the item holds fewer than `max_marks` sent marks: the entry leaves
+    /// the item, and the item keeps the transaction's sent mark, to be forgotten at
+    /// `expires_at`, as the proof that it committed (what a fence, the control worker and a
+    /// status read find). In an item that holds `max_marks` already (or that has no room
+    /// for marks, written before they existed), the proof goes to the transaction's record
+    /// instead: the record is put dispatched, then the entry removed (two writes). Touches
+    /// nothing else; an entry that is not there (settled already) is harmless. The default
+    /// always takes the two writes: a store that wraps another forwards this to keep the
+    /// one.
     async fn settle_entry(
         &self,
         key: &ItemKey,
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
+        max_marks: usize,
     ) -> Result<(), StoreError> {
+        let _ = max_marks;
         self.put_dispatched(txn_id, now, expires_at).await?;
         self.remove_entry(key, txn_id).await
     }
 
-    /// Moves sent marks out of item `key` ([`Self::settle_entry`]): each transaction of
-    /// `evict` gets its record `dispatched`, expiring when its mark would have been
-    /// forgotten, and only then do the marks of `evict` and of `forget` (marks past their
-    /// time, whose proof is no longer kept) leave the item. The records come first, so
-    /// that a transaction's proof is never gone from both. Touches nothing else, and
-    /// never brings back an item deleted meanwhile.
-    async fn evict_marks(
-        &self,
-        key: &ItemKey,
-        evict: &[(TxnId, Timestamp)],
-        forget: &[TxnId],
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let _ = (key, evict, forget, now);
+    /// Drops the sent marks of `forget` from item `key` ([`Self::settle_entry`]): marks
+    /// past their time, whose proof is kept no longer (as a record's TTL ends it), to make
+    /// room in a full item. Touches nothing else, and never brings back an item deleted
+    /// meanwhile.
+    async fn forget_marks(&self, key: &ItemKey, forget: &[TxnId]) -> Result<(), StoreError> {
+        let _ = (key, forget);
         Err(StoreError::Unsupported("the entity mode"))
     }
 

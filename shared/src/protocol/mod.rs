@@ -7,6 +7,7 @@ mod idempotency;
 mod item_key;
 mod message;
 mod outbox_record;
+pub mod sent_marks;
 mod txn_id;
 
 pub use control_message::{ControlMessage, DecodeError, CONTROL_MESSAGE_VERSION};

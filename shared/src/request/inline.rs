@@ -112,7 +112,13 @@ impl Outbox {
             if let Err(error) = self
                 .ports
                 .store
-                .settle_entry(entity, entry.txn_id, entry.created_at, now.plus(self.timing.retention))
+                .settle_entry(
+                    entity,
+                    entry.txn_id,
+                    entry.created_at,
+                    now.plus(self.timing.retention),
+                    self.sent_marks,
+                )
                 .await
             {
                 tracing::warn!(error = %error, "settling the entry failed; the control worker will");

@@ -44,6 +44,8 @@ pub struct Outbox {
     pub(super) service: Arc<str>,
     /// Its transactions begun and not finished (shared by its clones).
     pub(super) live: Arc<Live>,
+    /// How many sent marks an item holds (entity mode).
+    pub(super) sent_marks: usize,
 }
 
 impl Outbox {
@@ -57,7 +59,16 @@ impl Outbox {
             after_answer: None,
             service: Arc::from(DEFAULT_SERVICE),
             live: Arc::default(),
+            sent_marks: crate::protocol::sent_marks::MAX_SENT_MARKS,
         }
+    }
+
+    /// Replaces how many sent marks an item holds (entity mode;
+    /// [`crate::protocol::sent_marks::MAX_SENT_MARKS`] by default): as many as the control
+    /// path's ([`crate::control::ControlPath::with_sent_marks`]).
+    pub fn with_sent_marks(mut self, max: usize) -> Self {
+        self.sent_marks = max;
+        self
     }
 
     /// The request path over `ports` as `settings` configure it: their timing, limits

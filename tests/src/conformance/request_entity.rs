@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use outbox::control::marks::{KEPT_SENT_MARKS, MAX_SENT_MARKS};
 use outbox::control::ControlPath;
 use outbox::ports::{Clock, ExpectedVersion, FenceOutcome, ItemKey};
+use outbox::protocol::sent_marks::MAX_SENT_MARKS;
 use outbox::protocol::{Message, OutboxState, TxnId};
 use outbox::request::{AfterAnswer, InlineDispatch, Outbox, Transaction, TxnError, TxnStatus};
 use outbox::settings::Timing;
@@ -193,10 +193,12 @@ async fn settled_into_its_mark(b: &Backend, outbox: &Outbox, order: &ItemKey, tx
     );
 }
 
-/// A sent mark is its transaction's proof of commit wherever it is: a fence finds it and
-/// writes nothing; moved out (by the control path, once the item holds more than it keeps,
-/// or by a delete of the item) its record is put first, and a status read finds that.
-pub async fn sent_marks_prove_their_commits_until_they_move_to_records(b: &Backend) {
+/// A sent mark is its transaction's proof of commit while it is in its item: a fence
+/// finds it and writes nothing. An item holds at most `MAX_SENT_MARKS`: in a full one an
+/// entry settles into its record instead (two writes); the control path drops the marks
+/// past their time from a full item; a delete of the item moves its marks to their
+/// records in its commit. A status read finds each where it is.
+pub async fn sent_marks_prove_their_commits_while_they_are_kept(b: &Backend) {
     let timing = timing(Duration::from_secs(60));
     let outbox = b.outbox(timing);
     let inline = b.outbox(timing).with_inline_publisher(b.publisher.clone());
@@ -204,14 +206,10 @@ pub async fn sent_marks_prove_their_commits_until_they_move_to_records(b: &Backe
     let mut create = outbox.begin().await.expect("begin");
     create.put(order.clone(), json!({"lines": 1}), ExpectedVersion::Absent);
     create.commit().await.expect("the create");
+    let add = || async { add_line(&inline, &order).await.commit().await.expect("the commit").txn_id };
 
     // A fence of a transaction whose mark the item holds finds it and changes nothing.
-    let first = add_line(&inline, &order)
-        .await
-        .commit()
-        .await
-        .expect("the commit")
-        .txn_id;
+    let first = add().await;
     settled_into_its_mark(b, &inline, &order, first).await;
     let now = b.clock.now();
     let fenced = b
@@ -224,43 +222,69 @@ pub async fn sent_marks_prove_their_commits_until_they_move_to_records(b: &Backe
     assert_eq!(entity.fence, None, "{}: no mark raised", b.name);
     assert!(record(b, first).await.is_none(), "{}: no tombstone", b.name);
 
-    // The control path moves all but the newest marks out once the item holds more than
-    // it keeps: their records first, then the marks.
-    let mut committed = vec![first];
-    while committed.len() <= MAX_SENT_MARKS {
-        let txn = add_line(&inline, &order).await.commit().await.expect("the commit");
-        committed.push(txn.txn_id);
+    // Full, the item takes no more marks: the next entry settles into its record.
+    while b.store.get_entity(&order).await.unwrap().expect("the order").sent.len() < MAX_SENT_MARKS {
+        add().await;
     }
-    b.drain(&events()).await;
+    let recorded = add().await;
     let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
-    assert_eq!(entity.sent.len(), MAX_SENT_MARKS + 1, "{}", b.name);
-    // Every control message finds its transaction done; the first to read the item
-    // moves the older marks out.
+    assert_eq!(entity.sent.len(), MAX_SENT_MARKS, "{}", b.name);
+    assert!(!entity.sent.contains_key(&recorded) && entity.entries.is_empty(), "{}", b.name);
+    assert_eq!(
+        record(b, recorded).await.map(|record| record.state),
+        Some(OutboxState::Dispatched),
+        "{}: a full item's entry settles into its record",
+        b.name
+    );
+    assert_eq!(
+        outbox.status_in(recorded, &order).await.expect("a status read"),
+        TxnStatus::Dispatched,
+        "{}",
+        b.name
+    );
+    assert_eq!(b.drain(&events()).await.len(), MAX_SENT_MARKS + 1, "{}", b.name);
     b.wait(timing.first_check_delay).await;
     b.settle(timing).await;
-    // The newest by transaction id (ids of one millisecond are not in commit order).
-    committed.sort();
+
+    // Past their time, the control path drops the marks of a full item when it reads it.
+    b.clock.advance(RETENTION + Duration::from_secs(1));
+    let late = add().await;
+    b.wait(timing.first_check_delay).await;
+    b.settle(timing).await;
     let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
-    let kept: Vec<TxnId> = entity.sent.keys().copied().collect();
-    assert_eq!(kept, committed[committed.len() - KEPT_SENT_MARKS..], "{}", b.name);
-    for txn_id in &committed[..committed.len() - KEPT_SENT_MARKS] {
-        assert_eq!(
-            record(b, *txn_id).await.map(|record| record.state),
-            Some(OutboxState::Dispatched),
-            "{}: {txn_id} moved to its record",
-            b.name
-        );
-        assert_eq!(
-            outbox.status_in(*txn_id, &order).await.expect("a status read"),
-            TxnStatus::Dispatched,
-            "{}",
-            b.name
-        );
-    }
-    // A fence of a transaction moved out finds its record.
+    assert!(entity.sent.is_empty(), "{}: {:?}", b.name, entity.sent);
+    assert_eq!(
+        record(b, late).await.map(|record| record.state),
+        Some(OutboxState::Dispatched),
+        "{}: settled while the item was full",
+        b.name
+    );
+    let marked = add().await;
+    settled_into_its_mark(b, &inline, &order, marked).await;
+    b.drain(&events()).await;
+
+    // A delete through the outbox moves the marks left to their records in its commit.
+    let mut delete = outbox.begin().await.expect("begin");
+    let read = delete.get(&order).await.expect("read").expect("the order");
+    delete.delete(order.clone(), read.version);
+    delete.commit().await.expect("the delete");
+    assert!(b.store.get_entity(&order).await.unwrap().is_none(), "{}: deleted", b.name);
+    assert_eq!(
+        record(b, marked).await.map(|record| record.state),
+        Some(OutboxState::Dispatched),
+        "{}: the mark moved to its record with the delete",
+        b.name
+    );
+    assert_eq!(
+        outbox.status_in(marked, &order).await.expect("a status read"),
+        TxnStatus::Dispatched,
+        "{}",
+        b.name
+    );
+    let now = b.clock.now();
     let fenced = b
         .store
-        .fence_entity(&order, committed[0], now, now.plus(RETENTION))
+        .fence_entity(&order, marked, now, now.plus(RETENTION))
         .await
         .expect("the fence");
     assert!(
@@ -268,39 +292,4 @@ pub async fn sent_marks_prove_their_commits_until_they_move_to_records(b: &Backe
         "{}: {fenced:?}",
         b.name
     );
-
-    // A delete through the outbox moves the marks left to their records in its commit.
-    let mut delete = outbox.begin().await.expect("begin");
-    let read = delete.get(&order).await.expect("read").expect("the order");
-    delete.delete(order.clone(), read.version);
-    delete.commit().await.expect("the delete");
-    assert!(
-        b.store.get_entity(&order).await.unwrap().is_none(),
-        "{}: deleted",
-        b.name
-    );
-    for txn_id in &committed[committed.len() - KEPT_SENT_MARKS..] {
-        assert_eq!(
-            record(b, *txn_id).await.map(|record| record.state),
-            Some(OutboxState::Dispatched),
-            "{}: {txn_id}'s mark moved to its record with the delete",
-            b.name
-        );
-        assert_eq!(
-            outbox.status_in(*txn_id, &order).await.expect("a status read"),
-            TxnStatus::Dispatched,
-            "{}",
-            b.name
-        );
-        let fenced = b
-            .store
-            .fence_entity(&order, *txn_id, now, now.plus(RETENTION))
-            .await
-            .expect("the fence");
-        assert!(
-            matches!(&fenced, FenceOutcome::Recorded(record) if record.state == OutboxState::Dispatched),
-            "{}: {fenced:?}",
-            b.name
-        );
-    }
 }

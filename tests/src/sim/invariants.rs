@@ -58,12 +58,9 @@ pub struct Observed {
     pub fences: usize,
     /// Entity mode: entries settled into a sent mark (one write), among `entries_removed`.
     pub settled: usize,
-    /// Entity mode: sent marks moved out of their item with their record put first, and
-    /// those forgotten past their time.
-    pub marks_evicted: usize,
-    /// See `marks_evicted`.
+    /// Entity mode: sent marks dropped from their item past their time.
     pub marks_forgotten: usize,
-    /// Entity mode: sent marks that left their item before their record was there.
+    /// Entity mode: sent marks dropped from their item before their time.
     pub evicted_before_record: Vec<TxnId>,
     /// What a status read (`GET /transactions/{id}`, given the item in entity mode) says at
     /// the end of each transaction that committed or was tombstoned.
@@ -103,7 +100,7 @@ impl Observed {
         let mut removed_before_record = Vec::new();
         let mut committed_twice = Vec::new();
         let (mut entity_commits, mut entries_removed, mut fences) = (0, 0, 0);
-        let (mut marks_evicted, mut marks_forgotten) = (0, 0);
+        let mut marks_forgotten = 0;
         let mut settled: BTreeSet<TxnId> = BTreeSet::new();
         let mut evicted_before_record = Vec::new();
         let mut entity_keys: BTreeMap<TxnId, ItemKey> = BTreeMap::new();
@@ -170,25 +167,16 @@ impl Observed {
                     entries_removed += 1;
                     settled.insert(txn_id);
                 }
-                // A sent mark leaves its item only with its record dispatched, or past its
-                // time (forgotten, as an expired record is).
-                StoreEvent::MarksEvicted {
-                    evicted, forgotten, at, ..
-                } => {
+                // A sent mark leaves its item only past its time (forgotten, as an expired
+                // record is) or with a delete that puts its record.
+                StoreEvent::MarksForgotten { forgotten, at, .. } => {
                     marks_forgotten += forgotten.len();
-                    // Forgotten before its time: its proof gone from both.
                     evicted_before_record.extend(
                         forgotten
                             .into_iter()
                             .filter(|(_, until)| *until > at)
                             .map(|(txn_id, _)| txn_id),
                     );
-                    for txn_id in evicted {
-                        marks_evicted += 1;
-                        if !dispatched.contains(&txn_id) {
-                            evicted_before_record.push(txn_id);
-                        }
-                    }
                 }
                 StoreEvent::EntryRemoved { txn_id, .. } => {
                     if dispatched.contains(&txn_id) {
@@ -256,7 +244,6 @@ impl Observed {
             entries_removed,
             fences,
             settled: settled.len(),
-            marks_evicted,
             marks_forgotten,
             evicted_before_record,
             statuses,
@@ -290,7 +277,7 @@ impl Observed {
             return Err(Violation {
                 invariant: "I3 tombstones are final",
                 detail: format!(
-                    "the sent mark of committed transaction {txn_id} left its item before its record was there"
+                    "the sent mark of committed transaction {txn_id} left its item before its time"
                 ),
             });
         }

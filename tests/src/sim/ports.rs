@@ -90,14 +90,10 @@ pub(crate) enum LateOp {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
+        max_marks: usize,
     },
-    /// Sent marks leaving their item (the records put before, on their own).
-    Evict {
-        key: ItemKey,
-        evict: Vec<(TxnId, Timestamp)>,
-        forget: Vec<TxnId>,
-        now: Timestamp,
-    },
+    /// Sent marks past their time leaving their item.
+    Forget { key: ItemKey, forget: Vec<TxnId> },
     /// A fence in an item, with its transaction's tombstone record.
     Fence {
         key: ItemKey,
@@ -117,7 +113,7 @@ impl LateOp {
             | LateOp::PutDispatched { .. }
             | LateOp::RemoveEntry { .. }
             | LateOp::Settle { .. }
-            | LateOp::Evict { .. } => Op::LateMark,
+            | LateOp::Forget { .. } => Op::LateMark,
             LateOp::ControlSend { .. } => Op::LateSend,
         }
     }
@@ -256,16 +252,12 @@ pub(crate) async fn late_op(
             txn_id,
             now,
             expires_at,
+            max_marks,
         } => {
-            let _ = store.settle_entry(&key, txn_id, now, expires_at).await;
+            let _ = store.settle_entry(&key, txn_id, now, expires_at, max_marks).await;
         }
-        LateOp::Evict {
-            key,
-            evict,
-            forget,
-            now,
-        } => {
-            let _ = store.evict_marks(&key, &evict, &forget, now).await;
+        LateOp::Forget { key, forget } => {
+            let _ = store.forget_marks(&key, &forget).await;
         }
         LateOp::Fence {
             key,
@@ -442,15 +434,29 @@ impl Store for GatedStore {
         }
     }
 
-    /// Meets what a mark meets: one write of the item.
+    /// Meets what a mark meets: one write of the item. In an item it finds full (a peek,
+    /// outside the gates), the two writes the store would make instead, each through its
+    /// own gate, so that a crash between them is reached too.
     async fn settle_entry(
         &self,
         key: &ItemKey,
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
+        max_marks: usize,
     ) -> Result<(), StoreError> {
-        let settle = || self.inner.settle_entry(key, txn_id, now, expires_at);
+        let full = self
+            .inner
+            .get_entity(key)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|entity| entity.sent.len() >= max_marks && entity.entries.contains_key(&txn_id));
+        if full {
+            self.put_dispatched(txn_id, now, expires_at).await?;
+            return self.remove_entry(key, txn_id).await;
+        }
+        let settle = || self.inner.settle_entry(key, txn_id, now, expires_at, max_marks);
         match self.gate.pass(Op::Mark).await {
             Fault::Late => {
                 self.late(LateOp::Settle {
@@ -458,6 +464,7 @@ impl Store for GatedStore {
                     txn_id,
                     now,
                     expires_at,
+                    max_marks,
                 });
                 Err(StoreError::Unavailable(injected("settling timed out on its way")))
             }
@@ -475,26 +482,13 @@ impl Store for GatedStore {
         }
     }
 
-    /// Each record's put on its own gate (as the DynamoDB store sends them), then the
-    /// marks' removal on one more: a crash between leaves records beside their marks.
-    async fn evict_marks(
-        &self,
-        key: &ItemKey,
-        evict: &[(TxnId, Timestamp)],
-        forget: &[TxnId],
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        for (txn_id, expires_at) in evict {
-            self.put_dispatched(*txn_id, now, *expires_at).await?;
-        }
-        let removal = || self.inner.evict_marks(key, evict, forget, now);
+    async fn forget_marks(&self, key: &ItemKey, forget: &[TxnId]) -> Result<(), StoreError> {
+        let removal = || self.inner.forget_marks(key, forget);
         match self.gate.pass(Op::Mark).await {
             Fault::Late => {
-                self.late(LateOp::Evict {
+                self.late(LateOp::Forget {
                     key: key.clone(),
-                    evict: evict.to_vec(),
                     forget: forget.to_vec(),
-                    now,
                 });
                 Err(StoreError::Unavailable(injected("mark removal timed out on its way")))
             }

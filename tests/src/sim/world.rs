@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use outbox::control::marks::SentMarkLimits;
 use outbox::control::poller::poll_once;
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
@@ -31,6 +30,11 @@ use super::ports::{late_op, GatedClock, GatedControlQueue, GatedPublisher, Gated
 pub const EVENTS: &str = "events";
 /// The FIFO destination every transaction emits an audit entry to.
 pub const AUDIT: &str = "audit";
+
+/// How many sent marks a counter holds in the simulation (the default holds four): one,
+/// so that a second transaction on a counter meets it full and settles in two writes (its
+/// record, then its entry's removal), each with its crash points.
+pub const SIM_SENT_MARKS: usize = 1;
 
 /// What one schedule contains.
 #[derive(Debug, Clone)]
@@ -559,7 +563,8 @@ impl World {
             },
             self.timing,
             TransactionLimits::default(),
-        );
+        )
+        .with_sent_marks(SIM_SENT_MARKS);
         if inline {
             let publisher = Arc::new(GatedPublisher {
                 inner: self.backend.publisher.clone(),
@@ -708,10 +713,7 @@ impl World {
             },
             self.timing,
         )
-        // Every sent mark moves out of its item as soon as the worker reads it (the
-        // default keeps up to eight): each eviction step is reached at every crash point,
-        // racing the dispatches, fences and deletes.
-        .with_sent_mark_limits(SentMarkLimits { max: 0, kept: 0 });
+        .with_sent_marks(SIM_SENT_MARKS);
         let future = Box::pin(async move {
             loop {
                 // Errors leave messages to come back after their visibility timeout.

@@ -397,15 +397,17 @@ impl DynamoStore {
         }
     }
 
-    /// Settles T's entry in K in one `UpdateItem`: the entry removed, T's sent mark set,
-    /// where the entry is there. An item whose entry was committed before sent marks
-    /// existed has no map for them: its record is put and the entry removed instead.
+    /// Settles T's entry in K in one `UpdateItem` where K holds fewer than `max_marks`
+    /// sent marks: the entry removed, T's sent mark set. In a full item, or one whose
+    /// entry was committed before sent marks existed (no map for them), T's record is put
+    /// and the entry removed instead.
     pub(super) async fn settle_in_item(
         &self,
         key: &ItemKey,
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
+        max_marks: usize,
     ) -> Result<(), StoreError> {
         let names = HashMap::from([
             ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
@@ -417,11 +419,12 @@ impl DynamoStore {
             .update_item()
             .table_name(&self.layout.table)
             .set_key(Some(self.key(key.as_str())))
-            .update_expression("REMOVE #outbox.#txn SET #sent.#txn = :expires")
+            .update_expression("REMOVE #outbox.#txn SET #sent.#txn = :until")
             // Never creates the item again, nor a mark without the entry it replaces.
-            .condition_expression("attribute_exists(#outbox.#txn) AND attribute_exists(#sent)")
+            .condition_expression("attribute_exists(#outbox.#txn) AND attribute_exists(#sent) AND size(#sent) < :max")
             .set_expression_attribute_names(Some(names))
-            .expression_attribute_values(":expires", n(expires_at.as_millis()))
+            .expression_attribute_values(":until", n(expires_at.as_millis()))
+            .expression_attribute_values(":max", n(max_marks))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
@@ -434,11 +437,11 @@ impl DynamoStore {
                     UpdateItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
                     _ => None,
                 };
-                let legacy = old.as_ref().is_some_and(|item| {
-                    !item.contains_key(SENT_ATTRIBUTE)
-                        && entries_of(&self.layout, item).is_ok_and(|entries| entries.contains_key(&txn_id))
-                });
-                if legacy {
+                // The entry still there: the item is full or has no map for marks.
+                let holds_entry = old
+                    .as_ref()
+                    .is_some_and(|item| entries_of(&self.layout, item).is_ok_and(|entries| entries.contains_key(&txn_id)));
+                if holds_entry {
                     self.put_dispatched_record(txn_id, now, expires_at).await?;
                     self.drop_entry(key, txn_id).await?;
                 }
@@ -449,33 +452,14 @@ impl DynamoStore {
         }
     }
 
-    /// Evicts sent marks from K: the records of `evict` put dispatched (each expiring when
-    /// its mark would have been forgotten), then one `UpdateItem` removing those marks and
-    /// the ones of `forget`.
-    pub(super) async fn evict_from_item(
-        &self,
-        key: &ItemKey,
-        evict: &[(TxnId, Timestamp)],
-        forget: &[TxnId],
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let puts = evict
-            .iter()
-            .map(|(txn_id, expires_at)| self.put_dispatched_record(*txn_id, now, *expires_at));
-        for put in futures_util::future::join_all(puts).await {
-            put?;
-        }
-        let gone: Vec<TxnId> = evict
-            .iter()
-            .map(|(txn_id, _)| *txn_id)
-            .chain(forget.iter().copied())
-            .collect();
-        if gone.is_empty() {
+    /// Drops the sent marks of `forget` from K in one `UpdateItem`.
+    pub(super) async fn forget_in_item(&self, key: &ItemKey, forget: &[TxnId]) -> Result<(), StoreError> {
+        if forget.is_empty() {
             return Ok(());
         }
         let mut names = HashMap::from([("#sent".to_owned(), SENT_ATTRIBUTE.to_owned())]);
-        let mut removals = Vec::with_capacity(gone.len());
-        for (index, txn_id) in gone.iter().enumerate() {
+        let mut removals = Vec::with_capacity(forget.len());
+        for (index, txn_id) in forget.iter().enumerate() {
             names.insert(format!("#t{index}"), txn_id.to_string());
             removals.push(format!("#sent.#t{index}"));
         }

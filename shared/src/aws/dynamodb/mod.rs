@@ -324,18 +324,13 @@ impl Store for DynamoStore {
         txn_id: TxnId,
         now: Timestamp,
         expires_at: Timestamp,
+        max_marks: usize,
     ) -> Result<(), StoreError> {
-        self.settle_in_item(key, txn_id, now, expires_at).await
+        self.settle_in_item(key, txn_id, now, expires_at, max_marks).await
     }
 
-    async fn evict_marks(
-        &self,
-        key: &ItemKey,
-        evict: &[(TxnId, Timestamp)],
-        forget: &[TxnId],
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.evict_from_item(key, evict, forget, now).await
+    async fn forget_marks(&self, key: &ItemKey, forget: &[TxnId]) -> Result<(), StoreError> {
+        self.forget_in_item(key, forget).await
     }
 
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {

@@ -151,48 +151,51 @@ pub(super) fn has_sent_mark(state: &State, key: &ItemKey, txn_id: TxnId) -> bool
 }
 
 /// Moves `txn_id`'s entry out of item `key` and leaves its sent mark, if the entry is
-/// there (one write: nothing else of the item changes).
-pub(super) fn settle(state: &mut State, key: &ItemKey, txn_id: TxnId, expires_at: Timestamp, now: Timestamp) {
-    let settled = match state.items.get_mut(key.as_str()) {
+/// there and the item holds fewer than `max_marks` (one write: nothing else of the item
+/// changes). False where the entry is there but the item is full: the caller takes the
+/// two writes.
+pub(super) fn settle(
+    state: &mut State,
+    key: &ItemKey,
+    txn_id: TxnId,
+    expires_at: Timestamp,
+    max_marks: usize,
+    now: Timestamp,
+) -> bool {
+    match state.items.get_mut(key.as_str()) {
         Some(Item::Business { entries, sent, .. })
             if entries
                 .get(&txn_id)
                 .is_some_and(|entry| entry.state != OutboxState::Tombstone) =>
         {
+            if sent.len() >= max_marks {
+                return false;
+            }
             entries.remove(&txn_id);
             sent.insert(txn_id, expires_at);
+            state.record(|| StoreEvent::EntrySettled {
+                key: key.clone(),
+                txn_id,
+                at: now,
+            });
             true
         }
-        _ => false,
-    };
-    if settled {
-        state.record(|| StoreEvent::EntrySettled {
-            key: key.clone(),
-            txn_id,
-            at: now,
-        });
+        _ => true,
     }
 }
 
-/// Drops the sent marks of `evicted` (whose records the caller put) and `forgotten` from
-/// item `key`, where they are.
-pub(super) fn drop_marks(state: &mut State, key: &ItemKey, evicted: &[TxnId], forgotten: &[TxnId], now: Timestamp) {
+/// Drops the sent marks of `forgotten` from item `key`, where they are.
+pub(super) fn drop_marks(state: &mut State, key: &ItemKey, forgotten: &[TxnId], now: Timestamp) {
     let Some(Item::Business { sent, .. }) = state.items.get_mut(key.as_str()) else {
         return;
     };
-    let evicted: Vec<TxnId> = evicted
-        .iter()
-        .copied()
-        .filter(|txn_id| sent.remove(txn_id).is_some())
-        .collect();
     let forgotten: Vec<(TxnId, Timestamp)> = forgotten
         .iter()
         .filter_map(|txn_id| sent.remove(txn_id).map(|until| (*txn_id, until)))
         .collect();
-    if !evicted.is_empty() || !forgotten.is_empty() {
-        state.record(|| StoreEvent::MarksEvicted {
+    if !forgotten.is_empty() {
+        state.record(|| StoreEvent::MarksForgotten {
             key: key.clone(),
-            evicted,
             forgotten,
             at: now,
         });

@@ -122,14 +122,11 @@ pub enum StoreEvent {
         /// When.
         at: Timestamp,
     },
-    /// Sent marks left their item ([`Store::evict_marks`]): those of `evicted` after their
-    /// records were put dispatched, those of `forgotten` without.
-    MarksEvicted {
+    /// Sent marks left their item past their time ([`Store::forget_marks`]).
+    MarksForgotten {
         /// The item.
         key: ItemKey,
-        /// The marks whose transactions' records were put.
-        evicted: Vec<TxnId>,
-        /// The marks past their time, dropped, each with the time it was kept until.
+        /// The marks dropped, each with the time it was kept until.
         forgotten: Vec<(TxnId, Timestamp)>,
         /// When.
         at: Timestamp,
@@ -607,37 +604,29 @@ impl Store for EmbeddedStore {
         &self,
         key: &ItemKey,
         txn_id: TxnId,
-        _now: Timestamp,
+        now: Timestamp,
         expires_at: Timestamp,
+        max_marks: usize,
     ) -> Result<(), StoreError> {
         let clock_now = self.clock.now();
-        let mut state = self.lock();
-        state.sweep(clock_now);
-        entity::settle(&mut state, key, txn_id, expires_at, clock_now);
-        Ok(())
+        let settled = {
+            let mut state = self.lock();
+            state.sweep(clock_now);
+            entity::settle(&mut state, key, txn_id, expires_at, max_marks, clock_now)
+        };
+        if settled {
+            return Ok(());
+        }
+        // A full item: the proof goes to the record (two writes on DynamoDB).
+        self.put_dispatched(txn_id, now, expires_at).await?;
+        self.remove_entry(key, txn_id).await
     }
 
-    async fn evict_marks(
-        &self,
-        key: &ItemKey,
-        evict: &[(TxnId, Timestamp)],
-        forget: &[TxnId],
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
+    async fn forget_marks(&self, key: &ItemKey, forget: &[TxnId]) -> Result<(), StoreError> {
         let clock_now = self.clock.now();
         let mut state = self.lock();
         state.sweep(clock_now);
-        // The records first (one write each on DynamoDB), then the marks leave the item.
-        for (txn_id, expires_at) in evict {
-            let record = OutboxRecord::committed(*txn_id, Vec::new(), now, *expires_at);
-            state.insert(outbox_key(*txn_id), Item::Outbox(Box::new(record)));
-            state.record(|| StoreEvent::MarkedDispatched {
-                txn_id: *txn_id,
-                at: clock_now,
-            });
-        }
-        let evicted: Vec<TxnId> = evict.iter().map(|(txn_id, _)| *txn_id).collect();
-        entity::drop_marks(&mut state, key, &evicted, forget, clock_now);
+        entity::drop_marks(&mut state, key, forget, clock_now);
         Ok(())
     }
 
