@@ -436,3 +436,38 @@ async fn a_slot_fence_of_the_earlier_kind_is_replaced_by_the_mark() {
     };
     world.commit_transactional(TxnId::new_v7(), delete).await.unwrap();
 }
+
+/// Once settled, the entry is gone and no record is written: a copy of the control
+/// message past the window, and a fence, find the sent mark and write nothing.
+#[tokio::test]
+async fn past_the_window_a_sent_mark_is_found_and_nothing_is_fenced() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let control = ControlMessage::first(txn_id, world.clock.now()).with_entity(world.key.clone());
+    world.backend.store.commit_entity(&world.commit(txn_id)).await.unwrap();
+    assert!(matches!(
+        world.handle(control.clone()).await,
+        ControlOutcome::Dispatched { .. }
+    ));
+    world
+        .clock
+        .advance(Timing::default().max_commit_duration + Duration::from_secs(1));
+    assert_eq!(
+        world.handle(control).await,
+        ControlOutcome::AlreadyDone {
+            state: OutboxState::Dispatched
+        }
+    );
+    let now = world.clock.now();
+    let fenced = world
+        .backend
+        .store
+        .fence_entity(&world.key, txn_id, now, now.plus(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(fenced, crate::ports::FenceOutcome::Dispatched);
+    assert!(world.record(txn_id).await.is_none(), "no tombstone");
+    let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
+    assert_eq!(entity.fence, None, "no fence mark raised");
+    assert!(entity.sent.contains_key(&txn_id));
+}

@@ -47,7 +47,11 @@ mod tests {
         }
         assert_eq!(past_their_time(&sent, now, MAX_SENT_MARKS), Some(vec![past]));
         sent.insert(past, now);
-        assert_eq!(past_their_time(&sent, now, MAX_SENT_MARKS), Some(vec![past]), "at its time");
+        assert_eq!(
+            past_their_time(&sent, now, MAX_SENT_MARKS),
+            Some(vec![past]),
+            "at its time"
+        );
         sent.insert(past, now.plus(Duration::from_millis(1)));
         assert_eq!(past_their_time(&sent, now, MAX_SENT_MARKS), None, "none past its time");
     }

@@ -206,7 +206,14 @@ pub async fn sent_marks_prove_their_commits_while_they_are_kept(b: &Backend) {
     let mut create = outbox.begin().await.expect("begin");
     create.put(order.clone(), json!({"lines": 1}), ExpectedVersion::Absent);
     create.commit().await.expect("the create");
-    let add = || async { add_line(&inline, &order).await.commit().await.expect("the commit").txn_id };
+    let add = || async {
+        add_line(&inline, &order)
+            .await
+            .commit()
+            .await
+            .expect("the commit")
+            .txn_id
+    };
 
     // A fence of a transaction whose mark the item holds finds it and changes nothing.
     let first = add().await;
@@ -229,7 +236,11 @@ pub async fn sent_marks_prove_their_commits_while_they_are_kept(b: &Backend) {
     let recorded = add().await;
     let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
     assert_eq!(entity.sent.len(), MAX_SENT_MARKS, "{}", b.name);
-    assert!(!entity.sent.contains_key(&recorded) && entity.entries.is_empty(), "{}", b.name);
+    assert!(
+        !entity.sent.contains_key(&recorded) && entity.entries.is_empty(),
+        "{}",
+        b.name
+    );
     assert_eq!(
         record(b, recorded).await.map(|record| record.state),
         Some(OutboxState::Dispatched),
@@ -268,7 +279,11 @@ pub async fn sent_marks_prove_their_commits_while_they_are_kept(b: &Backend) {
     let read = delete.get(&order).await.expect("read").expect("the order");
     delete.delete(order.clone(), read.version);
     delete.commit().await.expect("the delete");
-    assert!(b.store.get_entity(&order).await.unwrap().is_none(), "{}: deleted", b.name);
+    assert!(
+        b.store.get_entity(&order).await.unwrap().is_none(),
+        "{}: deleted",
+        b.name
+    );
     assert_eq!(
         record(b, marked).await.map(|record| record.state),
         Some(OutboxState::Dispatched),

@@ -276,9 +276,7 @@ impl Observed {
         if let Some(txn_id) = self.evicted_before_record.first() {
             return Err(Violation {
                 invariant: "I3 tombstones are final",
-                detail: format!(
-                    "the sent mark of committed transaction {txn_id} left its item before its time"
-                ),
+                detail: format!("the sent mark of committed transaction {txn_id} left its item before its time"),
             });
         }
         if let Some(txn_id) = self.removed_before_record.first() {

@@ -93,7 +93,10 @@ pub(crate) enum LateOp {
         max_marks: usize,
     },
     /// Sent marks past their time leaving their item.
-    Forget { key: ItemKey, forget: Vec<TxnId> },
+    Forget {
+        key: ItemKey,
+        forget: Vec<TxnId>,
+    },
     /// A fence in an item, with its transaction's tombstone record.
     Fence {
         key: ItemKey,

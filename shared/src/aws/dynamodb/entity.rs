@@ -438,9 +438,9 @@ impl DynamoStore {
                     _ => None,
                 };
                 // The entry still there: the item is full or has no map for marks.
-                let holds_entry = old
-                    .as_ref()
-                    .is_some_and(|item| entries_of(&self.layout, item).is_ok_and(|entries| entries.contains_key(&txn_id)));
+                let holds_entry = old.as_ref().is_some_and(|item| {
+                    entries_of(&self.layout, item).is_ok_and(|entries| entries.contains_key(&txn_id))
+                });
                 if holds_entry {
                     self.put_dispatched_record(txn_id, now, expires_at).await?;
                     self.drop_entry(key, txn_id).await?;
