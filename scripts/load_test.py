@@ -16,7 +16,8 @@ log written to --log with RUST_LOG=info and NO_COLOR=1), in three phases:
    worker) and checks, by stable message id `<txn>:<n>`:
    - every committed change (201 create, 200 add of a new line, 200 first cancel) has
      exactly one message, `<txn>:0`, published exactly once, with the right type and
-     order id, and `GET /transactions/<txn>` says `dispatched`;
+     order id, and `GET /transactions/<txn>` (with `?item=` its `x-transaction-item`, for
+     a change in entity mode) says `dispatched`;
    - every transaction begun but not committed (404/409/412/422 naming a transaction,
      and the 200 answers that changed nothing) has no message and says `tombstoned`;
    - no message was published for a transaction no response named;
@@ -317,7 +318,7 @@ class Load:
                 txn = answer_headers.get("x-transaction-id")
                 order_id = self.learn(kind, status, order, context, txn, answer)
                 record = {"kind": kind, "status": status, "latency": latency, "txn": txn, "order": order_id, "path": path,
-                          "began": began}
+                          "began": began, "item": answer_headers.get("x-transaction-item")}
                 if (kind, status) not in EXPECTED or status >= 500:
                     record["body"] = answer.decode(errors="replace")[:300]
                 self.records.append(record)
@@ -659,7 +660,11 @@ async def main():
 
     # --- the transactions' status, and the orders' final state ---
     fetch_started = time.monotonic()
-    status_paths = [f"/transactions/{txn}" for txn in sorted(named)]
+    # A change in entity mode names its item: its status is found there once its entry
+    # settled into a sent mark (it has no record of its own).
+    item_of = {r["txn"]: r["item"] for r in records if r.get("txn") and r.get("item")}
+    status_path = {txn: f"/transactions/{txn}" + (f"?item={item_of[txn]}" if txn in item_of else "") for txn in named}
+    status_paths = [status_path[txn] for txn in sorted(named)]
     order_paths = [f"/orders/{order_id}" for order_id in sorted(load.orders)]
     fetched = await fetch_all(args.port, status_paths + order_paths, args.concurrency)
     fetched_by = time.monotonic()
@@ -668,7 +673,7 @@ async def main():
     began = {r["txn"]: r["began"] for r in records if r.get("txn")}
     expired = 0
     for txn in named:
-        status, body = fetched[f"/transactions/{txn}"]
+        status, body = fetched[status_path[txn]]
         state = json.loads(body).get("status") if status == 200 else f"HTTP {status}"
         expected = "dispatched" if txn in committed else "tombstoned"
         # A record is written after its request began and kept for the retention from
