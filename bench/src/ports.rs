@@ -237,6 +237,24 @@ impl Store for SlowStore {
         self.call(StoreOp::PutDispatched).await;
         self.inner.put_dispatched(txn_id, now, expires_at).await
     }
+
+    async fn settle_entry(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+        max_marks: usize,
+    ) -> Result<(), StoreError> {
+        // One UpdateItem, as a removal is (a full item's two writes are not modelled).
+        self.call(StoreOp::RemoveEntry).await;
+        self.inner.settle_entry(key, txn_id, now, expires_at, max_marks).await
+    }
+
+    async fn forget_marks(&self, key: &ItemKey, forget: &[TxnId]) -> Result<(), StoreError> {
+        self.call(StoreOp::RemoveEntry).await;
+        self.inner.forget_marks(key, forget).await
+    }
 }
 
 /// A control queue whose sends first wait the `SendMessage` latency.

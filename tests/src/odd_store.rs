@@ -135,6 +135,21 @@ impl Store for OddStore {
         self.inner.put_dispatched(txn_id, now, expires_at).await
     }
 
+    async fn settle_entry(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+        max_marks: usize,
+    ) -> Result<(), StoreError> {
+        self.inner.settle_entry(key, txn_id, now, expires_at, max_marks).await
+    }
+
+    async fn forget_marks(&self, key: &ItemKey, forget: &[TxnId]) -> Result<(), StoreError> {
+        self.inner.forget_marks(key, forget).await
+    }
+
     async fn fence_entity(
         &self,
         key: &ItemKey,

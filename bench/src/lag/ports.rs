@@ -156,6 +156,26 @@ impl Store for SimStore {
             .call(Call::Put, self.inner.put_dispatched(txn_id, now, expires_at))
             .await
     }
+
+    async fn settle_entry(
+        &self,
+        key: &ItemKey,
+        txn_id: TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+        max_marks: usize,
+    ) -> Result<(), StoreError> {
+        self.env
+            .call(
+                Call::Update,
+                self.inner.settle_entry(key, txn_id, now, expires_at, max_marks),
+            )
+            .await
+    }
+
+    async fn forget_marks(&self, key: &ItemKey, forget: &[TxnId]) -> Result<(), StoreError> {
+        self.env.call(Call::Update, self.inner.forget_marks(key, forget)).await
+    }
 }
 
 /// The control queue's sending side, slowed; a send wakes the idle workers.

@@ -249,28 +249,29 @@ pub enum TxnStatus {
 }
 
 impl TxnStatus {
-    /// What `store` holds of transaction `txn_id`: its record, or, where it has none and
-    /// the transaction was begun in entity mode on `entity`, that item (its entry until
-    /// dispatch, its sent mark after).
+    /// What `store` holds of transaction `txn_id`: its record; for a transaction begun in
+    /// entity mode on `entity`, that item first (its entry until dispatch, its sent mark
+    /// after), then the record. The item before the record: a proof only ever moves from
+    /// the item to the record (a full item's settle, a delete), so one missed in the item
+    /// is found in the record read after it; and a mark outranks a tombstone record (one
+    /// written without the fence by an earlier version).
     pub async fn read(store: &dyn Store, txn_id: TxnId, entity: Option<&ItemKey>) -> Result<Self, StoreError> {
+        if let Some(key) = entity {
+            if let Some(item) = store.get_entity(key).await? {
+                match item.entries.get(&txn_id).map(|entry| entry.state) {
+                    Some(OutboxState::Pending) => return Ok(Self::Pending),
+                    Some(OutboxState::Dispatched) => return Ok(Self::Dispatched),
+                    _ if item.sent.contains_key(&txn_id) => return Ok(Self::Dispatched),
+                    _ => {}
+                }
+            }
+        }
         let records = store.get_outboxes(&[txn_id]).await?;
-        let status = match records.get(&txn_id).map(|record| record.state) {
+        Ok(match records.get(&txn_id).map(|record| record.state) {
             Some(OutboxState::Pending) => Self::Pending,
             Some(OutboxState::Dispatched) => Self::Dispatched,
             Some(OutboxState::Tombstone) => Self::Tombstoned,
             None => Self::Unknown,
-        };
-        let Some(key) = entity.filter(|_| status == Self::Unknown) else {
-            return Ok(status);
-        };
-        let Some(item) = store.get_entity(key).await? else {
-            return Ok(Self::Unknown);
-        };
-        Ok(match item.entries.get(&txn_id).map(|entry| entry.state) {
-            Some(OutboxState::Pending) => Self::Pending,
-            Some(OutboxState::Dispatched) => Self::Dispatched,
-            _ if item.sent.contains_key(&txn_id) => Self::Dispatched,
-            _ => Self::Unknown,
         })
     }
 

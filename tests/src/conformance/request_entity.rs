@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use outbox::control::ControlPath;
 use outbox::ports::{Clock, ExpectedVersion, FenceOutcome, ItemKey};
-use outbox::protocol::sent_marks::MAX_SENT_MARKS;
+use outbox::protocol::sent_marks::{FORGET_MARGIN, MAX_SENT_MARKS};
 use outbox::protocol::{Message, OutboxState, TxnId};
 use outbox::request::{AfterAnswer, InlineDispatch, Outbox, Transaction, TxnError, TxnStatus};
 use outbox::settings::Timing;
@@ -258,7 +258,7 @@ pub async fn sent_marks_prove_their_commits_while_they_are_kept(b: &Backend) {
     b.settle(timing).await;
 
     // Past their time, the control path drops the marks of a full item when it reads it.
-    b.clock.advance(RETENTION + Duration::from_secs(1));
+    b.clock.advance(RETENTION + FORGET_MARGIN + Duration::from_secs(1));
     let late = add().await;
     b.wait(timing.first_check_delay).await;
     b.settle(timing).await;

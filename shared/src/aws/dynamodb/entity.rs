@@ -437,9 +437,19 @@ impl DynamoStore {
                     UpdateItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
                     _ => None,
                 };
-                // The entry still there: the item is full or has no map for marks.
+                // From an engine that leaves the old item out: read it.
+                let old = match old {
+                    Some(old) => Some(old),
+                    None => self.read_raw(key).await?,
+                };
+                // The entry still there: the item is full or has no map for marks. (A
+                // tombstone in T's slot is a fence of an earlier version, never settled.)
                 let holds_entry = old.as_ref().is_some_and(|item| {
-                    entries_of(&self.layout, item).is_ok_and(|entries| entries.contains_key(&txn_id))
+                    entries_of(&self.layout, item).is_ok_and(|entries| {
+                        entries
+                            .get(&txn_id)
+                            .is_some_and(|entry| entry.state != OutboxState::Tombstone)
+                    })
                 });
                 if holds_entry {
                     self.put_dispatched_record(txn_id, now, expires_at).await?;
