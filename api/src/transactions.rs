@@ -35,7 +35,8 @@ pub enum TransactionState {
     Dispatched,
     /// Never committed, and never will.
     Tombstoned,
-    /// Not settled yet, or forgotten after the retention.
+    /// Not settled yet, forgotten after the retention, or (a change of one order) asked
+    /// without its `item`.
     Unknown,
 }
 

@@ -235,9 +235,9 @@ impl ControlPath {
 
     /// T's record as found, in entity mode, where the entity may still hold T's entry
     /// (`slot`: T's slot in the entity as read already, `None` where it was not read):
-    /// beside a dispatched record (a removal of an earlier version that failed) it is
-    /// removed; beside a tombstone it is proof of a commit the tombstone did not fence,
-    /// and is published.
+    /// beside a dispatched record (a full item's settle, or a removal of an earlier
+    /// version, that failed after the record) it is removed; beside a tombstone it is
+    /// proof of a commit the tombstone did not fence, and is published.
     async fn decide_on_entity_record(
         &self,
         control: &ControlMessage,
