@@ -88,6 +88,7 @@ fn one_transaction(inline: bool) -> SimConfig {
         spawned_commits: false,
         after_answer: false,
         deletes: false,
+        retention_jump: false,
     }
 }
 
@@ -707,6 +708,7 @@ fn random_config(seed: u64) -> SimConfig {
         // Half of those publishing inline do it after the answer.
         after_answer: rng.bool(),
         deletes: false,
+        retention_jump: false,
     }
 }
 
@@ -834,6 +836,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             spawned_commits: false,
             after_answer: false,
             deletes: false,
+            retention_jump: false,
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {
@@ -1664,6 +1667,7 @@ fn entity_mode_clocks_skewed_by_up_to_an_hour_keep_the_invariants() {
             spawned_commits: rng.bool(),
             after_answer: rng.bool(),
             deletes: false,
+            retention_jump: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let outcome = run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("skew seed {seed}: {error}"));
@@ -1786,6 +1790,7 @@ fn entity_mode_items_deleted_and_created_again_keep_the_invariants() {
             spawned_commits: rng.usize(0..4) == 0,
             after_answer: rng.bool(),
             deletes: true,
+            retention_jump: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let outcome = run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("delete seed {seed}: {error}"));
@@ -1874,4 +1879,66 @@ fn consumer_entity_mode_a_handler_that_changes_its_mind_keeps_c1_to_c5() {
             .is_some_and(|n| *n > 0),
         "{counts:?}"
     );
+}
+
+/// Sent marks past their time: once in each schedule the clock jumps past the retention
+/// (and the marks' margin), with AWS's signature check modelled, so that records expire,
+/// control messages turn stale, and a worker reading a counter full of marks (the
+/// simulation's counters hold one) drops them. The invariants hold; a status read past the
+/// retention may say `unknown` (forgotten, as the API documents), never the other outcome.
+#[test]
+fn entity_mode_marks_past_their_time_make_room_after_the_retention() {
+    let started = Instant::now();
+    let mut tally = EntityTally::default();
+    let count: u64 = std::env::var("SIM_FORGET_SCHEDULES")
+        .map(|n| n.parse().expect("SIM_FORGET_SCHEDULES is a number"))
+        .unwrap_or(1500);
+    for seed in 0..count {
+        let mut rng = fastrand::Rng::with_seed(seed ^ 0xf0e7);
+        let inline = rng.bool();
+        let config = SimConfig {
+            transactions: rng.usize(2..=4),
+            items: 1,
+            workers: 2,
+            fault_budget: rng.usize(0..=2),
+            random_extras: false,
+            max_steps: 20_000,
+            timing: sim_timing(10),
+            deadline: None,
+            retry_loop: None,
+            inline,
+            abandon_every: [0, 3][rng.usize(0..2)],
+            faults_only: None,
+            middleware: None,
+            entity: true,
+            hold_commits: false,
+            api_skews: &[],
+            worker_skews: &[],
+            aws_signatures: Some(true),
+            spawned_commits: false,
+            after_answer: inline && rng.bool(),
+            deletes: false,
+            retention_jump: true,
+        };
+        let mut chooser = Seeded::new(seed, 8);
+        let mut outcome =
+            run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("forget seed {seed}: {error}"));
+        outcome
+            .observed
+            .statuses
+            .retain(|_, status| *status != outbox::request::TxnStatus::Unknown);
+        outcome
+            .observed
+            .check()
+            .unwrap_or_else(|violation| panic!("forget seed {seed}: {violation}\n{:#?}", outcome.observed));
+        tally.add(&outcome);
+    }
+    tally.print("a jump past the retention", started);
+    if count >= 100 {
+        assert!(
+            tally.marks_forgotten > 0,
+            "no mark was dropped past its time: {tally:?}"
+        );
+        assert!(tally.settled > 0 && tally.settled_into_records > 0, "{tally:?}");
+    }
 }

@@ -12,6 +12,7 @@ use outbox::control::poller::poll_once;
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::{EmbeddedBackend, ManualClock};
 use outbox::ports::{Clock, ExpectedVersion, IdSource, ItemKey};
+use outbox::protocol::sent_marks::FORGET_MARGIN;
 use outbox::protocol::{DestinationName, IdempotencyKey, IdempotencySlot, Message, StoredResponse, TxnId};
 use outbox::publish::RetryPolicy;
 use outbox::request::{
@@ -113,6 +114,12 @@ pub struct SimConfig {
     /// trying again while the counter holds entries) and creates it again at version 1,
     /// racing the requests, their late and held commits, and the workers.
     pub deletes: bool,
+    /// Once, at a random step after every request ended, the clock jumps past the
+    /// retention and the sent marks' margin (`FORGET_MARGIN`): records expire, control
+    /// messages turn stale, and a worker reading a counter full of marks drops them. With
+    /// AWS's signature check modelled ([`Self::aws_signatures`]), which refuses a request
+    /// sent before the jump.
+    pub retention_jump: bool,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -1027,6 +1034,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         Duration::from_secs(400),
     ];
     let mut jumps_left = if extras { 3 } else { 0 };
+    let mut retention_jump = config.retention_jump;
     let (mut steps, mut faults, mut redrives) = (0, 0, 0);
     let mut loop_ends = LoopEnds::default();
     let mut unknown_commits = UnknownCommits::default();
@@ -1113,6 +1121,15 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         if jumps_left > 0 && chooser.chance(3) {
             jumps_left -= 1;
             world.clock.advance(jump_sizes[chooser.pick(jump_sizes.len())]);
+            continue;
+        }
+        // Only once every request has ended: a request paused between its window check
+        // and its send for longer than the retention is another matter (see the test).
+        if retention_jump && api_results.iter().all(Option::is_some) && chooser.chance(6) {
+            retention_jump = false;
+            world
+                .clock
+                .advance(config.timing.retention + FORGET_MARGIN + Duration::from_secs(1));
             continue;
         }
         let choice = if options.len() == 1 {
