@@ -81,6 +81,13 @@ pub static TRANSACTION_ITEM: Text = Text::new(
     "^ORDER#[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
 );
 
+/// The `x-transaction-item` response header of an order's change: its item, percent-encoded
+/// (`ORDER%23` and the order's id), as it goes into a status query's `item` unchanged.
+pub static TRANSACTION_ITEM_HEADER: Text = Text::new(
+    44..=44,
+    "^ORDER%23[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+);
+
 /// A customer id.
 pub static CUSTOMER_ID: Text = Text::new(1..=64, "^[A-Za-z0-9_-]+$");
 
@@ -236,7 +243,10 @@ pub mod schema {
     );
     schema_type!(
         /// The item a transaction in entity mode commits into, as a response header.
-        TransactionItem => transaction_item()
+        TransactionItem => TRANSACTION_ITEM_HEADER.schema().description(Some(
+            "The item this change committed into, percent-encoded: give it as the `item` of \
+             `GET /transactions/{id}` to read the change's status",
+        ))
     );
     schema_type!(
         /// A SKU, as a path parameter.

@@ -640,6 +640,10 @@ async fn transactions_report_their_status() {
     let change = header(&added, "x-transaction-id").unwrap().to_owned();
     let item = header(&added, "x-transaction-item").unwrap().to_owned();
     assert_eq!(item, format!("ORDER%23{id}"));
+    assert!(
+        api::rules::TRANSACTION_ITEM_HEADER.allows(&item),
+        "the header the document states"
+    );
     let status_in = |item: &str| format!("/transactions/{change}?item={item}");
     assert_eq!(
         app.send(empty(Method::GET, &status_in(&item))).await.body["status"],
