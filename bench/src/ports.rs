@@ -49,11 +49,15 @@ pub enum StoreOp {
     FenceEntity,
     /// `put_dispatched` (entity mode): `PutItem` of the dispatched record.
     PutDispatched,
+    /// `settle_entry` (entity mode): one `UpdateItem`, the entry out and its sent mark in.
+    SettleEntry,
+    /// `forget_marks` (entity mode): `UpdateItem`.
+    ForgetMarks,
 }
 
 impl StoreOp {
     /// Every operation, in the order printed.
-    pub const ALL: [StoreOp; 12] = [
+    pub const ALL: [StoreOp; 14] = [
         StoreOp::Commit,
         StoreOp::CommitNative,
         StoreOp::GetItems,
@@ -66,6 +70,8 @@ impl StoreOp {
         StoreOp::RemoveEntry,
         StoreOp::FenceEntity,
         StoreOp::PutDispatched,
+        StoreOp::SettleEntry,
+        StoreOp::ForgetMarks,
     ];
 
     /// The store port's method.
@@ -83,6 +89,8 @@ impl StoreOp {
             StoreOp::RemoveEntry => "remove_entry",
             StoreOp::FenceEntity => "fence_entity",
             StoreOp::PutDispatched => "put_dispatched",
+            StoreOp::SettleEntry => "settle_entry",
+            StoreOp::ForgetMarks => "forget_marks",
         }
     }
 
@@ -92,7 +100,11 @@ impl StoreOp {
             StoreOp::Commit | StoreOp::CommitNative | StoreOp::FenceEntity => Call::Transact,
             StoreOp::GetItems | StoreOp::GetOutboxes | StoreOp::GetIdempotency | StoreOp::GetEntity => Call::Get,
             StoreOp::PutTombstone | StoreOp::PutDispatched => Call::Put,
-            StoreOp::MarkDispatched | StoreOp::CommitEntity | StoreOp::RemoveEntry => Call::Update,
+            StoreOp::MarkDispatched
+            | StoreOp::CommitEntity
+            | StoreOp::RemoveEntry
+            | StoreOp::SettleEntry
+            | StoreOp::ForgetMarks => Call::Update,
         }
     }
 
@@ -246,13 +258,13 @@ impl Store for SlowStore {
         expires_at: Timestamp,
         max_marks: usize,
     ) -> Result<(), StoreError> {
-        // One UpdateItem, as a removal is (a full item's two writes are not modelled).
-        self.call(StoreOp::RemoveEntry).await;
+        // One UpdateItem (a full item's two writes are not modelled).
+        self.call(StoreOp::SettleEntry).await;
         self.inner.settle_entry(key, txn_id, now, expires_at, max_marks).await
     }
 
     async fn forget_marks(&self, key: &ItemKey, forget: &[TxnId]) -> Result<(), StoreError> {
-        self.call(StoreOp::RemoveEntry).await;
+        self.call(StoreOp::ForgetMarks).await;
         self.inner.forget_marks(key, forget).await
     }
 }

@@ -709,7 +709,7 @@ mod tests {
         assert_eq!(calls(Variant::OutboxEntity), "max(send,get)+update");
         assert_eq!(
             calls(Variant::OutboxEntityInline),
-            "max(send,get)+update+batch+put+update"
+            "max(send,get)+update+batch+update"
         );
     }
 
@@ -718,7 +718,7 @@ mod tests {
         let latencies = Latencies::default();
         let ms = Duration::from_millis;
         assert_eq!(latencies.staged_model(Variant::OutboxEntity.stages()), ms(16));
-        assert_eq!(latencies.staged_model(Variant::OutboxEntityInline.stages()), ms(42));
+        assert_eq!(latencies.staged_model(Variant::OutboxEntityInline.stages()), ms(34));
         let report = report(vec![
             row(Variant::DualWrite, 21),
             row(Variant::Outbox, 33),
@@ -733,13 +733,13 @@ mod tests {
             text.contains("(f)/(b) p50 = 0.81 (entity mode; goal <= 1): met (model 0.76)"),
             "{text}"
         );
-        assert!(text.contains("(g)/(b) p50 = 2.05 (model 2.00): above"), "{text}");
+        assert!(text.contains("(g)/(b) p50 = 2.05 (model 1.62): above"), "{text}");
         assert!(
             text.contains("(f) get_items 1, commit_entity 1 over 1 requests"),
             "{text}"
         );
         assert!(
-            text.contains("(g) get_items 1, commit_entity 1, remove_entry 1, put_dispatched 1"),
+            text.contains("(g) get_items 1, commit_entity 1, settle_entry 1"),
             "{text}"
         );
         let value = report.to_json();

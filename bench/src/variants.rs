@@ -138,12 +138,11 @@ impl Variant {
             ],
             // commit_entity: one conditional UpdateItem.
             Variant::OutboxEntity | Variant::OutboxEntityAfter => &[&[Call::Send, Call::Get], &[Call::Update]],
-            // + publish, put_dispatched (PutItem), remove_entry (UpdateItem).
+            // + publish, settle_entry (one UpdateItem: the entry out, its sent mark in).
             Variant::OutboxEntityInline => &[
                 &[Call::Send, Call::Get],
                 &[Call::Update],
                 &[Call::SendBatch],
-                &[Call::Put],
                 &[Call::Update],
             ],
         }
@@ -167,8 +166,7 @@ impl Variant {
             Variant::OutboxEntityInline | Variant::OutboxEntityAfter => &[
                 (StoreOp::GetItems, 1),
                 (StoreOp::CommitEntity, 1),
-                (StoreOp::RemoveEntry, 1),
-                (StoreOp::PutDispatched, 1),
+                (StoreOp::SettleEntry, 1),
             ],
         }
     }
