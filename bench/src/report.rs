@@ -707,10 +707,7 @@ mod tests {
         assert_eq!(calls(Variant::Outbox), "max(send,get)+transact");
         assert_eq!(calls(Variant::OutboxInline), "max(send,get)+transact+batch+update");
         assert_eq!(calls(Variant::OutboxEntity), "max(send,get)+update");
-        assert_eq!(
-            calls(Variant::OutboxEntityInline),
-            "max(send,get)+update+batch+update"
-        );
+        assert_eq!(calls(Variant::OutboxEntityInline), "max(send,get)+update+batch+update");
     }
 
     #[test]
