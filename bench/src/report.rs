@@ -527,20 +527,20 @@ impl Report {
         if let Some(g) = self.row(Variant::OutboxEntityInline) {
             writeln!(
                 out,
-                "(g) - (f): p50 {:+.2} ms (model {:+.2} ms: SendMessageBatch + PutItem + UpdateItem, one after another):",
+                "(g) - (f): p50 {:+.2} ms (model {:+.2} ms: SendMessageBatch + UpdateItem, one after the other):",
                 millis(g.sequential.p50) - millis(f.sequential.p50),
                 millis(g.model) - millis(f.model),
             )?;
             writeln!(
                 out,
-                "           inline publishing in entity mode publishes, puts the record dispatched, then removes the entry"
+                "           inline publishing in entity mode publishes, then settles the entry into its sent mark (one"
             )?;
-            writeln!(out, "           from the item, all before the answer")?;
+            writeln!(out, "           write), both before the answer")?;
             if let Some(over_b) = self.p50_ratio(g, Variant::DualWrite) {
                 let b_model = latencies.staged_model(Variant::DualWrite.stages());
                 writeln!(
                     out,
-                    "(g)/(b) p50 = {over_b:.2} (model {:.2}): {} (b)'s by the two writes after the publish",
+                    "(g)/(b) p50 = {over_b:.2} (model {:.2}): {} (b)'s by the settle after the publish",
                     ratio(g.model, b_model).unwrap_or(f64::NAN),
                     if over_b <= GOAL_F_OVER_B + 1e-9 {
                         "within"
@@ -561,7 +561,7 @@ impl Report {
                 )?;
                 writeln!(
                     out,
-                    "  the answer waits for the commit alone; the publish, record and removal follow it"
+                    "  the answer waits for the commit alone; the publish and the settle follow it"
                 )?;
             }
         }

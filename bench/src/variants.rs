@@ -60,15 +60,15 @@ pub enum Variant {
     /// `TransactWriteItems`. Inline publishing off: the control worker publishes the entry.
     OutboxEntity,
     /// (g) (f) with inline publishing: after the commit the request publishes the entry's
-    /// message, puts the transaction's record dispatched (`PutItem`) and removes the entry
-    /// from the item (`UpdateItem`), one after another, before answering.
+    /// message, then settles the entry into its sent mark (one `UpdateItem`), before
+    /// answering.
     OutboxEntityInline,
     /// (h) (e) publishing after the answer (the library's default): the commit returns at
     /// once and the publish and mark run on their own ([`outbox::request::AfterAnswer`]);
     /// the request's latency is (d)'s.
     OutboxAfter,
-    /// (i) (g) publishing after the answer: the request's latency is (f)'s, the publish,
-    /// record and removal follow it.
+    /// (i) (g) publishing after the answer: the request's latency is (f)'s, the publish and
+    /// the settle follow it.
     OutboxEntityAfter,
 }
 
