@@ -8,7 +8,7 @@
 //!
 //! Exits non-zero if a count on the wire differs from the code's call pattern.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -319,9 +319,8 @@ impl Rig {
 }
 
 impl Rig {
-    /// The size of `key`'s item as stored, by DynamoDB's rules, read with the raw client
-    /// (not counted, not metered).
-    async fn stored_size(&self, key: &ItemKey) -> usize {
+    /// `key`'s item as stored, read with the raw client (not counted, not metered).
+    async fn stored_item(&self, key: &ItemKey) -> HashMap<String, AttributeValue> {
         let layout = self.backend.layout.as_ref().expect("on AWS");
         let output = self
             .raw
@@ -332,7 +331,12 @@ impl Rig {
             .send()
             .await
             .expect("a raw read");
-        let item = output.item().expect("the item exists");
+        output.item.expect("the item exists")
+    }
+
+    /// The size of `key`'s item as stored, by DynamoDB's rules.
+    async fn stored_size(&self, key: &ItemKey) -> usize {
+        let item = self.stored_item(key).await;
         item_size(&Value::Object(
             item.iter()
                 .map(|(name, value)| (name.clone(), dynamodb_json(value)))
@@ -343,17 +347,7 @@ impl Rig {
     /// What transaction `txn_id`'s sent mark adds to `key`'s item as stored: one element
     /// of the `outbox_sent` map, its name (the transaction id) and its value.
     async fn mark_bytes(&self, key: &ItemKey, txn_id: TxnId) -> usize {
-        let layout = self.backend.layout.as_ref().expect("on AWS");
-        let output = self
-            .raw
-            .get_item()
-            .table_name(&layout.table)
-            .key(&layout.partition_key, AttributeValue::S(key.as_str().to_owned()))
-            .consistent_read(true)
-            .send()
-            .await
-            .expect("a raw read");
-        let item = output.item().expect("the item exists");
+        let item = self.stored_item(key).await;
         let mark = item
             .get("outbox_sent")
             .and_then(|sent| sent.as_m().ok())
