@@ -114,7 +114,11 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             // (`outbox::http::problem::respond`): not again here.
             .layer(TraceLayer::new_for_http().on_failure(()).make_span_with(|request: &Request<_>| {
                 let request_id = request.extensions().get::<RequestId>().and_then(|id| id.header_value().to_str().ok()).unwrap_or("");
-                tracing::info_span!("request", request_id = %request_id, method = %request.method(), path = %request.uri().path(), route = tracing::field::Empty)
+                let span = tracing::info_span!("request", request_id = %request_id, method = %request.method(), path = %request.uri().path(), route = tracing::field::Empty);
+                // The caller's trace (traceparent, or X-Ray's header), which the
+                // transaction and every message it commits carry on.
+                outbox::http::trace::continue_request(&span, request);
+                span
             }))
             .layer(PropagateRequestIdLayer::new(REQUEST_ID))
             // A REST API would hand a compressed answer to the client as base64 text: it

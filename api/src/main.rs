@@ -90,5 +90,6 @@ async fn main() -> ExitCode {
     if let Some(worker) = parts.worker {
         let _ = worker.await;
     }
+    outbox::logging::finish();
     ExitCode::SUCCESS
 }

@@ -120,11 +120,12 @@ async fn run_worker(on_lambda: bool) -> ExitCode {
             .await;
             Ok::<_, lambda_runtime::Error>(response)
         });
-        return match lambda_runtime::run(handler).await {
+        return match outbox::telemetry::lambda::run(handler).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => report(error.as_ref()),
         };
     }
     outbox::control::worker::poll::run(&worker, shutdown_signal()).await;
+    outbox::logging::finish();
     ExitCode::SUCCESS
 }

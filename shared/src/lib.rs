@@ -20,6 +20,8 @@
 //! - [`time`]: the protocol's timestamps.
 //! - `logging` (feature `logging`): one logging set-up for the binaries, honouring
 //!   Lambda's advanced logging controls.
+//! - [`telemetry`]: the trace context each message carries from the span that emitted
+//!   it, and the spans that continue it; with feature `otel`, spans exported over OTLP.
 //! - `http` (feature `axum`): the glue for axum handlers: problem+json answers,
 //!   `Idempotency-Key`, `If-Match`, each request's deadline (from the Lambda context with
 //!   feature `lambda`).
@@ -44,6 +46,7 @@ pub mod publish;
 pub mod request;
 pub mod settings;
 pub mod staging;
+pub mod telemetry;
 #[cfg(test)]
 mod test_log;
 pub mod time;

@@ -8,6 +8,9 @@
 //! - **Elsewhere**: `RUST_LOG` (default `info`), text with timestamps, on standard error.
 
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, Registry};
 
 /// The level and format the environment asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,20 +51,31 @@ impl LogSettings {
     }
 }
 
-/// Installs the process's subscriber as the environment asks ([`LogSettings`]).
+/// Installs the process's subscriber as the environment asks ([`LogSettings`]); with
+/// feature `otel`, also the span exporter where the `OTEL_*` variables turn it on
+/// ([`crate::telemetry::export`]).
 pub fn init() {
     let settings = LogSettings::from_lookup(|name| std::env::var(name).ok());
     let filter = EnvFilter::builder()
         .with_default_directive(LevelFilter::INFO.into())
         .parse_lossy(&settings.filter);
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match (settings.json, settings.timestamps) {
-        (true, _) => builder.json().with_current_span(true).without_time().init(),
-        (false, true) => builder.init(),
-        (false, false) => builder.with_ansi(false).without_time().init(),
-    }
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines: Box<dyn Layer<Registry> + Send + Sync> = match (settings.json, settings.timestamps) {
+        (true, _) => lines.json().with_current_span(true).without_time().boxed(),
+        (false, true) => lines.boxed(),
+        (false, false) => lines.with_ansi(false).without_time().boxed(),
+    };
+    let subscriber = tracing_subscriber::registry().with(lines.with_filter(filter));
+    #[cfg(feature = "otel")]
+    let subscriber = subscriber.with(crate::telemetry::export::layer());
+    subscriber.init();
+}
+
+/// At a process's end: sends the spans still buffered (feature `otel`, export on),
+/// waiting at most 5 seconds. Without them, nothing.
+pub fn finish() {
+    #[cfg(feature = "otel")]
+    crate::telemetry::export::shutdown(std::time::Duration::from_secs(5));
 }
 
 #[cfg(test)]

@@ -77,6 +77,7 @@ pub struct PublishReport {
 
 /// Sends `messages` (in order within each destination), at most [`MAX_BATCH_ENTRIES`]
 /// and [`MAX_BATCH_BYTES`] per call, retrying failed entries as `policy` says.
+#[tracing::instrument(name = "publish", skip_all, fields(messages = messages.len()))]
 pub async fn publish_all(
     publisher: &dyn Publisher,
     clock: &dyn Clock,

@@ -109,10 +109,11 @@ impl Staging {
     }
 
     /// Emits a message, published if and only if the commit applies. Returns its stable
-    /// id: `{transaction}:{position}`.
+    /// id: `{transaction}:{position}`. The message keeps the trace context of the span in
+    /// hand ([`crate::telemetry::current`]), which every send of it carries.
     pub fn emit(&mut self, message: Message) -> MessageId {
         let position = u32::try_from(self.messages.len()).unwrap_or(u32::MAX);
-        let outgoing = OutgoingMessage::new(self.txn_id, position, message);
+        let outgoing = OutgoingMessage::new(self.txn_id, position, message).with_trace(crate::telemetry::current());
         let id = outgoing.id.clone();
         self.messages.push(outgoing);
         id

@@ -385,6 +385,7 @@ async fn operations_by_function(
             .collect(),
         group_id: None,
         receive_count: 1,
+        trace_header: None,
     };
     let report = consumer.consume_batch(&[copy(0)]).await;
     assert!(report.failed_message_ids().is_empty(), "{report:?}");

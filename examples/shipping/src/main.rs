@@ -9,7 +9,9 @@ use std::sync::Arc;
 #[tokio::main]
 async fn main() -> ExitCode {
     outbox::logging::init();
-    let Err(error) = outbox::consumer::serve(Arc::new(shipping::Shipping)).await else {
+    let served = outbox::consumer::serve(Arc::new(shipping::Shipping)).await;
+    outbox::logging::finish();
+    let Err(error) = served else {
         return ExitCode::SUCCESS;
     };
     let mut text = error.to_string();

@@ -6,7 +6,7 @@ use aws_sdk_eventbridge::Client;
 use super::send_outcome::unavailable;
 use crate::event_detail::detail;
 use crate::ports::{EntryFailure, PublishError};
-use crate::protocol::{DestinationName, OutgoingMessage};
+use crate::protocol::{DestinationName, OutgoingMessage, TraceContext};
 
 /// The per-entry error codes that AWS documents as not retryable: the same entry would
 /// fail again. Every other code (`InternalFailure`, `ThrottlingException`, and any code
@@ -58,6 +58,7 @@ fn bus_entry(message: &OutgoingMessage, bus: &str) -> PutEventsRequestEntry {
         .source(event.source)
         .detail_type(event.detail_type)
         .detail(detail(message))
+        .set_trace_header(message.trace.as_ref().map(TraceContext::xray))
         .build()
 }
 

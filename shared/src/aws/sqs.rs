@@ -15,10 +15,19 @@ use aws_sdk_sqs::Client;
 use super::send_outcome::{failed_by_index, unavailable};
 use crate::ports::{ControlDelivery, ControlInbox, ControlQueue, EntryFailure, PublishError, QueueError};
 use crate::ports::{Delivery, Inbox};
-use crate::protocol::{ControlMessage, DestinationName, OutgoingMessage, TXN_ID_ATTRIBUTE};
+use crate::protocol::{ControlMessage, DestinationName, OutgoingMessage, TraceContext, TXN_ID_ATTRIBUTE};
 
 /// The environment variable in which Lambda passes the X-Ray trace header.
 const TRACE_HEADER_VAR: &str = "_X_AMZN_TRACE_ID";
+
+/// X-Ray's trace header as the `AWSTraceHeader` system attribute of a send.
+fn trace_header(header: String) -> MessageSystemAttributeValue {
+    MessageSystemAttributeValue::builder()
+        .data_type("String")
+        .string_value(header)
+        .build()
+        .expect("data type is set")
+}
 
 fn string_attribute(value: &str) -> MessageAttributeValue {
     MessageAttributeValue::builder()
@@ -57,15 +66,20 @@ impl ControlQueue for SqsControlQueue {
             .message_body(message.encode())
             .delay_seconds(seconds.min(900) as i32)
             .message_attributes(TXN_ID_ATTRIBUTE, string_attribute(&message.txn_id.to_string()));
-        // The request's trace travels with its control message, so that the worker's
-        // handling joins the same X-Ray trace.
-        if let Some(trace) = std::env::var(TRACE_HEADER_VAR).ok().filter(|trace| !trace.is_empty()) {
-            let value = MessageSystemAttributeValue::builder()
-                .data_type("String")
-                .string_value(trace)
-                .build()
-                .expect("data type is set");
-            send = send.message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, value);
+        // The request's trace travels with its control message (in its body, and as
+        // SQS carries a trace: `traceparent`, and X-Ray's header, Lambda's own when the
+        // request was not traced otherwise), so that the worker's handling links it.
+        for (name, value) in message.trace.iter().flat_map(TraceContext::attributes) {
+            send = send.message_attributes(name, string_attribute(&value));
+        }
+        let xray = message
+            .trace
+            .as_ref()
+            .map(TraceContext::xray)
+            .or_else(|| std::env::var(TRACE_HEADER_VAR).ok().filter(|trace| !trace.is_empty()));
+        if let Some(header) = xray {
+            send = send
+                .message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, trace_header(header));
         }
         send.send()
             .await
@@ -94,7 +108,7 @@ pub fn receive_timeouts(wait: Duration) -> TimeoutConfig {
 }
 
 /// Long-polls the queue at `url` for up to `max` messages, with their string message
-/// attributes, receive count and FIFO group.
+/// attributes, receive count, FIFO group and X-Ray trace header.
 async fn receive_messages(
     client: &Client,
     url: &str,
@@ -116,6 +130,7 @@ async fn receive_messages(
         .visibility_timeout(lease_seconds(visibility))
         .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
         .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+        .message_system_attribute_names(MessageSystemAttributeName::AwsTraceHeader)
         .message_attribute_names("All")
         .customize()
         .config_override(config)
@@ -334,6 +349,7 @@ impl Inbox for SqsInbox {
                     .unwrap_or_default(),
                 group_id: system_attribute(message, MessageSystemAttributeName::MessageGroupId).map(str::to_owned),
                 receive_count: receive_count(message),
+                trace_header: system_attribute(message, MessageSystemAttributeName::AwsTraceHeader).map(str::to_owned),
             })
             .collect())
     }
@@ -348,8 +364,9 @@ impl Inbox for SqsInbox {
 }
 
 /// Sends `messages` to the queue at `url` in one `SendMessageBatch`, each with its stable
-/// id and transaction id as message attributes beside its own, and on a FIFO queue its
-/// group and its stable id as deduplication id. Returns the entries SQS failed.
+/// id, transaction id and trace context as message attributes beside its own (and the
+/// trace as its `AWSTraceHeader`), and on a FIFO queue its group and its stable id as
+/// deduplication id. Returns the entries SQS failed.
 pub(crate) async fn send_to_queue(
     client: &Client,
     destination: &DestinationName,
@@ -384,6 +401,12 @@ fn queue_entry(message: &OutgoingMessage, index: usize, fifo: bool) -> SendMessa
         .message_body(&message.body);
     for (name, value) in message.send_attributes() {
         entry = entry.message_attributes(name, string_attribute(&value));
+    }
+    if let Some(trace) = &message.trace {
+        entry = entry.message_system_attributes(
+            MessageSystemAttributeNameForSends::AwsTraceHeader,
+            trace_header(trace.xray()),
+        );
     }
     if fifo {
         entry = entry
@@ -438,6 +461,7 @@ pub async fn redrive(client: &Client, from: &str, to: &str) -> Result<usize, Que
             .visibility_timeout(30)
             .message_attribute_names("All")
             .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+            .message_system_attribute_names(MessageSystemAttributeName::AwsTraceHeader)
             .send()
             .await
             .map_err(|error| failed(Box::new(error)))?;

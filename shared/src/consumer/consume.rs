@@ -222,17 +222,33 @@ impl Consumer {
             tracing::error!(queue_message_id = %delivery.message_id, error = %error, "message without a usable id: failed, never processed without dedup");
         })?;
         let txn_id = self.txn_id(incoming.id.as_str());
+        // Its processing continues its sender's trace; what the handler emits carries
+        // this span's context. How it ended (a duplicate, an adopted run) is on the span.
         let span = tracing::info_span!(
             "consumed_message",
             queue_message_id = %delivery.message_id,
             incoming_id = %incoming.id,
             txn_id = %txn_id,
+            receive_count = delivery.receive_count,
+            outcome = tracing::field::Empty,
         );
-        let entity = self.handler.entity(&incoming).map_err(ConsumeError::Handler)?;
-        match entity {
-            Some(key) => self.consume_entity(&incoming, txn_id, key).instrument(span).await,
-            None => self.consume_incoming(&incoming, txn_id).instrument(span).await,
+        if let Some(trace) = &incoming.trace {
+            crate::telemetry::continue_from(&span, trace);
         }
+        let entity = self.handler.entity(&incoming).map_err(ConsumeError::Handler)?;
+        let result = match entity {
+            Some(key) => {
+                self.consume_entity(&incoming, txn_id, key)
+                    .instrument(span.clone())
+                    .await
+            }
+            None => self.consume_incoming(&incoming, txn_id).instrument(span.clone()).await,
+        };
+        match &result {
+            Ok(outcome) => span.record("outcome", outcome.as_str()),
+            Err(_) => span.record("outcome", "failed"),
+        };
+        result
     }
 
     async fn consume_incoming(&self, incoming: &Incoming, txn_id: TxnId) -> Result<ConsumeOutcome, ConsumeError> {
@@ -277,7 +293,13 @@ impl Consumer {
                     .by_attempt(attempt),
                 idempotency: None,
             };
-            let error = match self.ports.store.commit_native(&request, &staging.native).await {
+            let committed = self
+                .ports
+                .store
+                .commit_native(&request, &staging.native)
+                .instrument(tracing::info_span!("commit", txn_id = %txn_id))
+                .await;
+            let error = match committed {
                 Ok(()) => {
                     tracing::info!(messages = request.outbox.messages.len(), "committed");
                     // Nothing to send: committed `dispatched`, its TTL running from now.

@@ -20,6 +20,7 @@
 //!   neither ever rewrites another message's entry, so a removed entry never comes back.
 
 use std::sync::Arc;
+use tracing::Instrument;
 
 use super::consume::{Consumer, HANDLER_RUNS, ROUNDS, ROUND_DELAY};
 use super::{ConsumeError, ConsumeOutcome, Incoming};
@@ -179,7 +180,11 @@ impl Consumer {
                 // A consumer is never fenced, and its ids are not ordered.
                 checks_fence: false,
             };
-            let error = match store.commit_entity(&commit).await {
+            let committed = store
+                .commit_entity(&commit)
+                .instrument(tracing::info_span!("commit", txn_id = %txn_id))
+                .await;
+            let error = match committed {
                 Ok(()) => {
                     tracing::info!(messages = commit.entry.messages.len(), mode = "entity", "committed");
                     let messages = self.dispatch_entry(&key, &commit.entry).await?;

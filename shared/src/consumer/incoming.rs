@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::event_detail::{DATA_FIELD, METADATA_FIELD};
 use crate::ports::Delivery;
-use crate::protocol::MESSAGE_ID_ATTRIBUTE;
+use crate::protocol::{TraceContext, MESSAGE_ID_ATTRIBUTE};
 
 /// The id a message is deduplicated on: the same for every copy of one message,
 /// whoever sent it again. 1 to 1024 bytes.
@@ -78,6 +78,10 @@ pub struct Incoming {
     pub queue_message_id: String,
     /// How many times the queue has delivered it, this time included.
     pub receive_count: u32,
+    /// The trace context its sender gave it: its `traceparent` attribute (for an event,
+    /// in `detail.metadata`; through SNS, the notification's), else the queue's X-Ray
+    /// header. Its processing continues that trace.
+    pub trace: Option<TraceContext>,
 }
 
 impl Incoming {
@@ -190,6 +194,10 @@ impl MessageIds {
         };
         let id =
             IncomingId::new(text).ok_or_else(|| no_id(format!("ids have 1 to {} bytes", IncomingId::MAX_BYTES)))?;
+        let trace = TraceContext::from_message(
+            |name| attributes.get(name).map(String::as_str),
+            delivery.trace_header.as_deref(),
+        );
         Ok(Incoming {
             id,
             body,
@@ -198,6 +206,7 @@ impl MessageIds {
             group_id: delivery.group_id.clone(),
             queue_message_id: delivery.message_id.clone(),
             receive_count: delivery.receive_count,
+            trace,
         })
     }
 }
@@ -270,6 +279,7 @@ mod tests {
             attributes: attributes.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
             group_id: None,
             receive_count: 1,
+            trace_header: None,
         }
     }
 

@@ -10,13 +10,15 @@ use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent
 use super::{BatchReport, Consumer, Delivery};
 
 /// One SQS record as the consumer takes it: its string message attributes, its FIFO
-/// group (the `MessageGroupId` system attribute) and its receive count.
+/// group (the `MessageGroupId` system attribute), its receive count and its X-Ray trace
+/// header (`AWSTraceHeader`).
 pub fn delivery(record: SqsMessage) -> Delivery {
     let system = |name: &str| record.attributes.get(name).cloned();
     Delivery {
         receive_count: system("ApproximateReceiveCount")
             .and_then(|count| count.parse().ok())
             .unwrap_or(1),
+        trace_header: system("AWSTraceHeader"),
         group_id: system("MessageGroupId"),
         attributes: record
             .message_attributes

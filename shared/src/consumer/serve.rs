@@ -133,7 +133,7 @@ pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), ServeError> {
         let handler = service_fn(move |event: LambdaEvent<SqsEvent>| async move {
             Ok::<_, lambda_runtime::Error>(super::lambda::handle_event(consumer, event.payload).await)
         });
-        return lambda_runtime::run(handler).await.map_err(ServeError::Lambda);
+        return crate::telemetry::lambda::run(handler).await.map_err(ServeError::Lambda);
     }
     let Some((url, inbox)) = &setup.inbox else {
         return Err(ServeError::NoQueue);

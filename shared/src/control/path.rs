@@ -11,7 +11,7 @@ use super::outcome::{BatchReport, ControlError, ControlOutcome, ItemReport};
 use crate::ports::{
     Clock, ControlDelivery, ControlQueue, FenceOutcome, ItemKey, Publisher, Store, StoreError, TombstoneOutcome,
 };
-use crate::protocol::{sent_marks, ControlMessage, OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{sent_marks, ControlMessage, OutboxRecord, OutboxState, TraceContext, TxnId};
 use crate::publish::{publish_all, PublishFailure, RetryPolicy};
 use crate::settings::Timing;
 
@@ -50,6 +50,26 @@ fn message_span(message_id: &str, txn_id: Option<TxnId>) -> tracing::Span {
         sqs_message_id = %message_id,
         txn_id = txn_id.map(tracing::field::display)
     )
+}
+
+/// The trace context a transaction's messages were emitted in, if traced.
+fn stored_trace(record: &OutboxRecord) -> Option<&TraceContext> {
+    record.messages.iter().find_map(|message| message.trace.as_ref())
+}
+
+/// The span of one transaction's dispatch by the worker: in the transaction's trace, a
+/// child of the span that emitted its messages.
+fn dispatch_span(record: &OutboxRecord) -> tracing::Span {
+    let span = tracing::info_span!(
+        "dispatch",
+        txn_id = %record.txn_id,
+        messages = record.messages.len(),
+        committed_at = record.created_at.as_millis()
+    );
+    if let Some(trace) = stored_trace(record) {
+        crate::telemetry::continue_from(&span, trace);
+    }
+    span
 }
 
 /// What the batch decided for one transaction before publishing.
@@ -120,11 +140,27 @@ impl ControlPath {
                 *entry = message.clone();
             }
         }
+        // A span per message from here to its outcome, linking the trace of the request
+        // that began its transaction (the trace it settles is the transaction's own:
+        // `dispatch` below).
+        let spans: Vec<tracing::Span> = deliveries
+            .iter()
+            .zip(&decoded)
+            .map(|(delivery, decoded)| {
+                let message = decoded.as_ref().ok();
+                let span = message_span(&delivery.message_id, message.map(|message| message.txn_id));
+                if let Some(trace) = message.and_then(|message| message.trace.as_ref()) {
+                    crate::telemetry::link(&span, trace);
+                }
+                span
+            })
+            .collect();
         let outcomes = self.settle(&controls).await;
         let items = deliveries
             .iter()
             .zip(decoded)
-            .map(|(delivery, decoded)| {
+            .zip(spans)
+            .map(|((delivery, decoded), span)| {
                 let (txn_id, attempt, result) = match decoded {
                     Err(error) => (None, None, Err(error)),
                     Ok(message) => (
@@ -133,7 +169,7 @@ impl ControlPath {
                         outcomes[&message.txn_id].clone(),
                     ),
                 };
-                let _span = message_span(&delivery.message_id, txn_id).entered();
+                let _span = span.entered();
                 match &result {
                     Ok(outcome) => tracing::info!(outcome = outcome.as_str(), "control message handled"),
                     Err(error) => tracing::warn!(error = %error, "control message failed"),
@@ -213,14 +249,14 @@ impl ControlPath {
     /// (entity mode: nothing was read yet).
     async fn decide(&self, control: &ControlMessage, record: Option<Result<OutboxRecord, StoreError>>) -> Decision {
         if let Some(key) = &control.entity {
-            let span = tracing::info_span!("control_message", txn_id = %control.txn_id, attempt = control.attempt);
+            let span = tracing::info_span!("decide", txn_id = %control.txn_id, attempt = control.attempt);
             return self.decide_in_entity(control, key).instrument(span).await;
         }
         match record {
             Some(Ok(record)) => self.decide_on_record(record),
             Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             None => {
-                let span = tracing::info_span!("control_message", txn_id = %control.txn_id, attempt = control.attempt);
+                let span = tracing::info_span!("decide", txn_id = %control.txn_id, attempt = control.attempt);
                 self.decide_on_absence(control).instrument(span).await
             }
         }
@@ -482,13 +518,32 @@ impl ControlPath {
         // Commit order: successive transactions on one item commit one after the other,
         // so their events go out in the order the changes happened.
         pending.sort_by_key(|record| (record.created_at, record.txn_id));
+        // Each transaction's dispatch is a span of its own trace, a child of the span that
+        // emitted its messages (stored with them), however late and wherever it runs. The
+        // batch's publish is a child of the one dispatch, or links each where a batch
+        // mixes transactions.
+        let spans: BTreeMap<TxnId, tracing::Span> = pending
+            .iter()
+            .map(|record| (record.txn_id, dispatch_span(record)))
+            .collect();
         let messages: Vec<_> = pending.iter().flat_map(|record| &record.messages).collect();
+        let publish_span = match &pending[..] {
+            [only] => spans[&only.txn_id].clone(),
+            _ => {
+                let span = tracing::info_span!("publish_batch", transactions = pending.len());
+                for trace in pending.iter().filter_map(|record| stored_trace(record)) {
+                    crate::telemetry::link(&span, trace);
+                }
+                span
+            }
+        };
         let report = publish_all(
             self.ports.publisher.as_ref(),
             self.ports.clock.as_ref(),
             &messages,
             self.retry,
         )
+        .instrument(publish_span)
         .await;
 
         let mut to_mark = Vec::new();
@@ -517,7 +572,8 @@ impl ControlPath {
         // Each entry's record and removal on its own, all at once.
         let finished = entries_out.into_iter().map(|entry| {
             let (key, beside_tombstone) = &entities[&entry.txn_id];
-            async move { (entry.txn_id, self.finish_entry(key, entry, *beside_tombstone).await) }
+            let span = spans[&entry.txn_id].clone();
+            async move { (entry.txn_id, self.finish_entry(key, entry, *beside_tombstone).await) }.instrument(span)
         });
         outcomes.extend(join_all(finished).await);
         if to_mark.is_empty() {

@@ -43,6 +43,7 @@ impl Inbox for EmbeddedInbox {
                         attributes: message.attributes,
                         group_id: message.group_id,
                         receive_count: message.receive_count,
+                        trace_header: None,
                     })
                     .collect());
             }

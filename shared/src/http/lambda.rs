@@ -21,6 +21,24 @@ use tokio::sync::Notify;
 
 use crate::request::AfterAnswer;
 
+/// Whether spans are exported (feature `otel`, and the `OTEL_*` variables turn it on).
+fn traces_exported() -> bool {
+    #[cfg(feature = "otel")]
+    {
+        crate::telemetry::export::enabled()
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        false
+    }
+}
+
+/// Sends the spans buffered so far (feature `otel`).
+async fn flush_traces() {
+    #[cfg(feature = "otel")]
+    crate::telemetry::export::flush_blocking().await;
+}
+
 /// The extension's name, as Lambda lists it.
 pub const EXTENSION_NAME: &str = "outbox-after-answer";
 
@@ -144,12 +162,14 @@ pub const HOLD_MARGIN: Duration = Duration::from_millis(200);
 /// Serves `app` on Lambda. With `after` (the outbox's [`AfterAnswer`], when it publishes
 /// after the answer) an internal extension holds each invocation's environment until
 /// that invocation has answered and `after` has no work left, at most until
-/// [`HOLD_MARGIN`] before the invocation's deadline; without it, this is
-/// `lambda_http::run(app)`.
+/// [`HOLD_MARGIN`] before the invocation's deadline. With feature `otel` and spans
+/// exported, the extension also flushes them after each invocation, after the answer
+/// (and what was published after it). Without either, this is `lambda_http::run(app)`.
 pub async fn run(app: Router, after: Option<AfterAnswer>) -> Result<(), LambdaError> {
-    let Some(after) = after else {
+    let flush = cfg!(feature = "otel") && traces_exported();
+    if after.is_none() && !flush {
         return lambda_http::run(app).await.map_err(LambdaError::Runtime);
-    };
+    }
     let answered = Answered::default();
     let handler = Marked {
         app,
@@ -166,12 +186,19 @@ pub async fn run(app: Router, after: Option<AfterAnswer>) -> Result<(), LambdaEr
                     .is_err()
                 {
                     tracing::warn!(request_id = %invoke.request_id, "the invocation's deadline came before its handler answered");
-                } else if !after.idle_within(left()).await {
-                    tracing::warn!(
-                        request_id = %invoke.request_id,
-                        running = after.running(),
-                        "the invocation's deadline came before publishing after the answer was done; the control worker publishes the rest"
-                    );
+                } else if let Some(after) = &after {
+                    if !after.idle_within(left()).await {
+                        tracing::warn!(
+                            request_id = %invoke.request_id,
+                            running = after.running(),
+                            "the invocation's deadline came before publishing after the answer was done; the control worker publishes the rest"
+                        );
+                    }
+                }
+                // The invocation's spans, the publishing's after the answer included, go
+                // out before the environment may freeze.
+                if flush {
+                    let _ = tokio::time::timeout(left(), flush_traces()).await;
                 }
             }
             Ok::<(), lambda_extension::Error>(())

@@ -16,6 +16,8 @@
 //!   holds the environment until publishing after the answer is done.
 //! - `compression` (feature `lambda`): no compressed answer to a request that came
 //!   through a REST API, which would hand the client base64 text.
+//! - [`trace`]: the trace a request continues (`traceparent`, or X-Ray's header), which
+//!   its span takes as parent.
 //! - [`HttpError`]: what these pieces fail with, answered as problem+json.
 //!
 //! A handler with native DynamoDB actions, from request to answer:
@@ -60,6 +62,7 @@ mod progress;
 pub mod scope;
 #[cfg(feature = "lambda")]
 pub mod stage;
+pub mod trace;
 
 #[cfg(feature = "lambda")]
 pub use compression::UncompressedThroughRestApiLayer;

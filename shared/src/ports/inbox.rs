@@ -27,6 +27,9 @@ pub struct Delivery {
     pub group_id: Option<String>,
     /// How many times it has been received, this time included.
     pub receive_count: u32,
+    /// X-Ray's trace header the queue delivered with it (SQS's `AWSTraceHeader` system
+    /// attribute), if any: the sender's trace where no `traceparent` attribute names it.
+    pub trace_header: Option<String>,
 }
 
 /// A queue a consumer receives from, when no Lambda event source mapping does it.

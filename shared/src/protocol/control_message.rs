@@ -7,6 +7,10 @@
 //! record. That is a new meaning: a worker that knew only version 1 would tombstone such
 //! a transaction's record beside a commit in the item, so it must refuse the message.
 //! A message without an entity is still written as version 1.
+//! Either version may carry `"traceparent"` (and `"tracestate"`): the trace context of the
+//! request that began the transaction, which the worker's span links. An optional field
+//! in the sense below: an older worker ignores it, and an invalid one is dropped, never
+//! a reason to refuse the message.
 //! Unknown fields are ignored so that a newer sender can add optional fields without
 //! breaking an older worker; a new meaning needs a new `version`, which an older worker
 //! refuses with [`DecodeError::UnknownVersion`] (and SQS's redrive policy then parks the
@@ -14,6 +18,7 @@
 
 use serde_json::{Map, Value};
 
+use super::trace_context::TraceContext;
 use super::txn_id::TxnId;
 use super::ItemKey;
 use crate::time::Timestamp;
@@ -34,6 +39,8 @@ pub struct ControlMessage {
     pub attempt: u32,
     /// The one item the transaction commits into, in entity mode (version 2).
     pub entity: Option<ItemKey>,
+    /// The trace context of the request that began the transaction, if traced.
+    pub trace: Option<TraceContext>,
 }
 
 /// Why a control message body could not be decoded. Never a panic, whatever the input.
@@ -75,7 +82,14 @@ impl ControlMessage {
             first_sent_at: sent_at,
             attempt: 1,
             entity: None,
+            trace: None,
         }
+    }
+
+    /// This message, carrying the trace context of the request that began the transaction.
+    pub fn with_trace(mut self, trace: Option<TraceContext>) -> Self {
+        self.trace = trace;
+        self
     }
 
     /// This message, for a transaction that commits in entity mode into `key`.
@@ -103,6 +117,9 @@ impl ControlMessage {
         if let Some(entity) = &self.entity {
             body["version"] = Value::from(2);
             body["entity"] = Value::from(entity.as_str());
+        }
+        for (name, value) in self.trace.iter().flat_map(TraceContext::attributes) {
+            body[name] = Value::from(value);
         }
         body.to_string()
     }
@@ -158,11 +175,14 @@ impl ControlMessage {
             }
             (_, None) => return Err(DecodeError::MissingField { field: "entity" }),
         };
+        let text = |name: &str| fields.get(name).and_then(Value::as_str);
+        let trace = TraceContext::from_message(text, None);
         Ok(Self {
             txn_id,
             first_sent_at,
             attempt,
             entity,
+            trace,
         })
     }
 }
@@ -188,7 +208,25 @@ mod tests {
             first_sent_at: Timestamp::from_millis(1_700_000_000_123),
             attempt: 3,
             entity: None,
+            trace: None,
         }
+    }
+
+    #[test]
+    fn a_trace_context_travels_in_the_body_and_a_bad_one_is_dropped() {
+        let trace = TraceContext::from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+            .unwrap()
+            .with_tracestate(Some("congo=t61rcWkgMzE"));
+        let message = sample().with_trace(Some(trace));
+        let body = message.encode();
+        assert!(
+            body.contains(r#""traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01""#),
+            "{body}"
+        );
+        assert!(body.contains(r#""version":1"#), "an optional field: no new version");
+        assert_eq!(ControlMessage::decode(&body).unwrap(), message);
+        let bad = body.replace("00-0af7", "zz-0af7");
+        assert_eq!(ControlMessage::decode(&bad).unwrap(), sample(), "dropped, not refused");
     }
 
     #[test]

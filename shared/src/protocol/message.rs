@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::trace_context::TraceContext;
 use super::txn_id::TxnId;
 
 /// The message attribute that carries a message's stable id on every send.
@@ -195,6 +196,11 @@ pub struct OutgoingMessage {
     /// them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<EventType>,
+    /// The trace context of the span that emitted it, carried on every send of it
+    /// ([`TraceContext::attributes`], and X-Ray's header where the service has one), so
+    /// that whoever publishes it, whenever, its consumers continue the emitter's trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
 }
 
 impl OutgoingMessage {
@@ -208,15 +214,26 @@ impl OutgoingMessage {
             attributes: message.attributes,
             group_id: message.group_id,
             event: message.event,
+            trace: None,
         }
     }
 
-    /// The attributes every send of it carries: the emitter's, and its stable id and
-    /// transaction id, which win over an emitter's attribute of the same name.
+    /// This message with the trace context of the span that emitted it.
+    pub fn with_trace(mut self, trace: Option<TraceContext>) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// The attributes every send of it carries: the emitter's, its stable id and
+    /// transaction id, and its trace context (`traceparent`, `tracestate`), which win over
+    /// an emitter's attribute of the same name.
     pub fn send_attributes(&self) -> BTreeMap<String, String> {
         let mut attributes = self.attributes.clone();
         attributes.insert(MESSAGE_ID_ATTRIBUTE.to_owned(), self.id.to_string());
         attributes.insert(TXN_ID_ATTRIBUTE.to_owned(), self.txn_id.to_string());
+        for (name, value) in self.trace.iter().flat_map(TraceContext::attributes) {
+            attributes.insert(name.to_owned(), value);
+        }
         attributes
     }
 
@@ -233,11 +250,18 @@ impl OutgoingMessage {
     /// Bytes this message adds to a queue send (body, attribute names and values), the
     /// measure SQS applies to its size limits.
     pub fn payload_bytes(&self) -> usize {
+        let attribute_bytes = |(name, value): (&str, &str)| name.len() + value.len();
         self.body.len()
             + self
                 .attributes
                 .iter()
-                .map(|(name, value)| name.len() + value.len())
+                .map(|(name, value)| attribute_bytes((name, value)))
+                .sum::<usize>()
+            + self
+                .trace
+                .iter()
+                .flat_map(TraceContext::attributes)
+                .map(|(name, value)| attribute_bytes((name, &value)))
                 .sum::<usize>()
     }
 }

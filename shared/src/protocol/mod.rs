@@ -8,6 +8,7 @@ mod item_key;
 mod message;
 mod outbox_record;
 pub mod sent_marks;
+mod trace_context;
 mod txn_id;
 
 pub use control_message::{ControlMessage, DecodeError, CONTROL_MESSAGE_VERSION};
@@ -18,4 +19,5 @@ pub use message::{
     TXN_ID_ATTRIBUTE,
 };
 pub use outbox_record::{OutboxRecord, OutboxState};
+pub use trace_context::{InvalidTraceContext, TraceContext, TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE};
 pub use txn_id::{InvalidTxnId, TxnId};

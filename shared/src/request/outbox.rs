@@ -170,7 +170,7 @@ impl Outbox {
         self.begin_with(Some(deadline), None).await
     }
 
-    #[tracing::instrument(skip_all, fields(txn_id))]
+    #[tracing::instrument(name = "begin", skip_all, fields(txn_id))]
     async fn begin_with(&self, deadline: Option<Timestamp>, entity: Option<ItemKey>) -> Result<Transaction, TxnError> {
         let now = self.ports.clock.now();
         let txn_id = self.ports.ids.next_txn_id(now);
@@ -181,7 +181,8 @@ impl Outbox {
             watch.admit(txn_id)?;
         }
         tracing::Span::current().record("txn_id", tracing::field::display(txn_id));
-        let mut control = ControlMessage::first(txn_id, now);
+        // The worker's handling links the request's trace.
+        let mut control = ControlMessage::first(txn_id, now).with_trace(crate::telemetry::current());
         if let Some(key) = &entity {
             control = control.with_entity(key.clone());
         }

@@ -607,6 +607,7 @@ impl Rig {
             attributes: BTreeMap::from([(MESSAGE_ID_ATTRIBUTE.to_owned(), format!("{}:0", TxnId::new_v7()))]),
             group_id: None,
             receive_count: 1,
+            trace_header: None,
         };
         self.reset();
         let first = consumer.consume(&delivery).await.expect("consumed");

@@ -13,7 +13,10 @@ use outbox::control::{ControlOutcome, ControlPath, ControlPorts};
 use outbox::destination::Target;
 use outbox::embedded::{EmbeddedBackend, ManualClock, CONTROL_VISIBILITY_TIMEOUT};
 use outbox::ports::{ControlDelivery, ControlInbox, ControlQueue, Publisher, RandomIds, Store};
-use outbox::protocol::{ControlMessage, DestinationName, TxnId, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use outbox::protocol::{
+    ControlMessage, DestinationName, TraceContext, TxnId, MESSAGE_ID_ATTRIBUTE, TRACEPARENT_ATTRIBUTE,
+    TRACESTATE_ATTRIBUTE, TXN_ID_ATTRIBUTE,
+};
 use outbox::request::{Outbox, RequestPorts};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
@@ -33,6 +36,9 @@ pub struct Delivered {
     pub txn_id: Option<String>,
     /// For a bus, the event's `source`, `detail-type` and `detail.data`.
     pub event: Option<DeliveredEvent>,
+    /// The trace context it carried: its `traceparent` and `tracestate` attributes, or
+    /// for a bus in the event's detail.
+    pub trace: Option<TraceContext>,
 }
 
 /// What of an event a rule's queue target received the outbox set.
@@ -50,9 +56,11 @@ impl Delivered {
     /// A message that arrived with `body` and `attributes`, from a bus or not.
     fn new(body: String, attribute: impl Fn(&str) -> Option<String>, from_bus: bool) -> Self {
         if !from_bus {
+            let (parent, state) = (attribute(TRACEPARENT_ATTRIBUTE), attribute(TRACESTATE_ATTRIBUTE));
             return Self {
                 message_id: attribute(MESSAGE_ID_ATTRIBUTE),
                 txn_id: attribute(TXN_ID_ATTRIBUTE),
+                trace: trace(parent, state),
                 body,
                 event: None,
             };
@@ -63,6 +71,7 @@ impl Delivered {
         Self {
             message_id: metadata(MESSAGE_ID_ATTRIBUTE),
             txn_id: metadata(TXN_ID_ATTRIBUTE),
+            trace: trace(metadata(TRACEPARENT_ATTRIBUTE), metadata(TRACESTATE_ATTRIBUTE)),
             event: Some(DeliveredEvent {
                 source: text("source"),
                 detail_type: text("detail-type"),
@@ -71,6 +80,16 @@ impl Delivered {
             body,
         }
     }
+}
+
+/// The context a `traceparent` (and `tracestate`) name; a `traceparent` that is not one
+/// fails the test.
+fn trace(parent: Option<String>, state: Option<String>) -> Option<TraceContext> {
+    parent.map(|parent| {
+        TraceContext::from_traceparent(&parent)
+            .expect("a traceparent the outbox wrote")
+            .with_tracestate(state.as_deref())
+    })
 }
 
 enum Queues {

@@ -10,7 +10,7 @@ use outbox::ports::RandomIds;
 use outbox::ports::{BusinessWrite, CommitError, CommitRequest, ExpectedVersion, ItemKey, TombstoneOutcome};
 use outbox::protocol::{
     ControlMessage, IdempotencyKey, IdempotencyRecord, IdempotencySlot, Message, OutboxRecord, OutboxState,
-    OutgoingMessage, StoredResponse, TxnId,
+    OutgoingMessage, StoredResponse, TraceContext, TxnId,
 };
 use outbox::time::Timestamp;
 use serde_json::{json, Value};
@@ -541,6 +541,42 @@ pub async fn published_messages_carry_their_ids(b: &Backend) {
     }
 }
 
+/// Every destination delivers the trace context a message was emitted in: a queue, a
+/// FIFO queue and a topic as `traceparent` and `tracestate` attributes, a bus in the
+/// event's `detail.metadata`; a message emitted outside a trace carries none.
+pub async fn published_messages_carry_their_trace_context(b: &Backend) {
+    let context = TraceContext::from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        .unwrap()
+        .with_tracestate(Some("congo=t61rcWkgMzE"));
+    for destination in [events(), audit(), fanout(), bus()] {
+        let txn = TxnId::new_v7();
+        let traced = OutgoingMessage::new(txn, 0, Message::json(destination.clone(), &json!({"n": 0})).unwrap())
+            .with_trace(Some(context.clone()));
+        let untraced = OutgoingMessage::new(txn, 1, Message::json(destination.clone(), &json!({"n": 1})).unwrap());
+        let failures = b
+            .publisher
+            .send_batch(&destination, &[traced.clone(), untraced.clone()])
+            .await
+            .expect("send");
+        assert!(failures.is_empty(), "{failures:?}");
+        let mut delivered = b.drain(&destination).await;
+        delivered.sort_by(|a, b| a.message_id.cmp(&b.message_id));
+        let traces: Vec<_> = delivered
+            .iter()
+            .map(|arrived| (arrived.message_id.clone().unwrap_or_default(), arrived.trace.clone()))
+            .collect();
+        assert_eq!(
+            traces,
+            [
+                (traced.id.to_string(), Some(context.clone())),
+                (untraced.id.to_string(), None)
+            ],
+            "{}: {destination}",
+            b.name
+        );
+    }
+}
+
 /// Sending the same messages to a FIFO destination again (a redelivered control message
 /// dispatching again) delivers each of them once.
 pub async fn a_redelivered_dispatch_to_a_fifo_destination_is_deduplicated(b: &Backend) {
@@ -987,6 +1023,7 @@ pub async fn a_consumer_processes_each_message_once_and_publishes_before_acknowl
         attributes: Default::default(),
         group_id: None,
         receive_count: 1,
+        trace_header: None,
     };
     let consumer = Consumer::new(
         "conformance".parse().unwrap(),

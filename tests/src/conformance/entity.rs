@@ -299,6 +299,7 @@ pub async fn a_consumer_in_entity_mode_processes_each_message_once(b: &Backend) 
         attributes: [(MESSAGE_ID_ATTRIBUTE.to_owned(), id.clone())].into(),
         group_id: None,
         receive_count: 1,
+        trace_header: None,
     };
     let consumer = Consumer::new(
         "conformance".parse().unwrap(),

@@ -35,6 +35,7 @@ macro_rules! conformance_suite {
             a_delayed_control_message_arrives_after_its_delay,
             an_unacknowledged_control_message_comes_back,
             published_messages_carry_their_ids,
+            published_messages_carry_their_trace_context,
             a_redelivered_dispatch_to_a_fifo_destination_is_deduplicated,
             an_unknown_destination_is_refused,
             messages_to_a_topic_arrive_with_their_ids,

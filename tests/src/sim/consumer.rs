@@ -624,6 +624,7 @@ fn delivery(copy: usize, receive_count: u32) -> Delivery {
         attributes: BTreeMap::from([(MESSAGE_ID_ATTRIBUTE.to_owned(), INCOMING_ID.to_owned())]),
         group_id: None,
         receive_count,
+        trace_header: None,
     }
 }
 

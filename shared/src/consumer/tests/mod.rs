@@ -165,6 +165,7 @@ fn copy(queue_message_id: &str, id: &str, order: &str) -> Delivery {
         attributes: BTreeMap::from([(MESSAGE_ID_ATTRIBUTE.to_owned(), id.to_owned())]),
         group_id: None,
         receive_count: 1,
+        trace_header: None,
     }
 }
 

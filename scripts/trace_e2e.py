@@ -1,0 +1,399 @@
+"""One trace end to end (run by scripts/trace-e2e, which starts the emulators and
+bootstraps the table and queues).
+
+1. Starts an OTLP/HTTP receiver on loopback: `POST /v1/traces`, protobuf, decoded with
+   PyPI's opentelemetry-proto, every span kept.
+2. Starts, exporting to it (`OTEL_EXPORTER_OTLP_ENDPOINT`): the orders API twice, one
+   publishing after the answer and one not publishing at all (the control worker does),
+   the control worker, and the shipping consumer on the events queue.
+3. Places an order through each API, each request with a `traceparent` of its own (and
+   one more order with none, which must start a trace of its own).
+4. Waits for each order's spans and asserts, per trace: the request's span is a child of
+   the caller's span; the transaction's `begin` and `commit` are the request's children;
+   the publish is inline (a child of the request's commit) or the worker's (`dispatch`, in
+   service control-worker, a child of the span that emitted the message, its control
+   message's span linking the transaction's trace); the consumer's processing
+   (`consumed_message`, service shipping) is a child of that same emitting span, with its
+   `commit` and `publish` below it; and the ShipmentRequested message on the shipments
+   queue carries the consumer's context (`traceparent` and `AWSTraceHeader`).
+5. Prints each trace as a tree.
+"""
+
+import argparse
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import boto3
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+
+class Receiver:
+    """Every span exported to it, as dicts, with its service's name."""
+
+    def __init__(self):
+        self.spans = []
+        self.requests = 0
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                receiver.add(request)
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add(self, request):
+        found = []
+        for resource_spans in request.resource_spans:
+            service = next(
+                (a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), "?"
+            )
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    attributes = {a.key: any_value(a.value) for a in span.attributes}
+                    found.append(
+                        {
+                            "service": service,
+                            "name": span.name,
+                            "trace": span.trace_id.hex(),
+                            "span": span.span_id.hex(),
+                            "parent": span.parent_span_id.hex(),
+                            "start": span.start_time_unix_nano,
+                            "end": span.end_time_unix_nano,
+                            "attributes": attributes,
+                            "links": [(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
+                        }
+                    )
+        with self.lock:
+            self.requests += 1
+            self.spans.extend(found)
+
+    def trace(self, trace_id):
+        with self.lock:
+            return [span for span in self.spans if span["trace"] == trace_id]
+
+    def all(self):
+        with self.lock:
+            return list(self.spans)
+
+
+def any_value(value):
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port, process, log, timeout=120):
+    import socket
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"the process for port {port} exited:\n{open(log).read()}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    sys.exit(f"nothing listens on port {port}")
+
+
+def post_order(port, traceparent, n):
+    body = json.dumps(
+        {"customer_id": f"c-trace-{n}", "items": [{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 990}]}
+    ).encode()
+    headers = {"content-type": "application/json"}
+    if traceparent:
+        headers["traceparent"] = traceparent
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/orders", data=body, method="POST", headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 201, response.status
+        return json.loads(response.read())["id"], response.headers["x-transaction-id"]
+
+
+def tree(spans, root_parent):
+    """The spans as an indented tree, children in start order; spans whose parent is not
+    in the trace hang under `root_parent` (the caller's span)."""
+    by_parent = {}
+    ids = {span["span"] for span in spans}
+    for span in spans:
+        parent = span["parent"] if span["parent"] in ids else "-"
+        by_parent.setdefault(parent, []).append(span)
+    lines = [f"(caller {root_parent})"]
+
+    def walk(parent, depth):
+        for span in sorted(by_parent.get(parent, []), key=lambda s: s["start"]):
+            shown = {k: v for k, v in span["attributes"].items() if k in ("txn_id", "outcome", "messages", "route", "http.route")}
+            extra = f" {shown}" if shown else ""
+            links = f" links={len(span['links'])}" if span["links"] else ""
+            ms = (span["end"] - span["start"]) / 1e6
+            lines.append(f"{'  ' * depth}└─ {span['name']} [{span['service']}] {span['span']} {ms:.1f} ms{extra}{links}")
+            walk(span["span"], depth + 1)
+
+    walk("-", 1)
+    return "\n".join(lines)
+
+
+class Check:
+    def __init__(self, label):
+        self.label = label
+        self.problems = []
+
+    def that(self, condition, text):
+        if not condition:
+            self.problems.append(f"{self.label}: {text}")
+        return condition
+
+
+def one(spans, check, name, service, **where):
+    found = [
+        s
+        for s in spans
+        if s["name"] == name
+        and s["service"] == service
+        and all(s["attributes"].get(key) == value for key, value in where.items())
+    ]
+    check.that(len(found) == 1, f"one {name} span of {service} {where or ''}, found {len(found)}")
+    return found[0] if found else None
+
+
+def expected_spans_present(spans, mode):
+    names = {(s["service"], s["name"]) for s in spans}
+    want = {("api", "request"), ("api", "commit"), ("shipping", "consumed_message"), ("shipping", "publish")}
+    want.add(("control-worker", "dispatch") if mode == "worker" else ("api", "publish"))
+    return want <= names
+
+
+def verify(spans, mode, caller_span, txn_id, shipment, check):
+    """Asserts the shape of one order's trace; returns nothing, fills `check`."""
+    request = one(spans, check, "request", "api")
+    if request is None:
+        return
+    check.that(request["parent"] == caller_span, f"the request's parent is {request['parent']}, not the caller's {caller_span}")
+    begin = one(spans, check, "begin", "api")
+    commit = one(spans, check, "commit", "api")
+    for span, what in ((begin, "begin"), (commit, "commit")):
+        if span:
+            check.that(span["parent"] == request["span"], f"{what} is not the request's child")
+    consumed = one(spans, check, "consumed_message", "shipping")
+    emitted_in = None
+    if mode == "inline":
+        publish = one(spans, check, "publish", "api")
+        if publish and commit:
+            check.that(publish["parent"] == commit["span"], "the inline publish is not the commit's child")
+        check.that(
+            not [s for s in spans if s["service"] == "control-worker" and s["name"] == "dispatch"],
+            "the worker dispatched a transaction published inline",
+        )
+        emitted_in = request["span"]
+    else:
+        dispatch = one(spans, check, "dispatch", "control-worker", txn_id=txn_id)
+        if dispatch:
+            check.that(dispatch["parent"] == request["span"], "the worker's dispatch is not a child of the span that emitted the message")
+            publish = [s for s in spans if s["service"] == "control-worker" and s["name"] == "publish"]
+            check.that(
+                len(publish) == 1 and publish[0]["parent"] == dispatch["span"],
+                "the worker's publish is not the dispatch's child",
+            )
+        check.that(
+            not [s for s in spans if s["service"] == "api" and s["name"] == "publish"],
+            "the API published with inline publishing off",
+        )
+        emitted_in = request["span"]
+    if consumed:
+        check.that(consumed["parent"] == emitted_in, "the consumer's processing is not a child of the span that emitted the message")
+        check.that(consumed["attributes"].get("outcome") == "processed", f"consumed outcome {consumed['attributes'].get('outcome')}")
+        for name in ("commit", "publish"):
+            child = one(spans, check, name, "shipping")
+            if child:
+                check.that(child["parent"] == consumed["span"], f"the consumer's {name} is not its processing's child")
+        if shipment is None:
+            check.that(False, "no ShipmentRequested message for the order")
+        else:
+            parent = shipment.get("traceparent", "")
+            check.that(
+                parent == f"00-{consumed['trace']}-{consumed['span']}-01",
+                f"ShipmentRequested carries traceparent {parent!r}, not the consumer's span",
+            )
+            # moto drops the system attributes of SendMessageBatch entries (it keeps
+            # SendMessage's): where it kept one, it must be the consumer's; the entry's
+            # AWSTraceHeader is checked on the request itself by the SQS adapter's tests.
+            header = shipment.get("AWSTraceHeader")
+            check.that(
+                header is None
+                or header.startswith(f"Root=1-{consumed['trace'][:8]}-{consumed['trace'][8:]};Parent={consumed['span']}"),
+                f"ShipmentRequested carries AWSTraceHeader {header!r}",
+            )
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", required=True)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--consumer-settings", required=True)
+    args = parser.parse_args()
+    region = os.environ.get("AWS_REGION", "us-east-1")
+    sqs = boto3.client("sqs", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name=region)
+
+    receiver = Receiver()
+    otel = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "RUST_LOG": "info",
+        "NO_COLOR": "1",
+    }
+    processes = []
+
+    def start(name, binary, env_extra, argv=()):
+        env = dict(os.environ)
+        env.update(otel)
+        env.update(env_extra)
+        log_path = os.path.join(args.work, f"{name}.log")
+        log = open(log_path, "w")
+        process = subprocess.Popen([os.path.join(args.bin, binary), *argv], env=env, stdout=log, stderr=subprocess.STDOUT)
+        processes.append((name, process))
+        return process, log_path
+
+    consumer_env = {}
+    for line in args.consumer_settings.splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, value = line[len("export "):].split("=", 1)
+            consumer_env[key] = value
+    shipments_url = consumer_env["OUTBOX_DESTINATIONS"].split("=sqs:", 1)[1]
+
+    apis = {}
+    try:
+        for mode, inline in (("inline", "after"), ("worker", "off")):
+            port = free_port()
+            process, log = start(
+                f"api-{mode}",
+                "api",
+                {"OUTBOX_LISTEN_ADDR": f"127.0.0.1:{port}", "OUTBOX_INLINE_PUBLISH": inline, "OTEL_SERVICE_NAME": "api"},
+            )
+            wait_for_port(port, process, log)
+            apis[mode] = port
+        start("control-worker", "control-worker", {"OTEL_SERVICE_NAME": "control-worker"}, ["poll"])
+        start("shipping", "shipping", {**consumer_env, "OTEL_SERVICE_NAME": "shipping"})
+
+        orders = {}
+        for n, mode in enumerate(("inline", "worker")):
+            trace_id, caller_span = secrets.token_hex(16), secrets.token_hex(8)
+            order, txn = post_order(apis[mode], f"00-{trace_id}-{caller_span}-01", n)
+            orders[mode] = {"trace": trace_id, "caller": caller_span, "order": order, "txn": txn}
+        untraced_order, untraced_txn = post_order(apis["inline"], None, 9)
+
+        # The ShipmentRequested messages, with their attributes and X-Ray header.
+        shipments = {}
+        deadline = time.time() + 90
+        while time.time() < deadline and len(shipments) < 3:
+            reply = sqs.receive_message(
+                QueueUrl=shipments_url,
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=1,
+                MessageAttributeNames=["All"],
+                MessageSystemAttributeNames=["AWSTraceHeader"],
+            )
+            for message in reply.get("Messages", []):
+                body = json.loads(message["Body"])
+                attributes = {k: v["StringValue"] for k, v in message.get("MessageAttributes", {}).items()}
+                if "AWSTraceHeader" in message.get("Attributes", {}):
+                    attributes["AWSTraceHeader"] = message["Attributes"]["AWSTraceHeader"]
+                shipments[body.get("order_id")] = attributes
+                sqs.delete_message(QueueUrl=shipments_url, ReceiptHandle=message["ReceiptHandle"])
+
+        # Every span of each order's trace, exported within the processor's delay.
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if all(expected_spans_present(receiver.trace(o["trace"]), mode) for mode, o in orders.items()):
+                break
+            time.sleep(0.5)
+        time.sleep(1.5)  # what is still in flight (the dispatch's end, the worker's marking)
+    finally:
+        for name, process in reversed(processes):
+            process.terminate()
+        for name, process in reversed(processes):
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+    problems = []
+    for mode, order in orders.items():
+        spans = receiver.trace(order["trace"])
+        check = Check(f"{mode} publish")
+        verify(spans, mode, order["caller"], order["txn"], shipments.get(order["order"]), check)
+        label = "published inline, after the answer" if mode == "inline" else "published by the control worker"
+        print(f"\ntrace {order['trace']}: order {order['order']}, transaction {order['txn']}, {label}")
+        print(tree(spans, order["caller"]))
+        problems += check.problems
+
+    # The worker's span for each control message links the transaction's trace.
+    for mode, order in orders.items():
+        control = [
+            s
+            for s in receiver.all()
+            if s["name"] == "control_message"
+            and s["service"] == "control-worker"
+            and s["attributes"].get("txn_id") == order["txn"]
+        ]
+        linked = [s for s in control if any(trace == order["trace"] for trace, _ in s["links"])]
+        if not linked:
+            problems.append(f"{mode} publish: no control_message span of the worker links trace {order['trace']} ({len(control)} spans)")
+        else:
+            print(f"\ncontrol message of {order['txn']} ({mode}): span {linked[0]['span']} in trace {linked[0]['trace']}, linking {linked[0]['links']}")
+
+    # A request without a traceparent starts a trace of its own, which its consumer continues.
+    untraced = [s for s in receiver.all() if s["name"] == "commit" and s["service"] == "api" and s["attributes"].get("txn_id") == untraced_txn]
+    if len(untraced) != 1:
+        problems.append(f"untraced request: {len(untraced)} commit spans for {untraced_txn}")
+    else:
+        trace_id = untraced[0]["trace"]
+        services = {s["service"] for s in receiver.trace(trace_id)}
+        if trace_id in {o["trace"] for o in orders.values()} or not {"api", "shipping"} <= services:
+            problems.append(f"untraced request: trace {trace_id} spans {sorted(services)}")
+        else:
+            print(f"\nan order placed without a traceparent: its own trace {trace_id}, spans from {sorted(services)}")
+
+    print(f"\nreceiver: {len(receiver.all())} spans in {receiver.requests} export requests")
+    if problems:
+        print("\nFAILED:\n  " + "\n  ".join(problems))
+        sys.exit(1)
+    print("one trace per order, through the request, the commit, the publish and the consumer: ok")
+
+
+if __name__ == "__main__":
+    main()
