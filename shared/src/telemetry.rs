@@ -14,6 +14,8 @@ use crate::protocol::TraceContext;
 pub mod export;
 #[cfg(any(feature = "consumer", feature = "otel"))]
 pub mod lambda;
+#[cfg(all(test, feature = "otel"))]
+mod tests;
 
 /// The context of the current span, the one a message emitted now carries; `None` when
 /// spans are not traced (feature `otel` off, or export off).
@@ -115,7 +117,7 @@ pub fn set_attribute(span: &tracing::Span, key: &'static str, value: String) {
 }
 
 #[cfg(all(test, feature = "otel"))]
-mod tests {
+mod span_tests {
     use opentelemetry::trace::TracerProvider as _;
     use tracing_subscriber::layer::SubscriberExt;
 
