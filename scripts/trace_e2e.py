@@ -145,6 +145,34 @@ def post_order(port, traceparent, n):
         return json.loads(response.read())["id"], response.headers["x-transaction-id"]
 
 
+def add_item(port, order, traceparent):
+    body = json.dumps({"sku": "SKU-2", "quantity": 1, "unit_price_cents": 500}).encode()
+    headers = {"content-type": "application/json", "traceparent": traceparent}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/orders/{order}/items", data=body, method="POST", headers=headers
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status in (200, 201), response.status
+        return response.headers["x-transaction-id"]
+
+
+def batch_of(all_spans, spans):
+    """The worker's publish_batch spans linking a dispatch of `spans`, as lines."""
+    dispatches = {(s["trace"], s["span"]) for s in spans if s["name"] == "dispatch"}
+    lines = []
+    for batch in all_spans:
+        if batch["name"] == "publish_batch" and dispatches & set(batch["links"]):
+            children = [s for s in all_spans if s["parent"] == batch["span"]]
+            lines.append(
+                f"  published in the worker's batch: publish_batch [{batch['service']}] {batch['span']} "
+                f"(trace {batch['trace']}), linking {len(batch['links'])} dispatches"
+            )
+            lines += [
+                f"    └─ {c['name']} [{c['service']}] {c['span']} messages={c['attributes'].get('messages')}" for c in children
+            ]
+    return "\n".join(lines)
+
+
 def tree(spans, root_parent):
     """The spans as an indented tree, children in start order; spans whose parent is not
     in the trace hang under `root_parent` (the caller's span)."""
@@ -172,6 +200,7 @@ class Check:
     def __init__(self, label):
         self.label = label
         self.problems = []
+        self.batched = False
 
     def that(self, condition, text):
         if not condition:
@@ -191,15 +220,19 @@ def one(spans, check, name, service, **where):
     return found[0] if found else None
 
 
-def expected_spans_present(spans, mode):
+def expected_spans_present(spans, mode, consumer_emits=True):
     names = {(s["service"], s["name"]) for s in spans}
-    want = {("api", "request"), ("api", "commit"), ("shipping", "consumed_message"), ("shipping", "publish")}
+    want = {("api", "request"), ("api", "commit"), ("shipping", "consumed_message")}
+    if consumer_emits:
+        want.add(("shipping", "publish"))
     want.add(("control-worker", "dispatch") if mode == "worker" else ("api", "publish"))
     return want <= names
 
 
-def verify(spans, mode, caller_span, txn_id, shipment, check):
-    """Asserts the shape of one order's trace; returns nothing, fills `check`."""
+def verify(spans, all_spans, mode, caller_span, txn_id, shipment, check, consumer_emits=True):
+    """Asserts the shape of one transaction's trace; returns nothing, fills `check`.
+    `consumer_emits`: an OrderPlaced, for which the consumer emits a ShipmentRequested;
+    else an order's change (entity mode), which it acknowledges with nothing to do."""
     request = one(spans, check, "request", "api")
     if request is None:
         return
@@ -224,11 +257,24 @@ def verify(spans, mode, caller_span, txn_id, shipment, check):
         dispatch = one(spans, check, "dispatch", "control-worker", txn_id=txn_id)
         if dispatch:
             check.that(dispatch["parent"] == request["span"], "the worker's dispatch is not a child of the span that emitted the message")
+            # Its publish: the dispatch's child, or, where the worker's batch published
+            # several transactions at once, under a publish_batch span linking it.
             publish = [s for s in spans if s["service"] == "control-worker" and s["name"] == "publish"]
+            batches = [
+                s
+                for s in all_spans
+                if s["service"] == "control-worker"
+                and s["name"] == "publish_batch"
+                and (dispatch["trace"], dispatch["span"]) in s["links"]
+            ]
+            under_batch = [s for s in all_spans if s["name"] == "publish" and batches and s["parent"] == batches[0]["span"]]
             check.that(
-                len(publish) == 1 and publish[0]["parent"] == dispatch["span"],
-                "the worker's publish is not the dispatch's child",
+                (len(publish) == 1 and publish[0]["parent"] == dispatch["span"])
+                or (not publish and len(batches) == 1 and len(under_batch) == 1),
+                f"the worker's publish is neither the dispatch's child nor under a publish_batch linking it ({len(publish)}, {len(batches)})",
             )
+            if batches:
+                check.batched = True
         check.that(
             not [s for s in spans if s["service"] == "api" and s["name"] == "publish"],
             "the API published with inline publishing off",
@@ -237,6 +283,12 @@ def verify(spans, mode, caller_span, txn_id, shipment, check):
     if consumed:
         check.that(consumed["parent"] == emitted_in, "the consumer's processing is not a child of the span that emitted the message")
         check.that(consumed["attributes"].get("outcome") == "processed", f"consumed outcome {consumed['attributes'].get('outcome')}")
+        if not consumer_emits:
+            check.that(
+                not [s for s in spans if s["service"] == "shipping" and s["name"] == "publish"],
+                "the consumer published for an order's change",
+            )
+            return
         for name in ("commit", "publish"):
             child = one(spans, check, name, "shipping")
             if child:
@@ -315,6 +367,12 @@ def main():
             order, txn = post_order(apis[mode], f"00-{trace_id}-{caller_span}-01", n)
             orders[mode] = {"trace": trace_id, "caller": caller_span, "order": order, "txn": txn}
         untraced_order, untraced_txn = post_order(apis["inline"], None, 9)
+        # A change of each order: entity mode, its entry in the order's item.
+        changes = {}
+        for mode, placed in orders.items():
+            trace_id, caller_span = secrets.token_hex(16), secrets.token_hex(8)
+            txn = add_item(apis[mode], placed["order"], f"00-{trace_id}-{caller_span}-01")
+            changes[mode] = {"trace": trace_id, "caller": caller_span, "order": placed["order"], "txn": txn}
 
         # The ShipmentRequested messages, with their attributes and X-Ray header.
         shipments = {}
@@ -338,7 +396,9 @@ def main():
         # Every span of each order's trace, exported within the processor's delay.
         deadline = time.time() + 60
         while time.time() < deadline:
-            if all(expected_spans_present(receiver.trace(o["trace"]), mode) for mode, o in orders.items()):
+            placed = all(expected_spans_present(receiver.trace(o["trace"]), mode) for mode, o in orders.items())
+            changed = all(expected_spans_present(receiver.trace(c["trace"]), mode, False) for mode, c in changes.items())
+            if placed and changed:
                 break
             time.sleep(0.5)
         time.sleep(1.5)  # what is still in flight (the dispatch's end, the worker's marking)
@@ -355,14 +415,27 @@ def main():
     for mode, order in orders.items():
         spans = receiver.trace(order["trace"])
         check = Check(f"{mode} publish")
-        verify(spans, mode, order["caller"], order["txn"], shipments.get(order["order"]), check)
+        verify(spans, receiver.all(), mode, order["caller"], order["txn"], shipments.get(order["order"]), check)
         label = "published inline, after the answer" if mode == "inline" else "published by the control worker"
         print(f"\ntrace {order['trace']}: order {order['order']}, transaction {order['txn']}, {label}")
         print(tree(spans, order["caller"]))
+        if check.batched:
+            print(batch_of(receiver.all(), spans))
+        problems += check.problems
+
+    for mode, change in changes.items():
+        spans = receiver.trace(change["trace"])
+        check = Check(f"{mode} publish of a change (entity mode)")
+        verify(spans, receiver.all(), mode, change["caller"], change["txn"], None, check, consumer_emits=False)
+        label = "published inline, after the answer" if mode == "inline" else "published by the control worker"
+        print(f"\ntrace {change['trace']}: an item added to order {change['order']} in entity mode, transaction {change['txn']}, {label}")
+        print(tree(spans, change["caller"]))
+        if check.batched:
+            print(batch_of(receiver.all(), spans))
         problems += check.problems
 
     # The worker's span for each control message links the transaction's trace.
-    for mode, order in orders.items():
+    for mode, order in list(orders.items()) + [(f"{mode}, change", change) for mode, change in changes.items()]:
         control = [
             s
             for s in receiver.all()

@@ -30,9 +30,21 @@ pub fn current() -> Option<TraceContext> {
     }
 }
 
-/// The context of `span`, `None` when it is not traced.
-#[cfg(feature = "otel")]
+/// The context of `span`, `None` when it is not traced (or without feature `otel`).
 pub fn of(span: &tracing::Span) -> Option<TraceContext> {
+    #[cfg(feature = "otel")]
+    {
+        of_traced(span)
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        let _ = span;
+        None
+    }
+}
+
+#[cfg(feature = "otel")]
+fn of_traced(span: &tracing::Span) -> Option<TraceContext> {
     use opentelemetry::trace::TraceContextExt;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 

@@ -520,8 +520,8 @@ impl ControlPath {
         pending.sort_by_key(|record| (record.created_at, record.txn_id));
         // Each transaction's dispatch is a span of its own trace, a child of the span that
         // emitted its messages (stored with them), however late and wherever it runs. The
-        // batch's publish is a child of the one dispatch, or links each where a batch
-        // mixes transactions.
+        // batch's publish is a child of the one dispatch, or, where a batch mixes
+        // transactions, a span of its own linking each dispatch.
         let spans: BTreeMap<TxnId, tracing::Span> = pending
             .iter()
             .map(|record| (record.txn_id, dispatch_span(record)))
@@ -531,8 +531,8 @@ impl ControlPath {
             [only] => spans[&only.txn_id].clone(),
             _ => {
                 let span = tracing::info_span!("publish_batch", transactions = pending.len());
-                for trace in pending.iter().filter_map(|record| stored_trace(record)) {
-                    crate::telemetry::link(&span, trace);
+                for dispatch in spans.values().filter_map(crate::telemetry::of) {
+                    crate::telemetry::link(&span, &dispatch);
                 }
                 span
             }
