@@ -6,13 +6,15 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::trace_context::TraceContext;
+use super::trace_context::{TraceContext, TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE};
 use super::txn_id::TxnId;
 
 /// The message attribute that carries a message's stable id on every send.
 pub const MESSAGE_ID_ATTRIBUTE: &str = "outbox-message-id";
 /// The message attribute that carries the id of the transaction that emitted a message.
 pub const TXN_ID_ATTRIBUTE: &str = "outbox-txn-id";
+/// The most message attributes one SQS message or SNS notification may carry.
+pub const MAX_MESSAGE_ATTRIBUTES: usize = 10;
 
 /// The logical name of a destination queue (`events`, `audit`); settings map each name
 /// to a queue URL. 1 to 64 characters from `A-Z a-z 0-9 - _`.
@@ -225,16 +227,43 @@ impl OutgoingMessage {
     }
 
     /// The attributes every send of it carries: the emitter's, its stable id and
-    /// transaction id, and its trace context (`traceparent`, `tracestate`), which win over
-    /// an emitter's attribute of the same name.
+    /// transaction id, which win over an emitter's attribute of the same name, and its
+    /// trace context (`traceparent`, `tracestate`) where they fit within
+    /// [`MAX_MESSAGE_ATTRIBUTES`]: an emitter's attributes are never crowded out by the
+    /// trace, which SQS then carries as its `AWSTraceHeader` only.
     pub fn send_attributes(&self) -> BTreeMap<String, String> {
         let mut attributes = self.attributes.clone();
         attributes.insert(MESSAGE_ID_ATTRIBUTE.to_owned(), self.id.to_string());
         attributes.insert(TXN_ID_ATTRIBUTE.to_owned(), self.txn_id.to_string());
-        for (name, value) in self.trace.iter().flat_map(TraceContext::attributes) {
+        for (name, value) in self.trace_attributes() {
             attributes.insert(name.to_owned(), value);
         }
         attributes
+    }
+
+    /// The trace attributes a send carries: as many of `traceparent` and `tracestate`, in
+    /// that order, as fit beside the emitter's and the two ids within
+    /// [`MAX_MESSAGE_ATTRIBUTES`] (an emitter's attribute of the same name is replaced).
+    fn trace_attributes(&self) -> Vec<(&'static str, String)> {
+        let own = self
+            .attributes
+            .keys()
+            .filter(|name| {
+                ![
+                    MESSAGE_ID_ATTRIBUTE,
+                    TXN_ID_ATTRIBUTE,
+                    TRACEPARENT_ATTRIBUTE,
+                    TRACESTATE_ATTRIBUTE,
+                ]
+                .contains(&name.as_str())
+            })
+            .count();
+        let room = MAX_MESSAGE_ATTRIBUTES.saturating_sub(own + 2);
+        self.trace
+            .iter()
+            .flat_map(TraceContext::attributes)
+            .take(room)
+            .collect()
     }
 
     /// Its `Source` and `DetailType` on an EventBridge bus: the emitter's, or the defaults.
@@ -258,9 +287,8 @@ impl OutgoingMessage {
                 .map(|(name, value)| attribute_bytes((name, value)))
                 .sum::<usize>()
             + self
-                .trace
-                .iter()
-                .flat_map(TraceContext::attributes)
+                .trace_attributes()
+                .into_iter()
                 .map(|(name, value)| attribute_bytes((name, &value)))
                 .sum::<usize>()
     }
@@ -304,6 +332,44 @@ mod tests {
         assert_eq!(serde_json::from_str::<OutgoingMessage>(&text).unwrap(), outgoing);
         assert_eq!(outgoing.fifo_group(), "order-1");
         assert_eq!(outgoing.event_type().detail_type, "OrderPlaced");
+    }
+
+    #[test]
+    fn the_trace_goes_as_attributes_where_they_fit_and_never_crowds_out_the_emitters() {
+        let txn = TxnId::from_parts(Timestamp::from_millis(5), [3; 10]);
+        let trace = TraceContext::from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+            .unwrap()
+            .with_tracestate(Some("congo=t61rcWkgMzE"));
+        let with = |own: usize| {
+            let mut message = Message::json("events".parse().unwrap(), &serde_json::json!({})).unwrap();
+            for n in 0..own {
+                message = message.with_attribute(format!("a{n}"), "v");
+            }
+            OutgoingMessage::new(txn, 0, message).with_trace(Some(trace.clone()))
+        };
+        let names = |own: usize| {
+            let attributes = with(own).send_attributes();
+            assert!(attributes.len() <= MAX_MESSAGE_ATTRIBUTES, "{attributes:?}");
+            (
+                attributes.contains_key("traceparent"),
+                attributes.contains_key("tracestate"),
+            )
+        };
+        assert_eq!(names(0), (true, true));
+        assert_eq!(names(6), (true, true));
+        assert_eq!(names(7), (true, false), "tracestate goes first");
+        assert_eq!(names(8), (false, false), "the emitter's eight and the two ids");
+        assert_eq!(with(8).send_attributes().len(), MAX_MESSAGE_ATTRIBUTES);
+        // The size limits count what is sent.
+        let sent: usize = with(7)
+            .send_attributes()
+            .iter()
+            .filter(|(name, _)| !name.starts_with("outbox-"))
+            .map(|(name, value)| name.len() + value.len())
+            .sum();
+        assert_eq!(with(7).payload_bytes(), 2 + sent);
+        let untraced = with(7).with_trace(None);
+        assert!(!untraced.send_attributes().contains_key("traceparent"));
     }
 
     #[test]

@@ -15,8 +15,8 @@ pub use control_message::{ControlMessage, DecodeError, CONTROL_MESSAGE_VERSION};
 pub use idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, InvalidIdempotencyKey, StoredResponse};
 pub use item_key::{InvalidItemKey, ItemKey};
 pub use message::{
-    DestinationName, EventType, InvalidDestination, Message, MessageId, OutgoingMessage, MESSAGE_ID_ATTRIBUTE,
-    TXN_ID_ATTRIBUTE,
+    DestinationName, EventType, InvalidDestination, Message, MessageId, OutgoingMessage, MAX_MESSAGE_ATTRIBUTES,
+    MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE,
 };
 pub use outbox_record::{OutboxRecord, OutboxState};
 pub use trace_context::{InvalidTraceContext, TraceContext, TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE};
