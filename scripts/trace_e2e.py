@@ -1,8 +1,7 @@
 """One trace end to end (run by scripts/trace-e2e, which starts the emulators and
 bootstraps the table and queues).
 
-1. Starts an OTLP/HTTP receiver on loopback: `POST /v1/traces`, protobuf, decoded with
-   PyPI's opentelemetry-proto, every span kept.
+1. Starts an OTLP/HTTP receiver on loopback (scripts/otlp_receiver.py).
 2. Starts, exporting to it (`OTEL_EXPORTER_OTLP_ENDPOINT`): the orders API twice, one
    publishing after the answer and one not publishing at all (the control worker does),
    the control worker, and the shipping consumer on the events queue.
@@ -25,89 +24,11 @@ import os
 import secrets
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-
-
-class Receiver:
-    """Every span exported to it, as dicts, with its service's name."""
-
-    def __init__(self):
-        self.spans = []
-        self.requests = 0
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                receiver.add(request)
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def add(self, request):
-        found = []
-        for resource_spans in request.resource_spans:
-            service = next(
-                (a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), "?"
-            )
-            for scope in resource_spans.scope_spans:
-                for span in scope.spans:
-                    attributes = {a.key: any_value(a.value) for a in span.attributes}
-                    found.append(
-                        {
-                            "service": service,
-                            "name": span.name,
-                            "trace": span.trace_id.hex(),
-                            "span": span.span_id.hex(),
-                            "parent": span.parent_span_id.hex(),
-                            "start": span.start_time_unix_nano,
-                            "end": span.end_time_unix_nano,
-                            "attributes": attributes,
-                            "links": [(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
-                        }
-                    )
-        with self.lock:
-            self.requests += 1
-            self.spans.extend(found)
-
-    def trace(self, trace_id):
-        with self.lock:
-            return [span for span in self.spans if span["trace"] == trace_id]
-
-    def all(self):
-        with self.lock:
-            return list(self.spans)
-
-
-def any_value(value):
-    kind = value.WhichOneof("value")
-    return getattr(value, kind) if kind else None
+from otlp_receiver import Receiver
 
 
 def free_port():
@@ -303,7 +224,8 @@ def verify(spans, all_spans, mode, caller_span, txn_id, shipment, check, consume
             )
             # moto drops the system attributes of SendMessageBatch entries (it keeps
             # SendMessage's): where it kept one, it must be the consumer's; the entry's
-            # AWSTraceHeader is checked on the request itself by the SQS adapter's tests.
+            # AWSTraceHeader is checked on the request itself by the SQS adapter's unit
+            # test (a_traced_message_goes_with_its_traceparent_and_its_xray_header).
             header = shipment.get("AWSTraceHeader")
             check.that(
                 header is None
@@ -349,12 +271,19 @@ def main():
 
     apis = {}
     try:
-        for mode, inline in (("inline", "after"), ("worker", "off")):
+        # The API publishing after the answer gets a first check 5 s after its begin, so
+        # that its publish, however slow a debug build on the emulators, is its own.
+        for mode, inline, delay in (("inline", "after", "5"), ("worker", "off", "1")):
             port = free_port()
             process, log = start(
                 f"api-{mode}",
                 "api",
-                {"OUTBOX_LISTEN_ADDR": f"127.0.0.1:{port}", "OUTBOX_INLINE_PUBLISH": inline, "OTEL_SERVICE_NAME": "api"},
+                {
+                    "OUTBOX_LISTEN_ADDR": f"127.0.0.1:{port}",
+                    "OUTBOX_INLINE_PUBLISH": inline,
+                    "OUTBOX_FIRST_CHECK_DELAY_SECONDS": delay,
+                    "OTEL_SERVICE_NAME": "api",
+                },
             )
             wait_for_port(port, process, log)
             apis[mode] = port
@@ -398,7 +327,13 @@ def main():
         while time.time() < deadline:
             placed = all(expected_spans_present(receiver.trace(o["trace"]), mode) for mode, o in orders.items())
             changed = all(expected_spans_present(receiver.trace(c["trace"]), mode, False) for mode, c in changes.items())
-            if placed and changed:
+            handled = {
+                s["attributes"].get("txn_id")
+                for s in receiver.all()
+                if s["name"] == "control_message" and s["service"] == "control-worker"
+            }
+            every_control = {t["txn"] for t in list(orders.values()) + list(changes.values())} <= handled
+            if placed and changed and every_control:
                 break
             time.sleep(0.5)
         time.sleep(1.5)  # what is still in flight (the dispatch's end, the worker's marking)

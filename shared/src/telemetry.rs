@@ -17,12 +17,14 @@ pub mod lambda;
 #[cfg(all(test, feature = "otel"))]
 mod tests;
 
-/// The context of the current span, the one a message emitted now carries; `None` when
-/// spans are not traced (feature `otel` off, or export off).
+/// The context of the current span, the one a message emitted now carries: the
+/// innermost traced one (a span below the exported level, such as a DEBUG span, passes
+/// its traced parent's); `None` when spans are not traced (feature `otel` off, or export
+/// off).
 pub fn current() -> Option<TraceContext> {
     #[cfg(feature = "otel")]
     {
-        of(&tracing::Span::current())
+        of(&tracing::Span::current()).or_else(|| from_otel(&opentelemetry::Context::current()))
     }
     #[cfg(not(feature = "otel"))]
     {
@@ -45,10 +47,16 @@ pub fn of(span: &tracing::Span) -> Option<TraceContext> {
 
 #[cfg(feature = "otel")]
 fn of_traced(span: &tracing::Span) -> Option<TraceContext> {
-    use opentelemetry::trace::TraceContextExt;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-    let context = span.context();
+    from_otel(&span.context())
+}
+
+/// The span context an OpenTelemetry context holds, if valid.
+#[cfg(feature = "otel")]
+fn from_otel(context: &opentelemetry::Context) -> Option<TraceContext> {
+    use opentelemetry::trace::TraceContextExt;
+
     let otel_span = context.span();
     let found = otel_span.span_context();
     if !found.is_valid() {
@@ -132,14 +140,18 @@ pub fn set_attribute(span: &tracing::Span, key: &'static str, value: String) {
 mod span_tests {
     use opentelemetry::trace::TracerProvider as _;
     use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer;
 
     use super::*;
 
     #[test]
     fn a_span_continued_from_a_context_hands_on_its_trace() {
         let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
-        let subscriber =
-            tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let subscriber = tracing_subscriber::registry().with(
+            tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("test"))
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+        );
         tracing::subscriber::with_default(subscriber, || {
             assert_eq!(current(), None, "no span, no context");
             let parent = TraceContext::from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
@@ -153,6 +165,9 @@ mod span_tests {
             assert_eq!(inside.tracestate(), Some("congo=t61rcWkgMzE"));
             let fresh = tracing::info_span!("unrelated").in_scope(current).unwrap();
             assert_ne!(fresh.trace_id(), parent.trace_id(), "a root span starts its own trace");
+            // Below the exported level, the traced parent's context.
+            let below = span.in_scope(|| tracing::debug_span!("detail").in_scope(current));
+            assert_eq!(below, Some(inside), "the debug span passes its parent's");
         });
     }
 }

@@ -109,6 +109,19 @@ mod tests {
     }
 
     #[test]
+    fn a_traced_event_goes_with_its_xray_trace_header() {
+        let trace = TraceContext::from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").unwrap();
+        let traced = messages(1).remove(0).with_trace(Some(trace.clone()));
+        let entry = bus_entry(&traced, "default");
+        assert_eq!(entry.trace_header(), Some(trace.xray().as_str()));
+        assert!(
+            entry.detail().unwrap().contains(&trace.traceparent()),
+            "and in detail.metadata"
+        );
+        assert_eq!(bus_entry(&messages(1).remove(0), "default").trace_header(), None);
+    }
+
+    #[test]
     fn each_failed_entry_is_named_and_only_the_documented_ones_are_final() {
         let sent = messages(4);
         let failed = failures(

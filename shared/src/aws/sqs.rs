@@ -474,10 +474,19 @@ pub async fn redrive(client: &Client, from: &str, to: &str) -> Result<usize, Que
             .enumerate()
             .map(|(index, message)| {
                 let group = system_attribute(message, MessageSystemAttributeName::MessageGroupId);
+                // Its trace goes back with it.
+                let traced = system_attribute(message, MessageSystemAttributeName::AwsTraceHeader).map(|header| {
+                    [(
+                        MessageSystemAttributeNameForSends::AwsTraceHeader,
+                        trace_header(header.to_owned()),
+                    )]
+                    .into()
+                });
                 SendMessageBatchRequestEntry::builder()
                     .id(index.to_string())
                     .message_body(message.body().unwrap_or_default())
                     .set_message_attributes(message.message_attributes().cloned())
+                    .set_message_system_attributes(traced)
                     .set_message_group_id(group.map(str::to_owned))
                     .set_message_deduplication_id(
                         group
@@ -518,5 +527,37 @@ pub async fn redrive(client: &Client, from: &str, to: &str) -> Result<usize, Que
             .send()
             .await
             .map_err(|error| failed(Box::new(error)))?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Message, TxnId};
+    use crate::time::Timestamp;
+
+    #[test]
+    fn a_traced_message_goes_with_its_traceparent_and_its_xray_header() {
+        let trace = TraceContext::from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").unwrap();
+        let txn = TxnId::from_parts(Timestamp::from_millis(5), [3; 10]);
+        let message = OutgoingMessage::new(txn, 0, Message::json("events".parse().unwrap(), &"x").unwrap());
+        let entry = queue_entry(&message.clone().with_trace(Some(trace.clone())), 0, false);
+        let header = entry
+            .message_system_attributes()
+            .and_then(|attributes| attributes.get(&MessageSystemAttributeNameForSends::AwsTraceHeader))
+            .and_then(|value| value.string_value());
+        assert_eq!(header, Some(trace.xray().as_str()));
+        let parent = entry
+            .message_attributes()
+            .and_then(|attributes| attributes.get("traceparent"))
+            .and_then(|value| value.string_value());
+        assert_eq!(parent, Some(trace.traceparent().as_str()));
+        let untraced = queue_entry(&message, 0, false);
+        assert!(untraced
+            .message_system_attributes()
+            .is_none_or(|attributes| attributes.is_empty()));
+        assert!(!untraced
+            .message_attributes()
+            .is_some_and(|attributes| attributes.contains_key("traceparent")));
     }
 }

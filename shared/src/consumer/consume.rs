@@ -235,14 +235,14 @@ impl Consumer {
         if let Some(trace) = &incoming.trace {
             crate::telemetry::continue_from(&span, trace);
         }
-        let entity = self.handler.entity(&incoming).map_err(ConsumeError::Handler)?;
-        let result = match entity {
-            Some(key) => {
+        let result = match self.handler.entity(&incoming).map_err(ConsumeError::Handler) {
+            Ok(Some(key)) => {
                 self.consume_entity(&incoming, txn_id, key)
                     .instrument(span.clone())
                     .await
             }
-            None => self.consume_incoming(&incoming, txn_id).instrument(span.clone()).await,
+            Ok(None) => self.consume_incoming(&incoming, txn_id).instrument(span.clone()).await,
+            Err(error) => Err(error),
         };
         match &result {
             Ok(outcome) => span.record("outcome", outcome.as_str()),

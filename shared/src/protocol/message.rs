@@ -201,8 +201,15 @@ pub struct OutgoingMessage {
     /// The trace context of the span that emitted it, carried on every send of it
     /// ([`TraceContext::attributes`], and X-Ray's header where the service has one), so
     /// that whoever publishes it, whenever, its consumers continue the emitter's trace.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient_trace")]
     pub trace: Option<TraceContext>,
+}
+
+/// A stored trace context, or none where it cannot be read: a context never makes its
+/// message unreadable (docs/PROTOCOL.md section 14).
+fn lenient_trace<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<TraceContext>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(deserializer)?;
+    Ok(value.and_then(|value| serde_json::from_value(value).ok()))
 }
 
 impl OutgoingMessage {
@@ -228,11 +235,14 @@ impl OutgoingMessage {
 
     /// The attributes every send of it carries: the emitter's, its stable id and
     /// transaction id, which win over an emitter's attribute of the same name, and its
-    /// trace context (`traceparent`, `tracestate`) where they fit within
-    /// [`MAX_MESSAGE_ATTRIBUTES`]: an emitter's attributes are never crowded out by the
-    /// trace, which SQS then carries as its `AWSTraceHeader` only.
+    /// trace context (`traceparent`, `tracestate`, replacing an emitter's of those names)
+    /// where they fit ([`Self::trace_attributes`]).
     pub fn send_attributes(&self) -> BTreeMap<String, String> {
         let mut attributes = self.attributes.clone();
+        if self.trace.is_some() {
+            attributes.remove(TRACEPARENT_ATTRIBUTE);
+            attributes.remove(TRACESTATE_ATTRIBUTE);
+        }
         attributes.insert(MESSAGE_ID_ATTRIBUTE.to_owned(), self.id.to_string());
         attributes.insert(TXN_ID_ATTRIBUTE.to_owned(), self.txn_id.to_string());
         for (name, value) in self.trace_attributes() {
@@ -242,13 +252,19 @@ impl OutgoingMessage {
     }
 
     /// The trace attributes a send carries: as many of `traceparent` and `tracestate`, in
-    /// that order, as fit beside the emitter's and the two ids within
-    /// [`MAX_MESSAGE_ATTRIBUTES`] (an emitter's attribute of the same name is replaced).
+    /// that order, as fit beside the emitter's other attributes and the two ids within
+    /// [`MAX_MESSAGE_ATTRIBUTES`], and within the bytes of one send
+    /// ([`crate::publish::MAX_BATCH_BYTES`]). The trace never crowds out what the emitter
+    /// sends, nor makes a message too large to send: then SQS carries it as its
+    /// `AWSTraceHeader` only.
     fn trace_attributes(&self) -> Vec<(&'static str, String)> {
-        let own = self
+        let Some(trace) = &self.trace else {
+            return Vec::new();
+        };
+        let own: Vec<(&String, &String)> = self
             .attributes
-            .keys()
-            .filter(|name| {
+            .iter()
+            .filter(|(name, _)| {
                 ![
                     MESSAGE_ID_ATTRIBUTE,
                     TXN_ID_ATTRIBUTE,
@@ -257,13 +273,20 @@ impl OutgoingMessage {
                 ]
                 .contains(&name.as_str())
             })
-            .count();
-        let room = MAX_MESSAGE_ATTRIBUTES.saturating_sub(own + 2);
-        self.trace
-            .iter()
-            .flat_map(TraceContext::attributes)
-            .take(room)
-            .collect()
+            .collect();
+        let ids = MESSAGE_ID_ATTRIBUTE.len() + self.id.as_str().len() + TXN_ID_ATTRIBUTE.len() + 36;
+        let mut bytes = self.body.len() + ids + own.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>();
+        let mut room = MAX_MESSAGE_ATTRIBUTES.saturating_sub(own.len() + 2);
+        let mut kept = Vec::new();
+        for (name, value) in trace.attributes() {
+            bytes += name.len() + value.len();
+            if room == 0 || bytes > crate::publish::MAX_BATCH_BYTES {
+                break;
+            }
+            room -= 1;
+            kept.push((name, value));
+        }
+        kept
     }
 
     /// Its `Source` and `DetailType` on an EventBridge bus: the emitter's, or the defaults.
@@ -280,10 +303,13 @@ impl OutgoingMessage {
     /// measure SQS applies to its size limits.
     pub fn payload_bytes(&self) -> usize {
         let attribute_bytes = |(name, value): (&str, &str)| name.len() + value.len();
+        let replaced =
+            |name: &str| self.trace.is_some() && (name == TRACEPARENT_ATTRIBUTE || name == TRACESTATE_ATTRIBUTE);
         self.body.len()
             + self
                 .attributes
                 .iter()
+                .filter(|(name, _)| !replaced(name))
                 .map(|(name, value)| attribute_bytes((name, value)))
                 .sum::<usize>()
             + self
@@ -370,6 +396,34 @@ mod tests {
         assert_eq!(with(7).payload_bytes(), 2 + sent);
         let untraced = with(7).with_trace(None);
         assert!(!untraced.send_attributes().contains_key("traceparent"));
+        // An emitter's own trace attributes give way to the message's context, and never
+        // push the count over: seven of its own, one of them a tracestate.
+        let mut stale = with(6);
+        stale.attributes.insert("tracestate".into(), "other=1".into());
+        let attributes = stale
+            .clone()
+            .with_trace(Some(trace.clone().with_tracestate(None)))
+            .send_attributes();
+        assert_eq!(attributes.get("tracestate"), None, "not another trace's state");
+        assert_eq!(attributes.get("traceparent"), Some(&trace.traceparent()));
+        stale.attributes.insert("a6".into(), "v".into());
+        assert!(stale.send_attributes().len() <= MAX_MESSAGE_ATTRIBUTES);
+        // Nor makes the message too large to send.
+        let mut large = with(0);
+        large.body = "x".repeat(crate::publish::MAX_BATCH_BYTES - 120);
+        assert!(!large.send_attributes().contains_key("traceparent"));
+        large.body.truncate(crate::publish::MAX_BATCH_BYTES - 400);
+        assert!(large.send_attributes().contains_key("traceparent"));
+    }
+
+    #[test]
+    fn a_stored_trace_that_cannot_be_read_leaves_the_message_readable() {
+        let txn = TxnId::from_parts(Timestamp::from_millis(5), [3; 10]);
+        let text = format!(
+            r#"{{"id":"{txn}:0","txn_id":"{txn}","destination":"events","body":"{{}}","trace":{{"traceparent":"junk"}}}}"#
+        );
+        let outgoing: OutgoingMessage = serde_json::from_str(&text).unwrap();
+        assert_eq!(outgoing.trace, None);
     }
 
     #[test]

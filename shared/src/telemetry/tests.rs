@@ -59,6 +59,15 @@ impl Handler for Shipping {
     }
 }
 
+/// The `outcome` attribute of a consumed message's span.
+fn outcome(span: &SpanData) -> String {
+    span.attributes
+        .iter()
+        .find(|attribute| attribute.key.as_str() == "outcome")
+        .map(|attribute| attribute.value.to_string())
+        .unwrap_or_default()
+}
+
 fn context_of(span: &SpanData) -> (TraceId, SpanId) {
     (span.span_context.trace_id(), span.span_context.span_id())
 }
@@ -72,8 +81,8 @@ fn ids(context: &TraceContext) -> (TraceId, SpanId) {
 
 /// A request in entity mode and one in the transactional form, each continuing its
 /// caller's trace, published by the control worker and consumed: every hop in the
-/// request's trace, with the parents the issue asks for, and what the consumer emits
-/// carrying the consumer's span.
+/// request's trace, with the parents the issue asks for, what the consumer emits carrying
+/// the consumer's span, and a redelivered copy's span saying it was a duplicate.
 #[tokio::test]
 async fn the_worker_and_the_consumer_continue_the_trace_the_request_stored() {
     let collected = Collected::default();
@@ -157,6 +166,12 @@ async fn the_worker_and_the_consumer_continue_the_trace_the_request_stored() {
             trace_header: None,
         };
         consumer.consume(&delivery).await.unwrap();
+        // A copy of it, redelivered: acknowledged, and seen as a duplicate on its span.
+        let copy = Delivery {
+            message_id: format!("{}-copy", delivery.message_id),
+            ..delivery
+        };
+        consumer.consume(&copy).await.unwrap();
     }
     let shipped: BTreeMap<String, String> = backend
         .publisher
@@ -173,7 +188,14 @@ async fn the_worker_and_the_consumer_continue_the_trace_the_request_stored() {
 
     let requests = collected.named("request");
     let dispatches = collected.named("dispatch");
-    let consumed = collected.named("consumed_message");
+    let (consumed, copies): (Vec<SpanData>, Vec<SpanData>) = collected
+        .named("consumed_message")
+        .into_iter()
+        .partition(|span| outcome(span) == "processed");
+    assert_eq!(
+        copies.iter().map(outcome).collect::<Vec<_>>(),
+        ["duplicate", "duplicate"]
+    );
     let controls = collected.named("control_message");
     assert_eq!(
         (requests.len(), dispatches.len(), consumed.len(), controls.len()),

@@ -456,7 +456,10 @@ pub async fn batched_reads_beyond_one_call_return_everything(b: &Backend) {
 /// A control message sent with a delay is invisible until the delay has passed, and
 /// gone once acknowledged.
 pub async fn a_delayed_control_message_arrives_after_its_delay(b: &Backend) {
-    let message = ControlMessage::first(TxnId::new_v7(), b.clock.now());
+    // With the trace context of the request that began its transaction, which the
+    // worker's span links.
+    let trace = TraceContext::from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").unwrap();
+    let message = ControlMessage::first(TxnId::new_v7(), b.clock.now()).with_trace(Some(trace));
     b.control_queue
         .send(&message, Duration::from_secs(2))
         .await
