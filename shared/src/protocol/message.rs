@@ -236,7 +236,8 @@ impl OutgoingMessage {
     /// The attributes every send of it carries: the emitter's, its stable id and
     /// transaction id, which win over an emitter's attribute of the same name, and its
     /// trace context (`traceparent`, `tracestate`, replacing an emitter's of those names)
-    /// where they fit ([`Self::trace_attributes`]).
+    /// as far as they fit: within [`MAX_MESSAGE_ATTRIBUTES`] beside the emitter's others
+    /// and the ids, and within the bytes of one send ([`crate::publish::MAX_BATCH_BYTES`]).
     pub fn send_attributes(&self) -> BTreeMap<String, String> {
         let mut attributes = self.attributes.clone();
         if self.trace.is_some() {
