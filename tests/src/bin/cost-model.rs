@@ -4,7 +4,8 @@
 //! documented call patterns, NServiceBus's transactional session on DynamoDB and a
 //! DynamoDB Streams relay.
 //!
-//! `cargo run -p outbox-tests --bin cost-model [-- --batch-size N]`
+//! `cargo run -p outbox-tests --bin cost-model [-- --batch-size N] [--traced]` (`--traced`:
+//! every message stores its trace context, as with span export on)
 //!
 //! Exits non-zero if a count on the wire differs from the code's call pattern.
 
@@ -1000,12 +1001,34 @@ fn main() {
         .nth(1)
         .map(|value| value.parse().expect("--batch-size takes a number"))
         .unwrap_or(1.0);
+    let traced = std::env::args().any(|arg| arg == "--traced");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
+    // `--traced`: every transaction runs in a sampled span, so that each message stores
+    // its trace context, as it does with export on (docs/PROTOCOL.md section 14).
+    let _provider = traced.then(trace_every_transaction);
+    let _root = traced.then(|| tracing::info_span!("cost-model").entered());
+    if traced {
+        println!("traced: every message stores its trace context");
+    }
     runtime.block_on(run(batch_size));
+}
+
+/// Makes `tracing` spans OpenTelemetry spans (sampled, exported nowhere) for the process.
+fn trace_every_transaction() -> opentelemetry_sdk::trace::SdkTracerProvider {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer;
+
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let layer = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("cost-model"))
+        .with_filter(tracing_subscriber::filter::LevelFilter::INFO);
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).expect("one subscriber");
+    provider
 }
 
 async fn run(batch_size: f64) {
