@@ -203,27 +203,42 @@ impl fmt::Display for TraceContext {
     }
 }
 
-/// The stored form: `{"traceparent": "00-...", "tracestate": "..."}`.
+/// The stored form: the `traceparent` alone, `"00-..."`, or with its state,
+/// `{"traceparent": "00-...", "tracestate": "..."}` (each message of a record stores one:
+/// the shorter, the fewer of DynamoDB's 1 KB write units a record takes).
 #[derive(Serialize, Deserialize)]
-struct StoredContext {
-    traceparent: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    tracestate: Option<String>,
+#[serde(untagged)]
+enum StoredContext {
+    Parent(String),
+    WithState {
+        traceparent: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tracestate: Option<String>,
+    },
 }
 
 impl TryFrom<StoredContext> for TraceContext {
     type Error = InvalidTraceContext;
 
     fn try_from(stored: StoredContext) -> Result<Self, Self::Error> {
-        Ok(Self::from_traceparent(&stored.traceparent)?.with_tracestate(stored.tracestate.as_deref()))
+        match stored {
+            StoredContext::Parent(traceparent) => Self::from_traceparent(&traceparent),
+            StoredContext::WithState {
+                traceparent,
+                tracestate,
+            } => Ok(Self::from_traceparent(&traceparent)?.with_tracestate(tracestate.as_deref())),
+        }
     }
 }
 
 impl From<TraceContext> for StoredContext {
     fn from(context: TraceContext) -> Self {
-        Self {
-            traceparent: context.traceparent(),
-            tracestate: context.tracestate,
+        match context.tracestate.clone() {
+            None => Self::Parent(context.traceparent()),
+            Some(tracestate) => Self::WithState {
+                traceparent: context.traceparent(),
+                tracestate: Some(tracestate),
+            },
         }
     }
 }
@@ -295,6 +310,16 @@ mod tests {
         );
         assert_eq!(serde_json::from_str::<TraceContext>(&json).unwrap(), context);
         assert!(serde_json::from_str::<TraceContext>(r#"{"traceparent":"00-x"}"#).is_err());
+        // Without a state, the traceparent alone; the longer form still reads.
+        let plain = context.clone().with_tracestate(None);
+        assert_eq!(serde_json::to_string(&plain).unwrap(), format!(r#""{PARENT}""#));
+        assert_eq!(
+            serde_json::from_str::<TraceContext>(&format!(r#""{PARENT}""#)).unwrap(),
+            plain
+        );
+        let long_form = format!(r#"{{"traceparent":"{PARENT}"}}"#);
+        assert_eq!(serde_json::from_str::<TraceContext>(&long_form).unwrap(), plain);
+        assert!(serde_json::from_str::<TraceContext>(r#""junk""#).is_err());
         let long = "a=".to_owned() + &"b".repeat(600);
         assert_eq!(context.clone().with_tracestate(Some(&long)).tracestate(), None);
     }
