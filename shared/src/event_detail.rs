@@ -12,7 +12,9 @@
 //! deduplicates on `detail.metadata.outbox-message-id`, the same id that SQS and SNS
 //! deliveries carry as a message attribute.
 
-use crate::protocol::OutgoingMessage;
+use std::collections::BTreeMap;
+
+use crate::protocol::{OutgoingMessage, TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE};
 
 /// The field of `Detail` that holds the message's ids and attributes.
 pub const METADATA_FIELD: &str = "metadata";
@@ -24,8 +26,23 @@ pub const MAX_ENTRY_BYTES: usize = 256 * 1024;
 
 /// The event's `Detail`: the message's identity and attributes under `metadata`, its body
 /// under `data`.
+///
+/// The trace context (`traceparent`, `tracestate`) goes in `metadata` too, unless it would
+/// take the entry past [`MAX_ENTRY_BYTES`]: then only the entry's `TraceHeader` carries it.
 pub fn detail(message: &OutgoingMessage) -> String {
-    let metadata = serde_json::to_string(&message.send_attributes()).expect("a map of strings serialises");
+    let mut attributes = message.send_attributes();
+    let full = detail_with(message, &attributes);
+    let event = message.event_type();
+    if message.trace.is_none() || event.source.len() + event.detail_type.len() + full.len() <= MAX_ENTRY_BYTES {
+        return full;
+    }
+    attributes.remove(TRACEPARENT_ATTRIBUTE);
+    attributes.remove(TRACESTATE_ATTRIBUTE);
+    detail_with(message, &attributes)
+}
+
+fn detail_with(message: &OutgoingMessage, attributes: &BTreeMap<String, String>) -> String {
+    let metadata = serde_json::to_string(attributes).expect("a map of strings serialises");
     let is_json = serde_json::from_str::<serde::de::IgnoredAny>(&message.body).is_ok();
     let data = if is_json {
         message.body.trim().to_owned()
@@ -52,6 +69,29 @@ mod tests {
 
     fn outgoing(message: Message) -> OutgoingMessage {
         OutgoingMessage::new(TxnId::from_parts(Timestamp::from_millis(7), [1; 10]), 3, message)
+    }
+
+    #[test]
+    fn the_trace_stays_out_of_a_detail_it_would_take_past_the_limit() {
+        let trace =
+            crate::protocol::TraceContext::from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+                .unwrap();
+        let sized = |bytes: usize| {
+            let body = serde_json::to_string(&"x".repeat(bytes)).unwrap();
+            let message = Message {
+                body,
+                ..Message::json("bus".parse().unwrap(), &json!({})).unwrap()
+            };
+            outgoing(message).with_trace(Some(trace.clone()))
+        };
+        let small = sized(100);
+        assert!(detail(&small).contains(&trace.traceparent()));
+        let untraced_bytes = entry_bytes(&sized(100).with_trace(None));
+        let room = MAX_ENTRY_BYTES - untraced_bytes;
+        // Just fits without the trace: sent without it, within the limit.
+        let edge = sized(100 + room - 10);
+        assert!(entry_bytes(&edge) <= MAX_ENTRY_BYTES, "{}", entry_bytes(&edge));
+        assert!(!detail(&edge).contains("traceparent"));
     }
 
     #[test]

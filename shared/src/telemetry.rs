@@ -19,8 +19,8 @@ mod tests;
 
 /// The context of the current span, the one a message emitted now carries: the
 /// innermost traced one (a span below the exported level, such as a DEBUG span, passes
-/// its traced parent's); `None` when spans are not traced (feature `otel` off, or export
-/// off).
+/// the context of the traced span entered around it on this thread); `None` when spans are
+/// not traced (feature `otel` off, or export off).
 pub fn current() -> Option<TraceContext> {
     #[cfg(feature = "otel")]
     {
@@ -147,11 +147,18 @@ mod span_tests {
     #[test]
     fn a_span_continued_from_a_context_hands_on_its_trace() {
         let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
-        let subscriber = tracing_subscriber::registry().with(
-            tracing_opentelemetry::layer()
-                .with_tracer(provider.tracer("test"))
-                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
-        );
+        // The logs keep DEBUG spans, the exported spans stop at INFO (as logging::init).
+        let subscriber = tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::sink)
+                    .with_filter(tracing_subscriber::filter::LevelFilter::DEBUG),
+            )
+            .with(
+                tracing_opentelemetry::layer()
+                    .with_tracer(provider.tracer("test"))
+                    .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+            );
         tracing::subscriber::with_default(subscriber, || {
             assert_eq!(current(), None, "no span, no context");
             let parent = TraceContext::from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")

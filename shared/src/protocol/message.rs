@@ -254,10 +254,11 @@ impl OutgoingMessage {
 
     /// The trace attributes a send carries: as many of `traceparent` and `tracestate`, in
     /// that order, as fit beside the emitter's other attributes and the two ids within
-    /// [`MAX_MESSAGE_ATTRIBUTES`], and within the bytes of one send
-    /// ([`crate::publish::MAX_BATCH_BYTES`]). The trace never crowds out what the emitter
-    /// sends, nor makes a message too large to send: then SQS carries it as its
-    /// `AWSTraceHeader` only.
+    /// [`MAX_MESSAGE_ATTRIBUTES`], and within the bytes of one send to a queue or topic
+    /// ([`crate::publish::MAX_BATCH_BYTES`]; a bus entry is judged by
+    /// [`crate::event_detail::detail`]). The trace never crowds out what the emitter sends,
+    /// nor makes a message too large to send: then SQS carries it as its `AWSTraceHeader`
+    /// only.
     fn trace_attributes(&self) -> Vec<(&'static str, String)> {
         let Some(trace) = &self.trace else {
             return Vec::new();
@@ -275,12 +276,14 @@ impl OutgoingMessage {
                 .contains(&name.as_str())
             })
             .collect();
-        let ids = MESSAGE_ID_ATTRIBUTE.len() + self.id.as_str().len() + TXN_ID_ATTRIBUTE.len() + 36;
-        let mut bytes = self.body.len() + ids + own.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>();
+        // SQS counts each attribute's name, data type (`String`) and value.
+        let counted = |name: &str, value: &str| name.len() + "String".len() + value.len();
+        let ids = counted(MESSAGE_ID_ATTRIBUTE, self.id.as_str()) + counted(TXN_ID_ATTRIBUTE, &self.txn_id.to_string());
+        let mut bytes = self.body.len() + ids + own.iter().map(|(name, value)| counted(name, value)).sum::<usize>();
         let mut room = MAX_MESSAGE_ATTRIBUTES.saturating_sub(own.len() + 2);
         let mut kept = Vec::new();
         for (name, value) in trace.attributes() {
-            bytes += name.len() + value.len();
+            bytes += counted(name, &value);
             if room == 0 || bytes > crate::publish::MAX_BATCH_BYTES {
                 break;
             }
