@@ -166,9 +166,13 @@ def verify(spans, all_spans, mode, caller_span, txn_id, shipment, check, consume
     consumed = one(spans, check, "consumed_message", "shipping")
     emitted_in = None
     if mode == "inline":
+        # Handed over at the commit, published after the answer in a span of its own.
         publish = one(spans, check, "publish", "api")
-        if publish and commit:
-            check.that(publish["parent"] == commit["span"], "the inline publish is not the commit's child")
+        after = one(spans, check, "after_answer", "api")
+        if publish and after and commit:
+            check.that(after["parent"] == commit["span"], "the publishing after the answer is not the commit's child")
+            check.that(publish["parent"] == after["span"], "the inline publish is not under the publishing after the answer")
+            check.that(commit["end"] < publish["end"], "the commit's span lasts as long as the publish after the answer")
         check.that(
             not [s for s in spans if s["service"] == "control-worker" and s["name"] == "dispatch"],
             "the worker dispatched a transaction published inline",

@@ -155,7 +155,14 @@ impl ControlPath {
                 span
             })
             .collect();
-        let outcomes = self.settle(&controls).await;
+        // Each transaction's decision under the span of (the first of) its messages.
+        let mut by_txn: BTreeMap<TxnId, &tracing::Span> = BTreeMap::new();
+        for (decoded, span) in decoded.iter().zip(&spans) {
+            if let Ok(message) = decoded {
+                by_txn.entry(message.txn_id).or_insert(span);
+            }
+        }
+        let outcomes = self.settle(&controls, &by_txn).await;
         let items = deliveries
             .iter()
             .zip(decoded)
@@ -188,6 +195,7 @@ impl ControlPath {
     async fn settle(
         &self,
         controls: &BTreeMap<TxnId, ControlMessage>,
+        spans: &BTreeMap<TxnId, &tracing::Span>,
     ) -> BTreeMap<TxnId, Result<ControlOutcome, ControlError>> {
         if controls.is_empty() {
             return BTreeMap::new();
@@ -228,7 +236,11 @@ impl ControlPath {
             async move {
                 let mut decisions = Vec::with_capacity(group.len());
                 for (txn_id, control, record) in group {
-                    decisions.push((txn_id, self.decide(control, record).await));
+                    let parent = spans
+                        .get(&txn_id)
+                        .map(|span| (*span).clone())
+                        .unwrap_or_else(tracing::Span::current);
+                    decisions.push((txn_id, self.decide(control, record, &parent).await));
                 }
                 decisions
             }
@@ -247,16 +259,23 @@ impl ControlPath {
 
     /// What to do for one transaction, given what the batched read found of its record
     /// (entity mode: nothing was read yet).
-    async fn decide(&self, control: &ControlMessage, record: Option<Result<OutboxRecord, StoreError>>) -> Decision {
+    async fn decide(
+        &self,
+        control: &ControlMessage,
+        record: Option<Result<OutboxRecord, StoreError>>,
+        parent: &tracing::Span,
+    ) -> Decision {
         if let Some(key) = &control.entity {
-            let span = tracing::info_span!("decide", txn_id = %control.txn_id, attempt = control.attempt);
+            let span =
+                tracing::info_span!(parent: parent, "decide", txn_id = %control.txn_id, attempt = control.attempt);
             return self.decide_in_entity(control, key).instrument(span).await;
         }
         match record {
             Some(Ok(record)) => self.decide_on_record(record),
             Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             None => {
-                let span = tracing::info_span!("decide", txn_id = %control.txn_id, attempt = control.attempt);
+                let span =
+                    tracing::info_span!(parent: parent, "decide", txn_id = %control.txn_id, attempt = control.attempt);
                 self.decide_on_absence(control).instrument(span).await
             }
         }

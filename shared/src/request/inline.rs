@@ -65,12 +65,14 @@ impl Outbox {
         match &self.after_answer {
             Some(after) if self.inline.is_some() && to_publish => {
                 let (outbox, entity, committed) = (self.clone(), entity.cloned(), committed.clone());
-                // In the request's span, as its logs before the answer are.
+                // In a span of its own below the request's (its logs keep the request's
+                // fields), so that the span it was handed over in ends with the answer.
+                let span = tracing::info_span!("after_answer", txn_id = %committed.txn_id);
                 let dispatch = async move {
                     let outcome = outbox.dispatch_now(entity.as_ref(), &committed, deadline).await;
                     tracing::debug!(txn_id = %committed.txn_id, inline = outcome.as_str(), "published after the answer");
                 };
-                after.run(dispatch.instrument(tracing::Span::current()));
+                after.run(dispatch.instrument(span));
                 InlineDispatch::AfterAnswer
             }
             _ => self.dispatch_now(entity, committed, deadline).await,

@@ -260,6 +260,16 @@ async fn the_worker_and_the_consumer_continue_the_trace_the_request_stored() {
             begin.span_context.span_id()
         );
     }
+    // The worker's reads and decisions for a message are under that message's span.
+    let decides = collected.named("decide");
+    assert!(!decides.is_empty(), "entity mode decides in a span");
+    for decide in &decides {
+        let parent = decide.parent_span_id;
+        assert!(
+            controls.iter().any(|control| control.span_context.span_id() == parent),
+            "a decide span outside its control message's: {decide:#?}"
+        );
+    }
     // The worker's publish (one per control message here) is its dispatch's child.
     for publish in collected
         .named("publish")
