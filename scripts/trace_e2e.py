@@ -9,12 +9,12 @@ bootstraps the table and queues).
    one more order with none, which must start a trace of its own).
 4. Waits for each order's spans and asserts, per trace: the request's span is a child of
    the caller's span; the transaction's `begin` and `commit` are the request's children;
-   the publish is inline (a child of the request's commit) or the worker's (`dispatch`, in
-   service control-worker, a child of the span that emitted the message, its control
-   message's span linking the transaction's trace); the consumer's processing
-   (`consumed_message`, service shipping) is a child of that same emitting span, with its
-   `commit` and `publish` below it; and the ShipmentRequested message on the shipments
-   queue carries the consumer's context (`traceparent` and `AWSTraceHeader`).
+   the publish is inline (under `after_answer`, a child of the request's commit) or the
+   worker's (`dispatch`, in service control-worker, a child of the span that emitted the
+   message, its control message's span linking the transaction's trace); the consumer's
+   processing (`consumed_message`, service shipping) is a child of that same emitting
+   span, with its `commit` and `publish` below it; and the ShipmentRequested message on
+   the shipments queue carries the consumer's context (`traceparent` and `AWSTraceHeader`).
 5. Prints each trace as a tree.
 """
 

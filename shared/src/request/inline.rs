@@ -68,6 +68,12 @@ impl Outbox {
                 // In a span of its own below the request's (its logs keep the request's
                 // fields), so that the span it was handed over in ends with the answer.
                 let span = tracing::info_span!("after_answer", txn_id = %committed.txn_id);
+                // Filtered out, it would leave the logs without the request's span.
+                let span = if span.is_disabled() {
+                    tracing::Span::current()
+                } else {
+                    span
+                };
                 let dispatch = async move {
                     let outcome = outbox.dispatch_now(entity.as_ref(), &committed, deadline).await;
                     tracing::debug!(txn_id = %committed.txn_id, inline = outcome.as_str(), "published after the answer");

@@ -260,7 +260,8 @@ async fn the_worker_and_the_consumer_continue_the_trace_the_request_stored() {
             begin.span_context.span_id()
         );
     }
-    // The worker's reads and decisions for a message are under that message's span.
+    // The worker's decision for a message (its own reads of the item) is under that
+    // message's span; the batch's read of the records is not.
     let decides = collected.named("decide");
     assert!(!decides.is_empty(), "entity mode decides in a span");
     for decide in &decides {
