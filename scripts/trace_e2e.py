@@ -351,24 +351,17 @@ def main():
                 process.kill()
 
     problems = []
-    for mode, order in orders.items():
-        spans = receiver.trace(order["trace"])
-        check = Check(f"{mode} publish")
-        verify(spans, receiver.all(), mode, order["caller"], order["txn"], shipments.get(order["order"]), check)
+    reports = [(mode, order, True) for mode, order in orders.items()]
+    reports += [(mode, change, False) for mode, change in changes.items()]
+    for mode, placed, is_order in reports:
+        spans = receiver.trace(placed["trace"])
+        check = Check(f"{mode} publish" if is_order else f"{mode} publish of a change (entity mode)")
+        shipment = shipments.get(placed["order"]) if is_order else None
+        verify(spans, receiver.all(), mode, placed["caller"], placed["txn"], shipment, check, consumer_emits=is_order)
+        what = f"order {placed['order']}" if is_order else f"an item added to order {placed['order']} in entity mode"
         label = "published inline, after the answer" if mode == "inline" else "published by the control worker"
-        print(f"\ntrace {order['trace']}: order {order['order']}, transaction {order['txn']}, {label}")
-        print(tree(spans, order["caller"]))
-        if check.batched:
-            print(batch_of(receiver.all(), spans))
-        problems += check.problems
-
-    for mode, change in changes.items():
-        spans = receiver.trace(change["trace"])
-        check = Check(f"{mode} publish of a change (entity mode)")
-        verify(spans, receiver.all(), mode, change["caller"], change["txn"], None, check, consumer_emits=False)
-        label = "published inline, after the answer" if mode == "inline" else "published by the control worker"
-        print(f"\ntrace {change['trace']}: an item added to order {change['order']} in entity mode, transaction {change['txn']}, {label}")
-        print(tree(spans, change["caller"]))
+        print(f"\ntrace {placed['trace']}: {what}, transaction {placed['txn']}, {label}")
+        print(tree(spans, placed["caller"]))
         if check.batched:
             print(batch_of(receiver.all(), spans))
         problems += check.problems

@@ -15,8 +15,8 @@ use tracing_subscriber::layer::SubscriberExt;
 
 use crate::consumer::{Consumer, Delivery, Handler, HandlerError, Incoming, Staging};
 use crate::control::ControlPath;
-use crate::embedded::{EmbeddedBackend, ManualClock};
-use crate::ports::{ControlDelivery, ExpectedVersion, ItemKey};
+use crate::embedded::{EmbeddedBackend, EmbeddedInbox, ManualClock};
+use crate::ports::{ControlInbox, ExpectedVersion, Inbox, ItemKey};
 use crate::protocol::{DestinationName, Message, TraceContext, TxnId};
 use crate::request::Outbox;
 use crate::settings::{Timing, TransactionLimits};
@@ -134,37 +134,26 @@ async fn the_worker_and_the_consumer_continue_the_trace_the_request_stored() {
 
     // The control worker, minutes later, in no span of the request's.
     clock.advance(Timing::default().first_check_delay + Duration::from_secs(120));
-    let queue = backend.control_queue.queue();
-    for received in queue.receive(10) {
-        let delivery = ControlDelivery {
-            message_id: received.message_id.clone(),
-            receipt: received.receipt.clone(),
-            body: received.body.clone(),
-            receive_count: received.receive_count,
-        };
-        control.handle(&delivery).await.result.unwrap();
-        queue.delete(&received.receipt);
+    let lease = Duration::from_secs(30);
+    let controls = ControlInbox::receive(backend.control_queue.as_ref(), 10, Duration::ZERO, lease)
+        .await
+        .unwrap();
+    assert_eq!(controls.len(), 2);
+    for report in control.handle_batch(&controls).await.items {
+        report.result.unwrap();
     }
 
-    // The consumer, on what the worker published.
+    // The consumer, on what the worker published, as the events queue delivers it.
     let consumer = Consumer::new(
         "shipping".parse().unwrap(),
         backend.consumer_ports(clock.clone()),
         Arc::new(Shipping),
         Duration::from_secs(3600),
     );
-    let published = backend.publisher.queue(&events()).unwrap().receive(10);
+    let events_queue = EmbeddedInbox::new(backend.publisher.queue(&events()).unwrap().clone(), clock.clone());
+    let published = events_queue.receive(10, Duration::ZERO, lease).await.unwrap();
     assert_eq!(published.len(), 2);
-    for message in &published {
-        let delivery = Delivery {
-            message_id: message.message_id.clone(),
-            receipt: message.receipt.clone(),
-            body: message.body.clone(),
-            attributes: message.attributes.clone(),
-            group_id: None,
-            receive_count: 1,
-            trace_header: None,
-        };
+    for delivery in published {
         consumer.consume(&delivery).await.unwrap();
         // A copy of it, redelivered: acknowledged, and seen as a duplicate on its span.
         let copy = Delivery {
@@ -271,20 +260,31 @@ async fn the_worker_and_the_consumer_continue_the_trace_the_request_stored() {
             "a decide span outside its control message's: {decide:#?}"
         );
     }
-    // The worker's publish (one per control message here) is its dispatch's child.
-    for publish in collected
-        .named("publish")
+    // Both control messages came in one batch: the worker published both transactions in
+    // one pass, under a publish_batch span linking each dispatch. Every publish is under
+    // that span or a consumed message's.
+    let batch = collected.named("publish_batch");
+    assert_eq!(batch.len(), 1, "{batch:#?}");
+    let linked: Vec<SpanId> = batch[0]
+        .links
+        .links
         .iter()
-        .filter(|span| span.parent_span_id != SpanId::INVALID)
-    {
+        .map(|link| link.span_context.span_id())
+        .collect();
+    for dispatch in &dispatches {
+        assert!(
+            linked.contains(&dispatch.span_context.span_id()),
+            "the batch does not link {dispatch:#?}"
+        );
+    }
+    for publish in collected.named("publish") {
         let parent = publish.parent_span_id;
-        let known = dispatches
-            .iter()
+        let known = std::iter::once(&batch[0])
             .chain(&consumed)
             .any(|span| span.span_context.span_id() == parent);
         assert!(
             known,
-            "a publish under neither a dispatch nor a consumed message: {publish:#?}"
+            "a publish under neither the worker's batch nor a consumed message: {publish:#?}"
         );
     }
 }
