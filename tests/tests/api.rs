@@ -1856,3 +1856,132 @@ async fn a_commit_handed_to_a_task_past_the_answer_is_refused_or_left_to_finish(
         assert_eq!(order.fence, None, "no fence: none was needed");
     }
 }
+
+/// The middleware answers for a handler that overran from how far the transaction had got
+/// when it abandoned it, not from an earlier look: here a task the handler gave the
+/// transaction to (begun without a deadline) starts its commit just as the middleware
+/// takes over (held there by a
+/// hook on the middleware's own log line), the commit never answers and the fence in the
+/// item cannot be written in time. The commit may still land, so the answer is "outcome
+/// unknown", never "nothing was written".
+#[test]
+fn a_commit_started_as_the_middleware_answers_for_an_overrun_is_answered_outcome_unknown() {
+    use axum::routing::post;
+    use outbox::http::{enforce_deadline, Deadlines, RequestScope};
+    use outbox::ports::{ExpectedVersion, ItemKey, SystemClock};
+    use outbox::protocol::Message;
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+
+    /// When the middleware logs that it answers for the handler, lets the task holding
+    /// the transaction commit and waits until its commit reached the store.
+    struct CommitOnOverrun {
+        go: Arc<tokio::sync::Notify>,
+        store: Arc<OddStore>,
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CommitOnOverrun {
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            struct Message(String);
+            impl tracing::field::Visit for Message {
+                fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                    if field.name() == "message" {
+                        self.0 = format!("{value:?}");
+                    }
+                }
+            }
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            if message.0.contains("overran its deadline") {
+                // Woken from a thread outside the runtime, so that the task goes to the
+                // runtime's shared queue, where the other worker takes it (woken from
+                // here, it would wait in this blocked worker's own slot).
+                let go = self.go.clone();
+                std::thread::spawn(move || go.notify_one()).join().unwrap();
+                let until = std::time::Instant::now() + Duration::from_secs(5);
+                while self.store.commits.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    let store = Arc::new(OddStore {
+        commit: CommitStall::Forever,
+        tombstones_stall: true,
+        ..OddStore::around(backend.store.clone())
+    });
+    let go = Arc::new(tokio::sync::Notify::new());
+    let hook = (go.clone(), store.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || {
+            let layer = CommitOnOverrun {
+                go: hook.0.clone(),
+                store: hook.1.clone(),
+            };
+            // The thread's own subscriber, kept for the thread's life.
+            std::mem::forget(tracing::subscriber::set_default(
+                tracing_subscriber::registry().with(layer),
+            ));
+        })
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(
+        RequestPorts {
+            store: store.clone(),
+            ..backend.request_ports(clock.clone())
+        },
+        Timing::default(),
+        TransactionLimits::default(),
+    );
+    // The item is created through the store as it is.
+    let creator = Outbox::new(
+        backend.request_ports(clock.clone()),
+        Timing::default(),
+        TransactionLimits::default(),
+    );
+    let item: ItemKey = "COUNTER#1".parse().unwrap();
+    // On the runtime's threads, where the hook is.
+    let reply = runtime
+        .block_on(runtime.spawn(async move {
+            let mut create = creator.begin().await.unwrap();
+            create.put(item.clone(), json!({"n": 0}), ExpectedVersion::Absent);
+            create.commit().await.unwrap();
+            let handler = move |scope: RequestScope| async move {
+                // Begun on the request path directly (the scope sees it): with no deadline, its
+                // commit may start at any time.
+                let mut txn = scope.outbox().begin_entity(item.clone()).await.unwrap();
+                txn.put(item, json!({"n": 1}), ExpectedVersion::Exactly(1));
+                txn.emit(Message::json(events(), &json!({"n": 1})).unwrap());
+                tokio::spawn(async move {
+                    go.notified().await;
+                    let _ = txn.commit().await;
+                });
+                std::future::pending::<()>().await;
+            };
+            let app = Router::new()
+                .route("/hold", post(handler))
+                .layer(axum::middleware::from_fn_with_state(
+                    Deadlines::new(outbox.clone(), Duration::from_secs(2)),
+                    enforce_deadline,
+                ));
+            let response = app
+                .oneshot(Request::post("/hold").body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            let status = response.status();
+            let body: Value =
+                serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+            (status, body)
+        }))
+        .unwrap();
+    assert_eq!(store.commits.load(Ordering::SeqCst), 1, "the task's commit was sent");
+    assert_eq!(reply.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        reply.1["type"], "/problems/outcome-unknown",
+        "a commit under way is not 'nothing was written': {}",
+        reply.1
+    );
+}

@@ -277,6 +277,15 @@ pub(crate) fn outbox_from_items(
     parts: &[&Item],
 ) -> Result<OutboxRecord, StoreError> {
     let reader = Reader::new(layout, main);
+    // A main item read without its parts (from a cancellation reason, or `ALL_OLD`) is not
+    // the record: taken as one, it would lose every message beyond the first part.
+    if reader.part_count()? != parts.len() {
+        return Err(reader.corrupt(format!(
+            "a split record read with {} of its {} parts",
+            parts.len(),
+            reader.part_count()?
+        )));
+    }
     let txn_id: TxnId = reader
         .text("txn_id")?
         .parse()
@@ -387,6 +396,10 @@ mod tests {
         assert_eq!(Reader::new(&layout, &items[0]).part_count().unwrap(), 2);
         let parts: Vec<&Item> = items[1..].iter().collect();
         assert_eq!(outbox_from_items(&layout, &items[0], &parts).unwrap(), record);
+        assert!(
+            outbox_from_items(&layout, &items[0], &parts[..1]).is_err(),
+            "a main item without all of its parts is not the record"
+        );
 
         let small = OutboxRecord::committed(
             txn,

@@ -263,15 +263,22 @@ impl RequestScope {
     }
 
     /// Settles transaction `txn_id`, begun in this scope, with its tombstone by
-    /// `deadline` (see [`Outbox::abandon`]); `None` when no transaction began in it.
-    async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> Option<Settlement> {
+    /// `deadline` (see [`Outbox::abandon`]): how far the transaction had got when it was
+    /// abandoned (final: no commit of it starts after), and the settlement, `None` when no
+    /// transaction began in it.
+    async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> (Progress, Option<Settlement>) {
         // Decided under the scope's lock, which the commit hook takes too, so that what
         // the request path says and what the scope saw agree: from here on a commit of
-        // the transaction that has not begun is refused.
-        let (outbox, entity) = {
+        // the transaction that has not begun is refused. The progress read under the
+        // same lock is the one to answer by: one read before it may miss a commit that a
+        // task holding the transaction started in between.
+        let (progress, outbox, entity) = {
             let state = self.state();
-            let outbox = state.begun_on.clone()?;
-            let committing = matches!(state.progress, Progress::Committing(_));
+            let progress = state.progress;
+            let Some(outbox) = state.begun_on.clone() else {
+                return (progress, None);
+            };
+            let committing = matches!(progress, Progress::Committing(_));
             let entity = match outbox.claim_abandoned(txn_id) {
                 // Nothing of it can land: its tombstone record settles it (a fence raises
                 // the item's mark, which costs a transaction and sends older transactions
@@ -284,9 +291,12 @@ impl RequestScope {
                 // or its commit ended (the handler overran it): the fence finds its entry.
                 Abandoned::Unknown => state.begun_entity.clone().filter(|_| committing),
             };
-            (outbox, entity)
+            (progress, outbox, entity)
         };
-        Some(outbox.settle_abandoned(txn_id, entity.as_ref(), deadline).await)
+        (
+            progress,
+            Some(outbox.settle_abandoned(txn_id, entity.as_ref(), deadline).await),
+        )
     }
 
     /// Commits `txn` with `answer` (stored for replays under the idempotency key given at
@@ -506,10 +516,11 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
                 Progress::Begun(txn_id) | Progress::Committing(txn_id) => {
                     match scope.abandon(txn_id, settle_by).await {
                         // Settled now: nothing was written and nothing can be.
-                        Some(settlement) if settlement.never_committed() => Progress::Begun(txn_id),
+                        (_, Some(settlement)) if settlement.never_committed() => Progress::Begun(txn_id),
                         // It committed, but the handler's answer is lost with it.
-                        Some(Settlement::Committed(_)) => Progress::Committing(txn_id),
-                        _ => progress,
+                        (_, Some(Settlement::Committed(_))) => Progress::Committing(txn_id),
+                        // Not settled: as far as it had got when it was abandoned.
+                        (seen, _) => seen,
                     }
                 }
                 Progress::NotBegun => progress,

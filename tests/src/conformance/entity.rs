@@ -560,3 +560,52 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
         b.name
     );
 }
+
+/// A transaction begun in entity mode whose messages were too big for its item committed
+/// in the transactional form, its record split over parts, while its fence was on its way:
+/// the fence finds the record whole (every part's messages), and so does a tombstone write
+/// that meets it, so that the worker publishes all of them.
+pub async fn a_fence_meeting_a_committed_split_record_finds_it_whole(b: &Backend) {
+    let item = format!("ENTITY#{}", TxnId::new_v7());
+    b.store
+        .commit(&request(
+            b,
+            TxnId::new_v7(),
+            vec![put(&item, json!({"n": 0}), ExpectedVersion::Absent)],
+            vec![],
+        ))
+        .await
+        .unwrap();
+    let txn = TxnId::new_v7();
+    let bodies: Vec<Value> = (0..9)
+        .map(|n| json!({"n": n, "padding": "x".repeat(100_000)}))
+        .collect();
+    let commit = request(
+        b,
+        txn,
+        vec![put(&item, json!({"n": 1}), ExpectedVersion::Exactly(1))],
+        messages(txn, &bodies),
+    );
+    b.store.commit(&commit).await.expect("commit of 900 kB of messages");
+    let now = b.clock.now();
+    let expires_at = whole_second(now.plus(RETENTION));
+    match b.store.fence_entity(&key(&item), txn, now, expires_at).await.unwrap() {
+        FenceOutcome::Recorded(found) => assert_eq!(
+            found.messages.len(),
+            9,
+            "{}: the fence returns the split record whole",
+            b.name
+        ),
+        other => panic!("{}: a fence after a commit: {other:?}", b.name),
+    }
+    match b.store.put_tombstone(txn, now, expires_at).await.unwrap() {
+        outbox::ports::TombstoneOutcome::Exists(found) => assert_eq!(found, commit.outbox, "{}", b.name),
+        other => panic!("{}: a tombstone after a commit: {other:?}", b.name),
+    }
+    assert_eq!(
+        b.store.get_entity(&key(&item)).await.unwrap().unwrap().fence,
+        None,
+        "{}: a fence that found the commit raises no mark",
+        b.name
+    );
+}

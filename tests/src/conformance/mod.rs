@@ -50,6 +50,7 @@ macro_rules! conformance_suite {
             concurrent_entity_commits_of_one_message_apply_once,
             a_consumer_in_entity_mode_processes_each_message_once,
             a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_one,
+            a_fence_meeting_a_committed_split_record_finds_it_whole,
             the_request_path_in_entity_mode_commits_into_the_item_and_dispatches_once,
             sent_marks_prove_their_commits_while_they_are_kept
         );

@@ -22,7 +22,7 @@ use aws_sdk_dynamodb::types::{ConditionCheck, Put, ReturnValuesOnConditionCheckF
 
 use super::entity::{entries_of, sent_of, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
 use super::{unavailable, DynamoStore};
-use crate::aws::item::{outbox_from_items, outbox_items, outbox_pk, s, Item, Reader};
+use crate::aws::item::{outbox_items, outbox_pk, s, Item, Reader};
 use crate::ports::{FenceOutcome, ItemKey, Store, StoreError};
 use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::settings::TableLayout;
@@ -282,12 +282,12 @@ impl DynamoStore {
         };
         // T's record as it is: unchanged where its action held; read where it failed
         // (from the reason, or read: the tombstone checked may have expired).
+        // A split record is read whole: its main item alone would publish only the
+        // messages of its first part.
         let record = match (failed(0), tombstoned) {
             (false, held) => held.cloned(),
-            (true, _) => match reasons[0].item() {
-                Some(item) if tombstoned.is_none() => Some(outbox_from_items(&self.layout, item, &[])?),
-                _ => self.get_outboxes(&[txn_id]).await?.remove(&txn_id),
-            },
+            (true, None) => self.record_behind(txn_id, reasons[0].item()).await?,
+            (true, Some(_)) => self.get_outboxes(&[txn_id]).await?.remove(&txn_id),
         };
         // A committed record speaks for T; an entry of T in K is proof of its commit
         // where T's record is a tombstone (written without the fence).

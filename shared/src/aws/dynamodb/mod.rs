@@ -27,7 +27,7 @@ use aws_sdk_dynamodb::Client;
 
 use crate::aws::item::{
     business_from_item, dispatched_item, idempotency_from_item, idempotency_pk, outbox_from_items, outbox_items,
-    outbox_pk, part_pk, split_messages, Reader, PART_BYTES,
+    outbox_pk, part_pk, split_messages, Item, Reader, PART_BYTES,
 };
 use crate::ports::{
     Clock, CommitError, CommitRequest, EntityCommit, EntityItem, FenceOutcome, ItemKey, NativeAction, OutboxReads,
@@ -92,6 +92,23 @@ impl DynamoStore {
 
     fn key(&self, logical: &str) -> HashMap<String, AttributeValue> {
         self.layout.key(logical)
+    }
+
+    /// T's record behind a failed condition on its main item: `old`, the main item as the
+    /// failure returned it (`ALL_OLD`, a cancellation reason), where it is the whole
+    /// record; read whole otherwise (a split record's parts are never returned with it,
+    /// nor is an item whose condition failed returned by every engine).
+    pub(crate) async fn record_behind(
+        &self,
+        txn_id: TxnId,
+        old: Option<&Item>,
+    ) -> Result<Option<OutboxRecord>, StoreError> {
+        match old {
+            Some(main) if Reader::new(&self.layout, main).part_count()? == 0 => {
+                outbox_from_items(&self.layout, main, &[]).map(Some)
+            }
+            _ => Ok(self.get_outboxes(&[txn_id]).await?.remove(&txn_id)),
+        }
     }
 }
 
@@ -211,21 +228,15 @@ impl Store for DynamoStore {
                 if matches!(service.err(), PutItemError::ConditionalCheckFailedException(_)) =>
             {
                 let old = match service.err() {
-                    PutItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
+                    PutItemError::ConditionalCheckFailedException(failed) => failed.item(),
                     _ => None,
                 };
-                match old {
-                    Some(main) if Reader::new(&self.layout, &main).part_count()? == 0 => {
-                        Ok(TombstoneOutcome::Exists(outbox_from_items(&self.layout, &main, &[])?))
-                    }
-                    // A split record: read it whole.
-                    _ => match self.get_outboxes(&[txn_id]).await?.remove(&txn_id) {
-                        Some(record) => Ok(TombstoneOutcome::Exists(record)),
-                        None => Err(StoreError::Corrupt {
-                            key: outbox_pk(txn_id),
-                            reason: "blocked by a record that cannot be read".into(),
-                        }),
-                    },
+                match self.record_behind(txn_id, old).await? {
+                    Some(record) => Ok(TombstoneOutcome::Exists(record)),
+                    None => Err(StoreError::Corrupt {
+                        key: outbox_pk(txn_id),
+                        reason: "blocked by a record that cannot be read".into(),
+                    }),
                 }
             }
             Err(error) => Err(unavailable(error)),
