@@ -4,7 +4,9 @@
 //!
 //! ```text
 //! read K, then the dedup record IN#(consumer, m)  (both strongly consistent, in order)
-//!   ├── dedup record dispatched ─► remove K's entry m if still there ─► acknowledge
+//!   ├── dedup record dispatched ─► remove K's entry m if still there (or, after an
+//!   │                              attempt of unknown outcome, write K as read so that
+//!   │                              the attempt cannot land) ─► acknowledge
 //!   ├── K holds entry m ─► publish its messages ─► put the dedup record ─► remove the entry
 //!   └── neither ─► run the handler ─► write K with its data and entry m, conditioned on
 //!                  K's version and on no entry m ─► publish ─► dedup record ─► remove entry
@@ -24,7 +26,7 @@ use tracing::Instrument;
 
 use super::consume::{Consumer, HANDLER_RUNS, ROUNDS, ROUND_DELAY};
 use super::{ConsumeError, ConsumeOutcome, Incoming};
-use crate::ports::{BusinessWrite, CommitError, EntityCommit, ExpectedVersion, ItemKey, VersionedItem};
+use crate::ports::{BusinessWrite, CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, VersionedItem};
 use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::staging::Staging;
 
@@ -109,6 +111,21 @@ impl Consumer {
                             .remove_entry(&key, txn_id)
                             .await
                             .map_err(ConsumeError::RemoveEntry)?;
+                    } else if unknown_sent {
+                        // Another copy settled the message (it recorded a decision that
+                        // wrote nothing), but an attempt of this one may still land on K
+                        // as it was read: it is blocked before the acknowledgement.
+                        match entity.as_ref() {
+                            Some(entity) if !self.block_attempts(&key, txn_id, entity).await? => continue,
+                            Some(_) => {}
+                            None => {
+                                return Err(ConsumeError::Unsettled(last.unwrap_or_else(|| {
+                                    CommitError::Ambiguous(
+                                        "an attempt of unknown outcome may still create the entity".into(),
+                                    )
+                                })))
+                            }
+                        }
                     }
                     return Ok(ConsumeOutcome::Duplicate);
                 }
@@ -216,6 +233,35 @@ impl Consumer {
         Err(ConsumeError::Unsettled(last.unwrap_or_else(|| {
             CommitError::Contention("copies of the message kept winning and losing".into())
         })))
+    }
+
+    /// Blocks every attempt of message `txn_id` still on its way to `key`: writes the
+    /// entity as read with an empty entry (so its version moves on, and an attempt, which
+    /// expected this version or an older one, can no longer apply), then removes that
+    /// entry. `false` when the entity changed meanwhile (read it again).
+    async fn block_attempts(&self, key: &ItemKey, txn_id: TxnId, entity: &EntityItem) -> Result<bool, ConsumeError> {
+        let store = &self.ports.store;
+        let now = self.ports.clock.now();
+        let block = EntityCommit {
+            key: key.clone(),
+            data: entity.item.data.clone(),
+            expected: ExpectedVersion::Exactly(entity.item.version),
+            entry: OutboxRecord::committed(txn_id, vec![], now, now.plus(self.retention))
+                .by_attempt(self.ports.ids.next_txn_id(now)),
+            checks_fence: false,
+        };
+        match store.commit_entity(&block).await {
+            Ok(()) => {
+                tracing::info!("blocked an attempt of unknown outcome of a message another copy settled");
+                store
+                    .remove_entry(key, txn_id)
+                    .await
+                    .map_err(ConsumeError::RemoveEntry)?;
+                Ok(true)
+            }
+            Err(CommitError::VersionConflict { .. } | CommitError::Superseded { .. }) => Ok(false),
+            Err(error) => Err(ConsumeError::Unsettled(error)),
+        }
     }
 
     /// Steps 4 to 6: publishes a committed entry's messages, then puts the dedup record

@@ -35,6 +35,9 @@ struct Hooked {
     /// here to land later.
     hold_next_commit: std::sync::atomic::AtomicBool,
     held: Mutex<Option<EntityCommit>>,
+    /// When a commit is held, another copy of its message records a decision that writes
+    /// nothing (its dedup record, dispatched).
+    settled_by_another_copy: std::sync::atomic::AtomicBool,
 }
 
 impl Hooked {
@@ -46,6 +49,7 @@ impl Hooked {
             pause_after_first_record_read: Mutex::new(None),
             hold_next_commit: Default::default(),
             held: Mutex::new(None),
+            settled_by_another_copy: Default::default(),
         }
     }
 
@@ -101,6 +105,13 @@ impl Store for Hooked {
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
         if self.hold_next_commit.swap(false, Ordering::SeqCst) {
             *self.held.lock().unwrap() = Some(commit.clone());
+            if self.settled_by_another_copy.load(Ordering::SeqCst) {
+                let entry = &commit.entry;
+                self.inner
+                    .put_dispatched(entry.txn_id, entry.created_at, entry.created_at.plus(RETENTION))
+                    .await
+                    .unwrap();
+            }
             return Err(CommitError::Ambiguous("held in the network".into()));
         }
         self.inner.commit_entity(commit).await
@@ -473,6 +484,56 @@ async fn a_handler_that_changes_its_mind_after_an_unknown_attempt_blocks_that_at
     hooked.hold_next_commit.store(true, Ordering::SeqCst);
     let outcome = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
     assert_eq!(outcome, ConsumeOutcome::Processed { messages: 0 });
+    let held = hooked.held.lock().unwrap().take().expect("round 1's commit was held");
+    let late = world.backend.store.commit_entity(&held).await;
+    assert!(
+        matches!(late, Err(CommitError::VersionConflict { .. })),
+        "round 1 landed: {late:?}"
+    );
+    let entity = world.entity("o-1").await;
+    assert_eq!(entity.item.data, json!({"count": 1}), "no change applied");
+    assert!(entity.entries.is_empty(), "{:?}", entity.entries);
+    assert!(world.published().is_empty());
+}
+
+/// Round 1 commits a change and a message, its outcome unknown (held in the network);
+/// meanwhile another copy of the message, deciding otherwise, records that it wrote
+/// nothing. Round 2 finds that record: acknowledging at once would let round 1 land
+/// afterwards, its change applied and its message never sent (C1, C2). Round 2 writes the
+/// entity as read first, so round 1 can never land.
+#[tokio::test]
+async fn a_copy_that_finds_the_message_settled_after_its_unknown_attempt_blocks_that_attempt() {
+    let (mut world, hooked) = hooked_world(0);
+    let key: ItemKey = "COUNT#o-1".parse().unwrap();
+    let create = TxnId::new_v7();
+    let now = world.clock.now();
+    world
+        .backend
+        .store
+        .commit(&CommitRequest {
+            txn_id: create,
+            writes: vec![crate::ports::BusinessWrite::Put {
+                key: key.clone(),
+                data: json!({"count": 1}),
+                expected: ExpectedVersion::Absent,
+            }],
+            outbox: OutboxRecord::committed(create, vec![], now, now.plus(RETENTION)),
+            idempotency: None,
+        })
+        .await
+        .unwrap();
+    let mut ports = world.backend.consumer_ports(world.clock.clone());
+    ports.store = hooked.clone();
+    world.consumer = Consumer::new(
+        "counter".parse().unwrap(),
+        ports,
+        Arc::new(ChangesItsMind::default()),
+        RETENTION,
+    );
+    hooked.hold_next_commit.store(true, Ordering::SeqCst);
+    hooked.settled_by_another_copy.store(true, Ordering::SeqCst);
+    let outcome = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
+    assert_eq!(outcome, ConsumeOutcome::Duplicate);
     let held = hooked.held.lock().unwrap().take().expect("round 1's commit was held");
     let late = world.backend.store.commit_entity(&held).await;
     assert!(
