@@ -245,19 +245,43 @@ async fn change_visibility(client: &Client, url: &str, receipts: &[(String, Dura
             .send()
             .await
             .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
+        let mut lost = 0;
         for failed in output.failed() {
-            // A message acknowledged while its renewal was on its way: nothing to renew.
             if matches!(failed.code(), "ReceiptHandleIsInvalid" | "MessageNotInflight") {
-                tracing::debug!(
-                    code = failed.code(),
-                    "a message's visibility was not changed: it is no longer held"
-                );
+                lost += 1;
             } else {
                 tracing::warn!(code = failed.code(), "changing a message's visibility failed");
             }
         }
+        report_lost_leases(url, lost);
     }
     Ok(())
+}
+
+/// The metric of messages whose visibility could not be changed because the receiver no
+/// longer held them (`MessageNotInflight`, `ReceiptHandleIsInvalid`).
+pub const LEASES_LOST_METRIC: &str = "LeasesLost";
+
+/// Messages still being handled (a renewal of their lease, or a failed message's shorter
+/// visibility) that the queue no longer counts as held: their lease ran out first, so
+/// another receiver may be handling them at once (harmless: each is deduplicated, but it
+/// costs a second run, and a queue whose visibility timeout is shorter than the work
+/// shows it here). Logged as a warning and counted ([`LEASES_LOST_METRIC`]).
+fn report_lost_leases(url: &str, lost: usize) {
+    if lost == 0 {
+        return;
+    }
+    tracing::warn!(
+        queue_url = url,
+        messages = lost,
+        "the lease of messages still being handled had run out: another receiver may be handling them too"
+    );
+    crate::metrics::MetricRecord::new(
+        "queue-poller",
+        crate::time::Timestamp::from_system_time(std::time::SystemTime::now()),
+    )
+    .count(LEASES_LOST_METRIC, lost)
+    .emit();
 }
 
 /// The `MessageRetentionPeriod` of the queue at `url`: how long a copy of a message can

@@ -110,6 +110,15 @@ impl Outbox {
     /// in one atomic write (`Store::fence_entity`), so that neither form of its commit can
     /// apply any more; it finds the transaction's entry where it committed into the
     /// entity. `None` is [`Self::abandon`].
+    ///
+    /// `entity` must be the item the transaction was begun on (its control message names
+    /// the same one). For a transaction this request path still holds it is taken from
+    /// there and `entity` is only a fallback; for one it does not hold (another process's,
+    /// or one whose commit ended) nothing here can check it. The fence finds T's commit
+    /// only in the item it names: named wrongly for a T that committed into another item,
+    /// it writes T's tombstone beside that commit (the control worker then publishes the
+    /// commit, but T's status reads `tombstoned`). When in doubt, pass `None`: the control
+    /// message settles T in the right item.
     pub async fn abandon_in(&self, txn_id: TxnId, entity: Option<&ItemKey>, deadline: Option<Timestamp>) -> Settlement {
         let fence_in = match self.live.abandon(txn_id) {
             // Its commit is now refused: nothing of it can land.
