@@ -49,13 +49,17 @@ pub enum Fault {
     /// (e) Forward it and pass the reply on without the old items in its
     /// `CancellationReasons`: an engine that does not return `ALL_OLD`.
     WithoutOldItems,
+    /// (f) Answer `TransactionCanceledException` with `TransactionConflict` for its first
+    /// action and `None` for the rest, without forwarding: another transaction on the
+    /// same item was under way (a busy item). Nothing applies.
+    Conflict,
 }
 
 impl Fault {
     /// Whether the client cannot tell from the answer whether the commit applied: every
     /// fault but [`Fault::Forward`] (a 500 `InternalServerError`, or no answer at all).
     pub fn hides_outcome(self) -> bool {
-        !matches!(self, Self::Forward | Self::WithoutOldItems)
+        !matches!(self, Self::Forward | Self::WithoutOldItems | Self::Conflict)
     }
 
     /// A short name for reports.
@@ -66,6 +70,7 @@ impl Fault {
             Self::Late(_) => "late",
             Self::Drop => "drop",
             Self::WithoutOldItems => "without_old_items",
+            Self::Conflict => "conflict",
         }
     }
 }
@@ -264,6 +269,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         }
         Fault::Drop => injected(StatusCode::INTERNAL_SERVER_ERROR, "injected: dropped, never forwarded"),
         Fault::WithoutOldItems => respond(start_forward(&shared, raw, record).await.map(without_old_items)),
+        Fault::Conflict => conflict(&body),
         Fault::Late(delay) => {
             // Counted from now, so that `quiesce` waits for the delay too. The task runs
             // on even when the client has gone and this handler is dropped.
@@ -314,6 +320,34 @@ fn start_forward(
         reply
     });
     async move { exchange.await.map_err(|error| format!("proxy: {error}"))? }
+}
+
+/// DynamoDB's cancellation of the transaction `body` for a conflict with another one on
+/// its first action's item: one reason per action, in request order.
+fn conflict(body: &[u8]) -> Response {
+    let actions = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|request| request.get("TransactItems")?.as_array().map(Vec::len))
+        .unwrap_or(1);
+    let reasons: Vec<serde_json::Value> = (0..actions)
+        .map(|index| {
+            if index == 0 {
+                serde_json::json!({"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"})
+            } else {
+                serde_json::json!({"Code": "None"})
+            }
+        })
+        .collect();
+    let body = serde_json::json!({
+        "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+        "message": "Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict]",
+        "CancellationReasons": reasons,
+    });
+    Response::builder()
+        .status(StatusCode::BAD_REQUEST)
+        .header(header::CONTENT_TYPE, "application/x-amz-json-1.0")
+        .body(Body::from(body.to_string()))
+        .expect("a valid response")
 }
 
 /// `reply` with no `Item` in any of its `CancellationReasons` (and no checksum of the body

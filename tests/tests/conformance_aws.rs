@@ -302,3 +302,95 @@ mod consumer_poller {
         );
     }
 }
+
+/// A fence that meets another transaction on its item (DynamoDB's `TransactionConflict`:
+/// a busy item) does not fail its control message, which would count toward the
+/// dead-letter queue with the transaction unfenced: a later control message fences it.
+mod busy_items {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use outbox::aws::AwsClients;
+    use outbox::control::ControlOutcome;
+    use outbox::ports::{Clock, ControlDelivery, ExpectedVersion, ItemKey};
+    use outbox::protocol::{ControlMessage, OutboxState, TxnId};
+    use outbox::settings::Timing;
+    use outbox_tests::emulator::emulator;
+    use outbox_tests::fault_proxy::{Fault, FaultProxy};
+    use serde_json::json;
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fence_on_a_busy_item_is_tried_again_in_a_later_check_and_never_fails_its_message() {
+        let busy = Arc::new(AtomicBool::new(false));
+        let plan_busy = busy.clone();
+        let proxy = FaultProxy::start(&emulator().dynamodb_endpoint, move |_| {
+            if plan_busy.load(Ordering::SeqCst) {
+                Fault::Conflict
+            } else {
+                Fault::Forward
+            }
+        })
+        .await;
+        let config = emulator().sdk_config().await;
+        let clients = AwsClients {
+            dynamodb: aws_sdk_dynamodb::Client::from_conf(
+                aws_sdk_dynamodb::config::Builder::from(&config)
+                    .endpoint_url(proxy.endpoint())
+                    .build(),
+            ),
+            ..AwsClients::new(&config)
+        };
+        let backend = Backend::aws_with(clients).await;
+        let timing = Timing::default();
+        let key: ItemKey = format!("ORDER#{}", TxnId::new_v7()).parse().unwrap();
+        let mut create = backend.outbox(timing).begin().await.expect("begin");
+        create.put(key.clone(), json!({"n": 0}), ExpectedVersion::Absent);
+        let created = create.commit().await.expect("the create").txn_id;
+        let path = backend.control(timing);
+        backend
+            .handle_until_settled(&path, created, timing.first_check_delay, |_| {})
+            .await;
+        busy.store(true, Ordering::SeqCst);
+        // A transaction begun on the item that never committed, its window over.
+        let txn = TxnId::new_v7();
+        let control = ControlMessage::first(txn, backend.clock.now()).with_entity(key.clone());
+        backend
+            .clock
+            .advance(timing.max_commit_duration + Duration::from_secs(1));
+        let delivery = ControlDelivery {
+            message_id: "m-1".into(),
+            receipt: "r-1".into(),
+            body: control.encode(),
+            receive_count: 1,
+        };
+        let delay = match path.handle(&delivery).await.result {
+            Ok(ControlOutcome::FenceOnBusyItem { next_attempt: 2, delay }) => delay,
+            other => panic!("a fence on a busy item: {other:?}"),
+        };
+        assert!(
+            proxy.intercepted().iter().any(|seen| seen.fault == Fault::Conflict),
+            "the fence met the conflict"
+        );
+        assert!(
+            backend.store.get_outboxes(&[txn]).await.unwrap().is_empty(),
+            "nothing written"
+        );
+        // The item quiet again, the next check fences it.
+        busy.store(false, Ordering::SeqCst);
+        let deliveries = backend.next_control_message(txn, delay).await;
+        let report = path.handle_batch(&deliveries).await;
+        assert_eq!(report.items[0].result.as_ref().unwrap(), &ControlOutcome::Tombstoned);
+        assert_eq!(
+            backend.store.get_entity(&key).await.unwrap().unwrap().fence,
+            Some(txn),
+            "fenced in the item"
+        );
+        assert_eq!(
+            backend.store.get_outboxes(&[txn]).await.unwrap()[&txn].state,
+            OutboxState::Tombstone
+        );
+    }
+}

@@ -34,6 +34,16 @@ pub enum ControlOutcome {
     },
     /// No record after the window: the transaction can never commit now.
     Tombstoned,
+    /// No record after the window, and the fence in the transaction's item was refused
+    /// because other writes to the item kept it from applying (a busy item): a later
+    /// check, in a new control message, fences it then. The message does not fail, so a
+    /// busy item never sends a control message to the dead-letter queue.
+    FenceOnBusyItem {
+        /// The attempt number of the new control message.
+        next_attempt: u32,
+        /// Its delay.
+        delay: Duration,
+    },
     /// Entity mode: the transaction's entry was found in its item beside its tombstone
     /// record (a tombstone written without the fence while a commit of it was on its way:
     /// by an API of an earlier version, or a direct `Store::put_tombstone`). The entry
@@ -58,6 +68,7 @@ impl ControlOutcome {
             Self::Dispatched { .. } => "dispatched",
             Self::AlreadyDone { .. } => "already_done",
             Self::Deferred { .. } => "deferred",
+            Self::FenceOnBusyItem { .. } => "fence_on_busy_item",
             Self::Tombstoned => "tombstoned",
             Self::DispatchedBesideTombstone { .. } => "dispatched_beside_tombstone",
             Self::Stale => "stale",

@@ -455,6 +455,7 @@ impl ControlPath {
                 // settling fence, or committed and dispatched, its entry perhaps left in
                 // the entity by a removal that failed): handled as a record read first is.
                 Ok(FenceOutcome::Recorded(record)) => self.decide_on_entity_record(control, key, record, None).await,
+                Err(error @ StoreError::Contention(_)) => self.fence_later(control, key, error).await,
                 Err(error) => Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
             };
         }
@@ -465,6 +466,29 @@ impl ControlPath {
             Ok(TombstoneOutcome::Exists(record)) => self.decide_on_record(record),
             Err(error) => Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
         }
+    }
+
+    /// A fence refused by a busy item: a new control message fences it later (its delay
+    /// growing with the attempts, up to the backoff cap), and this one is done. Failing
+    /// this message instead would count each refusal toward the dead-letter queue, where
+    /// the transaction would wait unfenced, with a commit of it still able to land.
+    async fn fence_later(&self, control: &ControlMessage, key: &ItemKey, error: StoreError) -> Decision {
+        let next = control.next_attempt();
+        let delay = self.deferral_delay(control.attempt, self.timing.backoff_cap);
+        tracing::warn!(
+            txn_id = %control.txn_id,
+            entity = %key,
+            error = %error,
+            delay_s = delay.as_secs(),
+            "the item is busy: fencing the transaction in a later check"
+        );
+        Decision::Done(match self.ports.control_queue.send(&next, delay).await {
+            Ok(()) => Ok(ControlOutcome::FenceOnBusyItem {
+                next_attempt: next.attempt,
+                delay,
+            }),
+            Err(error) => Err(ControlError::Defer(Arc::new(error))),
+        })
     }
 
     /// The delay before re-checking after check number `attempt`: the first check delay

@@ -252,6 +252,11 @@ pub enum StoreError {
     /// forward the entity mode's operations). Nothing was written.
     #[error("this store does not offer {0}")]
     Unsupported(&'static str),
+    /// Other writes to the same items kept this one from applying (DynamoDB's
+    /// `TransactionConflict`, or an item that changed under each try). Nothing was
+    /// written; a later try can pass once the items are quieter.
+    #[error("other writes to the same items kept this one from applying")]
+    Contention(#[source] BoxError),
 }
 
 /// Outbox records read each on its own ([`Store::get_outboxes_each`]).

@@ -388,7 +388,7 @@ impl Backend {
             let receipts: Vec<String> = deliveries.iter().map(|delivery| delivery.receipt.clone()).collect();
             self.inbox.ack(&receipts).await.expect("ack");
             match report.items[0].result.as_ref().expect("handled") {
-                ControlOutcome::Deferred { delay, .. } => due = *delay,
+                ControlOutcome::Deferred { delay, .. } | ControlOutcome::FenceOnBusyItem { delay, .. } => due = *delay,
                 ControlOutcome::Tombstoned | ControlOutcome::AlreadyDone { .. } | ControlOutcome::Dispatched { .. } => {
                     return handled
                 }

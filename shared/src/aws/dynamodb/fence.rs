@@ -139,7 +139,7 @@ impl DynamoStore {
                 }
             }
         }
-        Err(StoreError::Unavailable("the item kept changing under the fence".into()))
+        Err(StoreError::Contention("the item kept changing under the fence".into()))
     }
 
     /// T's committed entry in `item`, if it holds one (a tombstone in T's slot is a fence
@@ -265,7 +265,12 @@ impl DynamoStore {
         let code = |index: usize| reasons.get(index).and_then(|reason| reason.code());
         let failed = |index: usize| code(index) == Some("ConditionalCheckFailed");
         if !failed(0) && !failed(1) {
-            // Contention or throttling: nothing was written; the caller tries again.
+            // Nothing was written; the caller tries again. Another transaction on the
+            // item (a hot item) is contention, to be tried again soon; anything else
+            // (throttling) is the store being unavailable.
+            if (0..2).any(|index| code(index) == Some("TransactionConflict")) {
+                return Err(StoreError::Contention(Box::new(error)));
+            }
             return Err(unavailable(error));
         }
         // K as it is, when its condition failed: from the reason, or read. `None` where it

@@ -41,6 +41,10 @@ pub fn for_batch(report: &BatchReport, now: Timestamp) -> MetricRecord {
             "Deferrals",
             count(|outcome| matches!(outcome, ControlOutcome::Deferred { .. })),
         )
+        .count(
+            "FencesOnBusyItems",
+            count(|outcome| matches!(outcome, ControlOutcome::FenceOnBusyItem { .. })),
+        )
         .add(
             "DispatchLag",
             Unit::Milliseconds,
