@@ -88,6 +88,9 @@ impl Consumer {
         let mut last: Option<CommitError> = None;
         // An attempt of this delivery whose outcome is unknown: it may still land.
         let mut unknown_sent = false;
+        // The versions those attempts expected: one may land while the entity is still
+        // at it.
+        let mut unknown_expected: Vec<ExpectedVersion> = Vec::new();
         let mut waits = 0;
         for _ in 1..=ROUNDS {
             // 1. The entity, then the dedup record: this order only (see the module).
@@ -111,19 +114,25 @@ impl Consumer {
                             .remove_entry(&key, txn_id)
                             .await
                             .map_err(ConsumeError::RemoveEntry)?;
-                    } else if unknown_sent {
+                    } else {
                         // Another copy settled the message (it recorded a decision that
                         // wrote nothing), but an attempt of this one may still land on K
-                        // as it was read: it is blocked before the acknowledgement.
-                        match entity.as_ref() {
-                            Some(entity) if !self.block_attempts(&key, txn_id, entity).await? => continue,
-                            Some(_) => {}
-                            None => {
-                                return Err(ConsumeError::Unsettled(last.unwrap_or_else(|| {
-                                    CommitError::Ambiguous(
-                                        "an attempt of unknown outcome may still create the entity".into(),
-                                    )
-                                })))
+                        // where K is still at the version it expected: it is blocked before
+                        // the acknowledgement.
+                        let as_now = entity.as_ref().map_or(ExpectedVersion::Absent, |entity| {
+                            ExpectedVersion::Exactly(entity.item.version)
+                        });
+                        if unknown_expected.contains(&as_now) {
+                            match entity.as_ref() {
+                                Some(entity) if !self.block_attempts(&key, txn_id, entity).await? => continue,
+                                Some(_) => {}
+                                None => {
+                                    return Err(ConsumeError::Unsettled(last.unwrap_or_else(|| {
+                                        CommitError::Ambiguous(
+                                            "an attempt of unknown outcome may still create the entity".into(),
+                                        )
+                                    })))
+                                }
                             }
                         }
                     }
@@ -222,7 +231,10 @@ impl Consumer {
                 }
                 CommitError::Contention(_) | CommitError::Ambiguous(_) | CommitError::Unavailable(_) => {
                     tracing::warn!(error = %error, "commit attempt failed; reading the entity again");
-                    unknown_sent |= matches!(error, CommitError::Ambiguous(_));
+                    if matches!(error, CommitError::Ambiguous(_)) {
+                        unknown_sent = true;
+                        unknown_expected.push(commit.expected);
+                    }
                     self.ports.clock.sleep(ROUND_DELAY * 2u32.pow(waits)).await;
                     waits += 1;
                     last = Some(error);

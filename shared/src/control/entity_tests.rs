@@ -471,3 +471,29 @@ async fn past_the_window_a_sent_mark_is_found_and_nothing_is_fenced() {
     assert_eq!(entity.fence, None, "no fence mark raised");
     assert!(entity.sent.contains_key(&txn_id));
 }
+
+/// A control message is stale after the shorter of its sender's retention and the
+/// worker's: here the API kept proofs for an hour (its sent mark, forgotten since) and the
+/// worker keeps them for seven days. Two hours after the transaction began, with no proof
+/// left, the worker acknowledges the message instead of fencing a transaction that may
+/// have committed and been dispatched.
+#[tokio::test]
+async fn a_control_message_is_stale_after_the_senders_retention_when_it_is_the_shorter() {
+    let world = world().await;
+    let txn_id = TxnId::new_v7();
+    let hour = Duration::from_secs(3600);
+    let control = ControlMessage::first(txn_id, world.clock.now())
+        .with_entity(world.key.clone())
+        .with_retention(hour);
+    world.clock.advance(2 * hour);
+    assert_eq!(world.handle(control.clone()).await, ControlOutcome::Stale);
+    assert!(world.record(txn_id).await.is_none(), "no tombstone");
+    let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
+    assert_eq!(entity.fence, None, "no fence");
+    // Without the sender's retention the worker's own holds: within it, the fence.
+    let unsaid = ControlMessage {
+        retention: None,
+        ..control
+    };
+    assert_eq!(world.handle(unsaid).await, ControlOutcome::Tombstoned);
+}

@@ -419,7 +419,19 @@ impl ControlPath {
 
     async fn decide_on_absence(&self, control: &ControlMessage) -> Decision {
         let now = self.ports.clock.now();
-        if now >= control.first_sent_at.plus(self.timing.retention) {
+        // Stale after the shorter of the sender's retention and this worker's: past the
+        // sender's, the proof of a commit (its record, its sent mark) may have expired, and
+        // a fence then would stand beside a commit.
+        let stale_after = control.stale_after(self.timing.retention);
+        if stale_after < self.timing.retention {
+            tracing::warn!(
+                txn_id = %control.txn_id,
+                sender_retention_s = stale_after.as_secs(),
+                worker_retention_s = self.timing.retention.as_secs(),
+                "the API keeps proofs for less time than this worker's OUTBOX_RETENTION_SECONDS: the API's holds; set one value for both"
+            );
+        }
+        if now >= control.first_sent_at.plus(stale_after) {
             tracing::warn!(txn_id = %control.txn_id, "control message older than the retention; acknowledging it without a tombstone");
             return Decision::Done(Ok(ControlOutcome::Stale));
         }

@@ -11,10 +11,18 @@
 //! request that began the transaction, which the worker's span links. An optional field
 //! in the sense below: an older worker ignores it, and an invalid one is dropped, never
 //! a reason to refuse the message.
+//! Either version may carry `"retention_s"`: how long, in seconds, the sender keeps the
+//! proof of the transaction's outcome (its record's TTL, its sent mark's time). The worker
+//! takes a message for stale after the shorter of that and its own retention, so that a
+//! worker configured with a longer retention than the API never fences a transaction whose
+//! proof has already expired. Optional in the same sense: absent or invalid, the worker's
+//! own retention holds.
 //! Unknown fields are ignored so that a newer sender can add optional fields without
 //! breaking an older worker; a new meaning needs a new `version`, which an older worker
 //! refuses with [`DecodeError::UnknownVersion`] (and SQS's redrive policy then parks the
 //! message in the dead-letter queue until a worker that knows it is deployed).
+
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 
@@ -41,6 +49,9 @@ pub struct ControlMessage {
     pub entity: Option<ItemKey>,
     /// The trace context of the request that began the transaction, if traced.
     pub trace: Option<TraceContext>,
+    /// How long the sender keeps the proof of the transaction's outcome (its retention),
+    /// in whole seconds, if it said.
+    pub retention: Option<Duration>,
 }
 
 /// Why a control message body could not be decoded. Never a panic, whatever the input.
@@ -83,7 +94,21 @@ impl ControlMessage {
             attempt: 1,
             entity: None,
             trace: None,
+            retention: None,
         }
+    }
+
+    /// This message, saying that its sender keeps the proof of the transaction's outcome
+    /// for `retention` (rounded down to whole seconds).
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(Duration::from_secs(retention.as_secs()));
+        self
+    }
+
+    /// How long after its first sending this message is stale for a worker whose own
+    /// retention is `own`: the shorter of the two.
+    pub fn stale_after(&self, own: Duration) -> Duration {
+        self.retention.map_or(own, |sender| sender.min(own))
     }
 
     /// This message, carrying the trace context of the request that began the transaction.
@@ -120,6 +145,9 @@ impl ControlMessage {
         }
         for (name, value) in self.trace.iter().flat_map(TraceContext::attributes) {
             body[name] = Value::from(value);
+        }
+        if let Some(retention) = self.retention {
+            body["retention_s"] = Value::from(retention.as_secs());
         }
         body.to_string()
     }
@@ -177,12 +205,17 @@ impl ControlMessage {
         };
         let text = |name: &str| fields.get(name).and_then(Value::as_str);
         let trace = TraceContext::from_message(text, None);
+        let retention = fields
+            .get("retention_s")
+            .and_then(Value::as_u64)
+            .map(Duration::from_secs);
         Ok(Self {
             txn_id,
             first_sent_at,
             attempt,
             entity,
             trace,
+            retention,
         })
     }
 }
@@ -209,7 +242,24 @@ mod tests {
             attempt: 3,
             entity: None,
             trace: None,
+            retention: None,
         }
+    }
+
+    #[test]
+    fn the_senders_retention_travels_and_the_shorter_one_makes_a_message_stale() {
+        let day = Duration::from_secs(24 * 3600);
+        let message = sample().with_retention(day + Duration::from_millis(400));
+        let body = message.encode();
+        assert!(body.contains(r#""retention_s":86400"#), "{body}");
+        assert!(body.contains(r#""version":1"#), "an optional field: no new version");
+        let decoded = ControlMessage::decode(&body).unwrap();
+        assert_eq!(decoded, message);
+        assert_eq!(decoded.stale_after(7 * day), day, "the sender's, shorter");
+        assert_eq!(decoded.stale_after(day / 2), day / 2, "the worker's, shorter");
+        assert_eq!(sample().stale_after(7 * day), 7 * day, "unsaid: the worker's");
+        let bad = body.replace(r#""retention_s":86400"#, r#""retention_s":"a day""#);
+        assert_eq!(ControlMessage::decode(&bad).unwrap(), sample(), "dropped, not refused");
     }
 
     #[test]

@@ -182,7 +182,9 @@ impl Outbox {
         }
         tracing::Span::current().record("txn_id", tracing::field::display(txn_id));
         // The worker's handling links the request's trace.
-        let mut control = ControlMessage::first(txn_id, now).with_trace(crate::telemetry::current());
+        let mut control = ControlMessage::first(txn_id, now)
+            .with_trace(crate::telemetry::current())
+            .with_retention(self.timing.retention);
         if let Some(key) = &entity {
             control = control.with_entity(key.clone());
         }

@@ -1087,3 +1087,30 @@ pub async fn an_expired_consumed_record_does_not_block_a_new_attempt(b: &Backend
         late.outbox.attempt
     );
 }
+
+/// Marking a record dispatched is an unconditional put of its dispatched form, on every
+/// backend: a mark that arrives late (a worker frozen between its publish and its mark),
+/// after the record was marked and expired, puts it back dispatched, due to expire again.
+/// It says what is true (the transaction committed and its messages went out) and never
+/// brings back the messages.
+pub async fn a_late_mark_puts_the_dispatched_record_back_and_nothing_more(b: &Backend) {
+    let txn = TxnId::new_v7();
+    let commit = request(b, txn, vec![], messages(txn, &[json!({"n": 1})]));
+    b.store.commit(&commit).await.expect("commit");
+    let read = record(b, txn).await.expect("the pending record");
+    let soon = whole_second(b.clock.now().plus(Duration::from_secs(10)));
+    let marked = b.store.mark_dispatched(std::slice::from_ref(&read), soon).await;
+    assert!(marked.iter().all(Result::is_ok), "{marked:?}");
+    b.clock.advance(Duration::from_secs(20));
+    assert_eq!(record(b, txn).await, None, "{}: expired", b.name);
+    let later = whole_second(b.clock.now().plus(RETENTION));
+    let late = b.store.mark_dispatched(&[read], later).await;
+    assert!(late.iter().all(Result::is_ok), "{}: {late:?}", b.name);
+    let back = record(b, txn).await.expect("put back");
+    assert_eq!(
+        (back.state, back.messages.len(), back.expires_at),
+        (OutboxState::Dispatched, 0, Some(later)),
+        "{}",
+        b.name
+    );
+}

@@ -30,6 +30,7 @@ macro_rules! conformance_suite {
             acknowledged_commits_survive_cancelled_transactions_racing_them,
             an_expired_record_reads_as_absent,
             a_split_outbox_round_trips_and_is_marked_dispatched,
+            a_late_mark_puts_the_dispatched_record_back_and_nothing_more,
             beyond_one_transaction_the_commit_is_refused,
             batched_reads_beyond_one_call_return_everything,
             a_delayed_control_message_arrives_after_its_delay,

@@ -508,25 +508,18 @@ impl Store for EmbeddedStore {
         let now = self.clock.now();
         let mut state = self.lock();
         state.sweep(now);
+        // As on DynamoDB: an unconditional put of the dispatched form of the record as
+        // read (pending, so committed), whatever the key holds now. A mark that arrives
+        // late (a worker frozen between its publish and its mark) puts the record back
+        // after it expired, dispatched and due to expire again. It never meets T's
+        // tombstone: T committed, and a committed transaction gets none (I3, which the
+        // simulation checks on this very behaviour).
         records
             .iter()
             .map(|read| {
                 let txn_id = &read.txn_id;
                 let key = outbox_key(*txn_id);
-                let record = match Self::live(&state, &key, now) {
-                    Some(Item::Outbox(record)) if record.state != OutboxState::Tombstone => {
-                        record.dispatched(expires_at)
-                    }
-                    // Gone (expired after an earlier marking) or never pending: the
-                    // condition `state <> tombstone AND attribute_exists` fails.
-                    _ => {
-                        return Err(StoreError::Corrupt {
-                            key,
-                            reason: "no committed outbox record to mark".into(),
-                        })
-                    }
-                };
-                state.insert(key, Item::Outbox(Box::new(record)));
+                state.insert(key, Item::Outbox(Box::new(read.dispatched(expires_at))));
                 state.record(|| StoreEvent::MarkedDispatched {
                     txn_id: *txn_id,
                     at: now,
