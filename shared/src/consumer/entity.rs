@@ -144,9 +144,6 @@ impl Consumer {
                     return Ok(ConsumeOutcome::Resumed { messages });
                 }
                 (Some(_), _) => return Err(ConsumeError::Corrupt { txn_id }),
-                (None, Some(entry)) if entry.state == OutboxState::Tombstone => {
-                    return Err(ConsumeError::Corrupt { txn_id })
-                }
                 // Committed: never this run's messages, the entry's as stored.
                 (None, Some(entry)) => {
                     let messages = self.dispatch_entry(&key, &entry).await?;

@@ -130,8 +130,7 @@ impl Store for SettledFirst {
 
 /// Past the window the worker reads no record, and the request path's settling fence
 /// lands before the worker's own: the worker's fence finds the tombstone record, and the
-/// transaction is settled (before the fence mark, that fence was a slot the worker had to
-/// prune, and a fix for it answered "already done" too early: the fence stayed for good).
+/// transaction is settled.
 #[tokio::test]
 async fn a_settling_fence_landing_before_the_workers_settles_it() {
     let world = world().await;

@@ -394,49 +394,6 @@ async fn an_entry_left_beside_its_dispatched_record_is_removed() {
     );
 }
 
-/// A fence of the earlier kind (a tombstone in the transaction's slot, which the earlier
-/// versions pruned 20 minutes later on a clock) is replaced by the fence mark when its
-/// control message comes: the slot goes, so the item can be deleted again, and the mark
-/// refuses the transaction from then on.
-#[tokio::test]
-async fn a_slot_fence_of_the_earlier_kind_is_replaced_by_the_mark() {
-    let world = world().await;
-    let txn_id = TxnId::new_v7();
-    let now = world.clock.now();
-    let expires_at = now.plus(Duration::from_secs(600));
-    let slot_fence = EntityCommit {
-        entry: OutboxRecord::tombstone(txn_id, now, expires_at),
-        checks_fence: false,
-        ..world.commit(txn_id)
-    };
-    world.backend.store.commit_entity(&slot_fence).await.unwrap();
-    world
-        .backend
-        .store
-        .put_tombstone(txn_id, now, expires_at)
-        .await
-        .unwrap();
-    let control = ControlMessage::first(txn_id, now).with_entity(world.key.clone());
-    assert_eq!(
-        world.handle(control).await,
-        ControlOutcome::AlreadyDone {
-            state: OutboxState::Tombstone
-        }
-    );
-    let entity = world.backend.store.get_entity(&world.key).await.unwrap().unwrap();
-    assert!(entity.entries.is_empty(), "the slot is gone: {:?}", entity.entries);
-    assert_eq!(entity.fence, Some(txn_id));
-    assert!(matches!(
-        world.backend.store.commit_entity(&world.commit(txn_id)).await,
-        Err(CommitError::EntityFenced { .. })
-    ));
-    let delete = BusinessWrite::Delete {
-        key: world.key.clone(),
-        version: entity.item.version,
-    };
-    world.commit_transactional(TxnId::new_v7(), delete).await.unwrap();
-}
-
 /// Once settled, the entry is gone and no record is written: a copy of the control
 /// message past the window, and a fence, find the sent mark and write nothing.
 #[tokio::test]

@@ -306,7 +306,7 @@ impl ControlPath {
         };
         match record.state {
             OutboxState::Dispatched => match slot {
-                Ok(Some(entry)) if entry.state != OutboxState::Tombstone => {
+                Ok(Some(_)) => {
                     tracing::info!(txn_id = %control.txn_id, entity = %key, "removing an entry left in its entity");
                     match self.ports.store.remove_entry(key, control.txn_id).await {
                         Ok(()) => self.decide_on_record(record),
@@ -317,15 +317,6 @@ impl ControlPath {
                 Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             },
             OutboxState::Tombstone => match slot {
-                // A fence of the earlier kind (a tombstone in T's slot, which was pruned
-                // on a clock): the mark takes its place, then the slot goes.
-                Ok(Some(fence)) if fence.state == OutboxState::Tombstone => {
-                    match self.replace_slot_fence(control, key).await {
-                        Ok(FenceOutcome::Committed(entry)) => Decision::PublishEntry(key.clone(), entry, true),
-                        Ok(_) => self.decide_on_record(record),
-                        Err(error) => Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
-                    }
-                }
                 Ok(Some(entry)) => {
                     tracing::error!(
                         txn_id = %control.txn_id,
@@ -342,28 +333,10 @@ impl ControlPath {
         }
     }
 
-    /// What transaction `txn_id`'s slot in `key` holds, if anything: its committed entry,
-    /// or a fence of the earlier kind (a tombstone).
+    /// Transaction `txn_id`'s committed entry in `key`, if it is there.
     async fn slot(&self, key: &ItemKey, txn_id: TxnId) -> Result<Option<OutboxRecord>, StoreError> {
         let entity = self.ports.store.get_entity(key).await?;
         Ok(entity.and_then(|entity| entity.entries.get(&txn_id).cloned()))
-    }
-
-    /// Replaces a fence of the earlier kind (a tombstone in the transaction's slot, which
-    /// the earlier versions pruned later on a clock) by the fence mark: the slot goes, then
-    /// the mark is raised to the transaction (its record is a tombstone already). A commit
-    /// of it landing in between is found by the fence, and published.
-    async fn replace_slot_fence(&self, control: &ControlMessage, key: &ItemKey) -> Result<FenceOutcome, StoreError> {
-        self.ports.store.remove_entry(key, control.txn_id).await?;
-        let now = self.ports.clock.now();
-        let expires_at = now.plus(self.timing.retention);
-        let outcome = self
-            .ports
-            .store
-            .fence_entity(key, control.txn_id, now, expires_at)
-            .await?;
-        tracing::info!(txn_id = %control.txn_id, entity = %key, "a slot fence replaced by the fence mark");
-        Ok(outcome)
     }
 
     /// Entity mode: the item first. T's sent mark there settles it (one read, the usual
@@ -396,10 +369,8 @@ impl ControlPath {
             }
             Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             None => match entity.and_then(|entity| entity.entries.get(&txn_id).cloned()) {
-                Some(entry) if entry.state != OutboxState::Tombstone => {
-                    Decision::PublishEntry(key.clone(), entry, false)
-                }
-                _ => self.decide_on_absence(control).await,
+                Some(entry) => Decision::PublishEntry(key.clone(), entry, false),
+                None => self.decide_on_absence(control).await,
             },
         }
     }

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::Value;
 
 use super::BoxError;
-use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
+use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
 pub use crate::protocol::{InvalidItemKey, ItemKey};
 use crate::time::Timestamp;
 
@@ -136,13 +136,28 @@ pub struct EntityCommit {
     /// The condition on the item.
     pub expected: ExpectedVersion,
     /// The entry, added where the item holds none for its transaction; the item's other
-    /// entries are left as they are.
+    /// entries are left as they are. It is the commit itself, so never a tombstone
+    /// ([`EntityCommit::check_entry`]).
     pub entry: OutboxRecord,
     /// Whether the commit is refused where the item's fence mark is at or above its
     /// transaction ([`CommitError::EntityFenced`]): the request path's commits, whose
     /// transactions are fenced in their item. A consumer's (whose ids are not ordered,
     /// and which is never fenced) ignores the mark and keeps it.
     pub checks_fence: bool,
+}
+
+impl EntityCommit {
+    /// Refuses an entry that is not a commit (a tombstone): every store checks this
+    /// before writing, so that an entry in an item is always proof of its transaction's
+    /// commit. Nothing is written.
+    pub fn check_entry(&self) -> Result<(), CommitError> {
+        if self.entry.state == OutboxState::Tombstone {
+            return Err(CommitError::Invalid {
+                reason: format!("the entry of {} is a tombstone, not a commit", self.entry.txn_id),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Why a commit did not apply, per failed condition; or that nobody knows whether it did.

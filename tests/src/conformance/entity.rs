@@ -609,3 +609,20 @@ pub async fn a_fence_meeting_a_committed_split_record_finds_it_whole(b: &Backend
         b.name
     );
 }
+
+/// An entry in an item is always proof of its transaction's commit: an entity commit whose
+/// entry is a tombstone is refused on every backend, and nothing is written.
+pub async fn an_entity_commit_of_a_tombstone_entry_is_refused(b: &Backend) {
+    let item = format!("ENTITY#{}", TxnId::new_v7());
+    let txn = TxnId::new_v7();
+    let now = b.clock.now();
+    let commit = EntityCommit {
+        entry: OutboxRecord::tombstone(txn, now, whole_second(now.plus(RETENTION))),
+        ..entity_commit(b, &item, txn, ExpectedVersion::Absent, json!({"n": 1}))
+    };
+    match b.store.commit_entity(&commit).await {
+        Err(CommitError::Invalid { reason }) => assert!(reason.contains("tombstone"), "{}: {reason}", b.name),
+        other => panic!("{}: a tombstone entry: {other:?}", b.name),
+    }
+    assert!(b.store.get_entity(&key(&item)).await.unwrap().is_none(), "{}", b.name);
+}

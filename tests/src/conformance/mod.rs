@@ -52,6 +52,7 @@ macro_rules! conformance_suite {
             a_consumer_in_entity_mode_processes_each_message_once,
             a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_one,
             a_fence_meeting_a_committed_split_record_finds_it_whole,
+            an_entity_commit_of_a_tombstone_entry_is_refused,
             the_request_path_in_entity_mode_commits_into_the_item_and_dispatches_once,
             sent_marks_prove_their_commits_while_they_are_kept
         );

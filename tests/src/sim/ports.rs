@@ -22,8 +22,7 @@ use outbox::ports::{
     VersionedItem,
 };
 use outbox::protocol::{
-    ControlMessage, DestinationName, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, OutgoingMessage,
-    TxnId,
+    ControlMessage, DestinationName, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutgoingMessage, TxnId,
 };
 use outbox::time::Timestamp;
 
@@ -449,13 +448,13 @@ impl Store for GatedStore {
         expires_at: Timestamp,
         max_marks: usize,
     ) -> Result<(), StoreError> {
-        let full = self.inner.get_entity(key).await.ok().flatten().is_some_and(|entity| {
-            entity.sent.len() >= max_marks
-                && entity
-                    .entries
-                    .get(&txn_id)
-                    .is_some_and(|entry| entry.state != OutboxState::Tombstone)
-        });
+        let full = self
+            .inner
+            .get_entity(key)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|entity| entity.sent.len() >= max_marks && entity.entries.contains_key(&txn_id));
         if full {
             self.put_dispatched(txn_id, now, expires_at).await?;
             return self.remove_entry(key, txn_id).await;

@@ -79,6 +79,10 @@ pub(super) fn entries_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<T
             if record.txn_id != txn_id {
                 return Err(reader.corrupt(format!("entry {txn} names {}", record.txn_id)));
             }
+            // An entry is a commit: the protocol writes no other kind.
+            if record.state == OutboxState::Tombstone {
+                return Err(reader.corrupt(format!("entry {txn} is a tombstone")));
+            }
             Ok((txn_id, record))
         })
         .collect()
@@ -129,8 +133,6 @@ fn judge(layout: &TableLayout, commit: &EntityCommit, old: Option<&Item>) -> Ver
             if let Some(found) = entries.get(&txn_id) {
                 return Verdict::Decided(if commit.entry.is_own(found) {
                     Ok(())
-                } else if found.state == OutboxState::Tombstone {
-                    Err(CommitError::Tombstoned { txn_id })
                 } else {
                     Err(CommitError::Superseded { txn_id })
                 });
@@ -234,6 +236,7 @@ impl DynamoStore {
     }
 
     pub(super) async fn write_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
+        commit.check_entry()?;
         let entry = entry_value(&commit.entry)?;
         let data = to_attribute(&commit.data);
         let bytes = commit.data.to_string().len() + entry.as_s().map_or(0, String::len);
@@ -442,14 +445,9 @@ impl DynamoStore {
                     Some(old) => Some(old),
                     None => self.read_raw(key).await?,
                 };
-                // The entry still there: the item is full or has no map for marks. (A
-                // tombstone in T's slot is a fence of an earlier version, never settled.)
+                // The entry still there: the item is full or has no map for marks.
                 let holds_entry = old.as_ref().is_some_and(|item| {
-                    entries_of(&self.layout, item).is_ok_and(|entries| {
-                        entries
-                            .get(&txn_id)
-                            .is_some_and(|entry| entry.state != OutboxState::Tombstone)
-                    })
+                    entries_of(&self.layout, item).is_ok_and(|entries| entries.contains_key(&txn_id))
                 });
                 if holds_entry {
                     self.put_dispatched_record(txn_id, now, expires_at).await?;

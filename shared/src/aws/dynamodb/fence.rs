@@ -142,13 +142,10 @@ impl DynamoStore {
         Err(StoreError::Contention("the item kept changing under the fence".into()))
     }
 
-    /// T's committed entry in `item`, if it holds one (a tombstone in T's slot is a fence
-    /// of an earlier version, not a commit).
+    /// T's committed entry in `item`, if it holds one.
     fn entry_in(&self, item: Option<&Item>, txn_id: TxnId) -> Result<Option<OutboxRecord>, StoreError> {
         let Some(item) = item else { return Ok(None) };
-        Ok(entries_of(&self.layout, item)?
-            .remove(&txn_id)
-            .filter(|entry| entry.state != OutboxState::Tombstone))
+        Ok(entries_of(&self.layout, item)?.remove(&txn_id))
     }
 
     /// Whether `item` holds T's sent mark.

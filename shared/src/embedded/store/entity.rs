@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::{EmbeddedStore, Item, State, StoreEvent};
 use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, VersionedItem};
-use crate::protocol::{OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{OutboxRecord, TxnId};
 use crate::time::Timestamp;
 
 /// DynamoDB's 400 KB item limit.
@@ -40,6 +40,7 @@ pub(super) fn read(state: &State, key: &ItemKey, now: Timestamp) -> Option<Entit
 pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -> Result<(), CommitError> {
     let key = commit.key.as_str();
     let txn_id = commit.entry.txn_id;
+    commit.check_entry()?;
     let (current, mut entries, fence, sent) = match EmbeddedStore::live(state, key, now) {
         Some(Item::Business {
             version,
@@ -54,8 +55,6 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
     if let Some(found) = entries.get(&txn_id) {
         return if commit.entry.is_own(found) {
             Ok(())
-        } else if found.state == OutboxState::Tombstone {
-            Err(CommitError::Tombstoned { txn_id })
         } else {
             Err(CommitError::Superseded { txn_id })
         };
@@ -116,14 +115,10 @@ pub(super) fn remove(state: &mut State, key: &ItemKey, txn_id: TxnId, now: Times
     }
 }
 
-/// Transaction `txn_id`'s committed entry in item `key`, if it is there (a tombstone in its
-/// slot is a fence of an earlier version, not a commit).
+/// Transaction `txn_id`'s committed entry in item `key`, if it is there.
 pub(super) fn entry(state: &State, key: &ItemKey, txn_id: TxnId) -> Option<OutboxRecord> {
     match state.items.get(key.as_str()) {
-        Some(Item::Business { entries, .. }) => entries
-            .get(&txn_id)
-            .filter(|entry| entry.state != OutboxState::Tombstone)
-            .cloned(),
+        Some(Item::Business { entries, .. }) => entries.get(&txn_id).cloned(),
         _ => None,
     }
 }
@@ -163,11 +158,7 @@ pub(super) fn settle(
     now: Timestamp,
 ) -> bool {
     match state.items.get_mut(key.as_str()) {
-        Some(Item::Business { entries, sent, .. })
-            if entries
-                .get(&txn_id)
-                .is_some_and(|entry| entry.state != OutboxState::Tombstone) =>
-        {
+        Some(Item::Business { entries, sent, .. }) if entries.contains_key(&txn_id) => {
             if sent.len() >= max_marks {
                 return false;
             }
