@@ -1,7 +1,9 @@
 //! A fault-injecting HTTP proxy on loopback, in front of the emulator's DynamoDB: it
 //! forwards every request unchanged, except `TransactWriteItems`, which a plan may turn
 //! into a commit whose outcome the client cannot know (applied with its reply lost, held
-//! and forwarded after the client gave up, or dropped).
+//! and forwarded after the client gave up, or dropped), and any other operation that a
+//! second plan, by operation, names (a `PutItem` dropped, a `BatchGetItem` held, an
+//! `UpdateItem`'s failed condition without its old item).
 //!
 //! The server side is axum (HTTP/1.1 with keep-alive, as the SDK's client speaks it). The
 //! forwarding side is a plain blocking `std::net::TcpStream` per request on tokio's
@@ -108,10 +110,16 @@ pub struct Intercepted {
 /// The plan: what to do with each `TransactWriteItems`, given its `ClientRequestToken`.
 pub type Plan = Box<dyn FnMut(Option<&str>) -> Fault + Send>;
 
+/// The plan for every other operation, given its `X-Amz-Target` (such as
+/// `DynamoDB_20120810.PutItem`): [`Fault::Conflict`] is a transaction's alone and is
+/// forwarded here.
+pub type OthersPlan = Box<dyn FnMut(&str) -> Fault + Send>;
+
 struct Shared {
     /// The emulator's `host:port`.
     upstream: String,
     plan: Mutex<Plan>,
+    others_plan: Mutex<OthersPlan>,
     intercepted: Mutex<Vec<Intercepted>>,
     /// Replies to every other forwarded request: (target, reply).
     others: Mutex<Vec<(String, Result<Upstream, String>)>>,
@@ -150,6 +158,15 @@ impl FaultProxy {
     /// Starts a proxy on a free loopback port in front of `upstream` (an endpoint URL
     /// such as `http://127.0.0.1:5000`), applying `plan` to each `TransactWriteItems`.
     pub async fn start(upstream: &str, plan: impl FnMut(Option<&str>) -> Fault + Send + 'static) -> Self {
+        Self::start_with_others(upstream, plan, |_| Fault::Forward).await
+    }
+
+    /// [`Self::start`], with `others` applied to every request but `TransactWriteItems`.
+    pub async fn start_with_others(
+        upstream: &str,
+        plan: impl FnMut(Option<&str>) -> Fault + Send + 'static,
+        others: impl FnMut(&str) -> Fault + Send + 'static,
+    ) -> Self {
         let authority = upstream
             .strip_prefix("http://")
             .unwrap_or(upstream)
@@ -158,6 +175,7 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             upstream: authority,
             plan: Mutex::new(Box::new(plan)),
+            others_plan: Mutex::new(Box::new(others)),
             intercepted: Mutex::new(Vec::new()),
             others: Mutex::new(Vec::new()),
             one_at_a_time: Mutex::new(()),
@@ -239,7 +257,11 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         .to_owned();
     let raw = encode_request(&parts, &body);
     if target != TRANSACT_WRITE_ITEMS {
-        return respond(start_forward(&shared, raw, Record::Other(target)).await);
+        let fault = match (shared.others_plan.lock().expect("proxy lock"))(&target) {
+            Fault::Conflict => Fault::Forward,
+            fault => fault,
+        };
+        return apply(&shared, fault, raw, &body, Record::Other(target)).await;
     }
     let token = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
@@ -259,17 +281,21 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         });
         intercepted.len() - 1
     };
-    let record = Record::Intercepted(index);
+    apply(&shared, fault, raw, &body, Record::Intercepted(index)).await
+}
+
+/// Does what `fault` says with the request `raw` (whose body is `body`).
+async fn apply(shared: &Arc<Shared>, fault: Fault, raw: Vec<u8>, body: &[u8], record: Record) -> Response {
     match fault {
-        Fault::Forward => respond(start_forward(&shared, raw, record).await),
+        Fault::Forward => respond(start_forward(shared, raw, record).await),
         Fault::ReplyLost => {
             // Whatever the emulator did, the client hears only that something failed.
-            let _ = start_forward(&shared, raw, record).await;
+            let _ = start_forward(shared, raw, record).await;
             injected(StatusCode::INTERNAL_SERVER_ERROR, "injected: reply lost")
         }
         Fault::Drop => injected(StatusCode::INTERNAL_SERVER_ERROR, "injected: dropped, never forwarded"),
-        Fault::WithoutOldItems => respond(start_forward(&shared, raw, record).await.map(without_old_items)),
-        Fault::Conflict => conflict(&body),
+        Fault::WithoutOldItems => respond(start_forward(shared, raw, record).await.map(without_old_items)),
+        Fault::Conflict => conflict(body),
         Fault::Late(delay) => {
             // Counted from now, so that `quiesce` waits for the delay too. The task runs
             // on even when the client has gone and this handler is dropped.
@@ -350,12 +376,14 @@ fn conflict(body: &[u8]) -> Response {
         .expect("a valid response")
 }
 
-/// `reply` with no `Item` in any of its `CancellationReasons` (and no checksum of the body
-/// it no longer has).
+/// `reply` with no `Item` in any of its `CancellationReasons`, nor in a failed
+/// condition's answer (`ConditionalCheckFailedException`), and no checksum of the body it
+/// no longer has.
 fn without_old_items(mut reply: Reply) -> Reply {
     let Ok(mut body) = serde_json::from_slice::<serde_json::Value>(&reply.body) else {
         return reply;
     };
+    let mut changed = false;
     if let Some(reasons) = body
         .get_mut("CancellationReasons")
         .and_then(|reasons| reasons.as_array_mut())
@@ -365,6 +393,18 @@ fn without_old_items(mut reply: Reply) -> Reply {
                 reason.remove("Item");
             }
         }
+        changed = true;
+    }
+    let failed_condition = body
+        .get("__type")
+        .and_then(|kind| kind.as_str())
+        .is_some_and(|kind| kind.ends_with("ConditionalCheckFailedException"));
+    if failed_condition {
+        if let Some(error) = body.as_object_mut() {
+            changed |= error.remove("Item").is_some();
+        }
+    }
+    if changed {
         reply.body = serde_json::to_vec(&body).expect("JSON");
         reply
             .headers

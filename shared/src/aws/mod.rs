@@ -29,7 +29,7 @@ pub use bootstrap::{
     bootstrap, outbox_event_pattern, BootstrapError, ConsumerResource, DestinationResource, ResourceNames, Resources,
     DESTINATION_VISIBILITY_TIMEOUT,
 };
-pub use dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
+pub use dynamodb::{branches, DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use publisher::AwsPublisher;
 pub use sqs::{
     dead_letter_source, queue_retention, queue_visibility_timeout, receive_timeouts, redrive, SqsControlQueue,

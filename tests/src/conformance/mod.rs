@@ -7,6 +7,7 @@
 
 mod backend;
 pub mod cases;
+pub mod dynamodb_only;
 mod entity;
 mod request_entity;
 

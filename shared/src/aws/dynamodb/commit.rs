@@ -20,6 +20,7 @@ use crate::protocol::{IdempotencySlot, OutboxRecord, OutboxState, TxnId};
 use crate::settings::TableLayout;
 use crate::time::Timestamp;
 
+use super::branches::{reached, Branch};
 use super::entity::{sent_of, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
 use super::fence::{fence_of, FENCE_ATTRIBUTE, NO_FENCE};
 use super::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES, PART_ORPHAN_GUARD};
@@ -157,6 +158,7 @@ impl DynamoStore {
                 match kept.fence {
                     // The fence mark stays in a vacant item.
                     Some(_) => {
+                        reached(Branch::CommitVacatesKeepingFence);
                         names.insert("#data".to_owned(), "data".to_owned());
                         let vacate = Update::builder()
                             .table_name(table)
@@ -264,6 +266,7 @@ impl DynamoStore {
         let mut protocol_bytes = 0;
         // The sent marks of deleted items move to their records, in the same commit.
         for (txn_id, expires_at) in marks.values().flat_map(|kept| &kept.sent) {
+            reached(Branch::CommitMovesSentMarks);
             let record = OutboxRecord::committed(*txn_id, Vec::new(), now, *expires_at);
             let item = dispatched_item(&self.layout, &record, *expires_at);
             protocol_bytes += item_bytes(&item);
@@ -286,11 +289,17 @@ impl DynamoStore {
         let consumed = request.outbox.txn_id.is_consumed();
         for (index, item) in outbox.into_iter().enumerate() {
             protocol_bytes += item_bytes(&item);
-            let mut put = Put::builder()
-                .table_name(&self.layout.table)
-                .set_item(Some(item))
-                .condition_expression(TableLayout::NOT_EXISTS)
-                .set_expression_attribute_names(Some(self.layout.key_names()));
+            let mut put = Put::builder().table_name(&self.layout.table).set_item(Some(item));
+            // The main item's condition guards the whole record: where it holds (no
+            // record, or an expired consumed one), a part found under the record's key is
+            // an orphan of an earlier record whose mark could not delete it, and is
+            // replaced (conditioned too, it would refuse a late copy of a consumed message
+            // for as long as the orphan lasts).
+            if index == 0 {
+                put = put
+                    .condition_expression(TableLayout::NOT_EXISTS)
+                    .set_expression_attribute_names(Some(self.layout.key_names()));
+            }
             if consumed && index == 0 {
                 put = put
                     .condition_expression(format!("{} OR #ttl <= :now", TableLayout::NOT_EXISTS))
@@ -362,6 +371,7 @@ impl DynamoStore {
                 Some(code) => code,
             };
             if CONTENTION_CODES.contains(&code) {
+                reached(Branch::CommitContentionReason);
                 return Explained::Decided(Err(CommitError::Contention(source)));
             }
             match (role, code) {
@@ -380,24 +390,27 @@ impl DynamoStore {
                         // This transaction's own record: an earlier request (whose reply was
                         // lost) committed everything. Atomicity makes the other reasons moot.
                         Some("pending" | "dispatched") if same_txn && attempt == Some(Ok(request.outbox.attempt)) => {
-                            return Explained::Decided(Ok(()))
+                            reached(Branch::CommitOwnRecordInReasons);
+                            return Explained::Decided(Ok(()));
                         }
                         // Another attempt's (a consumed message's record, which every copy
                         // of the message races to write).
                         Some("pending" | "dispatched") if same_txn => {
+                            reached(Branch::CommitRivalAttemptRecord);
                             failures.push((1, CommitError::Superseded { txn_id: request.txn_id }))
                         }
                         // No old item came back (an engine that leaves `ALL_OLD` out): the
                         // record may be this transaction's own as well as a tombstone.
                         _ if reason.item().is_none() => {
+                            reached(Branch::CommitRecordReadBack);
                             unread_record = true;
                             failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id }))
                         }
-                        _ => failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id })),
+                        _ => {
+                            reached(Branch::CommitTombstoneInReasons);
+                            failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id }))
+                        }
                     }
-                }
-                (Role::Part, "ConditionalCheckFailed") => {
-                    failures.push((1, CommitError::Tombstoned { txn_id: request.txn_id }))
                 }
                 // A delete blocked by the entity mode's entries (only deletes return the
                 // old item): not a conflict the caller must resolve, but one that passes
@@ -409,9 +422,10 @@ impl DynamoStore {
                         .and_then(|outbox| outbox.as_m().ok())
                         .is_some_and(|entries| !entries.is_empty()) =>
                 {
+                    reached(Branch::CommitDeleteBlockedByEntries);
                     return Explained::Decided(Err(CommitError::Contention(
                         "the item holds outbox entries still to be dispatched".into(),
-                    )))
+                    )));
                 }
                 // A delete that found the item at its version: its fence mark is not the
                 // one read before (a fence landed in between), so it is tried again.
@@ -420,27 +434,33 @@ impl DynamoStore {
                         .item()
                         .is_some_and(|item| item.contains_key("version") && Self::at_version(item, *version)) =>
                 {
+                    reached(Branch::CommitDeleteMetNewFence);
                     return Explained::Decided(Err(CommitError::Contention(
                         "the item was fenced while it was being deleted".into(),
-                    )))
+                    )));
                 }
                 (Role::Business(key, _), "ConditionalCheckFailed") => {
+                    reached(Branch::CommitBusinessConflict);
                     failures.push((2, CommitError::VersionConflict { key: key.clone() }))
                 }
                 (Role::Idempotency(slot), "ConditionalCheckFailed") => {
+                    reached(Branch::CommitIdempotencyUsed);
                     failures.push((0, CommitError::IdempotencyKeyUsed { slot: slot.clone() }))
                 }
                 // The application's own action: whatever DynamoDB says of it is the
                 // application's to read (its condition, its item collection, its
                 // expression).
-                (Role::Native(index), code) => failures.push((
-                    2,
-                    CommitError::ActionCancelled {
-                        index: *index,
-                        code: code.to_owned(),
-                        item: reason.item().cloned(),
-                    },
-                )),
+                (Role::Native(index), code) => {
+                    reached(Branch::CommitNativeCancelled);
+                    failures.push((
+                        2,
+                        CommitError::ActionCancelled {
+                            index: *index,
+                            code: code.to_owned(),
+                            item: reason.item().cloned(),
+                        },
+                    ))
+                }
                 (_, "ItemCollectionSizeLimitExceeded") => {
                     return Explained::Decided(Err(CommitError::TooLarge {
                         reason: "item collection size limit exceeded".into(),

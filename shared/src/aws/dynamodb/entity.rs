@@ -26,6 +26,7 @@ use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::settings::TableLayout;
 use crate::time::Timestamp;
 
+use super::branches::{reached, Branch};
 use super::fence::{fence_of, FENCE_ATTRIBUTE, NO_FENCE};
 use super::{unavailable, DynamoStore};
 
@@ -132,8 +133,10 @@ fn judge(layout: &TableLayout, commit: &EntityCommit, old: Option<&Item>) -> Ver
         Ok(entries) => {
             if let Some(found) = entries.get(&txn_id) {
                 return Verdict::Decided(if commit.entry.is_own(found) {
+                    reached(Branch::EntityOwnEntry);
                     Ok(())
                 } else {
+                    reached(Branch::EntityRivalEntry);
                     Err(CommitError::Superseded { txn_id })
                 });
             }
@@ -144,7 +147,8 @@ fn judge(layout: &TableLayout, commit: &EntityCommit, old: Option<&Item>) -> Ver
     }
     match fence_of(layout, old) {
         Ok(Some(fence)) if commit.checks_fence && fence >= txn_id => {
-            return Verdict::Decided(Err(CommitError::EntityFenced { txn_id }))
+            reached(Branch::EntityFenced);
+            return Verdict::Decided(Err(CommitError::EntityFenced { txn_id }));
         }
         Ok(_) => {}
         Err(error) => return Verdict::Decided(Err(CommitError::Ambiguous(Box::new(error)))),
@@ -251,7 +255,10 @@ impl DynamoStore {
         let verdict = match commit.expected {
             ExpectedVersion::Absent => self.update(commit, Form::Create, &data, &entry).await?,
             ExpectedVersion::Exactly(_) => match self.update(commit, Form::IntoMap, &data, &entry).await? {
-                Verdict::NeedsMap => self.update(commit, Form::NewMap, &data, &entry).await?,
+                Verdict::NeedsMap => {
+                    reached(Branch::EntityNewMap);
+                    self.update(commit, Form::NewMap, &data, &entry).await?
+                }
                 decided => decided,
             },
         };
@@ -357,18 +364,20 @@ impl DynamoStore {
     async fn judge_old(&self, commit: &EntityCommit, old: Option<Item>) -> Result<Verdict, CommitError> {
         let old = match old {
             Some(old) => Some(old),
-            None => self
-                .client
-                .get_item()
-                .table_name(&self.layout.table)
-                .set_key(Some(self.key(commit.key.as_str())))
-                .consistent_read(true)
-                .send()
-                .await
-                // This request wrote nothing, but whether an earlier one did is unknown.
-                .map_err(|error| CommitError::Ambiguous(Box::new(error)))?
-                .item
-                .take(),
+            None => {
+                reached(Branch::EntityOldItemRead);
+                self.client
+                    .get_item()
+                    .table_name(&self.layout.table)
+                    .set_key(Some(self.key(commit.key.as_str())))
+                    .consistent_read(true)
+                    .send()
+                    .await
+                    // This request wrote nothing, but whether an earlier one did is unknown.
+                    .map_err(|error| CommitError::Ambiguous(Box::new(error)))?
+                    .item
+                    .take()
+            }
         };
         Ok(judge(&self.layout, commit, old.as_ref()))
     }
@@ -450,10 +459,13 @@ impl DynamoStore {
                     entries_of(&self.layout, item).is_ok_and(|entries| entries.contains_key(&txn_id))
                 });
                 if holds_entry {
+                    reached(Branch::SettleFullItem);
                     self.put_dispatched_record(txn_id, now, expires_at).await?;
                     self.drop_entry(key, txn_id).await?;
+                } else {
+                    // The entry is gone: settled already.
+                    reached(Branch::SettleAlreadyGone);
                 }
-                // Otherwise the entry is gone: settled already.
                 Ok(())
             }
             Err(error) => Err(unavailable(error)),

@@ -20,6 +20,7 @@ use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
 
+use super::branches::{reached, Branch};
 use super::entity::{entries_of, sent_of, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
 use super::{unavailable, DynamoStore};
 use crate::aws::item::{outbox_items, outbox_pk, s, Item, Reader};
@@ -245,7 +246,10 @@ impl DynamoStore {
             Ok(_) => {
                 return Ok(Tried::Done(match tombstoned {
                     None => FenceOutcome::Fenced,
-                    Some(record) => FenceOutcome::Recorded(record.clone()),
+                    Some(record) => {
+                        reached(Branch::FenceOverPlainTombstone);
+                        FenceOutcome::Recorded(record.clone())
+                    }
                 }))
             }
             Err(error) => error,
@@ -266,6 +270,7 @@ impl DynamoStore {
             // item (a hot item) is contention, to be tried again soon; anything else
             // (throttling) is the store being unavailable.
             if (0..2).any(|index| code(index) == Some("TransactionConflict")) {
+                reached(Branch::FenceContention);
                 return Err(StoreError::Contention(Box::new(error)));
             }
             return Err(unavailable(error));
@@ -288,7 +293,10 @@ impl DynamoStore {
         // messages of its first part.
         let record = match (failed(0), tombstoned) {
             (false, held) => held.cloned(),
-            (true, None) => self.record_behind(txn_id, reasons[0].item()).await?,
+            (true, None) => {
+                reached(Branch::FenceRecordFromReason);
+                self.record_behind(txn_id, reasons[0].item()).await?
+            }
             (true, Some(_)) => self.get_outboxes(&[txn_id]).await?.remove(&txn_id),
         };
         // A committed record speaks for T; an entry of T in K is proof of its commit
@@ -301,14 +309,21 @@ impl DynamoStore {
                 (Some(record), _) if record.state != OutboxState::Tombstone => {
                     Tried::Done(FenceOutcome::Recorded(record))
                 }
-                (_, Some(entry)) => Tried::Done(FenceOutcome::Committed(entry)),
+                (_, Some(entry)) => {
+                    reached(Branch::FenceFoundEntry);
+                    Tried::Done(FenceOutcome::Committed(entry))
+                }
                 (_, None) if self.sent_mark_in(item_now.as_ref().and_then(Option::as_ref), txn_id)? => {
+                    reached(Branch::FenceFoundSentMark);
                     Tried::Done(FenceOutcome::Dispatched)
                 }
-                (tombstone, None) => Tried::Again {
-                    item: item_now,
-                    tombstone,
-                },
+                (tombstone, None) => {
+                    reached(Branch::FenceFormAgain);
+                    Tried::Again {
+                        item: item_now,
+                        tombstone,
+                    }
+                }
             },
         )
     }

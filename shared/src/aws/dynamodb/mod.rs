@@ -9,6 +9,7 @@
 //! live is the [`TableLayout`].
 
 mod batch;
+pub mod branches;
 mod commit;
 mod entity;
 mod fence;
@@ -24,6 +25,8 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, DeleteRequest, PutRequest, ReturnValuesOnConditionCheckFailure, WriteRequest,
 };
 use aws_sdk_dynamodb::Client;
+
+use branches::{reached, Branch};
 
 use crate::aws::item::{
     business_from_item, dispatched_item, idempotency_from_item, idempotency_pk, outbox_from_items, outbox_items,
@@ -107,7 +110,10 @@ impl DynamoStore {
             Some(main) if Reader::new(&self.layout, main).part_count()? == 0 => {
                 outbox_from_items(&self.layout, main, &[]).map(Some)
             }
-            _ => Ok(self.get_outboxes(&[txn_id]).await?.remove(&txn_id)),
+            _ => {
+                reached(Branch::SplitRecordReadWhole);
+                Ok(self.get_outboxes(&[txn_id]).await?.remove(&txn_id))
+            }
         }
     }
 }
@@ -173,6 +179,9 @@ impl Store for DynamoStore {
             }
             // A main item read before a concurrent mark put its dispatched form, with
             // parts read after that mark deleted them: read those again.
+            if !torn.is_empty() {
+                reached(Branch::ReadTornRecord);
+            }
             to_read = torn.into_keys().collect();
             if to_read.is_empty() {
                 break;
@@ -231,6 +240,7 @@ impl Store for DynamoStore {
                     PutItemError::ConditionalCheckFailedException(failed) => failed.item(),
                     _ => None,
                 };
+                reached(Branch::TombstoneExistsFromReason);
                 match self.record_behind(txn_id, old).await? {
                     Some(record) => Ok(TombstoneOutcome::Exists(record)),
                     None => Err(StoreError::Corrupt {
@@ -284,6 +294,7 @@ impl Store for DynamoStore {
         for (record, _) in records.iter().zip(&results).filter(|(_, marked)| marked.is_ok()) {
             let parts = split_messages(&record.messages, self.part_bytes).map_or(1, |groups| groups.len());
             for part in 1..parts {
+                reached(Branch::MarkDeletesParts);
                 let delete = DeleteRequest::builder()
                     .set_key(Some(self.key(&part_pk(record.txn_id, part))))
                     .build()
