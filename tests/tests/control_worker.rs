@@ -595,3 +595,72 @@ async fn the_sqs_event_sam_generates_is_reported_failed_alone() {
         json!({"batchItemFailures": [{"itemIdentifier": "19dd0b57-b21e-4ac1-bd88-01bbb068cb78"}]})
     );
 }
+
+/// A poller stopped during its long poll waits for the receive it has open and hands
+/// back what that receive took (visibility 0), unhandled: a poller started right after
+/// dispatches the message at once, not after the queue's 60-second visibility timeout
+/// (which a dropped long poll would leave the message hidden for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poller_stopped_during_its_long_poll_hands_back_what_it_took() {
+    use outbox::control::worker::{poll, setup::Worker};
+    use outbox::ports::ControlQueue;
+    let clients = AwsClients::new(&emulator().sdk_config().await);
+    let resources = bootstrap(&clients, &ResourceNames::for_stack(&unique_name("restart")))
+        .await
+        .unwrap();
+    let settings = default_settings(&resources);
+    let sdk_config = emulator().sdk_config_with(settings.sdk_operation_timeout).await;
+    let worker = Arc::new(Worker::new(&settings, &sdk_config).unwrap());
+    let store = DynamoStore::new(
+        worker.clients.dynamodb.clone(),
+        resources.layout.clone(),
+        worker.clock.clone(),
+    );
+    let start = |worker: Arc<Worker>| {
+        let stop = Arc::new(Notify::new());
+        let poller = tokio::spawn({
+            let stop = stop.clone();
+            async move { poll::run(&worker, async move { stop.notified().await }).await }
+        });
+        (stop, poller)
+    };
+    let (stop, first) = start(worker.clone());
+    // Its long poll is open.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let txn_id = TxnId::new_v7();
+    let now = worker.clock.now();
+    store.commit(&pending_record(txn_id, now, 1)).await.unwrap();
+    // Stopped, then the transaction's control message comes: the open receive takes it.
+    stop.notify_one();
+    worker
+        .control_queue
+        .send(&ControlMessage::first(txn_id, now), Duration::ZERO)
+        .await
+        .unwrap();
+    let stopped = first.await.unwrap();
+    assert_eq!(
+        stopped.messages, 0,
+        "nothing handled by the stopped poller: {stopped:?}"
+    );
+    let restarted = std::time::Instant::now();
+    let (stop, second) = start(worker.clone());
+    loop {
+        let state = store.get_outboxes(&[txn_id]).await.unwrap()[&txn_id].state;
+        if state == OutboxState::Dispatched {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(10),
+            "not dispatched 10 s after the restart: the message stayed hidden"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lag = restarted.elapsed();
+    // Not stopped gracefully: that would wait out its idle long poll.
+    drop(stop);
+    second.abort();
+    println!(
+        "restart during a long poll: the message the stopped poller's receive took was dispatched {lag:?} after the restart (the queue's visibility timeout: {:?})",
+        ResourceNames::for_stack("x").control_visibility_timeout
+    );
+}

@@ -14,7 +14,7 @@ use futures_util::future::join;
 
 use super::{BatchReport, Consumer, Delivery};
 use crate::control::lease::{while_renewing, Held, LEASE};
-use crate::control::poller::{poll_loop, PollerStats, MAX_BATCH};
+use crate::control::poller::{poll_loop, visible_now, PollerStats, MAX_BATCH};
 use crate::ports::{Inbox, QueueError};
 
 /// Receives one batch (waiting up to `wait` for it) under a [`LEASE`], processes it, and
@@ -76,8 +76,9 @@ pub async fn process(
 }
 
 /// Polls until `shutdown` completes, each batch received under `lease`, calling
-/// `on_batch` with each batch's report. A shutdown interrupts only the wait for messages:
-/// a batch in hand is always finished and acknowledged first. A failed receive is logged
+/// `on_batch` with each batch's report. A shutdown stops receiving: the receive still
+/// open is waited for and what it brings handed back at once (visibility 0); a batch in
+/// hand is always finished and acknowledged first. A failed receive is logged
 /// and retried after a short backoff.
 pub async fn run(
     inbox: &dyn Inbox,
@@ -90,6 +91,11 @@ pub async fn run(
     let stats = poll_loop(
         || inbox.receive(MAX_BATCH, wait, lease),
         |deliveries| async move { process(inbox, consumer, &deliveries, lease).await },
+        |deliveries: Vec<Delivery>| async move {
+            inbox
+                .set_visibility(&visible_now(&deliveries, |delivery| &delivery.receipt))
+                .await
+        },
         |report: &BatchReport| report.items.is_empty(),
         shutdown,
         on_batch,

@@ -112,9 +112,11 @@ pub fn receive_backoff(failures_in_a_row: u32) -> Duration {
 /// Polls until `shutdown` completes, each batch received under `lease` (the control
 /// queue's own visibility timeout, as the worker reads it), up to [`BATCHES_IN_FLIGHT`]
 /// batches handled at once, calling `on_batch` with each batch's report. A shutdown
-/// interrupts only the wait for messages: the batches in hand are always finished and
-/// acknowledged first. A failed receive is logged and retried after a
-/// short backoff ([`receive_backoff`]).
+/// stops receiving: the receive still open is waited for (at most its `wait`) and what
+/// it brings is handed back at once (visibility 0), so that a poller started next
+/// finds it instead of waiting out its lease; the batches in hand are finished and
+/// acknowledged. A failed receive is logged and retried after a short backoff
+/// ([`receive_backoff`]).
 pub async fn run(
     inbox: &dyn ControlInbox,
     control: &ControlPath,
@@ -126,6 +128,11 @@ pub async fn run(
     let stats = poll_loop(
         || inbox.receive(MAX_BATCH, wait, lease),
         |deliveries| async move { process(inbox, control, &deliveries, lease).await },
+        |deliveries: Vec<ControlDelivery>| async move {
+            inbox
+                .set_visibility(&visible_now(&deliveries, |delivery| &delivery.receipt))
+                .await
+        },
         |report: &BatchReport| report.items.is_empty(),
         shutdown,
         on_batch,
@@ -137,14 +144,27 @@ pub async fn run(
     stats
 }
 
+/// `deliveries`' receipts (each read by `receipt`), each to be made visible at once.
+pub(crate) fn visible_now<D>(deliveries: &[D], receipt: impl Fn(&D) -> &String) -> Vec<(String, Duration)> {
+    deliveries
+        .iter()
+        .map(|delivery| (receipt(delivery).clone(), Duration::ZERO))
+        .collect()
+}
+
 /// The loop of a poller (the control worker's, a consumer's): receive, interrupted only
 /// by `shutdown`; hand each batch to `process`, with up to `in_flight` batches being
 /// processed at once (a receive starts whenever fewer are); report the non-empty ones to
 /// `on_batch`; after a failed cycle, pause ([`receive_backoff`]) before the next receive.
-/// A shutdown stops receiving and lets the batches in hand finish.
-pub(crate) async fn poll_loop<D, R, Received, Processed>(
+/// A shutdown stops receiving: the receive still open is waited for, never dropped (a
+/// long poll dropped on the client's side may still take messages, which would stay
+/// invisible for their whole lease), and what it brought goes to `hand_back` unhandled;
+/// then the batches in hand finish.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn poll_loop<D, R, Received, Processed, HandedBack>(
     mut receive: impl FnMut() -> Received,
     mut process: impl FnMut(Vec<D>) -> Processed,
+    mut hand_back: impl FnMut(Vec<D>) -> HandedBack,
     is_empty: impl Fn(&R) -> bool,
     shutdown: impl Future<Output = ()>,
     mut on_batch: impl FnMut(&R),
@@ -154,6 +174,7 @@ pub(crate) async fn poll_loop<D, R, Received, Processed>(
 where
     Received: Future<Output = Result<Vec<D>, QueueError>>,
     Processed: Future<Output = Result<R, QueueError>>,
+    HandedBack: Future<Output = Result<(), QueueError>>,
 {
     tokio::pin!(shutdown);
     let in_flight = in_flight.max(1);
@@ -201,8 +222,25 @@ where
             () = until_some(pause.as_mut()) => pause = None,
         }
     }
+    // The open receive, waited for: what it took goes back to the queue at once.
+    if let Some(open) = receiving {
+        tracing::info!("stopping: waiting for the open receive of {queue} to return, to hand back what it takes");
+        match open.await {
+            Ok(deliveries) if !deliveries.is_empty() => {
+                let count = deliveries.len();
+                match hand_back(deliveries).await {
+                    Ok(()) => tracing::info!(messages = count, "stopping: handed back to {queue} unhandled"),
+                    Err(error) => {
+                        stats.failures += 1;
+                        tracing::warn!(error = %error, messages = count, "stopping: handing back to {queue} failed; they come back when their lease ends");
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(error) => tracing::debug!(error = %error, "stopping: the open receive of {queue} failed"),
+        }
+    }
     // A batch in hand is always finished and acknowledged.
-    drop(receiving);
     while let Some(result) = batches.next().await {
         match result {
             Ok(report) if !is_empty(&report) => on_batch(&report),
@@ -273,6 +311,7 @@ mod tests {
                     Ok::<usize, QueueError>(batch.len())
                 }
             },
+            |_: Vec<u8>| async { Ok(()) },
             |_: &usize| false,
             async {
                 let _ = stopped.await;
