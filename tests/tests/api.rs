@@ -1985,3 +1985,49 @@ fn a_commit_started_as_the_middleware_answers_for_an_overrun_is_answered_outcome
         reply.1
     );
 }
+
+/// Once the middleware has answered for a handler that overran ("nothing was written"),
+/// nothing of that request begins any more: a task the handler spawned that begins
+/// through the scope afterwards is refused, so its change cannot land behind the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_middleware_answered_for_an_overrun_nothing_of_the_request_begins() {
+    use axum::routing::post;
+    use outbox::http::{enforce_deadline, Deadlines, RequestScope};
+    use outbox::ports::SystemClock;
+
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    let outbox = Outbox::new(
+        backend.request_ports(clock.clone()),
+        Timing::default(),
+        TransactionLimits::default(),
+    );
+    let answered = Arc::new(tokio::sync::Notify::new());
+    let (began, late_begin) = tokio::sync::oneshot::channel();
+    let began = Arc::new(std::sync::Mutex::new(Some(began)));
+    let go = answered.clone();
+    let handler = move |scope: RequestScope| async move {
+        let began = began.lock().unwrap().take().expect("one request");
+        tokio::spawn(async move {
+            go.notified().await;
+            let _ = began.send(scope.begin(None).await.map(|_| ()));
+        });
+        std::future::pending::<()>().await;
+    };
+    let app = Router::new()
+        .route("/late", post(handler))
+        .layer(axum::middleware::from_fn_with_state(
+            Deadlines::new(outbox.clone(), Duration::from_secs(2)),
+            enforce_deadline,
+        ));
+    let response = app
+        .oneshot(Request::post("/late").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["type"], "/problems/timeout", "{body}");
+    answered.notify_one();
+    let late = late_begin.await.unwrap();
+    assert!(late.is_err(), "a begin after the answer is refused");
+}

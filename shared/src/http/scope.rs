@@ -74,6 +74,9 @@ struct ScopeState {
     begun_entity: Option<crate::ports::ItemKey>,
     /// The request's key and fingerprint, given at begin: the answer is stored under it.
     idempotency: Option<Idempotency>,
+    /// The middleware answered for a handler that overran: no transaction begins in this
+    /// request any more, and one that was beginning then is abandoned as it starts.
+    closed: bool,
 }
 
 impl std::fmt::Debug for RequestScope {
@@ -299,6 +302,19 @@ impl RequestScope {
         )
     }
 
+    /// Closes the scope for a handler that overran, under its lock: from now on no
+    /// transaction is admitted, and one still beginning is abandoned as it starts (its
+    /// commit refused). Returns how far the request got: a begin under way counts as
+    /// begun (its control message may be out; it can no longer commit).
+    fn close(&self) -> Progress {
+        let mut state = self.state();
+        state.closed = true;
+        match (state.progress, state.beginning) {
+            (Progress::NotBegun, Some(txn_id)) => Progress::Begun(txn_id),
+            (progress, _) => progress,
+        }
+    }
+
     /// Commits `txn` with `answer` (stored for replays under the idempotency key given at
     /// begin) and answers with it, naming the transaction. When a concurrent request with
     /// the same key committed first, answers as it did. A failure names the transaction;
@@ -359,6 +375,10 @@ impl RequestScope {
 impl BeginWatch for RequestScope {
     fn admit(&self, txn_id: TxnId) -> Result<(), TxnError> {
         let mut state = self.state();
+        if state.closed {
+            // The request was answered already (a timeout): nothing of it may begin now.
+            return Err(TxnError::DeadlineExceeded { txn_id });
+        }
         match (state.progress, state.beginning) {
             (Progress::Begun(first) | Progress::Committing(first), _) | (Progress::NotBegun, Some(first)) => {
                 Err(TxnError::SecondInRequest { txn_id: first })
@@ -378,6 +398,12 @@ impl BeginWatch for RequestScope {
     fn started(&self, outbox: &Outbox, txn: &mut Transaction) {
         {
             let mut state = self.state();
+            if state.closed {
+                // Begun while the middleware answered for the overrun, which told the
+                // client nothing was written: it may not commit now.
+                let _ = outbox.claim_abandoned(txn.id());
+                tracing::warn!(txn_id = %txn.id(), "a transaction began after its request was answered; its commit will be refused");
+            }
             state.begun_on = Some(outbox.clone());
             state.begun_entity = txn.entity().cloned();
             state.progress = Progress::Begun(txn.id());
@@ -511,6 +537,8 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
             response
         }
         None => {
+            // Read under the scope's lock, which closes it: nothing begins from here on.
+            let progress = scope.close();
             tracing::warn!(?progress, "the handler overran its deadline; answering for it");
             let answer = match progress {
                 Progress::Begun(txn_id) | Progress::Committing(txn_id) => {
@@ -519,6 +547,8 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
                         (_, Some(settlement)) if settlement.never_committed() => Progress::Begun(txn_id),
                         // It committed, but the handler's answer is lost with it.
                         (_, Some(Settlement::Committed(_))) => Progress::Committing(txn_id),
+                        // Still beginning when the scope closed: it can no longer commit.
+                        (_, None) => progress,
                         // Not settled: as far as it had got when it was abandoned.
                         (seen, _) => seen,
                     }
