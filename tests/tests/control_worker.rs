@@ -203,7 +203,7 @@ impl ControlInbox for ShutdownOnReceive {
         self.inner.ack(receipts).await
     }
 
-    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError> {
         self.inner.set_visibility(receipts).await
     }
 }

@@ -260,7 +260,7 @@ pub fn simulate(config: &Config, scenario: Scenario) -> Outcome {
                     // outlasts a lease.
                     let started = time.now();
                     let report = control.handle_batch(&deliveries).await;
-                    let report = acknowledge(inbox.as_ref(), &deliveries, report)
+                    let report = acknowledge(inbox.as_ref(), &deliveries, report, control.clock())
                         .await
                         .expect("the embedded queue acknowledges");
                     let mut tally = tally.borrow_mut();

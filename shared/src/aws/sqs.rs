@@ -206,7 +206,7 @@ impl ControlInbox for SqsControlQueue {
         delete_messages(&self.client, &self.queue_url, receipts).await
     }
 
-    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError> {
         change_visibility(&self.client, &self.queue_url, receipts).await
     }
 }
@@ -222,9 +222,16 @@ fn lease_seconds(lease: Duration) -> i32 {
     visibility_seconds(lease).max(1)
 }
 
-/// Sets the visibility of received messages of the queue at `url`, ten per call. A failed
-/// entry only means its message comes back when its visibility ran out anyway: logged.
-async fn change_visibility(client: &Client, url: &str, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+/// Sets the visibility of received messages of the queue at `url`, ten per call; returns
+/// the receipts SQS no longer counts as held (`MessageNotInflight`,
+/// `ReceiptHandleIsInvalid`). Another failed entry only means its message comes back
+/// when its visibility runs out anyway: logged.
+async fn change_visibility(
+    client: &Client,
+    url: &str,
+    receipts: &[(String, Duration)],
+) -> Result<Vec<String>, QueueError> {
+    let mut gone = Vec::new();
     for chunk in receipts.chunks(10) {
         let entries = chunk
             .iter()
@@ -245,43 +252,18 @@ async fn change_visibility(client: &Client, url: &str, receipts: &[(String, Dura
             .send()
             .await
             .map_err(|error| QueueError::Unavailable(Box::new(error)))?;
-        let mut lost = 0;
         for failed in output.failed() {
             if matches!(failed.code(), "ReceiptHandleIsInvalid" | "MessageNotInflight") {
-                lost += 1;
+                // The entry's id is its index in the chunk.
+                if let Some((receipt, _)) = failed.id().parse::<usize>().ok().and_then(|index| chunk.get(index)) {
+                    gone.push(receipt.clone());
+                }
             } else {
                 tracing::warn!(code = failed.code(), "changing a message's visibility failed");
             }
         }
-        report_lost_leases(url, lost);
     }
-    Ok(())
-}
-
-/// The metric of messages whose visibility could not be changed because the receiver no
-/// longer held them (`MessageNotInflight`, `ReceiptHandleIsInvalid`).
-pub const LEASES_LOST_METRIC: &str = "LeasesLost";
-
-/// Messages still being handled (a renewal of their lease, or a failed message's shorter
-/// visibility) that the queue no longer counts as held: their lease ran out first, so
-/// another receiver may be handling them at once (harmless: each is deduplicated, but it
-/// costs a second run, and a queue whose visibility timeout is shorter than the work
-/// shows it here). Logged as a warning and counted ([`LEASES_LOST_METRIC`]).
-fn report_lost_leases(url: &str, lost: usize) {
-    if lost == 0 {
-        return;
-    }
-    tracing::warn!(
-        queue_url = url,
-        messages = lost,
-        "the lease of messages still being handled had run out: another receiver may be handling them too"
-    );
-    crate::metrics::MetricRecord::new(
-        "queue-poller",
-        crate::time::Timestamp::from_system_time(std::time::SystemTime::now()),
-    )
-    .count(LEASES_LOST_METRIC, lost)
-    .emit();
+    Ok(gone)
 }
 
 /// The `MessageRetentionPeriod` of the queue at `url`: how long a copy of a message can
@@ -382,7 +364,7 @@ impl Inbox for SqsInbox {
         delete_messages(&self.client, &self.queue_url, receipts).await
     }
 
-    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError> {
         change_visibility(&self.client, &self.queue_url, receipts).await
     }
 }

@@ -75,6 +75,16 @@ fn entity_write(
     Ok(write)
 }
 
+/// What [`Consumer::block_attempts`] did.
+enum Blocked {
+    /// The entity was written as read: no earlier attempt can land any more.
+    Done,
+    /// The entity changed since it was read: read it again.
+    Changed,
+    /// The write failed, or its outcome is unknown.
+    Failed(CommitError),
+}
+
 impl Consumer {
     pub(super) async fn consume_entity(
         &self,
@@ -124,8 +134,22 @@ impl Consumer {
                         });
                         if unknown_expected.contains(&as_now) {
                             match entity.as_ref() {
-                                Some(entity) if !self.block_attempts(&key, txn_id, entity).await? => continue,
-                                Some(_) => {}
+                                Some(entity) => match self.block_attempts(&key, txn_id, entity).await {
+                                    Blocked::Done => {}
+                                    Blocked::Changed => continue,
+                                    // The block's own outcome may be unknown too: it is one
+                                    // more attempt at this version, and the next round reads
+                                    // K again (a block that landed is an empty entry, which
+                                    // that round publishes, records and removes).
+                                    Blocked::Failed(error) => {
+                                        tracing::warn!(error = %error, "blocking an attempt of unknown outcome failed; reading the entity again");
+                                        unknown_expected.push(as_now);
+                                        self.ports.clock.sleep(ROUND_DELAY * 2u32.pow(waits)).await;
+                                        waits += 1;
+                                        last = Some(error);
+                                        continue;
+                                    }
+                                },
                                 None => {
                                     return Err(ConsumeError::Unsettled(last.unwrap_or_else(|| {
                                         CommitError::Ambiguous(
@@ -247,8 +271,8 @@ impl Consumer {
     /// Blocks every attempt of message `txn_id` still on its way to `key`: writes the
     /// entity as read with an empty entry (so its version moves on, and an attempt, which
     /// expected this version or an older one, can no longer apply), then removes that
-    /// entry. `false` when the entity changed meanwhile (read it again).
-    async fn block_attempts(&self, key: &ItemKey, txn_id: TxnId, entity: &EntityItem) -> Result<bool, ConsumeError> {
+    /// entry.
+    async fn block_attempts(&self, key: &ItemKey, txn_id: TxnId, entity: &EntityItem) -> Blocked {
         let store = &self.ports.store;
         let now = self.ports.clock.now();
         let block = EntityCommit {
@@ -262,14 +286,15 @@ impl Consumer {
         match store.commit_entity(&block).await {
             Ok(()) => {
                 tracing::info!("blocked an attempt of unknown outcome of a message another copy settled");
-                store
-                    .remove_entry(key, txn_id)
-                    .await
-                    .map_err(ConsumeError::RemoveEntry)?;
-                Ok(true)
+                // Left in K if this fails: the next round finds the empty entry beside
+                // the dedup record, and removes it.
+                match store.remove_entry(key, txn_id).await {
+                    Ok(()) => Blocked::Done,
+                    Err(error) => Blocked::Failed(CommitError::Unavailable(Box::new(error))),
+                }
             }
-            Err(CommitError::VersionConflict { .. } | CommitError::Superseded { .. }) => Ok(false),
-            Err(error) => Err(ConsumeError::Unsettled(error)),
+            Err(CommitError::VersionConflict { .. } | CommitError::Superseded { .. }) => Blocked::Changed,
+            Err(error) => Blocked::Failed(error),
         }
     }
 

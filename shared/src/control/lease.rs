@@ -36,9 +36,34 @@ impl Held {
         self.0.lock().expect("no panic holds it").remove(receipt);
     }
 
+    fn holds(&self, receipt: &str) -> bool {
+        self.0.lock().expect("no panic holds it").contains(receipt)
+    }
+
     fn current(&self) -> Vec<String> {
         self.0.lock().expect("no panic holds it").iter().cloned().collect()
     }
+}
+
+/// The metric of messages whose lease ran out while they were still being handled.
+pub const LEASES_LOST_METRIC: &str = "LeasesLost";
+
+/// Reports `lost` messages whose lease ran out while they were still being handled (the
+/// queue no longer counted them as held by this receiver, and they were not acknowledged):
+/// another receiver may be handling them at once, which their records make harmless but
+/// costs a second run. A queue whose visibility timeout is shorter than the work shows
+/// here. Logged as a warning and counted ([`LEASES_LOST_METRIC`], under `service`).
+pub(crate) fn report_lost_leases(lost: usize, service: &'static str, clock: &dyn Clock) {
+    if lost == 0 {
+        return;
+    }
+    tracing::warn!(
+        messages = lost,
+        "the lease of messages still being handled had run out: another receiver may be handling them too"
+    );
+    crate::metrics::MetricRecord::new(service, clock.now())
+        .count(LEASES_LOST_METRIC, lost)
+        .emit();
 }
 
 /// Runs `work`, renewing the lease of what `held` still holds every third of `lease` by
@@ -53,7 +78,7 @@ pub async fn while_renewing<T, Renewed>(
     renew: impl Fn(Vec<(String, Duration)>) -> Renewed,
 ) -> T
 where
-    Renewed: Future<Output = Result<(), QueueError>>,
+    Renewed: Future<Output = Result<Vec<String>, QueueError>>,
 {
     let renewer = renew_forever(held, lease, clock, renew);
     let (work, renewer) = (std::pin::pin!(work), std::pin::pin!(renewer));
@@ -70,7 +95,7 @@ async fn renew_forever<Renewed>(
     renew: impl Fn(Vec<(String, Duration)>) -> Renewed,
 ) -> Infallible
 where
-    Renewed: Future<Output = Result<(), QueueError>>,
+    Renewed: Future<Output = Result<Vec<String>, QueueError>>,
 {
     loop {
         clock.timer(lease / 3).await;
@@ -80,11 +105,17 @@ where
         }
         let messages = receipts.len();
         match renew(receipts).await {
-            Ok(()) => tracing::debug!(
-                messages,
-                lease_s = lease.as_secs(),
-                "renewed the lease of messages still being handled"
-            ),
+            Ok(gone) => {
+                // One acknowledged while its renewal was on its way is no longer held:
+                // nothing lost.
+                let lost = gone.iter().filter(|receipt| held.holds(receipt)).count();
+                report_lost_leases(lost, "queue-poller", clock);
+                tracing::debug!(
+                    messages,
+                    lease_s = lease.as_secs(),
+                    "renewed the lease of messages still being handled"
+                )
+            }
             Err(error) => tracing::warn!(
                 error = %error,
                 messages,
@@ -98,6 +129,44 @@ where
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A renewal that the queue answers "no longer held" for two messages: the one
+    /// acknowledged while the renewal was on its way is nothing lost; the one still held
+    /// had its lease run out, and is a warning and the `LeasesLost` metric.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_that_ran_out_is_a_warning_and_counted_an_acknowledged_one_is_not() {
+        let logged = crate::test_log::Logged::default();
+        let writer = logged.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_env_filter("outbox=debug")
+            .finish();
+        crate::test_log::keep_callsites_interested();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let held = Held::new(["acked".to_owned(), "expired".to_owned()]);
+        let work = async {
+            tokio::time::sleep(Duration::from_secs(11)).await;
+        };
+        while_renewing(
+            work,
+            &held,
+            Duration::from_secs(30),
+            &crate::ports::SystemClock,
+            |_receipts| {
+                // Acknowledged while its renewal was on its way.
+                held.release("acked");
+                async { Ok(vec!["acked".to_owned(), "expired".to_owned()]) }
+            },
+        )
+        .await;
+        let text = logged.text();
+        assert!(
+            text.contains("WARN") && text.contains("had run out") && text.contains("messages=1"),
+            "{text}"
+        );
+        assert!(text.contains(r#""LeasesLost":1.0"#), "counted once: {text}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_lease_is_renewed_every_third_of_it_for_what_is_still_held_and_stops_with_the_work() {
@@ -118,7 +187,7 @@ mod tests {
             |receipts| {
                 calls.fetch_add(1, Ordering::SeqCst);
                 renewals.lock().unwrap().push(receipts);
-                async { Ok(()) }
+                async { Ok(Vec::new()) }
             },
         )
         .await;

@@ -393,8 +393,9 @@ impl ControlPath {
         // Stale after the shorter of the sender's retention and this worker's: past the
         // sender's, the proof of a commit (its record, its sent mark) may have expired, and
         // a fence then would stand beside a commit.
-        let stale_after = control.stale_after(self.timing.retention);
-        if stale_after < self.timing.retention {
+        let stale_after = control.stale_after(self.timing.retention, self.timing.max_commit_duration);
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if stale_after < self.timing.retention && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
                 txn_id = %control.txn_id,
                 sender_retention_s = stale_after.as_secs(),

@@ -17,7 +17,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use crate::control::lease::{while_renewing, Held, LEASE};
 use crate::control::redelivery::retry_failed_soon;
 use crate::control::{BatchReport, ControlPath};
-use crate::ports::{ControlDelivery, ControlInbox, QueueError};
+use crate::ports::{Clock, ControlDelivery, ControlInbox, QueueError};
 
 /// Most messages one receive asks for (SQS's limit).
 pub const MAX_BATCH: usize = 10;
@@ -62,7 +62,7 @@ pub async fn process(
         |receipts| async move { inbox.set_visibility(&receipts).await },
     )
     .await;
-    acknowledge(inbox, deliveries, report).await
+    acknowledge(inbox, deliveries, report, control.clock()).await
 }
 
 /// What a poller does with a handled batch: acknowledges the messages that succeeded
@@ -72,6 +72,7 @@ pub async fn acknowledge(
     inbox: &dyn ControlInbox,
     deliveries: &[ControlDelivery],
     report: BatchReport,
+    clock: &dyn Clock,
 ) -> Result<BatchReport, QueueError> {
     let failed = report.failed_message_ids();
     let handled: Vec<String> = deliveries
@@ -79,7 +80,7 @@ pub async fn acknowledge(
         .filter(|delivery| !failed.contains(&delivery.message_id.as_str()))
         .map(|delivery| delivery.receipt.clone())
         .collect();
-    retry_failed_soon(inbox, deliveries, &report).await;
+    retry_failed_soon(inbox, deliveries, &report, clock).await;
     if !handled.is_empty() {
         // If this fails the messages come back and are handled again, which the control
         // path makes harmless.
@@ -174,7 +175,7 @@ pub(crate) async fn poll_loop<D, R, Received, Processed, HandedBack>(
 where
     Received: Future<Output = Result<Vec<D>, QueueError>>,
     Processed: Future<Output = Result<R, QueueError>>,
-    HandedBack: Future<Output = Result<(), QueueError>>,
+    HandedBack: Future<Output = Result<Vec<String>, QueueError>>,
 {
     tokio::pin!(shutdown);
     let in_flight = in_flight.max(1);
@@ -229,7 +230,7 @@ where
             Ok(deliveries) if !deliveries.is_empty() => {
                 let count = deliveries.len();
                 match hand_back(deliveries).await {
-                    Ok(()) => tracing::info!(messages = count, "stopping: handed back to {queue} unhandled"),
+                    Ok(_) => tracing::info!(messages = count, "stopping: handed back to {queue} unhandled"),
                     Err(error) => {
                         stats.failures += 1;
                         tracing::warn!(error = %error, messages = count, "stopping: handing back to {queue} failed; they come back when their lease ends");
@@ -311,7 +312,7 @@ mod tests {
                     Ok::<usize, QueueError>(batch.len())
                 }
             },
-            |_: Vec<u8>| async { Ok(()) },
+            |_: Vec<u8>| async { Ok(Vec::new()) },
             |_: &usize| false,
             async {
                 let _ = stopped.await;

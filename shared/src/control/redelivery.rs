@@ -11,8 +11,9 @@
 
 use std::time::Duration;
 
+use crate::control::lease::report_lost_leases;
 use crate::control::BatchReport;
-use crate::ports::{ControlDelivery, ControlInbox};
+use crate::ports::{Clock, ControlDelivery, ControlInbox};
 
 /// The delay after a message's first failed receive.
 pub const FIRST_RETRY: Duration = Duration::from_secs(2);
@@ -34,7 +35,12 @@ pub fn retry_delay(receive_count: u32) -> Duration {
 /// Shortens the visibility of the messages of `deliveries` that `report` says failed.
 /// If that fails the messages still come back, after the visibility timeout; it is
 /// logged, never an error of the batch.
-pub async fn retry_failed_soon(inbox: &dyn ControlInbox, deliveries: &[ControlDelivery], report: &BatchReport) {
+pub async fn retry_failed_soon(
+    inbox: &dyn ControlInbox,
+    deliveries: &[ControlDelivery],
+    report: &BatchReport,
+    clock: &dyn Clock,
+) {
     let failed = report.failed_message_ids();
     let receipts: Vec<(String, Duration)> = deliveries
         .iter()
@@ -44,12 +50,14 @@ pub async fn retry_failed_soon(inbox: &dyn ControlInbox, deliveries: &[ControlDe
     if receipts.is_empty() {
         return;
     }
-    if let Err(error) = inbox.set_visibility(&receipts).await {
-        tracing::warn!(
+    match inbox.set_visibility(&receipts).await {
+        // Failed and not acknowledged: one no longer held had its lease run out.
+        Ok(gone) => report_lost_leases(gone.len(), "control-worker", clock),
+        Err(error) => tracing::warn!(
             error = %error,
             messages = receipts.len(),
             "could not shorten the visibility of failed control messages; they come back after the visibility timeout"
-        );
+        ),
     }
 }
 

@@ -78,10 +78,13 @@ impl ControlInbox for EmbeddedControlQueue {
         Ok(())
     }
 
-    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError> {
+        let mut gone = Vec::new();
         for (receipt, delay) in receipts {
-            self.queue.change_visibility(receipt, *delay);
+            if !self.queue.change_visibility(receipt, *delay) {
+                gone.push(receipt.clone());
+            }
         }
-        Ok(())
+        Ok(gone)
     }
 }

@@ -60,10 +60,13 @@ impl Inbox for EmbeddedInbox {
         Ok(())
     }
 
-    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError> {
+        let mut gone = Vec::new();
         for (receipt, timeout) in receipts {
-            self.queue.change_visibility(receipt, *timeout);
+            if !self.queue.change_visibility(receipt, *timeout) {
+                gone.push(receipt.clone());
+            }
         }
-        Ok(())
+        Ok(gone)
     }
 }

@@ -76,6 +76,7 @@ pub trait ControlInbox: Send + Sync {
     /// seconds rather than after its whole lease; or later, so that one still being
     /// handled does not come back meanwhile. Each receipt counts as one more receive
     /// toward the dead-letter policy when it comes back, as usual. A receipt that is no
-    /// longer current is ignored.
-    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError>;
+    /// longer current is ignored, and returned: the queue no longer counts its message
+    /// as held by this receiver (acknowledged meanwhile, or its lease ran out).
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError>;
 }

@@ -47,6 +47,8 @@ pub trait Inbox: Send + Sync {
 
     /// Makes received messages visible again after the given durations from now (SQS's
     /// `ChangeMessageVisibility`): the poller extends the lease of a message still being
-    /// handled. A receipt that is no longer current is ignored.
-    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError>;
+    /// handled. A receipt that is no longer current is ignored, and returned: the queue
+    /// no longer counts its message as held by this receiver (acknowledged meanwhile,
+    /// or its lease ran out).
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError>;
 }

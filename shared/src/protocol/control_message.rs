@@ -106,9 +106,14 @@ impl ControlMessage {
     }
 
     /// How long after its first sending this message is stale for a worker whose own
-    /// retention is `own`: the shorter of the two.
-    pub fn stale_after(&self, own: Duration) -> Duration {
-        self.retention.map_or(own, |sender| sender.min(own))
+    /// retention is `own`: the shorter of the two. A sender's retention that does not
+    /// exceed `window` (the commit window, which every retention must outlast) cannot be
+    /// right, and is ignored: trusted, it would call a message stale while its
+    /// transaction may still commit, and the commit would never be dispatched.
+    pub fn stale_after(&self, own: Duration, window: Duration) -> Duration {
+        self.retention
+            .filter(|sender| *sender > window)
+            .map_or(own, |sender| sender.min(own))
     }
 
     /// This message, carrying the trace context of the request that began the transaction.
@@ -255,9 +260,16 @@ mod tests {
         assert!(body.contains(r#""version":1"#), "an optional field: no new version");
         let decoded = ControlMessage::decode(&body).unwrap();
         assert_eq!(decoded, message);
-        assert_eq!(decoded.stale_after(7 * day), day, "the sender's, shorter");
-        assert_eq!(decoded.stale_after(day / 2), day / 2, "the worker's, shorter");
-        assert_eq!(sample().stale_after(7 * day), 7 * day, "unsaid: the worker's");
+        let window = Duration::from_secs(30);
+        assert_eq!(decoded.stale_after(7 * day, window), day, "the sender's, shorter");
+        assert_eq!(decoded.stale_after(day / 2, window), day / 2, "the worker's, shorter");
+        assert_eq!(sample().stale_after(7 * day, window), 7 * day, "unsaid: the worker's");
+        let within_the_window = sample().with_retention(window);
+        assert_eq!(
+            within_the_window.stale_after(7 * day, window),
+            7 * day,
+            "a sender's retention within the commit window is ignored"
+        );
         let bad = body.replace(r#""retention_s":86400"#, r#""retention_s":"a day""#);
         assert_eq!(ControlMessage::decode(&bad).unwrap(), sample(), "dropped, not refused");
     }

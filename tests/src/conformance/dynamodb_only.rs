@@ -62,6 +62,8 @@ pub struct Proxied {
     pub faults: Faults,
     /// The proxy (kept running).
     pub proxy: FaultProxy,
+    /// A client straight to DynamoDB Local, for looking at items as stored.
+    pub raw: aws_sdk_dynamodb::Client,
 }
 
 /// A fresh backend on DynamoDB Local behind a fault proxy that forwards everything until
@@ -88,6 +90,7 @@ pub async fn proxied() -> Proxied {
         backend: Backend::aws_with(clients).await,
         faults,
         proxy,
+        raw: aws_sdk_dynamodb::Client::new(&config),
     }
 }
 
@@ -367,6 +370,20 @@ pub async fn orphan_parts_of_an_expired_consumed_record_do_not_block_a_late_copy
     let marked = b.store.mark_dispatched(&[pending], soon).await;
     assert!(marked.iter().all(Result::is_ok), "{marked:?}");
     p.faults.others.lock().unwrap().clear();
+    let layout = b.layout.as_ref().expect("a DynamoDB layout");
+    let part = p
+        .raw
+        .get_item()
+        .table_name(&layout.table)
+        .key(
+            &layout.partition_key,
+            AttributeValue::S(format!("{}#PART#1", txn.record_key())),
+        )
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(part.item().is_some(), "the orphan part is there");
     b.clock.advance(Duration::from_secs(20));
     assert_eq!(record(b, txn).await, None, "expired");
     let late = request(b, txn, vec![], messages(txn, &big_bodies(3)));

@@ -631,7 +631,7 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlInbox for GatedControlQueu
             lost => Err(QueueError::Unavailable(injected("ack reply lost"))))
     }
 
-    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<(), QueueError> {
+    async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError> {
         gated!(self.gate, Op::Ack, self.inner.set_visibility(receipts).await,
             failed => Err(QueueError::Unavailable(injected("visibility change refused"))),
             lost => Err(QueueError::Unavailable(injected("visibility change reply lost"))))

@@ -66,6 +66,7 @@ branches! {
 }
 
 static COUNTS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+const _: () = assert!(Branch::ALL.len() <= 64, "one counter per branch");
 
 /// Counts `branch` as taken.
 pub(crate) fn reached(branch: Branch) {

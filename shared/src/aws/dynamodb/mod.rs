@@ -255,7 +255,9 @@ impl Store for DynamoStore {
 
     async fn mark_dispatched(&self, records: &[OutboxRecord], expires_at: Timestamp) -> Vec<Result<(), StoreError>> {
         // A record read as pending can only become dispatched (it can never be a
-        // tombstone), so an unconditional put of its dispatched form is safe, and lets a
+        // tombstone), so an unconditional put of its dispatched form is safe (but for a
+        // consumed message's record replaced by a newer attempt's after it expired, which
+        // only a mark delayed past the retention can meet: a known limit), and lets a
         // whole batch be marked in one `BatchWriteItem`. The parts of split records are
         // deleted only after their main item no longer names them: a reader never finds
         // a main item without its parts. A part left behind expires (PART_ORPHAN_GUARD).

@@ -38,6 +38,8 @@ struct Hooked {
     /// When a commit is held, another copy of its message records a decision that writes
     /// nothing (its dedup record, dispatched).
     settled_by_another_copy: std::sync::atomic::AtomicBool,
+    /// When a commit is held, another writer changes its entity (its version moves on).
+    changed_by_another_writer: std::sync::atomic::AtomicBool,
 }
 
 impl Hooked {
@@ -50,6 +52,7 @@ impl Hooked {
             hold_next_commit: Default::default(),
             held: Mutex::new(None),
             settled_by_another_copy: Default::default(),
+            changed_by_another_writer: Default::default(),
         }
     }
 
@@ -109,6 +112,28 @@ impl Store for Hooked {
                 let entry = &commit.entry;
                 self.inner
                     .put_dispatched(entry.txn_id, entry.created_at, entry.created_at.plus(RETENTION))
+                    .await
+                    .unwrap();
+            }
+            if self.changed_by_another_writer.load(Ordering::SeqCst) {
+                let entry = &commit.entry;
+                let other = TxnId::new_v7();
+                self.inner
+                    .commit(&CommitRequest {
+                        txn_id: other,
+                        writes: vec![crate::ports::BusinessWrite::Put {
+                            key: commit.key.clone(),
+                            data: json!({"count": 100}),
+                            expected: commit.expected,
+                        }],
+                        outbox: OutboxRecord::committed(
+                            other,
+                            vec![],
+                            entry.created_at,
+                            entry.created_at.plus(RETENTION),
+                        ),
+                        idempotency: None,
+                    })
                     .await
                     .unwrap();
             }
@@ -544,4 +569,52 @@ async fn a_copy_that_finds_the_message_settled_after_its_unknown_attempt_blocks_
     assert_eq!(entity.item.data, json!({"count": 1}), "no change applied");
     assert!(entity.entries.is_empty(), "{:?}", entity.entries);
     assert!(world.published().is_empty());
+}
+
+/// The same, but another writer changed the entity meanwhile: the attempt, which expected
+/// the version it read, can no longer land, so the copy acknowledges without writing the
+/// entity again.
+#[tokio::test]
+async fn a_copy_whose_entity_moved_on_since_its_unknown_attempt_acknowledges_without_a_block() {
+    let (mut world, hooked) = hooked_world(0);
+    let key: ItemKey = "COUNT#o-1".parse().unwrap();
+    let create = TxnId::new_v7();
+    let now = world.clock.now();
+    world
+        .backend
+        .store
+        .commit(&CommitRequest {
+            txn_id: create,
+            writes: vec![crate::ports::BusinessWrite::Put {
+                key: key.clone(),
+                data: json!({"count": 1}),
+                expected: ExpectedVersion::Absent,
+            }],
+            outbox: OutboxRecord::committed(create, vec![], now, now.plus(RETENTION)),
+            idempotency: None,
+        })
+        .await
+        .unwrap();
+    let mut ports = world.backend.consumer_ports(world.clock.clone());
+    ports.store = hooked.clone();
+    world.consumer = Consumer::new(
+        "counter".parse().unwrap(),
+        ports,
+        Arc::new(ChangesItsMind::default()),
+        RETENTION,
+    );
+    hooked.hold_next_commit.store(true, Ordering::SeqCst);
+    hooked.settled_by_another_copy.store(true, Ordering::SeqCst);
+    hooked.changed_by_another_writer.store(true, Ordering::SeqCst);
+    let outcome = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
+    assert_eq!(outcome, ConsumeOutcome::Duplicate);
+    let entity = world.entity("o-1").await;
+    assert_eq!(
+        (entity.item.version, entity.item.data),
+        (2, json!({"count": 100})),
+        "only the other writer's change: no block written"
+    );
+    let held = hooked.held.lock().unwrap().take().expect("round 1's commit was held");
+    let late = world.backend.store.commit_entity(&held).await;
+    assert!(matches!(late, Err(CommitError::VersionConflict { .. })), "{late:?}");
 }

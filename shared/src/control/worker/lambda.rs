@@ -55,7 +55,7 @@ pub async fn handle_event(
 ) -> SqsBatchResponse {
     let deliveries = deliveries(event);
     let report = control.handle_batch(&deliveries).await;
-    retry_failed_soon(inbox, &deliveries, &report).await;
+    retry_failed_soon(inbox, &deliveries, &report, clock).await;
     batch_metrics::for_batch(&report, clock.now()).emit();
     batch_response(&report)
 }

@@ -513,7 +513,10 @@ impl Store for EmbeddedStore {
         // late (a worker frozen between its publish and its mark) puts the record back
         // after it expired, dispatched and due to expire again. It never meets T's
         // tombstone: T committed, and a committed transaction gets none (I3, which the
-        // simulation checks on this very behaviour).
+        // simulation checks on this very behaviour). A known limit: a consumed message's
+        // key (`IN#`) can hold a newer attempt's record once the old one expired, and a
+        // mark delayed past the consumer's retention would replace it (on DynamoDB and
+        // delete its parts too).
         records
             .iter()
             .map(|read| {
