@@ -5,7 +5,9 @@
 //!   else `RUST_LOG`, else `info`; the format is JSON (with the current span, so each line
 //!   carries the request's or control message's fields) unless `AWS_LAMBDA_LOG_FORMAT` is
 //!   `Text`; no timestamps, which CloudWatch adds, and no colours.
-//! - **Elsewhere**: `RUST_LOG` (default `info`), text with timestamps, on standard error.
+//! - **Elsewhere**: `RUST_LOG` (default `info`), text with timestamps, on standard error;
+//!   in colour only where standard error is a terminal and `NO_COLOR` is unset, so that a
+//!   log file or a pipe gets plain text.
 
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::layer::SubscriberExt;
@@ -21,11 +23,14 @@ pub struct LogSettings {
     pub json: bool,
     /// Each line with its time.
     pub timestamps: bool,
+    /// Colour codes in the text.
+    pub ansi: bool,
 }
 
 impl LogSettings {
-    /// What `lookup` (a variable's value, or `None`) asks for, inside Lambda or not.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+    /// What `lookup` (a variable's value, or `None`) asks for, inside Lambda or not, for
+    /// standard error that is a terminal or not (`terminal`).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>, terminal: bool) -> Self {
         let on_lambda = lookup("AWS_LAMBDA_RUNTIME_API").is_some();
         // Lambda's levels are TRACE, DEBUG, INFO, WARN, ERROR and FATAL; tracing has no
         // FATAL, and anything else would be read as a target's name and silence everything.
@@ -47,6 +52,7 @@ impl LogSettings {
             json: on_lambda
                 && !lookup("AWS_LAMBDA_LOG_FORMAT").is_some_and(|format| format.eq_ignore_ascii_case("text")),
             timestamps: !on_lambda,
+            ansi: !on_lambda && terminal && lookup("NO_COLOR").is_none_or(|value| value.is_empty()),
         }
     }
 }
@@ -55,15 +61,18 @@ impl LogSettings {
 /// feature `otel`, also the span exporter where the `OTEL_*` variables turn it on
 /// ([`crate::telemetry::export`]).
 pub fn init() {
-    let settings = LogSettings::from_lookup(|name| std::env::var(name).ok());
+    use std::io::IsTerminal;
+    let settings = LogSettings::from_lookup(|name| std::env::var(name).ok(), std::io::stderr().is_terminal());
     let filter = EnvFilter::builder()
         .with_default_directive(LevelFilter::INFO.into())
         .parse_lossy(&settings.filter);
-    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(settings.ansi);
     let lines: Box<dyn Layer<Registry> + Send + Sync> = match (settings.json, settings.timestamps) {
         (true, _) => lines.json().with_current_span(true).without_time().boxed(),
         (false, true) => lines.boxed(),
-        (false, false) => lines.with_ansi(false).without_time().boxed(),
+        (false, false) => lines.without_time().boxed(),
     };
     let subscriber = tracing_subscriber::registry().with(lines.with_filter(filter));
     #[cfg(feature = "otel")]
@@ -86,7 +95,7 @@ mod tests {
 
     fn settings(pairs: &[(&str, &str)]) -> LogSettings {
         let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        LogSettings::from_lookup(|name| map.get(name).cloned())
+        LogSettings::from_lookup(|name| map.get(name).cloned(), false)
     }
 
     #[test]
@@ -103,7 +112,8 @@ mod tests {
             LogSettings {
                 filter: "debug".into(),
                 json: true,
-                timestamps: false
+                timestamps: false,
+                ansi: false
             }
         );
         assert_eq!(settings(&[lambda, ("RUST_LOG", "warn")]).filter, "warn");
@@ -122,8 +132,25 @@ mod tests {
             LogSettings {
                 filter: "info".into(),
                 json: false,
-                timestamps: true
+                timestamps: true,
+                ansi: false
             }
         );
+    }
+
+    #[test]
+    fn colours_only_for_a_terminal_that_did_not_say_no_color() {
+        let map = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let ansi = |pairs: &[(&str, &str)], terminal: bool| {
+            let vars = map(pairs);
+            LogSettings::from_lookup(|name| vars.get(name).cloned(), terminal).ansi
+        };
+        assert!(ansi(&[], true), "a terminal");
+        assert!(!ansi(&[], false), "a file or a pipe");
+        assert!(!ansi(&[("NO_COLOR", "1")], true), "NO_COLOR");
+        assert!(ansi(&[("NO_COLOR", "")], true), "NO_COLOR empty means unset");
+        assert!(!ansi(&[("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")], true), "Lambda");
     }
 }

@@ -138,6 +138,12 @@ async fn publish_batch(
         report.calls += 1;
         match publisher.send_batch(destination, &remaining).await {
             Ok(failures) => {
+                // One line per message that went out, at info: its id and destination.
+                for message in &remaining {
+                    if !failures.iter().any(|failure| failure.id == message.id) {
+                        tracing::info!(message_id = %message.id, %destination, "published");
+                    }
+                }
                 let mut retry = Vec::new();
                 for failure in failures {
                     if failure.sender_fault {
@@ -267,5 +273,61 @@ mod tests {
         let report = publish_all(&publisher, &clock, &refs, RetryPolicy::default()).await;
         assert!(report.failed.is_empty());
         assert_eq!(*publisher.batches.lock().unwrap(), [2, 2, 1]);
+    }
+
+    /// Refuses the message at position 1 as the sender's fault, accepts the rest.
+    struct RefusesOne;
+
+    #[async_trait::async_trait]
+    impl Publisher for RefusesOne {
+        async fn send_batch(
+            &self,
+            _destination: &DestinationName,
+            messages: &[OutgoingMessage],
+        ) -> Result<Vec<crate::ports::EntryFailure>, crate::ports::PublishError> {
+            Ok(messages
+                .iter()
+                .filter(|message| message.id.as_str().ends_with(":1"))
+                .map(|message| crate::ports::EntryFailure {
+                    id: message.id.clone(),
+                    code: "InvalidParameterValue".into(),
+                    sender_fault: true,
+                })
+                .collect())
+        }
+
+        fn entry_bytes(&self, _destination: &DestinationName, _message: &OutgoingMessage) -> usize {
+            10
+        }
+    }
+
+    /// Each message that went out is one line at info level, naming its id and its
+    /// destination; one the destination refused is not among them.
+    #[tokio::test]
+    async fn each_published_message_is_one_info_line_with_its_id_and_destination() {
+        let logged = crate::test_log::Logged::default();
+        let writer = logged.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_env_filter("info")
+            .finish();
+        crate::test_log::keep_callsites_interested();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let messages: Vec<_> = (0..3).map(|i| message(i, 10)).collect();
+        let refs: Vec<_> = messages.iter().collect();
+        let clock = crate::embedded::ManualClock::new(Timestamp::from_millis(0));
+        let report = publish_all(&RefusesOne, &clock, &refs, RetryPolicy::default()).await;
+        assert_eq!(report.failed.len(), 1);
+        let text = logged.text();
+        let published: Vec<&str> = text
+            .lines()
+            .filter(|line| line.contains(" INFO ") && line.contains("published"))
+            .collect();
+        assert_eq!(published.len(), 2, "{text}");
+        for (line, message) in published.iter().zip([&messages[0], &messages[2]]) {
+            assert!(line.contains(&format!("message_id={}", message.id)), "{line}");
+            assert!(line.contains("destination=events"), "{line}");
+        }
     }
 }
