@@ -907,3 +907,52 @@ fn alarm_watches_what_the_worker_emits(
         .collect();
     assert_eq!(dimensions, declared, "{emitted}");
 }
+
+/// The README's IAM lists for the API and the control worker are exactly what
+/// `template.yaml` grants `ApiFunction` and `ControlWorkerFunction` (the destinations'
+/// publish actions included: the API publishes after its answer); the actions each is
+/// seen calling are held to those grants by
+/// `every_action_the_code_calls_is_granted_to_its_function_on_named_resources`.
+#[test]
+fn the_readmes_iam_lists_are_the_templates_grants() {
+    let template = template();
+    for (function, starts) in [
+        ("ApiFunction", "- IAM for your API function: "),
+        ("ControlWorkerFunction", "- IAM for the control worker: "),
+    ] {
+        let granted: BTreeSet<String> = grants(&template, function).keys().cloned().collect();
+        let listed = readme_actions(starts);
+        assert_eq!(listed, granted, "the README's IAM for {function}");
+    }
+}
+
+/// The fence (the control worker's, and the API's settling write in entity mode) sends
+/// each of its forms in the conformance case that drives it on DynamoDB Local, among them
+/// a `ConditionCheck` (a mark at or above the transaction already, or its record a
+/// tombstone already); every action of those transactions is granted to both functions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_form_of_the_fence_is_granted_to_the_worker_and_the_api() {
+    use outbox_tests::conformance::{cases, Backend};
+    let backend = Backend::aws().await;
+    cases::a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_one(&backend).await;
+    let sent: BTreeSet<String> = called(backend.wire.as_ref().expect("counted"))
+        .into_iter()
+        .filter(|operation| operation.starts_with("TransactWriteItems:"))
+        .collect();
+    assert!(
+        sent.contains("TransactWriteItems:ConditionCheck"),
+        "the fence's checking forms were sent: {sent:?}"
+    );
+    let template = template();
+    for function in PRODUCERS {
+        let granted = grants(&template, function);
+        for operation in &sent {
+            for action in iam_actions(operation) {
+                assert!(
+                    granted.contains_key(action),
+                    "{function} may fence, which sends {operation}, but is not granted {action}"
+                );
+            }
+        }
+    }
+}
