@@ -956,3 +956,30 @@ async fn every_form_of_the_fence_is_granted_to_the_worker_and_the_api() {
         }
     }
 }
+
+/// Where the documents name the prefixes the protocol's records take, they name all of
+/// them, as the code has them (`RESERVED_KEY_PREFIXES`).
+#[test]
+fn the_documents_quote_every_reserved_key_prefix() {
+    use outbox::protocol::RESERVED_KEY_PREFIXES;
+    for (document, marker) in [
+        ("README.md", "The records' partition keys start with"),
+        ("docs/PROTOCOL.md", "not starting with"),
+    ] {
+        let text = std::fs::read_to_string(format!("{}/../{document}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let start = text
+            .find(marker)
+            .unwrap_or_else(|| panic!("{document} no longer says {marker:?}"));
+        let sentence = &text[start..];
+        let sentence = &sentence[..sentence
+            .find(';')
+            .or_else(|| sentence.find(')'))
+            .unwrap_or(sentence.len())];
+        for prefix in RESERVED_KEY_PREFIXES {
+            assert!(
+                sentence.contains(&format!("`{prefix}`")),
+                "{document}: {sentence:?} does not name {prefix}"
+            );
+        }
+    }
+}

@@ -10,6 +10,11 @@ use std::str::FromStr;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ItemKey(String);
 
+/// The prefixes of the protocol's own records' keys (outbox records and their parts,
+/// consumers' dedup records, idempotency records): no business item's key starts with
+/// one.
+pub const RESERVED_KEY_PREFIXES: &[&str] = &["TXN#", "IN#", "IDEM#"];
+
 /// A key that breaks the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("item key must be 1 to 1024 bytes and must not start with TXN#, IN# or IDEM#")]
@@ -19,7 +24,7 @@ impl FromStr for ItemKey {
     type Err = InvalidItemKey;
 
     fn from_str(input: &str) -> Result<Self, Self::Err> {
-        let reserved = ["TXN#", "IN#", "IDEM#"].iter().any(|prefix| input.starts_with(prefix));
+        let reserved = RESERVED_KEY_PREFIXES.iter().any(|prefix| input.starts_with(prefix));
         ((1..=1024).contains(&input.len()) && !reserved)
             .then(|| Self(input.to_owned()))
             .ok_or(InvalidItemKey)
@@ -42,6 +47,14 @@ impl fmt::Display for ItemKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_refusal_names_every_reserved_prefix() {
+        let message = InvalidItemKey.to_string();
+        for prefix in RESERVED_KEY_PREFIXES {
+            assert!(message.contains(prefix), "{message} does not name {prefix}");
+        }
+    }
 
     #[test]
     fn item_keys_keep_out_of_the_protocol_prefixes() {

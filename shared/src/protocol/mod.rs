@@ -13,7 +13,7 @@ mod txn_id;
 
 pub use control_message::{ControlMessage, DecodeError, CONTROL_MESSAGE_VERSION};
 pub use idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, InvalidIdempotencyKey, StoredResponse};
-pub use item_key::{InvalidItemKey, ItemKey};
+pub use item_key::{InvalidItemKey, ItemKey, RESERVED_KEY_PREFIXES};
 pub use message::{
     DestinationName, EventType, InvalidDestination, Message, MessageId, OutgoingMessage, MAX_MESSAGE_ATTRIBUTES,
     MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE,
