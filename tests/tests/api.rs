@@ -1132,6 +1132,11 @@ async fn headers_are_read_exactly_as_the_document_states_them() {
     assert_eq!(first.status, StatusCode::OK, "{:?}", first.body);
     let again = app.send(cancel("idempotency-key", "k-1")).await;
     assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
+    // A replay keeps every header of the first answer: its transaction and its item.
+    for name in ["x-transaction-id", "x-transaction-item"] {
+        assert!(header(&first, name).is_some(), "the first answer names {name}");
+        assert_eq!(header(&again, name), header(&first, name), "{name}");
+    }
 }
 
 /// The schema `reference` points to in `document`, or `schema` itself.

@@ -334,6 +334,12 @@ impl RequestScope {
             TRANSACTION_ID_HEADER,
             HeaderValue::from_str(&txn_id.to_string()).expect("transaction ids are ASCII"),
         );
+        // The item, too, for a transaction begun in entity mode: the middleware adds it to
+        // the answer, and the stored answer a replay gives must carry it as well.
+        if let Some(key) = self.state().begun_entity.clone() {
+            let value = HeaderValue::from_str(&encode_item_key(&key)).expect("percent-encoded is ASCII");
+            headers.insert(TRANSACTION_ITEM_HEADER, value);
+        }
         if let Some(idempotency) = idempotency {
             txn.remember_response(
                 idempotency.slot.clone(),
