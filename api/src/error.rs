@@ -17,16 +17,8 @@ pub use outbox::http::{FieldError, Problem, TRANSACTION_ID_HEADER};
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// The body is not JSON, or not the JSON this route takes.
-    #[error("malformed request body: {0}")]
-    MalformedBody(String),
-    /// The body is not `application/json`.
-    #[error("unsupported media type")]
-    UnsupportedMediaType,
-    /// The body is larger than the limit.
-    #[error("request body too large")]
-    PayloadTooLarge,
-    /// Fields are invalid.
+    /// Fields are invalid. (A body that is not JSON, not `application/json` or too large
+    /// is the library's [`HttpError`], answered as it answers it.)
     #[error("invalid fields")]
     Validation(Vec<FieldError>),
     /// The path's parameters cannot be read (not UTF-8 once percent-decoded).
@@ -100,16 +92,6 @@ impl ApiError {
     pub fn problem(&self) -> Problem {
         use StatusCode as S;
         match self {
-            Self::MalformedBody(detail) => {
-                Problem::new(S::BAD_REQUEST, "malformed-body", "Malformed request body").with_detail(detail.clone())
-            }
-            Self::UnsupportedMediaType => Problem::new(
-                S::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported-media-type",
-                "Unsupported media type",
-            )
-            .with_detail("send application/json"),
-            Self::PayloadTooLarge => Problem::new(S::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large"),
             Self::Validation(errors) => {
                 let mut problem = Problem::new(S::UNPROCESSABLE_ENTITY, "validation", "Invalid request");
                 problem.errors = errors.clone();

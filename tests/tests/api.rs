@@ -2034,5 +2034,13 @@ async fn after_the_middleware_answered_for_an_overrun_nothing_of_the_request_beg
     assert_eq!(body["type"], "/problems/timeout", "{body}");
     answered.notify_one();
     let late = late_begin.await.unwrap();
-    assert!(late.is_err(), "a begin after the answer is refused");
+    assert!(
+        matches!(
+            late,
+            Err(outbox::http::HttpError::Transaction(
+                outbox::request::TxnError::DeadlineExceeded { .. }
+            ))
+        ),
+        "a begin after the answer is refused: {late:?}"
+    );
 }

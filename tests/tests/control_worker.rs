@@ -638,6 +638,7 @@ async fn a_poller_stopped_during_its_long_poll_hands_back_what_it_took() {
         .await
         .unwrap();
     let stopped = first.await.unwrap();
+    assert_eq!(stopped.handed_back, 1, "its open receive took the message: {stopped:?}");
     assert_eq!(
         stopped.messages, 0,
         "nothing handled by the stopped poller: {stopped:?}"

@@ -1,6 +1,7 @@
 //! A consumer's process from its settings (feature `consumer`): inside Lambda, the SQS
 //! event handler with partial batch responses; elsewhere, the local poller on
-//! `OUTBOX_CONSUMER_QUEUE_URL` until SIGINT or SIGTERM, the batch in hand finished first.
+//! `OUTBOX_CONSUMER_QUEUE_URL` until SIGINT or SIGTERM, the batch in hand finished first and
+//! the open long poll waited out (what it takes is handed back).
 //! A service's `main` is then one call: `outbox::consumer::serve(handler).await`.
 
 use std::sync::Arc;
@@ -171,5 +172,5 @@ async fn shutdown_signal() {
             let _ = interrupt.await;
         }
     }
-    tracing::info!("shutting down after the batch in hand");
+    tracing::info!("shutting down after the batch in hand and the open long poll");
 }

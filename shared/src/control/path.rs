@@ -395,12 +395,14 @@ impl ControlPath {
         // a fence then would stand beside a commit.
         let stale_after = control.stale_after(self.timing.retention, self.timing.max_commit_duration);
         static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if stale_after < self.timing.retention && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        let disagree = control.retention.is_some_and(|sender| sender != self.timing.retention);
+        if disagree && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
                 txn_id = %control.txn_id,
-                sender_retention_s = stale_after.as_secs(),
+                sender_retention_s = control.retention.map(|sender| sender.as_secs()),
                 worker_retention_s = self.timing.retention.as_secs(),
-                "the API keeps proofs for less time than this worker's OUTBOX_RETENTION_SECONDS: the API's holds; set one value for both"
+                stale_after_s = stale_after.as_secs(),
+                "the API's OUTBOX_RETENTION_SECONDS differs from this worker's: the shorter holds (one within the commit window is ignored); set one value for both"
             );
         }
         if now >= control.first_sent_at.plus(stale_after) {

@@ -13,6 +13,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 
 use crate::control::lease::{while_renewing, Held, LEASE};
 use crate::control::redelivery::retry_failed_soon;
@@ -98,6 +99,8 @@ pub struct PollerStats {
     pub failures: u64,
     /// Control messages handled (successfully or not).
     pub messages: u64,
+    /// Messages the receive open at shutdown took, handed back unhandled.
+    pub handed_back: u64,
 }
 
 /// The pause after `failures_in_a_row` failed cycles: [`FIRST_RECEIVE_BACKOFF`] doubled
@@ -195,9 +198,15 @@ where
     };
     loop {
         if receiving.is_none() && pause.is_none() && batches.len() < in_flight {
+            // Never a new long poll once the stop was asked for: it would only be waited
+            // out and its messages handed back.
+            if shutdown.as_mut().now_or_never().is_some() {
+                break;
+            }
             receiving = Some(Box::pin(receive()));
         }
         tokio::select! {
+            biased;
             () = &mut shutdown => break,
             received = until_some(receiving.as_mut()) => {
                 receiving = None;
@@ -223,35 +232,53 @@ where
             () = until_some(pause.as_mut()) => pause = None,
         }
     }
-    // The open receive, waited for: what it took goes back to the queue at once.
-    if let Some(open) = receiving {
+    // The open receive is waited for (what it took goes back to the queue at once) while
+    // the batches in hand finish and are acknowledged: both at once, so that a batch
+    // never stalls, its lease unrenewed, behind a long poll.
+    let handing_back = async {
+        let Some(open) = receiving else {
+            return (0, 0);
+        };
         tracing::info!("stopping: waiting for the open receive of {queue} to return, to hand back what it takes");
         match open.await {
             Ok(deliveries) if !deliveries.is_empty() => {
-                let count = deliveries.len();
+                let count = deliveries.len() as u64;
                 match hand_back(deliveries).await {
-                    Ok(_) => tracing::info!(messages = count, "stopping: handed back to {queue} unhandled"),
+                    Ok(_) => {
+                        tracing::info!(messages = count, "stopping: handed back to {queue} unhandled");
+                        (count, 0)
+                    }
                     Err(error) => {
-                        stats.failures += 1;
                         tracing::warn!(error = %error, messages = count, "stopping: handing back to {queue} failed; they come back when their lease ends");
+                        (0, 1)
                     }
                 }
             }
-            Ok(_) => {}
-            Err(error) => tracing::debug!(error = %error, "stopping: the open receive of {queue} failed"),
-        }
-    }
-    // A batch in hand is always finished and acknowledged.
-    while let Some(result) = batches.next().await {
-        match result {
-            Ok(report) if !is_empty(&report) => on_batch(&report),
-            Ok(_) => {}
+            Ok(_) => (0, 0),
+            // It may have taken messages before it failed: they come back after their lease.
             Err(error) => {
-                stats.failures += 1;
-                tracing::warn!(error = %error, "finishing a batch from {queue} failed");
+                tracing::warn!(error = %error, "stopping: the open receive of {queue} failed; what it took comes back after its lease");
+                (0, 1)
             }
         }
-    }
+    };
+    let finishing = async {
+        let mut failures = 0;
+        while let Some(result) = batches.next().await {
+            match result {
+                Ok(report) if !is_empty(&report) => on_batch(&report),
+                Ok(_) => {}
+                Err(error) => {
+                    failures += 1;
+                    tracing::warn!(error = %error, "finishing a batch from {queue} failed");
+                }
+            }
+        }
+        failures
+    };
+    let ((handed_back, hand_back_failures), batch_failures) = futures_util::future::join(handing_back, finishing).await;
+    stats.handed_back += handed_back;
+    stats.failures += hand_back_failures + batch_failures;
     stats
 }
 
@@ -342,6 +369,81 @@ mod tests {
             .unwrap();
         assert_eq!((finished.load(Ordering::SeqCst), stats.receives), (4, 4));
         assert_eq!(most.load(Ordering::SeqCst), 3);
+    }
+
+    /// Stopped while a receive is open and a batch is in hand: the batch finishes while
+    /// the receive is still waited for, and what the receive then brings is handed back,
+    /// unhandled, before the poller ends.
+    #[tokio::test]
+    async fn a_stop_finishes_the_batch_in_hand_and_hands_back_what_the_open_receive_takes() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::{Arc, Mutex};
+        let receives = Arc::new(AtomicUsize::new(0));
+        let receive_returns = Arc::new(tokio::sync::Notify::new());
+        let batch_ends = Arc::new(tokio::sync::Notify::new());
+        let batch_done = Arc::new(AtomicBool::new(false));
+        let handed = Arc::new(Mutex::new(Vec::new()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (receives_in, returns_in, ends_in, done_in, handed_in) = (
+            receives.clone(),
+            receive_returns.clone(),
+            batch_ends.clone(),
+            batch_done.clone(),
+            handed.clone(),
+        );
+        let poller = tokio::spawn(poll_loop(
+            move || {
+                let (receives, returns) = (receives_in.clone(), returns_in.clone());
+                async move {
+                    if receives.fetch_add(1, Ordering::SeqCst) == 0 {
+                        return Ok(vec![1u8]);
+                    }
+                    returns.notified().await;
+                    Ok(vec![7, 8])
+                }
+            },
+            move |batch: Vec<u8>| {
+                let (ends, done) = (ends_in.clone(), done_in.clone());
+                async move {
+                    ends.notified().await;
+                    done.store(true, Ordering::SeqCst);
+                    Ok::<usize, QueueError>(batch.len())
+                }
+            },
+            move |taken: Vec<u8>| {
+                let handed = handed_in.clone();
+                async move {
+                    handed.lock().unwrap().extend(taken);
+                    Ok(Vec::new())
+                }
+            },
+            |_: &usize| false,
+            async {
+                let _ = stopped.await;
+            },
+            |_| {},
+            "a test queue",
+            2,
+        ));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(receives.load(Ordering::SeqCst), 2, "a batch in hand, a receive open");
+        stop.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        batch_ends.notify_one();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            batch_done.load(Ordering::SeqCst),
+            "the batch finished while the receive was open"
+        );
+        assert!(!poller.is_finished(), "the open receive is waited for");
+        receive_returns.notify_one();
+        let stats = tokio::time::timeout(Duration::from_secs(5), poller)
+            .await
+            .expect("stops")
+            .unwrap();
+        assert_eq!(*handed.lock().unwrap(), [7, 8], "handed back, unhandled");
+        assert_eq!((stats.handed_back, stats.receives), (2, 1));
+        assert_eq!(receives.load(Ordering::SeqCst), 2, "no receive after the stop");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use super::problem::{respond, transaction_problem, Problem, OUTCOME_UNKNOWN};
+use super::problem::{respond, transaction_problem, FieldError, Problem, OUTCOME_UNKNOWN};
 use super::progress::Progress;
 use crate::ports::StoreError;
 use crate::request::TxnError;
@@ -46,6 +46,14 @@ pub enum HttpError {
         /// What is wrong.
         problem: &'static str,
     },
+    /// The body is not JSON (`Content-Type` `application/json` or `application/*+json`):
+    /// 415.
+    #[error("unsupported media type")]
+    UnsupportedMediaType,
+    /// The body is JSON but not the shape or types the route takes: 422, naming each
+    /// field that failed.
+    #[error("invalid fields")]
+    Validation(Vec<FieldError>),
     /// The request's body could not be read (400), or is over the body limit (413).
     #[error("the body could not be read: {detail}")]
     Body {
@@ -94,6 +102,17 @@ impl HttpError {
             Self::Timeout(progress) => timeout_problem(*progress),
             Self::Misconfigured { .. } => {
                 Problem::new(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error")
+            }
+            Self::UnsupportedMediaType => Problem::new(
+                S::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+            )
+            .with_detail("send application/json"),
+            Self::Validation(errors) => {
+                let mut problem = Problem::new(S::UNPROCESSABLE_ENTITY, "validation", "Invalid request");
+                problem.errors = errors.clone();
+                problem
             }
             Self::Body { status, detail } if *status == S::PAYLOAD_TOO_LARGE => {
                 Problem::new(S::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large")

@@ -14,7 +14,7 @@ use super::scope::RequestScope;
 
 /// A request's idempotency, and its body as extractor `T` reads it: an extractor that
 /// reads the `Idempotency-Key` header, the method, the path and the body, and hands the
-/// body on to `T` (`JsonBody<T>`, `Bytes`...). Give [`Idempotent::idempotency`] to
+/// body on to `T` ([`super::JsonBody`], `Bytes`...). Give [`Idempotent::idempotency`] to
 /// [`RequestScope::begin`]: it replays a repeat, and stores the answer of a new request.
 ///
 /// The key's record is kept under the service's name (the request path's

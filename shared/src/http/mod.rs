@@ -55,6 +55,7 @@ mod error;
 pub mod headers;
 pub mod idempotency;
 mod idempotent;
+mod json;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod problem;
@@ -70,6 +71,7 @@ pub use error::HttpError;
 pub use headers::{etag, IdempotencyKeyHeader, IfMatch};
 pub use idempotency::Idempotency;
 pub use idempotent::Idempotent;
+pub use json::JsonBody;
 pub use problem::{encode_item_key, FieldError, Problem, TRANSACTION_ID_HEADER, TRANSACTION_ITEM_HEADER};
 pub use scope::{enforce_deadline, Answer, Begun, Deadlines, Progress, RequestScope};
 #[cfg(feature = "lambda")]

@@ -15,8 +15,9 @@
 //! proof of the transaction's outcome (its record's TTL, its sent mark's time). The worker
 //! takes a message for stale after the shorter of that and its own retention, so that a
 //! worker configured with a longer retention than the API never fences a transaction whose
-//! proof has already expired. Optional in the same sense: absent or invalid, the worker's
-//! own retention holds.
+//! proof has already expired. Optional in the same sense: absent, invalid, or not beyond
+//! the worker's commit window (which every retention must outlast), the worker's own
+//! retention holds.
 //! Unknown fields are ignored so that a newer sender can add optional fields without
 //! breaking an older worker; a new meaning needs a new `version`, which an older worker
 //! refuses with [`DecodeError::UnknownVersion`] (and SQS's redrive policy then parks the
