@@ -307,43 +307,20 @@ mod consumer_poller {
 /// a busy item) does not fail its control message, which would count toward the
 /// dead-letter queue with the transaction unfenced: a later control message fences it.
 mod busy_items {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
     use std::time::Duration;
 
-    use outbox::aws::AwsClients;
     use outbox::control::ControlOutcome;
     use outbox::ports::{Clock, ControlDelivery, ExpectedVersion, ItemKey};
     use outbox::protocol::{ControlMessage, OutboxState, TxnId};
     use outbox::settings::Timing;
-    use outbox_tests::emulator::emulator;
-    use outbox_tests::fault_proxy::{Fault, FaultProxy};
+    use outbox_tests::conformance::dynamodb_only::proxied;
+    use outbox_tests::fault_proxy::Fault;
     use serde_json::json;
-
-    use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fence_on_a_busy_item_is_tried_again_in_a_later_check_and_never_fails_its_message() {
-        let busy = Arc::new(AtomicBool::new(false));
-        let plan_busy = busy.clone();
-        let proxy = FaultProxy::start(&emulator().dynamodb_endpoint, move |_| {
-            if plan_busy.load(Ordering::SeqCst) {
-                Fault::Conflict
-            } else {
-                Fault::Forward
-            }
-        })
-        .await;
-        let config = emulator().sdk_config().await;
-        let clients = AwsClients {
-            dynamodb: aws_sdk_dynamodb::Client::from_conf(
-                aws_sdk_dynamodb::config::Builder::from(&config)
-                    .endpoint_url(proxy.endpoint())
-                    .build(),
-            ),
-            ..AwsClients::new(&config)
-        };
-        let backend = Backend::aws_with(clients).await;
+        let p = proxied().await;
+        let backend = &p.backend;
         let timing = Timing::default();
         let key: ItemKey = format!("ORDER#{}", TxnId::new_v7()).parse().unwrap();
         let mut create = backend.outbox(timing).begin().await.expect("begin");
@@ -353,7 +330,8 @@ mod busy_items {
         backend
             .handle_until_settled(&path, created, timing.first_check_delay, |_| {})
             .await;
-        busy.store(true, Ordering::SeqCst);
+        // The next transaction on the item, the fence's, meets another one there.
+        p.faults.transact(Fault::Conflict);
         // A transaction begun on the item that never committed, its window over.
         let txn = TxnId::new_v7();
         let control = ControlMessage::first(txn, backend.clock.now()).with_entity(key.clone());
@@ -371,7 +349,7 @@ mod busy_items {
             other => panic!("a fence on a busy item: {other:?}"),
         };
         assert!(
-            proxy.intercepted().iter().any(|seen| seen.fault == Fault::Conflict),
+            p.proxy.intercepted().iter().any(|seen| seen.fault == Fault::Conflict),
             "the fence met the conflict"
         );
         assert!(
@@ -379,7 +357,6 @@ mod busy_items {
             "nothing written"
         );
         // The item quiet again, the next check fences it.
-        busy.store(false, Ordering::SeqCst);
         let deliveries = backend.next_control_message(txn, delay).await;
         let report = path.handle_batch(&deliveries).await;
         assert_eq!(report.items[0].result.as_ref().unwrap(), &ControlOutcome::Tombstoned);

@@ -74,6 +74,21 @@ pub enum HttpError {
 }
 
 impl HttpError {
+    /// A body that could not be buffered: over the body limit (413), or unreadable (400).
+    pub fn unreadable_body(rejection: &axum::extract::rejection::BytesRejection) -> Self {
+        use axum::extract::rejection::BytesRejection;
+        let status = match rejection {
+            BytesRejection::FailedToBufferBody(failed) if failed.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Self::Body {
+            status,
+            detail: rejection.body_text(),
+        }
+    }
+
     /// This error, met after transaction `txn_id` began.
     pub fn in_transaction(self, txn_id: crate::protocol::TxnId) -> Self {
         Self::InTransaction {

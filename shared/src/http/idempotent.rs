@@ -2,9 +2,7 @@
 //! for [`super::RequestScope::begin`].
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, OriginalUri, Request};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::error::HttpError;
@@ -64,19 +62,9 @@ where
         *copy.version_mut() = parts.version;
         *copy.headers_mut() = parts.headers.clone();
         *copy.extensions_mut() = parts.extensions.clone();
-        let bytes = Bytes::from_request(copy, state).await.map_err(|rejection| {
-            let status = match &rejection {
-                BytesRejection::FailedToBufferBody(failed) if failed.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                    StatusCode::PAYLOAD_TOO_LARGE
-                }
-                _ => StatusCode::BAD_REQUEST,
-            };
-            HttpError::Body {
-                status,
-                detail: rejection.body_text(),
-            }
-            .into_response()
-        })?;
+        let bytes = Bytes::from_request(copy, state)
+            .await
+            .map_err(|rejection| HttpError::unreadable_body(&rejection).into_response())?;
         let idempotency = Idempotency::new(scope.outbox().service_name(), &key, &parts.method, &path, &bytes);
         let body = T::from_request(Request::from_parts(parts, Body::from(bytes)), state)
             .await

@@ -2,7 +2,6 @@
 //! answers like every other error of the glue, not axum's plain text.
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
@@ -55,18 +54,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         if !is_json {
             return Err(HttpError::UnsupportedMediaType);
         }
-        let raw = Bytes::from_request(request, state).await.map_err(|rejection| {
-            let status = match &rejection {
-                BytesRejection::FailedToBufferBody(failed) if failed.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                    StatusCode::PAYLOAD_TOO_LARGE
-                }
-                _ => StatusCode::BAD_REQUEST,
-            };
-            HttpError::Body {
-                status,
-                detail: rejection.body_text(),
-            }
-        })?;
+        let raw = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| HttpError::unreadable_body(&rejection))?;
         // Syntax first (400), then the shape (422). A field given twice has already taken
         // its last value, as in most JSON parsers.
         let json: serde_json::Value = serde_json::from_slice(&raw).map_err(|error| HttpError::Body {

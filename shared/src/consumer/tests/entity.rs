@@ -473,12 +473,9 @@ impl Handler for ChangesItsMind {
     }
 }
 
-/// Round 1 commits a change and a message, its outcome unknown (held in the network);
-/// round 2 reads the entity unchanged and, deciding otherwise, stages nothing. Recording
-/// only the decision would let round 1 land after the acknowledgement, its message never
-/// sent (C2, C5). Round 2 writes the entity as read instead, so round 1 can never land.
-#[tokio::test]
-async fn a_handler_that_changes_its_mind_after_an_unknown_attempt_blocks_that_attempt() {
+/// A world whose counter `COUNT#o-1` exists (count 1, version 1), consumed by
+/// [`ChangesItsMind`] through a [`Hooked`] store.
+async fn changes_its_mind_world() -> (World, Arc<Hooked>) {
     let (mut world, hooked) = hooked_world(0);
     let key: ItemKey = "COUNT#o-1".parse().unwrap();
     let create = TxnId::new_v7();
@@ -489,7 +486,7 @@ async fn a_handler_that_changes_its_mind_after_an_unknown_attempt_blocks_that_at
         .commit(&CommitRequest {
             txn_id: create,
             writes: vec![crate::ports::BusinessWrite::Put {
-                key: key.clone(),
+                key,
                 data: json!({"count": 1}),
                 expected: ExpectedVersion::Absent,
             }],
@@ -506,6 +503,16 @@ async fn a_handler_that_changes_its_mind_after_an_unknown_attempt_blocks_that_at
         Arc::new(ChangesItsMind::default()),
         RETENTION,
     );
+    (world, hooked)
+}
+
+/// Round 1 commits a change and a message, its outcome unknown (held in the network);
+/// round 2 reads the entity unchanged and, deciding otherwise, stages nothing. Recording
+/// only the decision would let round 1 land after the acknowledgement, its message never
+/// sent (C2, C5). Round 2 writes the entity as read instead, so round 1 can never land.
+#[tokio::test]
+async fn a_handler_that_changes_its_mind_after_an_unknown_attempt_blocks_that_attempt() {
+    let (world, hooked) = changes_its_mind_world().await;
     hooked.hold_next_commit.store(true, Ordering::SeqCst);
     let outcome = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
     assert_eq!(outcome, ConsumeOutcome::Processed { messages: 0 });
@@ -528,33 +535,7 @@ async fn a_handler_that_changes_its_mind_after_an_unknown_attempt_blocks_that_at
 /// entity as read first, so round 1 can never land.
 #[tokio::test]
 async fn a_copy_that_finds_the_message_settled_after_its_unknown_attempt_blocks_that_attempt() {
-    let (mut world, hooked) = hooked_world(0);
-    let key: ItemKey = "COUNT#o-1".parse().unwrap();
-    let create = TxnId::new_v7();
-    let now = world.clock.now();
-    world
-        .backend
-        .store
-        .commit(&CommitRequest {
-            txn_id: create,
-            writes: vec![crate::ports::BusinessWrite::Put {
-                key: key.clone(),
-                data: json!({"count": 1}),
-                expected: ExpectedVersion::Absent,
-            }],
-            outbox: OutboxRecord::committed(create, vec![], now, now.plus(RETENTION)),
-            idempotency: None,
-        })
-        .await
-        .unwrap();
-    let mut ports = world.backend.consumer_ports(world.clock.clone());
-    ports.store = hooked.clone();
-    world.consumer = Consumer::new(
-        "counter".parse().unwrap(),
-        ports,
-        Arc::new(ChangesItsMind::default()),
-        RETENTION,
-    );
+    let (world, hooked) = changes_its_mind_world().await;
     hooked.hold_next_commit.store(true, Ordering::SeqCst);
     hooked.settled_by_another_copy.store(true, Ordering::SeqCst);
     let outcome = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
@@ -576,33 +557,7 @@ async fn a_copy_that_finds_the_message_settled_after_its_unknown_attempt_blocks_
 /// entity again.
 #[tokio::test]
 async fn a_copy_whose_entity_moved_on_since_its_unknown_attempt_acknowledges_without_a_block() {
-    let (mut world, hooked) = hooked_world(0);
-    let key: ItemKey = "COUNT#o-1".parse().unwrap();
-    let create = TxnId::new_v7();
-    let now = world.clock.now();
-    world
-        .backend
-        .store
-        .commit(&CommitRequest {
-            txn_id: create,
-            writes: vec![crate::ports::BusinessWrite::Put {
-                key: key.clone(),
-                data: json!({"count": 1}),
-                expected: ExpectedVersion::Absent,
-            }],
-            outbox: OutboxRecord::committed(create, vec![], now, now.plus(RETENTION)),
-            idempotency: None,
-        })
-        .await
-        .unwrap();
-    let mut ports = world.backend.consumer_ports(world.clock.clone());
-    ports.store = hooked.clone();
-    world.consumer = Consumer::new(
-        "counter".parse().unwrap(),
-        ports,
-        Arc::new(ChangesItsMind::default()),
-        RETENTION,
-    );
+    let (world, hooked) = changes_its_mind_world().await;
     hooked.hold_next_commit.store(true, Ordering::SeqCst);
     hooked.settled_by_another_copy.store(true, Ordering::SeqCst);
     hooked.changed_by_another_writer.store(true, Ordering::SeqCst);
