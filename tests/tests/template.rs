@@ -983,3 +983,35 @@ fn the_documents_quote_every_reserved_key_prefix() {
         }
     }
 }
+
+/// The documents speak to users, who have no issue tracker of this project's: no
+/// `issue 28`, `issues 20 and 21` or `issue "ordered"` in the README or under `docs/`
+/// (the design history is in the commit log).
+#[test]
+fn no_user_facing_document_names_an_issue() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let mut documents = vec![format!("{root}/README.md")];
+    for entry in std::fs::read_dir(format!("{root}/docs")).expect("docs/") {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|extension| extension == "md") {
+            documents.push(path.display().to_string());
+        }
+    }
+    let mut found = Vec::new();
+    for document in &documents {
+        let text = std::fs::read_to_string(document).unwrap().to_lowercase();
+        for (line, content) in text.lines().enumerate() {
+            for (at, _) in content.match_indices("issue") {
+                let rest = content[at + "issue".len()..].trim_start_matches('s');
+                let named = rest
+                    .strip_prefix(' ')
+                    .is_some_and(|after| after.starts_with(|c: char| c.is_ascii_digit() || c == '"' || c == '#'));
+                if named {
+                    found.push(format!("{document}:{}: {}", line + 1, content.trim()));
+                }
+            }
+        }
+    }
+    assert!(documents.len() > 3, "{documents:?}");
+    assert!(found.is_empty(), "documents name issues:\n{}", found.join("\n"));
+}
