@@ -1015,3 +1015,62 @@ fn no_user_facing_document_names_an_issue() {
     assert!(documents.len() > 3, "{documents:?}");
     assert!(found.is_empty(), "documents name issues:\n{}", found.join("\n"));
 }
+
+/// The README's list of the template's parameters (its paragraph that starts
+/// `Parameters:`) names every parameter `template.yaml` declares, and nothing else that
+/// looks like one.
+#[test]
+fn the_readme_names_every_parameter_of_the_template() {
+    let template = template();
+    let declared: BTreeSet<String> = names(&template["Parameters"]);
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let start = readme
+        .find("\nParameters: ")
+        .expect("the README's paragraph of parameters");
+    let paragraph = &readme[start..];
+    let paragraph = &paragraph[..paragraph[1..].find("\n\n").map_or(paragraph.len(), |end| end + 1)];
+    let named: BTreeSet<String> = paragraph
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| {
+            word.starts_with(|c: char| c.is_ascii_uppercase()) && word.chars().all(|c| c.is_ascii_alphanumeric())
+        })
+        .map(str::to_owned)
+        .collect();
+    let missing: Vec<_> = declared.difference(&named).collect();
+    assert!(missing.is_empty(), "the README's parameters lack {missing:?}");
+    let unknown: Vec<_> = named.difference(&declared).collect();
+    assert!(
+        unknown.is_empty(),
+        "the README names parameters the template lacks: {unknown:?}"
+    );
+}
+
+/// The README's list of the library's features (its line that starts `Features:`) is
+/// exactly the features `shared/Cargo.toml` declares.
+#[test]
+fn the_readme_lists_every_feature_of_the_library() {
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/Cargo.toml")).unwrap();
+    let table = &manifest[manifest.find("[features]").expect("features")..];
+    let table = &table["[features]".len()..table[1..].find("\n[").map_or(table.len(), |end| end + 1)];
+    let declared: BTreeSet<String> = table
+        .lines()
+        .filter_map(|line| line.split_once(" = "))
+        .map(|(name, _)| name.trim().to_owned())
+        .filter(|name| !name.starts_with('#') && name != "default")
+        .collect();
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let start = readme.find("\nFeatures: ").expect("the README's line of features");
+    let paragraph = &readme[start..];
+    let paragraph = &paragraph[..paragraph[1..].find("\n\n").map_or(paragraph.len(), |end| end + 1)];
+    // Each feature is a backticked word directly followed by its parenthesised summary.
+    let parts: Vec<&str> = paragraph.split('`').collect();
+    let listed: BTreeSet<String> = (1..parts.len().saturating_sub(1))
+        .step_by(2)
+        .filter(|index| parts[index + 1].starts_with(" ("))
+        .map(|index| parts[index].to_owned())
+        .collect();
+    assert!(declared.len() >= 7, "{declared:?}");
+    assert_eq!(listed, declared, "the README's features");
+}
