@@ -1,0 +1,132 @@
+//! The names of what the bootstrap makes for a stack: the table, the control queue, each
+//! destination and how it is published, and the consumer behind them.
+
+use std::time::Duration;
+
+use super::DESTINATION_VISIBILITY_TIMEOUT;
+use crate::protocol::DestinationName;
+use crate::settings::TableLayout;
+
+/// The names of the resources, as `template.yaml` names them for a stack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceNames {
+    /// The table of the protocol's records, and how they are keyed.
+    pub layout: TableLayout,
+    /// The control queue.
+    pub control_queue: String,
+    /// The control queue's dead-letter queue.
+    pub control_dead_letter_queue: String,
+    /// Each destination and how it is made.
+    pub destinations: Vec<(DestinationName, DestinationResource)>,
+    /// The control queue's visibility timeout.
+    pub control_visibility_timeout: Duration,
+    /// Receives before a control message moves to the dead-letter queue.
+    pub max_receive_count: u32,
+    /// Each destination queue's visibility timeout.
+    pub destination_visibility_timeout: Duration,
+    /// The worked consumer behind the destinations, and what it publishes to.
+    pub consumer: Option<ConsumerResource>,
+}
+
+/// A consumer of one destination's queue (`outbox::consumer`), and the queues it
+/// publishes to: what `template.yaml` declares for its `ShippingFunction`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerResource {
+    /// Its name (`OUTBOX_CONSUMER_NAME`).
+    pub name: String,
+    /// The destination whose queue it consumes.
+    pub source: DestinationName,
+    /// Each of its own destinations and the queue that is it.
+    pub destinations: Vec<(DestinationName, String)>,
+}
+
+impl ResourceNames {
+    /// The names for stack `stack`: `{stack}-table`, `{stack}-control`,
+    /// `{stack}-control-dlq`, the destination `events` on `{stack}-events`, and the
+    /// shipping consumer of it, which publishes `shipments` to `{stack}-shipments`.
+    pub fn for_stack(stack: &str) -> Self {
+        Self {
+            layout: TableLayout::dedicated(format!("{stack}-table")),
+            control_queue: format!("{stack}-control"),
+            control_dead_letter_queue: format!("{stack}-control-dlq"),
+            destinations: vec![(
+                "events".parse().expect("valid name"),
+                DestinationResource::Queue {
+                    queue: format!("{stack}-events"),
+                },
+            )],
+            control_visibility_timeout: Duration::from_secs(60),
+            max_receive_count: crate::ports::CONTROL_MAX_RECEIVE_COUNT,
+            destination_visibility_timeout: DESTINATION_VISIBILITY_TIMEOUT,
+            consumer: Some(ConsumerResource {
+                name: "shipping".to_owned(),
+                source: "events".parse().expect("valid name"),
+                destinations: vec![("shipments".parse().expect("valid name"), format!("{stack}-shipments"))],
+            }),
+        }
+    }
+}
+
+impl ResourceNames {
+    /// The same names with the `events` destination published through `kind`: `sqs` (the
+    /// queue `{stack}-events` itself, as [`ResourceNames::for_stack`] has it), `sns` (a
+    /// topic `{stack}-events` the queue subscribes to) or `eventbridge` (a bus
+    /// `{stack}-events` whose rule targets the queue), as `template.yaml`'s
+    /// `EventsDestinationKind` does. `None` for any other kind.
+    pub fn with_events_via(mut self, kind: &str) -> Option<Self> {
+        let events: DestinationName = "events".parse().expect("valid name");
+        let (_, resource) = self.destinations.iter_mut().find(|(name, _)| *name == events)?;
+        let queue = resource.queue().to_owned();
+        *resource = match kind {
+            "sqs" => DestinationResource::Queue { queue },
+            "sns" => DestinationResource::Topic {
+                topic: queue.clone(),
+                queue,
+            },
+            "eventbridge" => DestinationResource::Bus {
+                bus: queue.clone(),
+                queue,
+            },
+            _ => return None,
+        };
+        Some(self)
+    }
+}
+
+/// How one destination is made. Every kind ends in a queue the messages can be read
+/// from (FIFO when its name ends in `.fifo`), with a dead-letter queue named with `-dlq`
+/// before any `.fifo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DestinationResource {
+    /// The destination is the queue.
+    Queue {
+        /// The queue's name.
+        queue: String,
+    },
+    /// The destination is a topic (FIFO when its name ends in `.fifo`, and then so must
+    /// the queue's) that the queue subscribes to with raw message delivery, so that it
+    /// receives each body with its attributes.
+    Topic {
+        /// The topic's name.
+        topic: String,
+        /// The subscribed queue's name.
+        queue: String,
+    },
+    /// The destination is a bus (`default` is the account's own, which is never
+    /// created), with a rule that sends every event the outbox puts on it to the queue.
+    Bus {
+        /// The bus's name.
+        bus: String,
+        /// The rule's target queue's name (a standard queue).
+        queue: String,
+    },
+}
+
+impl DestinationResource {
+    /// The queue where the destination's messages can be read.
+    pub fn queue(&self) -> &str {
+        match self {
+            Self::Queue { queue } | Self::Topic { queue, .. } | Self::Bus { queue, .. } => queue,
+        }
+    }
+}
