@@ -44,6 +44,8 @@ pub mod ports;
 pub mod protocol;
 pub mod publish;
 pub mod request;
+#[cfg(feature = "service")]
+pub mod service;
 pub mod settings;
 pub mod staging;
 pub mod telemetry;

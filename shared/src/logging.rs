@@ -57,7 +57,7 @@ impl LogSettings {
     }
 }
 
-/// Installs the process's subscriber as the environment asks ([`LogSettings`]); with
+/// Installs the process's subscriber (once; later calls change nothing) as the environment asks ([`LogSettings`]); with
 /// feature `otel`, also the span exporter where the `OTEL_*` variables turn it on
 /// ([`crate::telemetry::export`]).
 pub fn init() {
@@ -77,7 +77,8 @@ pub fn init() {
     let subscriber = tracing_subscriber::registry().with(lines.with_filter(filter));
     #[cfg(feature = "otel")]
     let subscriber = subscriber.with(crate::telemetry::export::layer());
-    subscriber.init();
+    // A second call (a test, a service built twice) keeps the first subscriber.
+    let _ = subscriber.try_init();
 }
 
 /// At a process's end: sends the spans still buffered (feature `otel`, export on),

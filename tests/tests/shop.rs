@@ -27,6 +27,10 @@ use shop::catalog::{Catalog, CatalogError, DynamoCatalog, Product};
 use shop::{router, Shop};
 use tower::ServiceExt;
 
+/// The third worked example, on the embedded backend.
+#[path = "examples/inventory.rs"]
+mod inventory_example;
+
 const SKU: &str = "SKU-1";
 
 fn timing() -> Timing {

@@ -49,14 +49,15 @@ impl EmbeddedBackend {
     /// A backend whose time is `clock`, with the given destinations (a name marked
     /// `true` is a FIFO queue). Nothing is recorded unless asked ([`Self::record`]).
     pub fn new(clock: Arc<dyn Clock>, destinations: impl IntoIterator<Item = (DestinationName, bool)>) -> Self {
-        Self::holding(clock, destinations, None)
+        Self::holding(clock, destinations, |_| None)
     }
 
-    /// [`Self::new`], each destination holding at most `max_messages` if given.
+    /// [`Self::new`], each destination holding at most what `cap` says for it, if
+    /// anything.
     fn holding(
         clock: Arc<dyn Clock>,
         destinations: impl IntoIterator<Item = (DestinationName, bool)>,
-        max_messages: Option<usize>,
+        cap: impl Fn(&DestinationName) -> Option<usize>,
     ) -> Self {
         let dead_letters = Arc::new(EmbeddedQueue::new(QueueConfig::standard("control-dlq"), clock.clone()));
         let control = EmbeddedQueue::new(
@@ -71,7 +72,7 @@ impl EmbeddedBackend {
             .into_iter()
             .map(|(name, fifo)| {
                 let config = QueueConfig {
-                    max_messages,
+                    max_messages: cap(&name),
                     ..if fifo {
                         QueueConfig::fifo(name.as_str())
                     } else {
@@ -93,24 +94,36 @@ impl EmbeddedBackend {
     /// event as a rule's SQS target would ([`EmbeddedPublisher`]). So a service
     /// configured for AWS destinations runs on the embedded backend unchanged.
     pub fn for_targets(clock: Arc<dyn Clock>, targets: &BTreeMap<DestinationName, Target>) -> Self {
-        Self::for_targets_holding(clock, targets, None)
+        Self::for_targets_holding(clock, targets, |_| None)
     }
 
     /// The embedded server's backend ([`Self::for_targets`]): nobody receives from its
     /// destinations, so each keeps only its last `kept` messages, for inspection.
     pub fn for_server(clock: Arc<dyn Clock>, targets: &BTreeMap<DestinationName, Target>, kept: usize) -> Self {
-        Self::for_targets_holding(clock, targets, Some(kept))
+        Self::for_targets_holding(clock, targets, |_| Some(kept))
+    }
+
+    /// A service's backend ([`Self::for_targets`]): the destinations named in `consumed`
+    /// hold everything until their consumers take it, as SQS would; each of the others,
+    /// which nobody in the process receives from, keeps only its last `kept` messages.
+    pub fn for_service(
+        clock: Arc<dyn Clock>,
+        targets: &BTreeMap<DestinationName, Target>,
+        consumed: &std::collections::BTreeSet<DestinationName>,
+        kept: usize,
+    ) -> Self {
+        Self::for_targets_holding(clock, targets, |name| (!consumed.contains(name)).then_some(kept))
     }
 
     fn for_targets_holding(
         clock: Arc<dyn Clock>,
         targets: &BTreeMap<DestinationName, Target>,
-        max_messages: Option<usize>,
+        cap: impl Fn(&DestinationName) -> Option<usize>,
     ) -> Self {
         let mut backend = Self::holding(
             clock,
             targets.iter().map(|(name, target)| (name.clone(), target.is_fifo())),
-            max_messages,
+            cap,
         );
         let buses = targets
             .iter()

@@ -62,6 +62,11 @@ pub enum HttpError {
         /// Why.
         detail: String,
     },
+    /// The service refused the request by its own rules (not found, out of stock):
+    /// answered with its problem. After a transaction began, wrap it with
+    /// [`HttpError::in_transaction`] so that the answer names it.
+    #[error("refused: {}", .0.title)]
+    Refused(Box<Problem>),
     /// `error`, met after transaction `txn_id` began: answered naming it.
     #[error("in transaction {txn_id}")]
     InTransaction {
@@ -71,6 +76,12 @@ pub enum HttpError {
         #[source]
         error: Box<HttpError>,
     },
+}
+
+impl From<Problem> for HttpError {
+    fn from(problem: Problem) -> Self {
+        Self::Refused(Box::new(problem))
+    }
 }
 
 impl HttpError {
@@ -136,6 +147,7 @@ impl HttpError {
             Self::Body { detail, .. } => {
                 Problem::new(S::BAD_REQUEST, "malformed-body", "Malformed request body").with_detail(detail.clone())
             }
+            Self::Refused(problem) => (**problem).clone(),
             Self::InTransaction { txn_id, error } => error.problem().naming(*txn_id),
         }
     }

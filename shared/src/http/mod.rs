@@ -16,6 +16,9 @@
 //!   holds the environment until publishing after the answer is done.
 //! - `compression` (feature `lambda`): no compressed answer to a request that came
 //!   through a REST API, which would hand the client base64 text.
+//! - [`status`]: the ready `GET /transactions/{id}` route, for clients answered a 503.
+//! - `retry`: [`RequestScope::retry_conflicts`], a handler's step run again on a version
+//!   conflict.
 //! - [`trace`]: the trace a request continues (`traceparent`, or X-Ray's header), which
 //!   its span takes as parent.
 //! - [`HttpError`]: what these pieces fail with, answered as problem+json.
@@ -60,9 +63,11 @@ mod json;
 pub mod lambda;
 pub mod problem;
 mod progress;
+mod retry;
 pub mod scope;
 #[cfg(feature = "lambda")]
 pub mod stage;
+pub mod status;
 pub mod trace;
 
 #[cfg(feature = "lambda")]
@@ -73,6 +78,7 @@ pub use idempotency::Idempotency;
 pub use idempotent::Idempotent;
 pub use json::JsonBody;
 pub use problem::{encode_item_key, FieldError, Problem, TRANSACTION_ID_HEADER, TRANSACTION_ITEM_HEADER};
+pub use retry::{ATTEMPTS as RETRY_ATTEMPTS, FIRST_PAUSE as RETRY_FIRST_PAUSE};
 pub use scope::{enforce_deadline, Answer, Begun, Deadlines, Progress, RequestScope};
 #[cfg(feature = "lambda")]
 pub use stage::serve_under_stage;

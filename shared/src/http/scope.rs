@@ -265,6 +265,22 @@ impl RequestScope {
         Ok(replay)
     }
 
+    /// Frees the request's one place after transaction `failed` definitely failed to
+    /// commit (nothing of it was written, and its settling is done), so that a retry
+    /// begins another. `false`, and nothing changed, if the scope is closed or holds
+    /// another transaction.
+    pub(super) fn reopen(&self, failed: TxnId) -> bool {
+        let mut state = self.state();
+        if state.closed || state.progress != Progress::Committing(failed) {
+            return false;
+        }
+        state.progress = Progress::NotBegun;
+        state.beginning = None;
+        state.begun_on = None;
+        state.begun_entity = None;
+        true
+    }
+
     /// Settles transaction `txn_id`, begun in this scope, with its tombstone by
     /// `deadline` (see [`Outbox::abandon`]): how far the transaction had got when it was
     /// abandoned (final: no commit of it starts after), and the settlement, `None` when no

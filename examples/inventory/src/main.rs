@@ -1,0 +1,9 @@
+//! The inventory service: `cargo run -p inventory` (no AWS), or on Lambda as it is.
+
+#[tokio::main]
+async fn main() -> Result<(), outbox::service::ServiceError> {
+    outbox::service::Service::from_env()?
+        .consumer("ledger", "events", inventory::ledger::Ledger)?
+        .serve(|_outbox| inventory::router())
+        .await
+}

@@ -1,0 +1,124 @@
+//! `POST /products` adds a product with its stock and emits `ProductAdded`;
+//! `POST /products/{id}/reservations` takes units off its stock and emits
+//! `StockReserved`. Each reads, decides and stages; a concurrent change of the same
+//! product makes the step run again rather than answer 409.
+
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::response::Response;
+use outbox::http::{Answer, FieldError, HttpError, Idempotent, JsonBody, Problem, RequestScope};
+use outbox::ports::{ExpectedVersion, ItemKey};
+use outbox::protocol::Message;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// The body of `POST /products`.
+#[derive(Debug, Deserialize)]
+pub struct NewProduct {
+    /// Its id: letters, digits, `-` and `_`.
+    pub product_id: String,
+    /// Units in stock.
+    pub stock: u64,
+}
+
+/// The body of `POST /products/{id}/reservations`.
+#[derive(Debug, Deserialize)]
+pub struct NewReservation {
+    /// Units to reserve, at least 1.
+    pub quantity: u64,
+}
+
+/// A product as stored and answered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Product {
+    /// Its id.
+    pub product_id: String,
+    /// Units left.
+    pub stock: u64,
+}
+
+/// The item of product `id`.
+pub fn product_key(id: &str) -> Result<ItemKey, HttpError> {
+    let valid =
+        !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    let invalid = || HttpError::Validation(vec![FieldError::new("product_id", "1 to 64 of A-Z a-z 0-9 - _")]);
+    match valid {
+        true => format!("PRODUCT#{id}").parse().map_err(|_| invalid()),
+        false => Err(invalid()),
+    }
+}
+
+fn event(body: serde_json::Value) -> Message {
+    let kind = body["type"].as_str().unwrap_or_default().to_owned();
+    let destination = "events".parse().expect("a valid destination name");
+    Message::json(destination, &body)
+        .expect("JSON")
+        .with_event("com.example.inventory", &kind)
+}
+
+fn refusal(status: StatusCode, kind: &str, title: &str, detail: &str) -> HttpError {
+    Problem::new(status, kind, title).with_detail(detail).into()
+}
+
+/// `POST /products`.
+pub async fn create(
+    scope: RequestScope,
+    Idempotent { idempotency, body }: Idempotent<JsonBody<NewProduct>>,
+) -> Result<Response, HttpError> {
+    let product = Product {
+        product_id: body.value.product_id,
+        stock: body.value.stock,
+    };
+    let (key, product) = (&product_key(&product.product_id)?, &product);
+    scope
+        .retry_conflicts(None, idempotency, |mut txn| async move {
+            if txn.get(key).await?.is_some() {
+                let exists = refusal(
+                    StatusCode::CONFLICT,
+                    "product-exists",
+                    "Product exists",
+                    "nothing was written",
+                );
+                return Err(exists.in_transaction(txn.id()));
+            }
+            txn.put(key.clone(), json!(product), ExpectedVersion::Absent);
+            txn.emit(event(
+                json!({"type": "ProductAdded", "product_id": product.product_id, "stock": product.stock}),
+            ));
+            Ok((txn, Answer::json(StatusCode::CREATED, product)))
+        })
+        .await
+}
+
+/// `POST /products/{id}/reservations`: one item changes, so the transaction is in
+/// entity mode (one conditional write, no transaction).
+pub async fn reserve(
+    scope: RequestScope,
+    Path(id): Path<String>,
+    Idempotent { idempotency, body }: Idempotent<JsonBody<NewReservation>>,
+) -> Result<Response, HttpError> {
+    let (key, quantity) = (&product_key(&id)?, body.value.quantity);
+    if quantity == 0 {
+        return Err(HttpError::Validation(vec![FieldError::new("quantity", "at least 1")]));
+    }
+    scope
+        .retry_conflicts(Some(key.clone()), idempotency, |mut txn| async move {
+            let txn_id = txn.id();
+            let Some(item) = txn.get(key).await? else {
+                let missing = refusal(StatusCode::NOT_FOUND, "not-found", "Not found", "no such product");
+                return Err(missing.in_transaction(txn_id));
+            };
+            let mut product: Product = serde_json::from_value(item.data)
+                .map_err(|_| HttpError::Misconfigured { problem: "a stored product cannot be read" })?;
+            if product.stock < quantity {
+                let detail = format!("{} left; nothing was written", product.stock);
+                return Err(refusal(StatusCode::CONFLICT, "out-of-stock", "Out of stock", &detail).in_transaction(txn_id));
+            }
+            product.stock -= quantity;
+            txn.put(key.clone(), json!(product), ExpectedVersion::Exactly(item.version));
+            let reserved = json!({"type": "StockReserved", "reservation_id": txn_id.to_string(), "product_id": product.product_id, "quantity": quantity});
+            txn.emit(event(reserved.clone()));
+            Ok((txn, Answer::json(StatusCode::CREATED, &reserved)))
+        })
+        .await
+}

@@ -1,0 +1,294 @@
+//! A service's whole `main` in one call (feature `service`): its settings from the
+//! environment, its backend, its axum router under each request's deadline, served on
+//! Lambda or on a local address by the environment, and a graceful stop that finishes
+//! the work after each answer.
+//!
+//! On the embedded backend (no settings at all, or `OUTBOX_BACKEND=embedded`) the
+//! service needs no AWS: the control worker and the service's consumers run in the same
+//! process, on in-memory queues and table. That backend is one process's: nothing is
+//! durable, and another process cannot reach it. On AWS (or the emulators), the control
+//! worker and each consumer run as their own functions or processes, and registering a
+//! consumer here only says so in the log.
+//!
+//! ```no_run
+//! use axum::{routing::post, Router};
+//! use outbox::consumer::{Handler, HandlerError, Incoming, Staging};
+//! # async fn reserve() {}
+//! struct Notify;
+//! #[async_trait::async_trait]
+//! impl Handler for Notify {
+//!     async fn handle(&self, _message: &Incoming, _staging: &mut Staging) -> Result<(), HandlerError> {
+//!         Ok(())
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), outbox::service::ServiceError> {
+//!     outbox::service::Service::from_env()?
+//!         .consumer("notify", "events", Notify)?
+//!         .serve(|_outbox| Router::new().route("/reservations", post(reserve)))
+//!         .await
+//! }
+//! ```
+
+mod embedded;
+mod error;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::Router;
+use tokio::sync::watch;
+
+pub use error::ServiceError;
+
+use crate::aws::AwsBackend;
+use crate::consumer::{ConsumerName, Handler};
+use crate::embedded::EmbeddedBackend;
+use crate::http::{enforce_deadline, Deadlines};
+use crate::ports::{Clock, SystemClock};
+use crate::protocol::DestinationName;
+use crate::request::Outbox;
+use crate::settings::{Backend, Settings};
+
+/// Where a local server listens, `OUTBOX_LISTEN_ADDR` (default `127.0.0.1:3000`).
+pub const LISTEN_ADDR: &str = "OUTBOX_LISTEN_ADDR";
+
+/// The address a local server listens on when [`LISTEN_ADDR`] is not set.
+pub const DEFAULT_LISTEN_ADDR: &str = "127.0.0.1:3000";
+
+/// The destination the embedded backend always has, besides those the settings name.
+pub const DEFAULT_DESTINATION: &str = "events";
+
+/// A consumer the service registered: its name, the destination it reads, its handler.
+#[derive(Clone)]
+struct Registered {
+    name: ConsumerName,
+    source: DestinationName,
+    handler: Arc<dyn Handler>,
+}
+
+/// A service, from its settings to its running parts.
+pub struct Service {
+    settings: Settings,
+    consumers: Vec<Registered>,
+}
+
+impl Service {
+    /// The service the environment describes (the `OUTBOX_*` variables; with none, the
+    /// embedded backend), with the process's logging installed
+    /// ([`crate::logging::init`]).
+    pub fn from_env() -> Result<Self, ServiceError> {
+        crate::logging::init();
+        Ok(Self::new(Settings::from_env()?))
+    }
+
+    /// The service `settings` describe (logging is the caller's).
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            consumers: Vec::new(),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Registers `handler` as consumer `name` of destination `source`: on the embedded
+    /// backend it runs in this process, each message handled exactly once in effect
+    /// ([`crate::consumer`]); on AWS it is its own function (`outbox::consumer::serve`).
+    pub fn consumer(mut self, name: &str, source: &str, handler: impl Handler + 'static) -> Result<Self, ServiceError> {
+        let consumer = name.parse().map_err(|source| ServiceError::ConsumerName {
+            name: name.to_owned(),
+            source,
+        })?;
+        let source = source.parse().map_err(|_| ServiceError::Destination {
+            name: source.to_owned(),
+        })?;
+        self.consumers.push(Registered {
+            name: consumer,
+            source,
+            handler: Arc::new(handler),
+        });
+        Ok(self)
+    }
+
+    /// Builds the backend and the request path, and on the embedded backend starts the
+    /// control worker and the consumers in this process.
+    pub async fn start(self) -> Result<Running, ServiceError> {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let (stop, stopped) = watch::channel(false);
+        let Self { settings, consumers } = self;
+        match &settings.backend {
+            Backend::Embedded => {
+                let consumed: BTreeSet<DestinationName> =
+                    consumers.iter().map(|consumer| consumer.source.clone()).collect();
+                let backend = embedded::backend(&settings, clock.clone(), &consumed);
+                let outbox = Outbox::from_settings(
+                    backend.request_ports(clock.clone()),
+                    &settings,
+                    backend.publisher.clone(),
+                );
+                let mut tasks = vec![tokio::spawn(embedded::control_worker(
+                    backend.clone(),
+                    clock.clone(),
+                    settings.timing,
+                    stopped.clone(),
+                ))];
+                for consumer in consumers {
+                    tasks.push(tokio::spawn(embedded::consumer(
+                        backend.clone(),
+                        clock.clone(),
+                        consumer,
+                        stopped.clone(),
+                    )));
+                }
+                Ok(Running {
+                    outbox,
+                    embedded: Some(backend),
+                    settings,
+                    stop,
+                    stopped,
+                    tasks,
+                })
+            }
+            Backend::Aws { .. } => {
+                let backend = AwsBackend::from_settings(&settings)
+                    .await
+                    .expect("the settings name the aws backend");
+                for consumer in &consumers {
+                    tracing::info!(consumer = %consumer.name, source = %consumer.source,
+                        "on AWS this consumer runs as its own function (outbox::consumer::serve), not in this process");
+                }
+                Ok(Running {
+                    outbox: backend.outbox(&settings, clock),
+                    embedded: None,
+                    settings,
+                    stop,
+                    stopped,
+                    tasks: Vec::new(),
+                })
+            }
+        }
+    }
+
+    /// Starts the service ([`Self::start`]), builds its router with `app` from the
+    /// request path, and serves it until the process is asked to stop
+    /// ([`Running::serve`]).
+    pub async fn serve(self, app: impl FnOnce(Outbox) -> Router) -> Result<(), ServiceError> {
+        let running = self.start().await?;
+        let app = app(running.outbox.clone());
+        running.serve(app).await
+    }
+}
+
+/// A started service.
+pub struct Running {
+    /// The request path.
+    pub outbox: Outbox,
+    /// The embedded backend, when it is the one (its queues and table can be read).
+    pub embedded: Option<EmbeddedBackend>,
+    settings: Settings,
+    stop: watch::Sender<bool>,
+    stopped: watch::Receiver<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// `app` as the service serves it: each request under its deadline (the Lambda
+    /// invocation's, or `OUTBOX_API_TIMEOUT_SECONDS`), which the
+    /// [`crate::http::RequestScope`] extractor needs, and bodies over
+    /// `OUTBOX_MAX_REQUEST_BYTES` refused.
+    pub fn router(&self, app: Router) -> Router {
+        let deadlines = Deadlines::new(self.outbox.clone(), self.settings.api_timeout);
+        app.route_layer(axum::middleware::from_fn_with_state(deadlines, enforce_deadline))
+            .layer(DefaultBodyLimit::max(self.settings.max_request_bytes))
+    }
+
+    /// Serves `app` ([`Self::router`]): on Lambda (the runtime API is in the
+    /// environment) through [`crate::http::lambda::run`], which holds each invocation's
+    /// environment until the work after its answer is done; elsewhere on
+    /// `OUTBOX_LISTEN_ADDR` until SIGINT or SIGTERM, then finishing the work after the
+    /// last answers and stopping the in-process worker and consumers
+    /// ([`Self::stop`]).
+    pub async fn serve(self, app: Router) -> Result<(), ServiceError> {
+        let app = self.router(app);
+        if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
+            let after_answer = self.outbox.after_answer().cloned();
+            return crate::http::lambda::run(app, after_answer)
+                .await
+                .map_err(ServiceError::Lambda);
+        }
+        let text = std::env::var(LISTEN_ADDR).unwrap_or_else(|_| DEFAULT_LISTEN_ADDR.to_owned());
+        let address: SocketAddr = text.parse().map_err(|_| ServiceError::ListenAddr { text })?;
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|source| ServiceError::Listen { address, source })?;
+        self.serve_on(listener, app, signal()).await
+    }
+
+    /// Serves `app` as is on `listener` until `shutdown` completes, then stops
+    /// ([`Self::stop`]).
+    pub async fn serve_on(
+        self,
+        listener: tokio::net::TcpListener,
+        app: Router,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServiceError> {
+        let address = listener.local_addr().ok();
+        tracing::info!(?address, backend = self.backend_name(), "serving");
+        let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+        self.stop().await;
+        served.map_err(ServiceError::Serve)
+    }
+
+    /// Stops: the work after the answers finishes (bounded by the API timeout; what is
+    /// cut off is the control worker's), then the in-process control worker and
+    /// consumers stop receiving, hand back what they took and did not start, and finish
+    /// what they started.
+    pub async fn stop(self) {
+        if let Some(after) = self.outbox.after_answer() {
+            if !after.idle_within(self.settings.api_timeout).await {
+                tracing::warn!(
+                    running = after.running(),
+                    "stopping with publishing after the answer unfinished; the control worker publishes the rest"
+                );
+            }
+        }
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        drop(self.stopped);
+        crate::logging::finish();
+    }
+
+    fn backend_name(&self) -> &'static str {
+        match self.embedded {
+            Some(_) => "embedded",
+            None => "aws",
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                terminate.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    tracing::info!("stopping: finishing what was started");
+}

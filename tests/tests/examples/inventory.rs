@@ -1,0 +1,197 @@
+//! The inventory example, a service written on `outbox::service`, run whole in this
+//! process on the embedded backend (its control worker and its ledger consumer
+//! included), through its router; and the optimistic retry it relies on, with the
+//! conflict forced.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use outbox::http::{Answer, HttpError, RequestScope, RETRY_ATTEMPTS};
+use outbox::ports::{ExpectedVersion, ItemKey};
+use outbox::service::{Running, Service};
+use outbox::settings::Settings;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+fn embedded_settings() -> Settings {
+    Settings::from_lookup(|name| match name {
+        "OUTBOX_FIRST_CHECK_DELAY_SECONDS" => Some("1".into()),
+        _ => None,
+    })
+    .expect("embedded settings")
+}
+
+async fn inventory() -> (Running, Router) {
+    let running = Service::new(embedded_settings())
+        .consumer("ledger", "events", inventory::ledger::Ledger)
+        .expect("a valid consumer")
+        .start()
+        .await
+        .expect("the service starts");
+    let app = running.router(inventory::router());
+    (running, app)
+}
+
+async fn call(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, axum::http::HeaderMap, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        request = request.header("content-type", "application/json");
+    }
+    let body = body.map_or_else(Body::empty, |body| Body::from(body.to_string()));
+    let response = app.clone().oneshot(request.body(body).unwrap()).await.unwrap();
+    let (status, headers) = (response.status(), response.headers().clone());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+async fn tally(running: &Running, product: &str) -> Option<u64> {
+    let key: ItemKey = format!("TALLY#{product}").parse().unwrap();
+    let mut items = running
+        .outbox
+        .store()
+        .get_items(std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    items.remove(&key).and_then(|item| item.data["reserved"].as_u64())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no_aws() {
+    let (running, app) = inventory().await;
+    let (status, _, product) = call(&app, "POST", "/products", Some(json!({"product_id": "p1", "stock": 3}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{product}");
+    let (status, _, again) = call(&app, "POST", "/products", Some(json!({"product_id": "p1", "stock": 9}))).await;
+    assert_eq!(
+        (status, again["type"].as_str()),
+        (StatusCode::CONFLICT, Some("/problems/product-exists"))
+    );
+    assert!(
+        again["transaction_id"].is_string(),
+        "a refusal after the begin names the transaction: {again}"
+    );
+
+    // Six reservations of one unit at once on a stock of three: three are made, three
+    // are refused for the stock (never for a concurrent change).
+    let reservations = (0..6).map(|_| {
+        let app = app.clone();
+        tokio::spawn(async move { call(&app, "POST", "/products/p1/reservations", Some(json!({"quantity": 1}))).await })
+    });
+    let answers: Vec<_> = futures::future::join_all(reservations)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let made: Vec<_> = answers
+        .iter()
+        .filter(|(status, ..)| *status == StatusCode::CREATED)
+        .collect();
+    let refused = answers
+        .iter()
+        .filter(|(status, _, body)| *status == StatusCode::CONFLICT && body["type"] == "/problems/out-of-stock")
+        .count();
+    assert_eq!((made.len(), refused), (3, 3), "{answers:?}");
+
+    // The ledger, in the same process, counts each reservation once.
+    let started = Instant::now();
+    while tally(&running, "p1").await != Some(3) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "tally {:?}",
+            tally(&running, "p1").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The ready status route: a reservation's transaction with the item its answer named.
+    let (_, headers, reserved) = made[0];
+    let item = headers["x-transaction-item"].to_str().unwrap();
+    let txn = reserved["reservation_id"].as_str().unwrap();
+    let (status, _, read) = call(&app, "GET", &format!("/transactions/{txn}?item={item}"), None).await;
+    assert_eq!(
+        (status, read["status"].as_str()),
+        (StatusCode::OK, Some("dispatched")),
+        "{read}"
+    );
+    let (status, _, read) = call(&app, "GET", "/transactions/not-an-id", None).await;
+    assert_eq!(
+        (status, read["type"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("/problems/validation"))
+    );
+
+    // Bad bodies are problem+json, as every other refusal.
+    let (status, _, read) = call(&app, "POST", "/products", Some(json!({"product_id": "p2"}))).await;
+    assert_eq!(
+        (status, read["type"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("/problems/validation"))
+    );
+    running.stop().await;
+}
+
+/// Two requests read the same version of an item before either commits; the later
+/// commit meets a version conflict, and its step runs again and commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_met_a_version_conflict_runs_again_and_commits() {
+    let running = Service::new(embedded_settings()).start().await.unwrap();
+    let key: ItemKey = "COUNTER#1".parse().unwrap();
+    let mut txn = running.outbox.begin().await.unwrap();
+    txn.put(key.clone(), json!({"n": 0}), ExpectedVersion::Absent);
+    txn.commit().await.unwrap();
+
+    let both_read = Arc::new(tokio::sync::Barrier::new(2));
+    let increment = |scope: RequestScope| {
+        let (key, both_read) = (key.clone(), both_read.clone());
+        async move {
+            let rounds = Arc::new(std::sync::atomic::AtomicU32::new(0));
+            let counted = rounds.clone();
+            let answer = scope
+                .retry_conflicts(Some(key.clone()), None, |mut txn| {
+                    let (key, both_read, rounds) = (key.clone(), both_read.clone(), counted.clone());
+                    async move {
+                        let item = txn.get(&key).await?.expect("the counter exists");
+                        // The first round of each waits until both have read.
+                        if rounds.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                            both_read.wait().await;
+                        }
+                        let n = item.data["n"].as_u64().unwrap();
+                        txn.put(key, json!({"n": n + 1}), ExpectedVersion::Exactly(item.version));
+                        Ok::<_, HttpError>((txn, Answer::json(StatusCode::OK, &json!({"n": n + 1}))))
+                    }
+                })
+                .await;
+            (
+                answer.map(|response| response.status()),
+                rounds.load(std::sync::atomic::Ordering::SeqCst),
+            )
+        }
+    };
+    let first = tokio::spawn(increment(RequestScope::new(running.outbox.clone(), None)));
+    let second = tokio::spawn(increment(RequestScope::new(running.outbox.clone(), None)));
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    let statuses = [&first.0, &second.0].map(|result| result.as_ref().map_err(|error| error.to_string()).copied());
+    assert_eq!(
+        statuses,
+        [Ok(StatusCode::OK), Ok(StatusCode::OK)],
+        "{first:?} {second:?}"
+    );
+    let mut rounds = [first.1, second.1];
+    rounds.sort();
+    assert_eq!(rounds, [1, 2], "one ran once, the other again after the conflict");
+    let items = running
+        .outbox
+        .store()
+        .get_items(std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    assert_eq!(items[&key].data["n"], 2, "both increments landed");
+    assert!(RETRY_ATTEMPTS > 1);
+    running.stop().await;
+}
