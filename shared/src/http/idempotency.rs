@@ -66,11 +66,44 @@ pub fn stored(status: StatusCode, headers: &HeaderMap, body: &str) -> StoredResp
 pub fn replayed(response: &StoredResponse) -> Response {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::OK);
     let mut reply = (status, response.body.clone()).into_response();
+    // Every header as the first answer had it, a name given several values included:
+    // the first value of a name replaces the default one, the next ones are added.
+    let mut seen = std::collections::HashSet::new();
     for (name, value) in &response.headers {
         if let (Ok(name), Ok(value)) = (HeaderName::try_from(name.as_str()), HeaderValue::from_str(value)) {
-            reply.headers_mut().insert(name, value);
+            if seen.insert(name.clone()) {
+                reply.headers_mut().insert(name, value);
+            } else {
+                reply.headers_mut().append(name, value);
+            }
         }
     }
     reply.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
     reply
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::header::{CONTENT_TYPE, LINK};
+
+    use super::*;
+
+    /// A replay carries every header of the first answer, each value of a name given
+    /// several, and the stored content type rather than the default one.
+    #[test]
+    fn a_replay_keeps_every_header_of_the_first_answer() {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.append(LINK, HeaderValue::from_static("</a>; rel=\"first\""));
+        headers.append(LINK, HeaderValue::from_static("</b>; rel=\"second\""));
+        headers.insert("x-transaction-item", HeaderValue::from_static("ORDER%231"));
+        let reply = replayed(&stored(StatusCode::CREATED, &headers, "{}"));
+        assert_eq!(reply.status(), StatusCode::CREATED);
+        let links: Vec<_> = reply.headers().get_all(LINK).iter().collect();
+        assert_eq!(links, ["</a>; rel=\"first\"", "</b>; rel=\"second\""]);
+        let types: Vec<_> = reply.headers().get_all(CONTENT_TYPE).iter().collect();
+        assert_eq!(types, ["application/json"]);
+        assert_eq!(reply.headers()["x-transaction-item"], "ORDER%231");
+        assert_eq!(reply.headers()[REPLAYED], "true");
+    }
 }
