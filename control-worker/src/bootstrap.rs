@@ -1,52 +1,95 @@
 //! `control-worker bootstrap`: creates what `template.yaml` declares for a stack on the
 //! emulators (or an account) and prints, as `export` lines, the settings that point the
-//! API and the worker at it, or with `--consumer` those of the worked consumer
-//! (`examples/shipping`).
+//! API and the worker at it, or with `--consumer NAME` those of a consumer (such as the
+//! worked one, `examples/shipping`: `--consumer shipping --publishes shipments`).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use outbox::aws::{bootstrap, load_sdk_config, queue_retention, AwsClients, ResourceNames, Resources, SortKeyValue};
-use outbox::consumer::{consumer_vars, Retention};
+use outbox::aws::{
+    bootstrap, load_sdk_config, AwsClients, BootstrappedConsumer, ConsumerResource, ResourceNames, Resources,
+    SortKeyValue,
+};
+use outbox::consumer::{consumer_vars, ConsumerName, Retention};
+use outbox::protocol::DestinationName;
 use outbox::settings::{layout_from_env, vars};
 
 use crate::report;
 
 /// What `bootstrap` was asked for.
+#[derive(Debug, PartialEq, Eq)]
 pub struct Request<'a> {
     /// The stack whose names to use.
     pub stack: &'a str,
     /// How the `events` destination is published: `sqs`, `sns` or `eventbridge`.
     pub events_via: &'a str,
-    /// Print the consumer's settings rather than the API's and the worker's.
-    pub consumer: bool,
+    /// The consumer whose settings to print rather than the API's and the worker's.
+    pub consumer: Option<ConsumerRequest>,
+}
+
+/// The consumer that `--consumer NAME [--source DEST] [--publishes DEST]...` names.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConsumerRequest {
+    /// Its name.
+    pub name: ConsumerName,
+    /// The destination whose queue it reads (`events` unless `--source` names another).
+    pub source: DestinationName,
+    /// The destinations it publishes to, each on a queue of its own.
+    pub publishes: Vec<DestinationName>,
 }
 
 impl<'a> Request<'a> {
-    /// Reads `[STACK] [--events-via sqs|sns|eventbridge] [--consumer]`; `None` when the
-    /// arguments are not that.
-    pub fn parse(args: &[&'a str]) -> Option<Self> {
+    /// Reads `[STACK] [--events-via sqs|sns|eventbridge] [--consumer NAME [--source DEST]
+    /// [--publishes DEST]...]`; the error says what is wrong with the arguments.
+    pub fn parse(args: &[&'a str]) -> Result<Self, String> {
         let mut request = Request {
             stack: "outbox",
             events_via: "sqs",
-            consumer: false,
+            consumer: None,
         };
         let mut stack_seen = false;
+        let mut name = None;
+        let mut source = None;
+        let mut publishes = Vec::new();
         let mut args = args.iter();
         while let Some(&arg) = args.next() {
+            let mut value = || args.next().copied().ok_or_else(|| format!("{arg} takes a value"));
             match arg {
-                "--events-via" => request.events_via = args.next()?,
-                "--consumer" => request.consumer = true,
-                flag if flag.starts_with('-') => return None,
+                "--events-via" => request.events_via = value()?,
+                "--consumer" if name.is_some() => return Err("--consumer is given twice".to_owned()),
+                "--consumer" => name = Some(value()?.parse::<ConsumerName>().map_err(|e| e.to_string())?),
+                "--source" if source.is_some() => return Err("--source is given twice".to_owned()),
+                "--source" => source = Some(destination(value()?)?),
+                "--publishes" => publishes.push(destination(value()?)?),
+                flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
                 stack if !stack_seen => {
                     request.stack = stack;
                     stack_seen = true;
                 }
-                _ => return None,
+                extra => return Err(format!("unexpected argument {extra:?}")),
             }
         }
-        Some(request)
+        match name {
+            Some(name) => {
+                request.consumer = Some(ConsumerRequest {
+                    name,
+                    source: source.unwrap_or_else(|| "events".parse().expect("valid name")),
+                    publishes,
+                });
+            }
+            None if source.is_some() || !publishes.is_empty() => {
+                return Err("--source and --publishes go with --consumer NAME".to_owned());
+            }
+            None => {}
+        }
+        Ok(request)
     }
+}
+
+/// A destination's name from the command line.
+fn destination(text: &str) -> Result<DestinationName, String> {
+    text.parse()
+        .map_err(|error: outbox::protocol::InvalidDestination| error.to_string())
 }
 
 /// Creates what is missing and prints the settings.
@@ -58,6 +101,14 @@ pub async fn run(request: Request<'_>, usage: &str) -> ExitCode {
         );
         return ExitCode::from(2);
     };
+    if let Some(consumer) = &request.consumer {
+        names = names.with_consumer(ConsumerResource::for_stack(
+            request.stack,
+            consumer.name.clone(),
+            consumer.source.clone(),
+            consumer.publishes.iter().cloned(),
+        ));
+    }
     names.layout = match layout_from_env(&names.layout.table) {
         Ok(layout) => layout,
         Err(error) => return report(&error),
@@ -68,8 +119,9 @@ pub async fn run(request: Request<'_>, usage: &str) -> ExitCode {
         Err(error) => return report(&error),
     };
     print_table(&resources);
-    if request.consumer {
-        return print_consumer(&clients, &names, &resources, request.stack).await;
+    if let Some(consumer) = &resources.consumer {
+        print_consumer(consumer);
+        return ExitCode::SUCCESS;
     }
     let again = match request.events_via {
         "sqs" => request.stack.to_owned(),
@@ -120,7 +172,7 @@ async fn print_producer(clients: &AwsClients, resources: &Resources, again: &str
         println!("# {name}: read the messages from {url}");
         // A consumer of this queue keeps its dedup data for what these queues really
         // keep, plus the producer's re-send window (C4).
-        let (source, dead_letter) = match source_retention(clients, resources, name).await {
+        let (source, dead_letter) = match resources.delivery_retention(clients, name).await {
             Ok(retention) => retention,
             Err(error) => return report(&error),
         };
@@ -140,59 +192,82 @@ async fn print_producer(clients: &AwsClients, resources: &Resources, again: &str
             retention.derived().as_secs()
         );
     }
-    println!("# the shipping consumer's settings: control-worker bootstrap {again} --consumer");
+    println!(
+        "# a consumer's settings: control-worker bootstrap {again} --consumer NAME [--source DEST] [--publishes DEST]..."
+    );
+    println!("#   (the worked consumer's: control-worker bootstrap {again} --consumer shipping --publishes shipments)");
     ExitCode::SUCCESS
 }
 
-/// The settings of the worked consumer: its name, its source queue and both queues'
-/// real retention, and its own destinations.
-async fn print_consumer(clients: &AwsClients, names: &ResourceNames, resources: &Resources, stack: &str) -> ExitCode {
-    let Some(consumer) = &names.consumer else {
-        eprintln!("stack {stack} has no consumer");
-        return ExitCode::FAILURE;
-    };
-    let Some(source_url) = resources.delivery_queues.get(&consumer.source) else {
-        eprintln!("the consumer's source {} has no queue", consumer.source);
-        return ExitCode::FAILURE;
-    };
-    let (source, dead_letter) = match source_retention(clients, resources, &consumer.source).await {
-        Ok(retention) => retention,
-        Err(error) => return report(&error),
-    };
-    let destinations: Vec<String> = resources
-        .consumer_destinations
-        .iter()
-        .map(|(name, target)| format!("{name}={target}"))
-        .collect();
-    println!("export {}={}", consumer_vars::NAME, consumer.name);
-    println!("export {}={source_url}", consumer_vars::QUEUE_URL);
-    println!(
-        "export {}={}",
-        consumer_vars::SOURCE_RETENTION_SECONDS,
-        source.as_secs()
-    );
-    println!(
-        "export {}={}",
-        consumer_vars::DLQ_RETENTION_SECONDS,
-        dead_letter.as_secs()
-    );
-    println!("export {}={}", vars::DESTINATIONS, destinations.join(","));
-    for (name, target) in &resources.consumer_destinations {
+/// The settings of the consumer, and where it publishes.
+fn print_consumer(consumer: &BootstrappedConsumer) {
+    for (variable, value) in consumer.variables() {
+        println!("export {variable}={value}");
+    }
+    for (name, target) in &consumer.destinations {
         println!("# {name}: the consumer publishes to {target}");
     }
-    ExitCode::SUCCESS
 }
 
-/// The real retention of a destination's queue and of its dead-letter queue.
-async fn source_retention(
-    clients: &AwsClients,
-    resources: &Resources,
-    destination: &outbox::protocol::DestinationName,
-) -> Result<(Duration, Duration), outbox::ports::QueueError> {
-    let url = &resources.delivery_queues[destination];
-    let dead_letters = &resources.delivery_dead_letter_queues[destination];
-    Ok((
-        queue_retention(&clients.sqs, url).await?,
-        queue_retention(&clients.sqs, dead_letters).await?,
-    ))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn consumer(args: &[&str]) -> ConsumerRequest {
+        Request::parse(args)
+            .expect("valid arguments")
+            .consumer
+            .expect("a consumer")
+    }
+
+    #[test]
+    fn a_consumer_is_any_name_with_its_source_and_destinations() {
+        let billing = consumer(&[
+            "stack",
+            "--consumer",
+            "billing",
+            "--source",
+            "shipments",
+            "--publishes",
+            "invoices",
+            "--publishes",
+            "audit",
+        ]);
+        assert_eq!(billing.name.as_str(), "billing");
+        assert_eq!(billing.source.as_str(), "shipments");
+        let publishes: Vec<&str> = billing.publishes.iter().map(DestinationName::as_str).collect();
+        assert_eq!(publishes, ["invoices", "audit"]);
+        // The worked consumer, as the scripts name it: its source is `events` by default.
+        let shipping = consumer(&["outbox", "--consumer", "shipping", "--publishes", "shipments"]);
+        assert_eq!(
+            (shipping.name.as_str(), shipping.source.as_str()),
+            ("shipping", "events")
+        );
+        let request = Request::parse(&["outbox", "--events-via", "sns"]).unwrap();
+        assert_eq!(
+            (request.stack, request.events_via, request.consumer),
+            ("outbox", "sns", None)
+        );
+    }
+
+    #[test]
+    fn wrong_consumer_arguments_are_refused_with_the_reason() {
+        for (args, reason) in [
+            (&["outbox", "--consumer"][..], "--consumer takes a value"),
+            (&["outbox", "--consumer", "has space"], "consumer name"),
+            (&["outbox", "--consumer", "a", "--consumer", "b"], "twice"),
+            (&["outbox", "--consumer", "a", "--publishes", "bad.name"], "bad.name"),
+            (&["outbox", "--publishes", "shipments"], "go with --consumer NAME"),
+            (&["outbox", "--source", "events"], "go with --consumer NAME"),
+            (
+                &["outbox", "--consumer", "a", "--source", "x", "--source", "y"],
+                "twice",
+            ),
+            (&["outbox", "other"], "unexpected argument"),
+            (&["outbox", "--nope"], "unknown option"),
+        ] {
+            let error = Request::parse(args).expect_err(&format!("{args:?} accepted"));
+            assert!(error.contains(reason), "{args:?}: {error}");
+        }
+    }
 }

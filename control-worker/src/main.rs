@@ -9,13 +9,17 @@
 //! - `control-worker redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL]`: moves a
 //!   dead-letter queue's messages back to its source queue: the one whose redrive policy
 //!   names it (the control queue's, a destination queue's), or the one given.
-//! - `control-worker bootstrap [STACK] [--events-via sqs|sns|eventbridge] [--consumer]`:
-//!   creates the table and queues of `template.yaml` for stack STACK (default `outbox`),
-//!   with the `events` destination published to its queue directly (the default), through
-//!   an SNS topic the queue subscribes to, or through an EventBridge bus whose rule
-//!   targets the queue, and the shipping consumer's `shipments` queue; and prints the
-//!   settings that point the API and the worker at them (with `--consumer`, the shipping
-//!   consumer's: its name, source queue and its retention, its destinations). DynamoDB goes where the SDK sends
+//! - `control-worker bootstrap [STACK] [--events-via sqs|sns|eventbridge] [--consumer NAME
+//!   [--source DEST] [--publishes DEST]...]`: creates the table and queues of
+//!   `template.yaml` for stack STACK (default `outbox`), with the `events` destination
+//!   published to its queue directly (the default), through an SNS topic the queue
+//!   subscribes to, or through an EventBridge bus whose rule targets the queue; and prints
+//!   the settings that point the API and the worker at them. With `--consumer NAME` it
+//!   also makes what consumer NAME needs and prints its settings instead: its name, the
+//!   queue of destination `--source` (default `events`; another name gets a queue
+//!   `STACK-DEST` with its dead-letter queue) and both queues' retention, and each
+//!   destination it publishes to (one `--publishes` each, on a queue `STACK-DEST`). The
+//!   worked consumer is `--consumer shipping --publishes shipments`. DynamoDB goes where the SDK sends
 //!   it: `AWS_ENDPOINT_URL_DYNAMODB` (DynamoDB Local), else `AWS_ENDPOINT_URL`, else AWS;
 //!   the queues, topics and buses to `AWS_ENDPOINT_URL` (moto). The table is `OUTBOX_TABLE_NAME`
 //!   if set (an existing table must have the key schema the layout variables name:
@@ -54,7 +58,7 @@ async fn shutdown_signal() {
     tracing::info!("shutting down after the batch in hand");
 }
 
-const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | bootstrap [STACK] [--events-via sqs|sns|eventbridge] [--consumer]";
+const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | bootstrap [STACK] [--events-via sqs|sns|eventbridge] [--consumer NAME [--source DEST] [--publishes DEST]...]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -63,9 +67,9 @@ async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["bootstrap", rest @ ..] => match bootstrap::Request::parse(rest) {
-            Some(request) => bootstrap::run(request, USAGE).await,
-            None => {
-                eprintln!("{USAGE}");
+            Ok(request) => bootstrap::run(request, USAGE).await,
+            Err(problem) => {
+                eprintln!("{problem}\n{USAGE}");
                 ExitCode::from(2)
             }
         },

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use outbox::aws::{bootstrap, load_sdk_config, AwsClients, ResourceNames};
+use outbox::aws::{bootstrap, load_sdk_config, AwsClients, ConsumerResource, ResourceNames};
 use outbox_tests::emulator::{emulator, unique_name};
 
 #[tokio::test]
@@ -35,7 +35,15 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
     assert_eq!(config.endpoint_url(), Some(endpoint.as_str()));
     let clients = AwsClients::new(&config);
 
-    let names = ResourceNames::for_stack(&unique_name("env"));
+    // The worked consumer too, as the scripts bootstrap it (`--consumer shipping
+    // --publishes shipments`).
+    let stack = unique_name("env");
+    let names = ResourceNames::for_stack(&stack).with_consumer(ConsumerResource::for_stack(
+        &stack,
+        "shipping".parse().unwrap(),
+        "events".parse().unwrap(),
+        ["shipments".parse().unwrap()],
+    ));
     // An events queue an earlier bootstrap made with the emulator's default visibility
     // (30 s): brought to the template's.
     let (_, events) = &names.destinations[0];
@@ -69,7 +77,10 @@ async fn clients_from_the_standard_chain_honour_aws_endpoint_url_and_bootstrap_i
         assert_eq!(visibility(url.clone()).await.as_deref(), Some("60"), "{url}");
     }
     let shipments: Vec<String> = first
-        .consumer_destinations
+        .consumer
+        .as_ref()
+        .expect("the consumer")
+        .destinations
         .iter()
         .map(|(name, target)| format!("{name}={target}"))
         .collect();

@@ -659,7 +659,15 @@ fn each_kind_of_events_destination_is_named_for_the_code_and_delivered_to_the_ev
 fn the_bootstrap_makes_what_the_template_declares() {
     let template = template();
     let resources = &template["Resources"];
-    let names = outbox::aws::ResourceNames::for_stack("stack");
+    // The worked consumer as the scripts bootstrap it: `--consumer shipping --publishes
+    // shipments`, its source the default `events`.
+    let shipping_consumer = outbox::aws::ConsumerResource::for_stack(
+        "stack",
+        "shipping".parse().unwrap(),
+        "events".parse().unwrap(),
+        [shipping::SHIPMENTS.parse().unwrap()],
+    );
+    let names = outbox::aws::ResourceNames::for_stack("stack").with_consumer(shipping_consumer);
     let queue_name = |resource: &str| {
         resources[resource]["Properties"]["QueueName"]
             .as_str()
@@ -692,15 +700,19 @@ fn the_bootstrap_makes_what_the_template_declares() {
         seconds("EventsQueue", "VisibilityTimeout")
     );
     // The worked consumer: its name, its source and what it publishes to.
-    let consumer = names
-        .consumer
-        .expect("the bootstrap makes the worked consumer's queues");
+    assert_eq!(
+        names.destinations.len(),
+        1,
+        "the consumer reads a destination of the stack"
+    );
+    let consumer = names.consumer.expect("the worked consumer");
     let shipping = &resources["ShippingFunction"]["Properties"]["Environment"]["Variables"];
     assert_eq!(
         Some(consumer.name.as_str()),
         shipping[outbox::consumer::consumer_vars::NAME].as_str()
     );
     assert_eq!(consumer.source, *events);
+    assert_eq!(consumer.source_queue, resource.queue());
     assert_eq!(
         shipping[outbox::consumer::consumer_vars::QUEUE_URL].as_str(),
         Some("EventsQueue"),

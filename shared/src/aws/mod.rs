@@ -26,8 +26,8 @@ pub use crate::settings::{
 };
 pub use backend::{native_outbox, AwsBackend, NotOnAws};
 pub use bootstrap::{
-    bootstrap, outbox_event_pattern, BootstrapError, ConsumerResource, DestinationResource, ResourceNames, Resources,
-    DESTINATION_VISIBILITY_TIMEOUT,
+    bootstrap, outbox_event_pattern, BootstrapError, BootstrappedConsumer, ConsumerResource, DestinationResource,
+    ResourceNames, Resources, DESTINATION_VISIBILITY_TIMEOUT,
 };
 pub use dynamodb::{branches, DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use publisher::AwsPublisher;

@@ -1,8 +1,9 @@
 //! What can go wrong while the bootstrap creates a resource.
 
 use crate::ports::BoxError;
+use crate::protocol::DestinationName;
 
-/// A resource that could not be created.
+/// A resource that could not be created, or read.
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
     /// The layout names attributes that cannot work.
@@ -33,6 +34,21 @@ pub enum BootstrapError {
         /// Why.
         #[source]
         source: BoxError,
+    },
+    /// Reading how long a queue keeps a message failed.
+    #[error("reading the retention of queue {queue_url} failed")]
+    Retention {
+        /// Its URL.
+        queue_url: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// A destination the consumer reads is not among the stack's.
+    #[error("the stack has no destination {destination} for the consumer to read")]
+    NoDestination {
+        /// Its name.
+        destination: DestinationName,
     },
     /// Creating a topic or its subscription failed.
     #[error("creating topic {topic} failed")]

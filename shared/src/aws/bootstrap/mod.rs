@@ -1,9 +1,11 @@
-//! Creates the table, queues, topics and buses that `template.yaml` declares, for local
-//! runs against an emulator (or an account without the stack). Idempotent: what exists
+//! Creates the table, queues, topics and buses that `template.yaml` declares, and the
+//! queues of a consumer of any name, for local runs against an emulator (or an account
+//! without the stack). Idempotent: what exists
 //! is kept, and an existing table (the application's own, in a single-table design) must
 //! have the key schema the [`TableLayout`] names.
 
 mod bus;
+mod consumer;
 mod error;
 mod names;
 mod queue;
@@ -19,6 +21,7 @@ use crate::protocol::DestinationName;
 use crate::settings::TableLayout;
 
 pub use bus::outbox_event_pattern;
+pub use consumer::BootstrappedConsumer;
 pub use error::BootstrapError;
 pub use names::{ConsumerResource, DestinationResource, ResourceNames};
 use queue::{create_dead_letter_queue, create_queue};
@@ -46,9 +49,11 @@ pub struct Resources {
     pub delivery_queues: BTreeMap<DestinationName, String>,
     /// Each destination queue's dead-letter queue, where a consumer's failures go.
     pub delivery_dead_letter_queues: BTreeMap<DestinationName, String>,
-    /// The consumer's own destinations, as its `OUTBOX_DESTINATIONS` names them.
-    pub consumer_destinations: BTreeMap<DestinationName, Target>,
+    /// The consumer of [`ResourceNames::consumer`], if any, and the settings its process
+    /// reads.
+    pub consumer: Option<BootstrappedConsumer>,
 }
+
 /// Creates what is missing and returns where everything is.
 pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Resources, BootstrapError> {
     names.layout.validate()?;
@@ -90,19 +95,17 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
         delivery_queues.insert(destination.clone(), url);
         delivery_dead_letter_queues.insert(destination.clone(), dead_letter_url);
     }
-    let mut consumer_destinations = BTreeMap::new();
-    for (destination, queue) in names.consumer.iter().flat_map(|consumer| &consumer.destinations) {
-        let url = create_queue(clients, queue, None, None).await?;
-        let fifo = queue.ends_with(".fifo");
-        consumer_destinations.insert(destination.clone(), Target::SqsQueue { url, fifo });
-    }
-    Ok(Resources {
+    let mut resources = Resources {
         layout: names.layout.clone(),
         control_queue_url,
         control_dead_letter_queue_url,
         destinations,
         delivery_queues,
         delivery_dead_letter_queues,
-        consumer_destinations,
-    })
+        consumer: None,
+    };
+    if let Some(consumer) = &names.consumer {
+        resources.consumer = Some(consumer::create_consumer(clients, consumer, &resources).await?);
+    }
+    Ok(resources)
 }

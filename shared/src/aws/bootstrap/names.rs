@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::DESTINATION_VISIBILITY_TIMEOUT;
+use crate::consumer::ConsumerName;
 use crate::protocol::DestinationName;
 use crate::settings::TableLayout;
 
@@ -24,26 +25,56 @@ pub struct ResourceNames {
     pub max_receive_count: u32,
     /// Each destination queue's visibility timeout.
     pub destination_visibility_timeout: Duration,
-    /// The worked consumer behind the destinations, and what it publishes to.
+    /// The consumer of one of the destinations, if any, and what it publishes to.
     pub consumer: Option<ConsumerResource>,
 }
 
 /// A consumer of one destination's queue (`outbox::consumer`), and the queues it
-/// publishes to: what `template.yaml` declares for its `ShippingFunction`.
+/// publishes to. `template.yaml`'s `ShippingFunction` is one: consumer `shipping` of
+/// `events`, publishing to `shipments`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumerResource {
     /// Its name (`OUTBOX_CONSUMER_NAME`).
-    pub name: String,
+    pub name: ConsumerName,
     /// The destination whose queue it consumes.
     pub source: DestinationName,
+    /// The queue of that destination: the one [`ResourceNames::with_consumer`] makes for it
+    /// when the stack has no destination of that name.
+    pub source_queue: String,
     /// Each of its own destinations and the queue that is it.
     pub destinations: Vec<(DestinationName, String)>,
 }
 
+impl ConsumerResource {
+    /// Consumer `name` in stack `stack`: it reads the queue of destination `source`
+    /// (`{stack}-{source}`) and publishes to each destination of `publishes` on the queue
+    /// `{stack}-{destination}` (a destination named twice counts once).
+    pub fn for_stack(
+        stack: &str,
+        name: ConsumerName,
+        source: DestinationName,
+        publishes: impl IntoIterator<Item = DestinationName>,
+    ) -> Self {
+        let mut destinations: Vec<(DestinationName, String)> = Vec::new();
+        for destination in publishes {
+            if !destinations.iter().any(|(known, _)| *known == destination) {
+                let queue = format!("{stack}-{destination}");
+                destinations.push((destination, queue));
+            }
+        }
+        Self {
+            name,
+            source_queue: format!("{stack}-{source}"),
+            source,
+            destinations,
+        }
+    }
+}
+
 impl ResourceNames {
     /// The names for stack `stack`: `{stack}-table`, `{stack}-control`,
-    /// `{stack}-control-dlq`, the destination `events` on `{stack}-events`, and the
-    /// shipping consumer of it, which publishes `shipments` to `{stack}-shipments`.
+    /// `{stack}-control-dlq` and the destination `events` on `{stack}-events`, with no
+    /// consumer ([`ResourceNames::with_consumer`] adds one).
     pub fn for_stack(stack: &str) -> Self {
         Self {
             layout: TableLayout::dedicated(format!("{stack}-table")),
@@ -58,16 +89,26 @@ impl ResourceNames {
             control_visibility_timeout: Duration::from_secs(60),
             max_receive_count: crate::ports::CONTROL_MAX_RECEIVE_COUNT,
             destination_visibility_timeout: DESTINATION_VISIBILITY_TIMEOUT,
-            consumer: Some(ConsumerResource {
-                name: "shipping".to_owned(),
-                source: "events".parse().expect("valid name"),
-                destinations: vec![("shipments".parse().expect("valid name"), format!("{stack}-shipments"))],
-            }),
+            consumer: None,
         }
     }
-}
 
-impl ResourceNames {
+    /// The same names with `consumer` behind them. When no destination is named like its
+    /// source, one is added on its source queue, made like every destination's (with a
+    /// dead-letter queue): a consumer may read what another one publishes.
+    pub fn with_consumer(mut self, consumer: ConsumerResource) -> Self {
+        if !self.destinations.iter().any(|(name, _)| *name == consumer.source) {
+            self.destinations.push((
+                consumer.source.clone(),
+                DestinationResource::Queue {
+                    queue: consumer.source_queue.clone(),
+                },
+            ));
+        }
+        self.consumer = Some(consumer);
+        self
+    }
+
     /// The same names with the `events` destination published through `kind`: `sqs` (the
     /// queue `{stack}-events` itself, as [`ResourceNames::for_stack`] has it), `sns` (a
     /// topic `{stack}-events` the queue subscribes to) or `eventbridge` (a bus
