@@ -17,6 +17,7 @@
 //!   and set-up. [`publish`]: batching and retrying sends, shared by every publisher.
 //! - [`settings`]: configuration from the environment, validated.
 //! - [`embedded`]: the in-process backend. [`aws`]: the DynamoDB and SQS adapters.
+//!   [`wiring`]: the paths' ports from either backend.
 //! - [`time`]: the protocol's timestamps.
 //! - `logging` (feature `logging`): one logging set-up for the binaries, honouring
 //!   Lambda's advanced logging controls.
@@ -52,6 +53,7 @@ pub mod telemetry;
 #[cfg(test)]
 mod test_log;
 pub mod time;
+pub mod wiring;
 
 /// The README's examples, compiled as doc tests so that they cannot rot (with the HTTP
 /// glue and the consumer, which they use).

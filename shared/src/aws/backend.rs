@@ -1,15 +1,12 @@
 //! A complete AWS deployment, as the settings name it: the clients, the table with its
 //! layout, the control queue and the destinations. The counterpart of
 //! [`crate::embedded::EmbeddedBackend`]; every process that runs on AWS builds its ports
-//! from one.
+//! from one ([`crate::wiring`]).
 
 use std::sync::Arc;
 
 use super::{load_sdk_config, AwsClients, AwsPublisher, DynamoStore, SdkConfig, SqsControlQueue};
-use crate::control::ControlPorts;
-use crate::native::NativeOutbox;
-use crate::ports::{Clock, RandomIds};
-use crate::request::{Outbox, RequestPorts};
+use crate::ports::Clock;
 use crate::settings::{vars, Backend, Settings, TableLayout};
 
 /// The settings name the embedded backend, where a service needs DynamoDB and SQS.
@@ -78,38 +75,4 @@ impl AwsBackend {
     pub fn publisher(&self) -> Arc<AwsPublisher> {
         self.publisher.clone()
     }
-
-    /// The request path's ports, with random transaction ids.
-    pub fn request_ports(&self, clock: Arc<dyn Clock>) -> RequestPorts {
-        RequestPorts {
-            store: self.store(clock.clone()),
-            control_queue: self.control_queue(),
-            clock,
-            ids: Arc::new(RandomIds),
-        }
-    }
-
-    /// The control path's ports.
-    pub fn control_ports(&self, clock: Arc<dyn Clock>) -> ControlPorts {
-        ControlPorts {
-            store: self.store(clock.clone()),
-            control_queue: self.control_queue(),
-            publisher: self.publisher.clone(),
-            clock,
-        }
-    }
-
-    /// The request path as `settings` configure it (see [`Outbox::from_settings`]).
-    pub fn outbox(&self, settings: &Settings, clock: Arc<dyn Clock>) -> Outbox {
-        Outbox::from_settings(self.request_ports(clock), settings, self.publisher.clone())
-    }
-}
-
-/// The request path with native actions on the table and control queue `settings` name
-/// (the layout of the protocol's records included), with clients from `config`: what a
-/// service's `main` builds once.
-pub fn native_outbox(settings: &Settings, config: &SdkConfig) -> Result<NativeOutbox, NotOnAws> {
-    let backend = AwsBackend::new(settings, config)?;
-    let outbox = backend.outbox(settings, Arc::new(crate::ports::SystemClock));
-    Ok(NativeOutbox::new(outbox).expect("the DynamoDB store runs native actions"))
 }

@@ -24,7 +24,7 @@ pub use aws_config::SdkConfig;
 pub use crate::settings::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
 };
-pub use backend::{native_outbox, AwsBackend, NotOnAws};
+pub use backend::{AwsBackend, NotOnAws};
 pub use bootstrap::{
     bootstrap, outbox_event_pattern, BootstrapError, BootstrappedConsumer, ConsumerResource, DestinationResource,
     ResourceNames, Resources, DESTINATION_VISIBILITY_TIMEOUT,

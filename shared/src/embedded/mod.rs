@@ -21,11 +21,9 @@ pub use publisher::EmbeddedPublisher;
 pub use queue::{EmbeddedQueue, QueueConfig, QueueFault, Received, SendRequest, SentMessage, DEDUPLICATION_WINDOW};
 pub use store::{EmbeddedStore, StoreEvent, StoreSizes};
 
-use crate::control::ControlPorts;
 use crate::destination::Target;
-use crate::ports::{Clock, RandomIds};
+use crate::ports::Clock;
 use crate::protocol::DestinationName;
-use crate::request::RequestPorts;
 
 /// A complete embedded deployment: the table, the control queue with its dead-letter
 /// queue, and the destination queues.
@@ -146,37 +144,6 @@ impl EmbeddedBackend {
         }
         for queue in self.publisher.destinations().values() {
             queue.record_sends();
-        }
-    }
-
-    /// The request path's ports over this backend, with random transaction ids.
-    pub fn request_ports(&self, clock: Arc<dyn Clock>) -> RequestPorts {
-        RequestPorts {
-            store: self.store.clone(),
-            control_queue: self.control_queue.clone(),
-            clock,
-            ids: Arc::new(RandomIds),
-        }
-    }
-
-    /// A consumer's ports over this backend (its table and destinations), with random
-    /// attempt ids.
-    pub fn consumer_ports(&self, clock: Arc<dyn Clock>) -> crate::consumer::ConsumerPorts {
-        crate::consumer::ConsumerPorts {
-            store: self.store.clone(),
-            publisher: self.publisher.clone(),
-            clock,
-            ids: Arc::new(RandomIds),
-        }
-    }
-
-    /// The control path's ports over this backend.
-    pub fn control_ports(&self, clock: Arc<dyn Clock>) -> ControlPorts {
-        ControlPorts {
-            store: self.store.clone(),
-            control_queue: self.control_queue.clone(),
-            publisher: self.publisher.clone(),
-            clock,
         }
     }
 }
