@@ -55,8 +55,14 @@ mod test_log;
 pub mod time;
 pub mod wiring;
 
-/// The README's examples, compiled as doc tests so that they cannot rot (with the HTTP
-/// glue and the consumer, which they use).
+/// The README's examples, compiled as doc tests so that they cannot rot (with the
+/// one-call service, which brings the HTTP glue and the consumer they use).
 #[doc = include_str!("../README.md")]
-#[cfg(all(doctest, feature = "axum", feature = "consumer"))]
+#[cfg(all(doctest, feature = "service"))]
 pub struct ReadmeDoctests;
+
+/// The guide's examples (`docs/GUIDE.md`), compiled as doc tests too. Only under
+/// `doctest`: `docs/` is not in the package, and nothing else reads it.
+#[doc = include_str!("../../docs/GUIDE.md")]
+#[cfg(all(doctest, feature = "service"))]
+pub struct GuideDoctests;

@@ -417,14 +417,19 @@ async fn operations_by_function(
 /// The shipping consumer's local poller, beside its function.
 const SHIPPING_POLLER: &str = "the shipping consumer's poller";
 
-/// The `service:Action`s of the README's line that starts with `starts`.
-fn readme_actions(starts: &str) -> BTreeSet<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README.md");
-    let start = readme
+/// The document that lists the IAM each function needs (the API's, the control worker's
+/// and a consumer's): the guide to using the library.
+const IAM_DOCUMENT: &str = "docs/GUIDE.md";
+
+/// The `service:Action`s of the line of [`IAM_DOCUMENT`] that starts with `starts`.
+fn documented_actions(starts: &str) -> BTreeSet<String> {
+    let path = format!("{}/../{IAM_DOCUMENT}", env!("CARGO_MANIFEST_DIR"));
+    let document = std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{path}: {error}"));
+    let start = document
         .find(starts)
-        .unwrap_or_else(|| panic!("the README has no {starts:?}"));
+        .unwrap_or_else(|| panic!("{IAM_DOCUMENT} has no {starts:?}"));
     // The item runs to the next one (a line starting with `  - ` or `- `).
-    let rest = &readme[start + starts.len()..];
+    let rest = &document[start + starts.len()..];
     let end = rest
         .find("\n  - ")
         .into_iter()
@@ -512,10 +517,10 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
             }
         }
     }
-    // The consumer's IAM in the README: the function's grants, and every action the
+    // The consumer's IAM in the guide: the function's grants, and every action the
     // consumer and its poller were seen to call on the wire.
-    let on_lambda = readme_actions("  - on Lambda: ");
-    let poller = readme_actions("  - the local poller, besides: ");
+    let on_lambda = documented_actions("  - on Lambda: ");
+    let poller = documented_actions("  - the local poller, besides: ");
     let shipping_granted: BTreeSet<String> = granted["ShippingFunction"].keys().cloned().collect();
     let publish_elsewhere = BTreeSet::from(["sns:Publish".to_owned(), "events:PutEvents".to_owned()]);
     assert_eq!(
@@ -524,10 +529,10 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
             .cloned()
             .collect::<BTreeSet<_>>(),
         shipping_granted,
-        "the README's IAM for a consumer on Lambda is ShippingFunction's (its destination a queue)"
+        "{IAM_DOCUMENT}'s IAM for a consumer on Lambda is ShippingFunction's (its destination a queue)"
     );
     let missing: Vec<_> = seen_on_lambda.difference(&on_lambda).collect();
-    assert!(missing.is_empty(), "the README's IAM on Lambda lacks {missing:?}");
+    assert!(missing.is_empty(), "{IAM_DOCUMENT}'s IAM on Lambda lacks {missing:?}");
     for action in ["sqs:ReceiveMessage", "sqs:DeleteMessage"] {
         assert!(
             seen_polling.contains(action),
@@ -538,7 +543,10 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
         .iter()
         .filter(|action| !on_lambda.contains(*action) && !poller.contains(*action))
         .collect();
-    assert!(missing.is_empty(), "the README's IAM for the poller lacks {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "{IAM_DOCUMENT}'s IAM for the poller lacks {missing:?}"
+    );
     // Its lease renewal (shown in the library's poller tests, not on this wire).
     assert_eq!(
         poller,
@@ -920,21 +928,21 @@ fn alarm_watches_what_the_worker_emits(
     assert_eq!(dimensions, declared, "{emitted}");
 }
 
-/// The README's IAM lists for the API and the control worker are exactly what
+/// The guide's IAM lists for the API and the control worker are exactly what
 /// `template.yaml` grants `ApiFunction` and `ControlWorkerFunction` (the destinations'
 /// publish actions included: the API publishes after its answer); the actions each is
 /// seen calling are held to those grants by
 /// `every_action_the_code_calls_is_granted_to_its_function_on_named_resources`.
 #[test]
-fn the_readmes_iam_lists_are_the_templates_grants() {
+fn the_guides_iam_lists_are_the_templates_grants() {
     let template = template();
     for (function, starts) in [
         ("ApiFunction", "- IAM for your API function: "),
         ("ControlWorkerFunction", "- IAM for the control worker: "),
     ] {
         let granted: BTreeSet<String> = grants(&template, function).keys().cloned().collect();
-        let listed = readme_actions(starts);
-        assert_eq!(listed, granted, "the README's IAM for {function}");
+        let listed = documented_actions(starts);
+        assert_eq!(listed, granted, "{IAM_DOCUMENT}'s IAM for {function}");
     }
 }
 
@@ -975,7 +983,7 @@ async fn every_form_of_the_fence_is_granted_to_the_worker_and_the_api() {
 fn the_documents_quote_every_reserved_key_prefix() {
     use outbox::protocol::RESERVED_KEY_PREFIXES;
     for (document, marker) in [
-        ("README.md", "The records' partition keys start with"),
+        ("docs/GUIDE.md", "The records' partition keys start with"),
         ("docs/PROTOCOL.md", "not starting with"),
     ] {
         let text = std::fs::read_to_string(format!("{}/../{document}", env!("CARGO_MANIFEST_DIR"))).unwrap();
@@ -1028,18 +1036,18 @@ fn no_user_facing_document_names_an_issue() {
     assert!(found.is_empty(), "documents name issues:\n{}", found.join("\n"));
 }
 
-/// The README's list of the template's parameters (its paragraph that starts
-/// `Parameters:`) names every parameter `template.yaml` declares, and nothing else that
-/// looks like one.
+/// The deployment guide's list of the template's parameters (its paragraph that starts
+/// `Parameters:`, in `docs/RUNNING.md`) names every parameter `template.yaml` declares,
+/// and nothing else that looks like one.
 #[test]
-fn the_readme_names_every_parameter_of_the_template() {
+fn the_deployment_guide_names_every_parameter_of_the_template() {
     let template = template();
     let declared: BTreeSet<String> = names(&template["Parameters"]);
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let start = readme
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/RUNNING.md")).unwrap();
+    let start = guide
         .find("\nParameters: ")
-        .expect("the README's paragraph of parameters");
-    let paragraph = &readme[start..];
+        .expect("docs/RUNNING.md's paragraph of parameters");
+    let paragraph = &guide[start..];
     let paragraph = &paragraph[..paragraph[1..].find("\n\n").map_or(paragraph.len(), |end| end + 1)];
     let named: BTreeSet<String> = paragraph
         .split('`')
@@ -1051,11 +1059,11 @@ fn the_readme_names_every_parameter_of_the_template() {
         .map(str::to_owned)
         .collect();
     let missing: Vec<_> = declared.difference(&named).collect();
-    assert!(missing.is_empty(), "the README's parameters lack {missing:?}");
+    assert!(missing.is_empty(), "docs/RUNNING.md's parameters lack {missing:?}");
     let unknown: Vec<_> = named.difference(&declared).collect();
     assert!(
         unknown.is_empty(),
-        "the README names parameters the template lacks: {unknown:?}"
+        "docs/RUNNING.md names parameters the template lacks: {unknown:?}"
     );
 }
 
