@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::embedded::ManualClock;
+use crate::ports::{BusinessWrite, ExpectedVersion};
 
 /// Expired records leave memory at the next write; live ones and business items stay.
 #[tokio::test]

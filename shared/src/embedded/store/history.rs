@@ -1,0 +1,79 @@
+//! What the embedded store did, kept for tests that check invariants against it: the
+//! [`StoreEvent`].
+
+use crate::ports::{CommitRequest, EntityCommit, ItemKey};
+use crate::protocol::TxnId;
+use crate::time::Timestamp;
+
+/// Something the store did, for tests that check invariants against what really
+/// happened rather than against what callers were told.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreEvent {
+    /// A commit applied.
+    Committed {
+        /// What was committed.
+        request: Box<CommitRequest>,
+        /// When.
+        at: Timestamp,
+    },
+    /// A tombstone was written.
+    Tombstoned {
+        /// For which transaction.
+        txn_id: TxnId,
+        /// When.
+        at: Timestamp,
+    },
+    /// A record was marked dispatched.
+    MarkedDispatched {
+        /// Which transaction.
+        txn_id: TxnId,
+        /// When.
+        at: Timestamp,
+    },
+    /// A transaction was fenced in its item (entity mode): the item's fence mark is at or
+    /// above it, and its tombstone record is written.
+    Fenced {
+        /// The item.
+        key: ItemKey,
+        /// The transaction.
+        txn_id: TxnId,
+        /// When.
+        at: Timestamp,
+    },
+    /// A commit in entity mode applied.
+    EntityCommitted {
+        /// What was committed.
+        commit: Box<EntityCommit>,
+        /// When.
+        at: Timestamp,
+    },
+    /// An entry left its item with its messages sent, the item keeping its sent mark
+    /// ([`Store::settle_entry`](crate::ports::Store::settle_entry)).
+    EntrySettled {
+        /// The item.
+        key: ItemKey,
+        /// The entry's transaction.
+        txn_id: TxnId,
+        /// When.
+        at: Timestamp,
+    },
+    /// Sent marks left their item past their time
+    /// ([`Store::forget_marks`](crate::ports::Store::forget_marks)).
+    MarksForgotten {
+        /// The item.
+        key: ItemKey,
+        /// The marks dropped, each with the time it was kept until.
+        forgotten: Vec<(TxnId, Timestamp)>,
+        /// When.
+        at: Timestamp,
+    },
+    /// An entry was removed from its item.
+    EntryRemoved {
+        /// The item.
+        key: ItemKey,
+        /// The entry's transaction.
+        txn_id: TxnId,
+        /// When.
+        at: Timestamp,
+    },
+}
