@@ -13,7 +13,7 @@
 //! (`outbox_fence`, [`super::fence`]) being below its transaction, and reserves the mark's
 //! room (`if_not_exists`), so that a fence never grows the item.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
@@ -22,21 +22,15 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailur
 
 use crate::aws::item::{business_from_item, dispatched_item, n, s, to_attribute, Item, Reader};
 use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, StoreError};
-use crate::protocol::{OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{OutboxRecord, TxnId};
 use crate::settings::TableLayout;
 use crate::time::Timestamp;
 
 use super::branches::{reached, Branch};
-use super::fence::{fence_of, FENCE_ATTRIBUTE, NO_FENCE};
+use super::entity_attributes::{
+    entries_of, fence_of, sent_of, FENCE_ATTRIBUTE, NO_FENCE, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE,
+};
 use super::{unavailable, DynamoStore};
-
-/// The attribute that holds an item's outbox entries.
-pub(crate) const OUTBOX_ATTRIBUTE: &str = "outbox";
-
-/// The attribute that holds an item's sent marks: a map of transaction id to the time
-/// (N, milliseconds) its proof may be forgotten. Every commit in entity form reserves
-/// it (an empty map) so that settling an entry can set one mark in it.
-pub(crate) const SENT_ATTRIBUTE: &str = "outbox_sent";
 
 /// DynamoDB's 400 KB item limit.
 const MAX_ITEM_BYTES: usize = 400 * 1024;
@@ -58,57 +52,6 @@ enum Verdict {
     Decided(Result<(), CommitError>),
     /// The item is as expected but has no map yet.
     NeedsMap,
-}
-
-/// The entries of an item as stored, read back.
-pub(super) fn entries_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
-    let reader = Reader::new(layout, item);
-    let Some(map) = item.get(OUTBOX_ATTRIBUTE) else {
-        return Ok(BTreeMap::new());
-    };
-    let map = map.as_m().map_err(|_| reader.corrupt("outbox is not a map"))?;
-    map.iter()
-        .map(|(txn, value)| {
-            let txn_id: TxnId = txn
-                .parse()
-                .map_err(|_| reader.corrupt(format!("bad entry key {txn}")))?;
-            let json = value
-                .as_s()
-                .map_err(|_| reader.corrupt(format!("entry {txn} is not a string")))?;
-            let record: OutboxRecord =
-                serde_json::from_str(json).map_err(|error| reader.corrupt(format!("entry {txn}: {error}")))?;
-            if record.txn_id != txn_id {
-                return Err(reader.corrupt(format!("entry {txn} names {}", record.txn_id)));
-            }
-            // An entry is a commit: the protocol writes no other kind.
-            if record.state == OutboxState::Tombstone {
-                return Err(reader.corrupt(format!("entry {txn} is a tombstone")));
-            }
-            Ok((txn_id, record))
-        })
-        .collect()
-}
-
-/// The sent marks of an item as stored, read back.
-pub(crate) fn sent_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<TxnId, Timestamp>, StoreError> {
-    let reader = Reader::new(layout, item);
-    let Some(map) = item.get(SENT_ATTRIBUTE) else {
-        return Ok(BTreeMap::new());
-    };
-    let map = map.as_m().map_err(|_| reader.corrupt("outbox_sent is not a map"))?;
-    map.iter()
-        .map(|(txn, value)| {
-            let txn_id: TxnId = txn
-                .parse()
-                .map_err(|_| reader.corrupt(format!("bad sent mark {txn}")))?;
-            let millis: u64 = value
-                .as_n()
-                .ok()
-                .and_then(|text| text.parse().ok())
-                .ok_or_else(|| reader.corrupt(format!("sent mark {txn} is not a number")))?;
-            Ok((txn_id, Timestamp::from_millis(millis)))
-        })
-        .collect()
 }
 
 fn entry_value(entry: &OutboxRecord) -> Result<AttributeValue, CommitError> {
@@ -210,20 +153,6 @@ fn one_request() -> aws_sdk_dynamodb::config::Builder {
 }
 
 impl DynamoStore {
-    /// Item `key` as stored (a vacant key's fence mark included), strongly consistent.
-    pub(super) async fn read_raw(&self, key: &ItemKey) -> Result<Option<Item>, StoreError> {
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.layout.table)
-            .set_key(Some(self.key(key.as_str())))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(unavailable)?;
-        Ok(output.item)
-    }
-
     pub(super) async fn read_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
         let Some(item) = self.read_raw(key).await? else {
             return Ok(None);

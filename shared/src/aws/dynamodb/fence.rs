@@ -21,44 +21,17 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
 
 use super::branches::{reached, Branch};
-use super::entity::{entries_of, sent_of, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
+use super::entity_attributes::{entries_of, fence_of, sent_of, FENCE_ATTRIBUTE, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
 use super::{unavailable, DynamoStore};
-use crate::aws::item::{outbox_items, outbox_pk, s, Item, Reader};
+use crate::aws::item::{outbox_items, outbox_pk, s, Item};
 use crate::ports::{FenceOutcome, ItemKey, Store, StoreError};
 use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::settings::TableLayout;
 use crate::time::Timestamp;
 
-/// The attribute that holds an item's fence mark.
-pub(crate) const FENCE_ATTRIBUTE: &str = "outbox_fence";
-
-/// The mark of an item that no fence reached: below every transaction id, and as long as
-/// one, so that a fence replacing it never grows the item (a near-full item can still be
-/// fenced). Every write of the portable form reserves it where the item has no mark.
-pub(crate) const NO_FENCE: &str = "00000000-0000-0000-0000-000000000000";
-
 /// How often the fence chooses its form again before giving up (the item changing
 /// between tries; the caller tries again later).
 const FENCE_TRIES: usize = 4;
-
-/// An item's fence mark, `None` where no fence reached it.
-pub(crate) fn fence_of(layout: &TableLayout, item: &Item) -> Result<Option<TxnId>, StoreError> {
-    match item.get(FENCE_ATTRIBUTE) {
-        None => Ok(None),
-        Some(value) => {
-            let reader = Reader::new(layout, item);
-            let text = value
-                .as_s()
-                .map_err(|_| reader.corrupt("outbox_fence is not a string"))?;
-            if text == NO_FENCE {
-                return Ok(None);
-            }
-            text.parse()
-                .map(Some)
-                .map_err(|_| reader.corrupt(format!("bad fence mark {text}")))
-        }
-    }
-}
 
 /// K's action in the fence: which item state it expects, and whether it raises the mark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

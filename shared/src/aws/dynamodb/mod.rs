@@ -12,6 +12,7 @@ mod batch;
 pub mod branches;
 mod commit;
 mod entity;
+mod entity_attributes;
 mod fence;
 
 use std::collections::{BTreeMap, HashMap};
