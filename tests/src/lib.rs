@@ -5,6 +5,7 @@
 //!   interleaving, and a fault injector, then checks the invariants.
 
 pub mod calls;
+pub mod compat;
 pub mod conformance;
 pub mod cost;
 pub mod emulator;

@@ -28,7 +28,7 @@ use shop::{router, Shop};
 use tower::ServiceExt;
 
 /// The third worked example, on the embedded backend.
-#[path = "examples/inventory.rs"]
+#[path = "shop/inventory.rs"]
 mod inventory_example;
 
 const SKU: &str = "SKU-1";

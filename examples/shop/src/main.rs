@@ -8,8 +8,8 @@
 use std::process::ExitCode;
 
 use outbox::aws::load_sdk_config;
-use outbox::wiring::native_outbox;
 use outbox::settings::{Backend, Settings};
+use outbox::wiring::native_outbox;
 use shop::catalog::DynamoCatalog;
 use shop::{router, Shop};
 
