@@ -52,6 +52,7 @@
 //! }
 //! ```
 
+mod answer;
 #[cfg(feature = "lambda")]
 pub mod compression;
 mod error;
