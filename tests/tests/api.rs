@@ -1436,7 +1436,7 @@ async fn the_embedded_api_runs_with_an_eventbridge_destination_and_names_its_eve
     parts.worker.expect("the in-process worker").abort();
 }
 
-/// A transaction begun with `Outbox::begin` directly (the README's own example), never
+/// A transaction begun with `Outbox::begin` directly (the guide's own example), never
 /// shown to the scope, is still seen by the deadline middleware: a handler that commits
 /// and then overruns is answered "outcome unknown" naming it (its answer is lost, its
 /// change is not), never "nothing was written".

@@ -1,6 +1,6 @@
 //! The dispatch lag on a virtual clock: how long after its commit is acknowledged a
 //! transaction's message is on its destination queue, for several configurations of the
-//! protocol (docs/PROTOCOL.md sections 3 and 4; README "Settling in the request path").
+//! protocol (docs/PROTOCOL.md sections 3 and 4; docs/HOW_IT_WORKS.md "Settling in the request path").
 //!
 //! Everything runs the real code over the embedded backend: the request path
 //! ([`Outbox`]: begin with its control message overlapped with the read, as the orders

@@ -1,6 +1,6 @@
 //! The shipping consumer's binary: inside Lambda it handles the events queue's SQS
 //! events; elsewhere it polls `OUTBOX_CONSUMER_QUEUE_URL`. Its settings are the
-//! `OUTBOX_*` and `OUTBOX_CONSUMER_*` variables (README, "Handle messages exactly once").
+//! `OUTBOX_*` and `OUTBOX_CONSUMER_*` variables (docs/GUIDE.md, "Consumers: handle messages exactly once").
 
 use std::error::Error;
 use std::process::ExitCode;

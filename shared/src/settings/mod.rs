@@ -279,8 +279,8 @@ impl Settings {
         let cors_allowed_origins = reader.origins();
         let max_request_bytes = reader.count(vars::MAX_REQUEST_BYTES, 64 * 1024, 1024, 1024 * 1024);
         // After the answer by default: events leave in milliseconds instead of after the
-        // first check delay, and the client does not wait for them (README, "Settling in
-        // the request path", gives the measurements).
+        // first check delay, and the client does not wait for them (docs/HOW_IT_WORKS.md,
+        // "Settling in the request path", gives the measurements).
         let inline_publish = match reader.text(vars::INLINE_PUBLISH).as_deref() {
             None | Some("after") => InlinePublish::AfterAnswer,
             Some("before" | "true") => InlinePublish::BeforeAnswer,

@@ -43,7 +43,7 @@ const GOAL_ENTITY_DOLLARS: f64 = 3.0;
 
 /// Modelled, not measured: function memory (template.yaml: both functions 256 MB, arm64)
 /// and durations. The API's are the request-path benchmark's p50 at AWS-modelled latencies
-/// (README: 38.7 ms inline off, 56.6 ms inline on); the peers' are the same latencies
+/// (38.7 ms inline off, 56.6 ms inline on, when this model was made); the peers' are the same latencies
 /// summed for their calls plus the same 5.7 ms of overhead (NServiceBus: read 5 +
 /// SendMessage 8 + TransactWriteItems 25, sequential; Streams relay: read 5 + PutItem 8).
 const MEMORY_GB: f64 = 0.25;
@@ -1075,7 +1075,7 @@ async fn run(batch_size: f64) {
     assert_eq!(
         (default_checks, default_deferrals),
         (6, 5),
-        "the README's count at the 30 s window"
+        "the count docs/HOW_IT_WORKS.md gives at the 30 s window"
     );
     let (consumed, duplicate) = rig.consume(false).await;
     let (entity_consumed, entity_duplicate) = rig.consume(true).await;

@@ -1113,7 +1113,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                 break;
             }
             // Recovery: the operator redrives the dead-letter queue once the fault is
-            // gone, as the README tells them to.
+            // gone, as docs/RUNNING.md tells them to.
             dead_letters.move_all_to(&control);
             redrives += 1;
             continue;
