@@ -45,8 +45,8 @@ pub enum ControlOutcome {
         delay: Duration,
     },
     /// Entity mode: the transaction's entry was found in its item beside its tombstone
-    /// record (a tombstone written without the fence while a commit of it was on its way:
-    /// by an API of an earlier version, or a direct `Store::put_tombstone`). The entry
+    /// record (a tombstone written without the fence while a commit of it was on its way,
+    /// which only a direct `Store::put_tombstone` does). The entry
     /// is proof of the commit: its messages were published, its record put dispatched and
     /// the entry removed. Counted (`EntriesBesideTombstones`) and alarmed.
     DispatchedBesideTombstone {

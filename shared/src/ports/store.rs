@@ -433,12 +433,11 @@ pub trait Store: Send + Sync {
     /// one write where the item holds fewer than `max_marks` sent marks: the entry leaves
     /// the item, and the item keeps the transaction's sent mark, to be forgotten at
     /// `expires_at`, as the proof that it committed (what a fence, the control worker and a
-    /// status read find). In an item that holds `max_marks` already (or that has no room
-    /// for marks, written before they existed), the proof goes to the transaction's record
-    /// instead: the record is put dispatched, then the entry removed (two writes). Touches
-    /// nothing else; an entry that is not there (settled already) is harmless. The default
-    /// always takes the two writes: a store that wraps another forwards this to keep the
-    /// one.
+    /// status read find). In an item that holds `max_marks` already, the proof goes to the
+    /// transaction's record instead: the record is put dispatched, then the entry removed
+    /// (two writes). Touches nothing else; an entry that is not there (settled already) is
+    /// harmless. The default always takes the two writes, which is as safe and costs one
+    /// write more: a store that wraps another forwards this to keep the one.
     async fn settle_entry(
         &self,
         key: &ItemKey,

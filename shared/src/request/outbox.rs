@@ -257,7 +257,7 @@ impl TxnStatus {
     /// after), then the record. The item before the record: a proof only ever moves from
     /// the item to the record (a full item's settle, a delete), so one missed in the item
     /// is found in the record read after it; and a mark outranks a tombstone record (one
-    /// written without the fence by an earlier version).
+    /// written without the fence, by a direct `Store::put_tombstone`).
     pub async fn read(store: &dyn Store, txn_id: TxnId, entity: Option<&ItemKey>) -> Result<Self, StoreError> {
         if let Some(key) = entity {
             if let Some(item) = store.get_entity(key).await? {

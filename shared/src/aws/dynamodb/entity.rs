@@ -339,9 +339,9 @@ impl DynamoStore {
     }
 
     /// Settles T's entry in K in one `UpdateItem` where K holds fewer than `max_marks`
-    /// sent marks: the entry removed, T's sent mark set. In a full item, or one whose
-    /// entry was committed before sent marks existed (no map for them), T's record is put
-    /// and the entry removed instead.
+    /// sent marks: the entry removed, T's sent mark set. In a full item, T's record is put
+    /// and the entry removed instead. (Every commit into an item writes its map of marks,
+    /// so the condition on the map only keeps the update from failing on a malformed one.)
     pub(super) async fn settle_in_item(
         &self,
         key: &ItemKey,
@@ -383,7 +383,7 @@ impl DynamoStore {
                     Some(old) => Some(old),
                     None => self.read_raw(key).await?,
                 };
-                // The entry still there: the item is full or has no map for marks.
+                // The entry still there: the item is full.
                 let holds_entry = old.as_ref().is_some_and(|item| {
                     entries_of(&self.layout, item).is_ok_and(|entries| entries.contains_key(&txn_id))
                 });
