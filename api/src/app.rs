@@ -101,7 +101,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(axum::middleware::from_fn_with_state(
-            Deadlines::new(state.outbox.as_ref().clone(), config.timeout),
+            Deadlines::new(state.outbox.as_ref().clone(), config.timeout).with_status_links("/transactions/{id}"),
             enforce_deadline,
         ))
         .route_layer(axum::middleware::from_fn(record_route))

@@ -1612,7 +1612,8 @@ async fn through_front_door(router: &Router, door: FrontDoor, event: &str) -> Fr
 
 /// A REST API (v1) event of stage `prod`: `lambda_http` puts the stage in front of the
 /// path, and the API still routes it, answering with a `Location` that keeps the stage
-/// the client's URL had; the order is then read back through that `Location`.
+/// the client's URL had (and so does the link to the transaction's status); the order is
+/// then read back through that `Location`.
 #[tokio::test]
 async fn rest_api_events_are_served_whatever_the_stage_and_locations_keep_it() {
     let app = app();
@@ -1622,6 +1623,12 @@ async fn rest_api_events_are_served_whatever_the_stage_and_locations_keep_it() {
     assert_eq!(created.status, StatusCode::CREATED, "{body}");
     let id = body["id"].as_str().expect("the order's id");
     assert_eq!(created.location(), Some(format!("/prod/orders/{id}")));
+    // The link to the transaction's status keeps the stage too.
+    let txn = created.header("x-transaction-id").expect("the transaction").to_owned();
+    assert_eq!(
+        created.header("link"),
+        Some(format!("</prod/transactions/{txn}>; rel=\"status\"").as_str())
+    );
     let get = include_str!("../fixtures/sam_rest_api_get_order.json").replace("ORDER_ID", id);
     let read = through_front_door(&app.router, FrontDoor::RestApi, &get).await;
     let read_body = read.json();

@@ -11,10 +11,9 @@ pub mod products;
 use axum::routing::post;
 use axum::Router;
 
-/// The service's routes, with the outbox's ready status route.
+/// The service's routes (`outbox::service` adds the status route, `GET /transactions/{id}`).
 pub fn router() -> Router {
     Router::new()
         .route("/products", post(products::create))
         .route("/products/{id}/reservations", post(products::reserve))
-        .merge(outbox::http::status::routes())
 }

@@ -27,8 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, Request, State};
+use axum::http::header::LINK;
 use axum::http::request::Parts;
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -57,6 +58,7 @@ pub struct RequestScope {
     pub deadline: Option<Timestamp>,
     outbox: Outbox,
     state: Arc<Mutex<ScopeState>>,
+    status_route: Option<Arc<str>>,
 }
 
 /// What a scope records as its request runs.
@@ -105,6 +107,7 @@ impl RequestScope {
             deadline,
             outbox,
             state: Arc::default(),
+            status_route: None,
         }
     }
 
@@ -295,10 +298,13 @@ impl RequestScope {
         );
         // The item, too, for a transaction begun in entity mode: the middleware adds it to
         // the answer, and the stored answer a replay gives must carry it as well.
-        if let Some(key) = self.state().begun_entity.clone() {
-            let value = HeaderValue::from_str(&encode_item_key(&key)).expect("percent-encoded is ASCII");
+        let entity = self.state().begun_entity.clone();
+        if let Some(key) = &entity {
+            let value = HeaderValue::from_str(&encode_item_key(key)).expect("percent-encoded is ASCII");
             headers.insert(TRANSACTION_ITEM_HEADER, value);
         }
+        // Stored with the answer too: a replay links the same status.
+        add_status_link(&mut headers, self.status_route.as_deref(), txn_id, entity.as_ref());
         if let Some(idempotency) = idempotency {
             txn.remember_response(
                 idempotency.slot.clone(),
@@ -429,12 +435,50 @@ pub fn request_end(now: Timestamp, timeout: Duration, lambda_deadline_millis: Op
 pub struct Deadlines {
     outbox: Outbox,
     timeout: Duration,
+    status_route: Option<Arc<str>>,
 }
 
 impl Deadlines {
     /// Requests of at most `timeout`, their transactions on `outbox`.
     pub fn new(outbox: Outbox, timeout: Duration) -> Self {
-        Self { outbox, timeout }
+        Self {
+            outbox,
+            timeout,
+            status_route: None,
+        }
+    }
+
+    /// These deadlines, and every answer that names a transaction links to its status at
+    /// `route` (a path with `{id}`, such as [`super::status::STATUS_PATH`], which the
+    /// service serves): `Link: </transactions/{id}?item=…>; rel="status"`, the item
+    /// included for a transaction begun on one, so that a client reads the status of
+    /// any transaction by following the link, without knowing where its proof lives.
+    pub fn with_status_links(mut self, route: &str) -> Self {
+        self.status_route = Some(route.into());
+        self
+    }
+}
+
+/// The `Link` to transaction `txn_id`'s status at `route`, with `item` if it was begun
+/// on one.
+pub fn status_link(route: &str, txn_id: TxnId, item: Option<&ItemKey>) -> HeaderValue {
+    let mut target = route.replace("{id}", &txn_id.to_string());
+    if let Some(item) = item {
+        target.push_str("?item=");
+        target.push_str(&encode_item_key(item));
+    }
+    HeaderValue::from_str(&format!("<{target}>; rel=\"status\"")).expect("an ASCII link")
+}
+
+/// Adds the status link to `headers` unless one is there.
+fn add_status_link(headers: &mut HeaderMap, route: Option<&str>, txn_id: TxnId, item: Option<&ItemKey>) {
+    let Some(route) = route else { return };
+    let linked = headers
+        .get_all(LINK)
+        .iter()
+        .any(|value| value.to_str().is_ok_and(|value| value.contains("rel=\"status\"")));
+    if !linked {
+        headers.append(LINK, status_link(route, txn_id, item));
     }
 }
 
@@ -464,7 +508,8 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
     let now = clock.now();
     let end = request_end(now, deadlines.timeout, lambda_deadline(&request));
     let margin = margin(deadlines.timeout);
-    let scope = RequestScope::new(deadlines.outbox.clone(), Some(end.minus(margin)));
+    let mut scope = RequestScope::new(deadlines.outbox.clone(), Some(end.minus(margin)));
+    scope.status_route = deadlines.status_route.clone();
     request.extensions_mut().insert(scope.clone());
     let backstop = end.minus(margin / 2).since(now);
     // Settling writes by then, leaving the rest of the margin to answer.
@@ -494,10 +539,17 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
                     let value = HeaderValue::from_str(&txn_id.to_string()).expect("transaction ids are ASCII");
                     response.headers_mut().insert(TRANSACTION_ID_HEADER, value);
                 }
-                if let Some(key) = scope.state().begun_entity.clone() {
-                    let value = HeaderValue::from_str(&encode_item_key(&key)).expect("percent-encoded is ASCII");
+                let entity = scope.state().begun_entity.clone();
+                if let Some(key) = &entity {
+                    let value = HeaderValue::from_str(&encode_item_key(key)).expect("percent-encoded is ASCII");
                     response.headers_mut().insert(TRANSACTION_ITEM_HEADER, value);
                 }
+                add_status_link(
+                    response.headers_mut(),
+                    scope.status_route.as_deref(),
+                    txn_id,
+                    entity.as_ref(),
+                );
             }
             response
         }
@@ -521,11 +573,18 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
                 Progress::NotBegun => progress,
             };
             let mut response = timeout_problem(answer).into_response();
-            if let (Progress::Begun(_) | Progress::Committing(_), Some(key)) =
-                (answer, scope.state().begun_entity.clone())
-            {
-                let value = HeaderValue::from_str(&encode_item_key(&key)).expect("percent-encoded is ASCII");
-                response.headers_mut().insert(TRANSACTION_ITEM_HEADER, value);
+            if let Progress::Begun(txn_id) | Progress::Committing(txn_id) = answer {
+                let entity = scope.state().begun_entity.clone();
+                if let Some(key) = &entity {
+                    let value = HeaderValue::from_str(&encode_item_key(key)).expect("percent-encoded is ASCII");
+                    response.headers_mut().insert(TRANSACTION_ITEM_HEADER, value);
+                }
+                add_status_link(
+                    response.headers_mut(),
+                    scope.status_route.as_deref(),
+                    txn_id,
+                    entity.as_ref(),
+                );
             }
             response
         }

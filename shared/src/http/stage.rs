@@ -8,14 +8,14 @@
 //! stage. [`serve_under_stage`] wraps a router so that the stage is taken off the path
 //! before routing (and off `OriginalUri`), and what the client's URL had before the route
 //! (the stage, on the default endpoint) is put back in front of a `Location` that is an
-//! absolute path.
+//! absolute path, and of each `Link` to one (a transaction's status).
 //!
 //! Not handled: a custom domain's base path mapping (API Gateway leaves it in the path, so
 //! the routes must include it), and `AWS_LAMBDA_HTTP_IGNORE_STAGE_IN_PATH` (nothing is
 //! stripped then, and `Location` gets no prefix).
 
 use axum::extract::Request;
-use axum::http::header::LOCATION;
+use axum::http::header::{LINK, LOCATION};
 use axum::http::{HeaderValue, Uri};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -106,6 +106,25 @@ async fn strip_stage(mut request: Request, next: Next) -> Response {
         .map(|location| format!("{}{location}", paths.client_prefix));
     if let Some(value) = location.and_then(|location| HeaderValue::from_str(&location).ok()) {
         response.headers_mut().insert(LOCATION, value);
+    }
+    // Links to absolute paths (a transaction's status) get the same prefix.
+    let links: Vec<HeaderValue> = response
+        .headers()
+        .get_all(LINK)
+        .iter()
+        .map(|value| match value.to_str() {
+            Ok(link) if link.starts_with("</") && !link.starts_with("<//") => {
+                HeaderValue::from_str(&format!("<{}{}", paths.client_prefix, &link[1..]))
+                    .unwrap_or_else(|_| value.clone())
+            }
+            _ => value.clone(),
+        })
+        .collect();
+    if !links.is_empty() {
+        response.headers_mut().remove(LINK);
+        for link in links {
+            response.headers_mut().append(LINK, link);
+        }
     }
     response
 }

@@ -1,12 +1,18 @@
 //! A ready route for what became of a transaction, for clients that were answered a 503
 //! naming one: `GET /transactions/{id}` (with `?item=`, the `x-transaction-item` of the
 //! answer, for a transaction begun on one item), answered `pending`, `dispatched`,
-//! `tombstoned` or `unknown`.
+//! `tombstoned` or `unknown`. Every answer that names a transaction links it
+//! ([`super::Deadlines::with_status_links`]): `Link: </transactions/{id}?item=…>;
+//! rel="status"`, so that a client follows the link and never needs to know the item.
+//! `outbox::service` serves the route and the links; by hand:
 //!
 //! ```
-//! # async fn wire(app: axum::Router) -> axum::Router {
-//! // Under the deadline middleware (outbox::service adds it), beside the service's routes.
-//! app.merge(outbox::http::status::routes())
+//! # fn wire(app: axum::Router, outbox: outbox::request::Outbox) -> axum::Router {
+//! use outbox::http::{enforce_deadline, status, Deadlines};
+//! let deadlines = Deadlines::new(outbox, std::time::Duration::from_secs(10))
+//!     .with_status_links(status::STATUS_PATH);
+//! app.merge(status::routes())
+//!     .route_layer(axum::middleware::from_fn_with_state(deadlines, enforce_deadline))
 //! # }
 //! ```
 

@@ -200,13 +200,17 @@ pub struct Running {
 }
 
 impl Running {
-    /// `app` as the service serves it: each request under its deadline (the Lambda
-    /// invocation's, or `OUTBOX_API_TIMEOUT_SECONDS`), which the
-    /// [`crate::http::RequestScope`] extractor needs, and bodies over
+    /// `app` as the service serves it: with the ready status route
+    /// (`GET /transactions/{id}`, [`crate::http::status`]), each request under its
+    /// deadline (the Lambda invocation's, or `OUTBOX_API_TIMEOUT_SECONDS`), which the
+    /// [`crate::http::RequestScope`] extractor needs, every answer that names a
+    /// transaction linking its status (`Link: <…>; rel="status"`), and bodies over
     /// `OUTBOX_MAX_REQUEST_BYTES` refused.
     pub fn router(&self, app: Router) -> Router {
-        let deadlines = Deadlines::new(self.outbox.clone(), self.settings.api_timeout);
-        app.route_layer(axum::middleware::from_fn_with_state(deadlines, enforce_deadline))
+        let deadlines = Deadlines::new(self.outbox.clone(), self.settings.api_timeout)
+            .with_status_links(crate::http::status::STATUS_PATH);
+        app.merge(crate::http::status::routes())
+            .route_layer(axum::middleware::from_fn_with_state(deadlines, enforce_deadline))
             .layer(DefaultBodyLimit::max(self.settings.max_request_bytes))
     }
 
