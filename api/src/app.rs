@@ -66,6 +66,7 @@ fn cors(origins: &[String]) -> CorsLayer {
             REQUEST_ID,
             HeaderName::from_static("x-transaction-id"),
             HeaderName::from_static("x-transaction-item"),
+            axum::http::header::LINK,
         ]);
     if origins.iter().any(|origin| origin == "*") {
         layer.allow_origin(AllowOrigin::any())

@@ -297,7 +297,9 @@ pub async fn check(b: &Backend) {
             "{name}: {:?}",
             report.result
         );
-        let out = b.drain(&events()).await;
+        let mut out = b.drain(&events()).await;
+        // A standard queue keeps no order: by stable id.
+        out.sort_by(|a, b| a.message_id.cmp(&b.message_id));
         let types: Vec<String> = out
             .iter()
             .map(|message| {

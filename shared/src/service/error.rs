@@ -28,6 +28,16 @@ pub enum ServiceError {
         /// The name given.
         name: String,
     },
+    /// A second consumer was registered on one destination.
+    #[error(
+        "consumer {first} reads {destination} already: a destination is one queue, whose messages two consumers would share; give each its own destination"
+    )]
+    SourceTaken {
+        /// The destination.
+        destination: String,
+        /// The consumer registered on it first.
+        first: String,
+    },
     /// `OUTBOX_LISTEN_ADDR` is not an address.
     #[error("{}: {text:?} is not an address such as 127.0.0.1:3000", super::LISTEN_ADDR)]
     ListenAddr {

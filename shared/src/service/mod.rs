@@ -75,6 +75,8 @@ struct Registered {
 pub struct Service {
     settings: Settings,
     consumers: Vec<Registered>,
+    /// Whether the service installed the process's logging (and so flushes it at its stop).
+    owns_logging: bool,
 }
 
 impl Service {
@@ -83,7 +85,9 @@ impl Service {
     /// ([`crate::logging::init`]).
     pub fn from_env() -> Result<Self, ServiceError> {
         crate::logging::init();
-        Ok(Self::new(Settings::from_env()?))
+        let mut service = Self::new(Settings::from_env()?);
+        service.owns_logging = true;
+        Ok(service)
     }
 
     /// The service `settings` describe (logging is the caller's).
@@ -91,6 +95,7 @@ impl Service {
         Self {
             settings,
             consumers: Vec::new(),
+            owns_logging: false,
         }
     }
 
@@ -102,14 +107,23 @@ impl Service {
     /// Registers `handler` as consumer `name` of destination `source`: on the embedded
     /// backend it runs in this process, each message handled exactly once in effect
     /// ([`crate::consumer`]); on AWS it is its own function (`outbox::consumer::serve`).
+    /// One consumer per destination: a destination is one queue, whose messages its
+    /// consumers would share rather than each get (on AWS, give each consumer its own
+    /// queue behind a topic or a bus).
     pub fn consumer(mut self, name: &str, source: &str, handler: impl Handler + 'static) -> Result<Self, ServiceError> {
         let consumer = name.parse().map_err(|source| ServiceError::ConsumerName {
             name: name.to_owned(),
             source,
         })?;
-        let source = source.parse().map_err(|_| ServiceError::Destination {
+        let source: DestinationName = source.parse().map_err(|_| ServiceError::Destination {
             name: source.to_owned(),
         })?;
+        if let Some(first) = self.consumers.iter().find(|registered| registered.source == source) {
+            return Err(ServiceError::SourceTaken {
+                destination: source.to_string(),
+                first: first.name.to_string(),
+            });
+        }
         self.consumers.push(Registered {
             name: consumer,
             source,
@@ -123,7 +137,11 @@ impl Service {
     pub async fn start(self) -> Result<Running, ServiceError> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let (stop, stopped) = watch::channel(false);
-        let Self { settings, consumers } = self;
+        let Self {
+            settings,
+            consumers,
+            owns_logging,
+        } = self;
         match &settings.backend {
             Backend::Embedded => {
                 let consumed: BTreeSet<DestinationName> =
@@ -155,6 +173,7 @@ impl Service {
                     stop,
                     stopped,
                     tasks,
+                    owns_logging,
                 })
             }
             Backend::Aws { .. } => {
@@ -172,6 +191,7 @@ impl Service {
                     stop,
                     stopped,
                     tasks: Vec::new(),
+                    owns_logging,
                 })
             }
         }
@@ -197,6 +217,7 @@ pub struct Running {
     stop: watch::Sender<bool>,
     stopped: watch::Receiver<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    owns_logging: bool,
 }
 
 impl Running {
@@ -205,7 +226,9 @@ impl Running {
     /// deadline (the Lambda invocation's, or `OUTBOX_API_TIMEOUT_SECONDS`), which the
     /// [`crate::http::RequestScope`] extractor needs, every answer that names a
     /// transaction linking its status (`Link: <…>; rel="status"`), and bodies over
-    /// `OUTBOX_MAX_REQUEST_BYTES` refused.
+    /// `OUTBOX_MAX_REQUEST_BYTES` refused. `app` must not route `/transactions/{id}`
+    /// itself (axum refuses two routes of one path), and a fallback of its own does not run
+    /// under the deadline (it gets no [`crate::http::RequestScope`]).
     pub fn router(&self, app: Router) -> Router {
         let deadlines = Deadlines::new(self.outbox.clone(), self.settings.api_timeout)
             .with_status_links(crate::http::status::STATUS_PATH);
@@ -224,6 +247,9 @@ impl Running {
         let app = self.router(app);
         if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
             let after_answer = self.outbox.after_answer().cloned();
+            // Behind API Gateway's stage (a REST API, an HTTP API's named stage), the
+            // routes match without it and the status links keep it.
+            let app = crate::http::serve_under_stage(app);
             return crate::http::lambda::run(app, after_answer)
                 .await
                 .map_err(ServiceError::Lambda);
@@ -251,10 +277,11 @@ impl Running {
         served.map_err(ServiceError::Serve)
     }
 
-    /// Stops: the work after the answers finishes (bounded by the API timeout; what is
-    /// cut off is the control worker's), then the in-process control worker and
+    /// Stops: the work after the answers finishes (bounded by the API timeout; on AWS
+    /// what is cut off is the control worker's), then the in-process control worker and
     /// consumers stop receiving, hand back what they took and did not start, and finish
-    /// what they started.
+    /// what they started. On the embedded backend whatever is left (control messages not
+    /// due yet, work cut off) goes with the process: it is not durable.
     pub async fn stop(self) {
         if let Some(after) = self.outbox.after_answer() {
             if !after.idle_within(self.settings.api_timeout).await {
@@ -269,7 +296,9 @@ impl Running {
             let _ = task.await;
         }
         drop(self.stopped);
-        crate::logging::finish();
+        if self.owns_logging {
+            crate::logging::finish();
+        }
     }
 
     fn backend_name(&self) -> &'static str {

@@ -132,12 +132,19 @@ async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no
     let txn = reserved["reservation_id"].as_str().unwrap();
     let link = status_link(headers);
     assert!(link.starts_with(&format!("/transactions/{txn}?item=")), "{link}");
-    let (status, _, read) = call(&app, "GET", &link, None).await;
-    assert_eq!(
-        (status, read["status"].as_str()),
-        (StatusCode::OK, Some("dispatched")),
-        "{read}"
-    );
+    // Dispatched once what was published after the answer is settled (soon after the
+    // ledger saw it, not necessarily before).
+    let started = Instant::now();
+    loop {
+        let (status, _, read) = call(&app, "GET", &link, None).await;
+        assert_eq!(status, StatusCode::OK, "{read}");
+        if read["status"] == "dispatched" {
+            break;
+        }
+        assert_eq!(read["status"], "pending", "{read}");
+        assert!(started.elapsed() < Duration::from_secs(20), "{read}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (_, headers, refused) = answers
         .iter()
         .find(|(status, ..)| *status == StatusCode::CONFLICT)
@@ -163,6 +170,27 @@ async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no
         (StatusCode::UNPROCESSABLE_ENTITY, Some("/problems/validation"))
     );
     running.stop().await;
+}
+
+/// A destination is one queue: a second consumer on it would take half the messages, so
+/// the service refuses it, naming the first.
+#[test]
+fn a_second_consumer_of_one_destination_is_refused() {
+    let refused = Service::new(embedded_settings())
+        .consumer("ledger", "events", inventory::ledger::Ledger)
+        .unwrap()
+        .consumer("audit", "events", inventory::ledger::Ledger)
+        .err()
+        .expect("refused");
+    assert!(
+        refused.to_string().contains("consumer ledger reads events already"),
+        "{refused}"
+    );
+    assert!(Service::new(embedded_settings())
+        .consumer("ledger", "events", inventory::ledger::Ledger)
+        .unwrap()
+        .consumer("audit", "audit", inventory::ledger::Ledger)
+        .is_ok());
 }
 
 /// Two requests read the same version of an item before either commits; the later
