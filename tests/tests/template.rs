@@ -1094,3 +1094,54 @@ fn the_readme_lists_every_feature_of_the_library() {
     assert!(declared.len() >= 7, "{declared:?}");
     assert_eq!(listed, declared, "the README's features");
 }
+
+/// The README's dependency block for your own service is what `examples/inventory`, the
+/// service it describes, depends on, each at the workspace's major version.
+#[test]
+fn the_readmes_dependencies_are_the_inventory_examples() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let block = readme
+        .split("```toml\n[dependencies]\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README's dependency block");
+    let listed: BTreeMap<String, String> = block
+        .lines()
+        .filter_map(|line| line.split_once(" = "))
+        .map(|(name, spec)| (name.trim().to_owned(), spec.trim().to_owned()))
+        .collect();
+    let manifest = std::fs::read_to_string(format!("{root}/examples/inventory/Cargo.toml")).unwrap();
+    let dependencies = manifest
+        .split("[dependencies]\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .expect("inventory's dependencies");
+    let used: BTreeSet<String> = dependencies
+        .lines()
+        .filter_map(|line| line.split_once(" = "))
+        .map(|(name, _)| name.trim().trim_end_matches(".workspace").to_owned())
+        .collect();
+    assert_eq!(
+        listed.keys().cloned().collect::<BTreeSet<_>>(),
+        used,
+        "the README's dependencies"
+    );
+    let workspace = std::fs::read_to_string(format!("{root}/Cargo.toml")).unwrap();
+    for (name, spec) in &listed {
+        if name == "outbox" {
+            assert!(spec.contains(r#"features = ["service"]"#), "{spec}");
+            continue;
+        }
+        let declared = workspace
+            .lines()
+            .find(|line| line.starts_with(&format!("{name} = ")))
+            .unwrap_or_else(|| panic!("the workspace declares no {name}"));
+        let version = |text: &str| text.split('"').nth(1).map(str::to_owned);
+        assert_eq!(
+            version(spec),
+            version(declared.split_once(" = ").unwrap().1),
+            "{name}: {spec} against {declared}"
+        );
+    }
+}

@@ -53,6 +53,27 @@ pub fn backend(settings: &Settings, clock: Arc<dyn Clock>, consumed: &BTreeSet<D
     EmbeddedBackend::for_service(clock, &targets, consumed, KEPT_EVENTS)
 }
 
+/// Waits until the destinations in-process consumers read are empty, at most `bound`:
+/// their messages would go with the process.
+pub async fn drain(backend: &EmbeddedBackend, consumed: &[DestinationName], bound: Duration) {
+    let queues: Vec<_> = consumed
+        .iter()
+        .filter_map(|name| backend.publisher.destinations().get(name).cloned())
+        .collect();
+    let started = std::time::Instant::now();
+    let held = || queues.iter().map(|queue| queue.len()).sum::<usize>();
+    while held() > 0 {
+        if started.elapsed() >= bound {
+            tracing::warn!(
+                messages = held(),
+                "stopping with messages the in-process consumers did not take; they go with the process"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
 }

@@ -174,6 +174,7 @@ impl Service {
                     stopped,
                     tasks,
                     owns_logging,
+                    consumed: consumed.into_iter().collect(),
                 })
             }
             Backend::Aws { .. } => {
@@ -192,6 +193,7 @@ impl Service {
                     stopped,
                     tasks: Vec::new(),
                     owns_logging,
+                    consumed: Vec::new(),
                 })
             }
         }
@@ -218,6 +220,8 @@ pub struct Running {
     stopped: watch::Receiver<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     owns_logging: bool,
+    /// On the embedded backend, the destinations its consumers read.
+    consumed: Vec<DestinationName>,
 }
 
 impl Running {
@@ -280,8 +284,10 @@ impl Running {
     /// Stops: the work after the answers finishes (bounded by the API timeout; on AWS
     /// what is cut off is the control worker's), then the in-process control worker and
     /// consumers stop receiving, hand back what they took and did not start, and finish
-    /// what they started. On the embedded backend whatever is left (control messages not
-    /// due yet, work cut off) goes with the process: it is not durable.
+    /// what they started. On the embedded backend, whose queues go with the process, the
+    /// consumers first take what their destinations hold (bounded by the API timeout);
+    /// whatever is left then (control messages not due yet, work cut off) is lost with
+    /// the process: it is not durable.
     pub async fn stop(self) {
         if let Some(after) = self.outbox.after_answer() {
             if !after.idle_within(self.settings.api_timeout).await {
@@ -290,6 +296,9 @@ impl Running {
                     "stopping with publishing after the answer unfinished; the control worker publishes the rest"
                 );
             }
+        }
+        if let Some(backend) = &self.embedded {
+            embedded::drain(backend, &self.consumed, self.settings.api_timeout).await;
         }
         let _ = self.stop.send(true);
         for task in self.tasks {

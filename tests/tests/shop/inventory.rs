@@ -172,6 +172,33 @@ async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no
     running.stop().await;
 }
 
+/// A stop on the embedded backend lets the in-process consumers take what their
+/// destinations hold first: those queues go with the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_lets_the_consumers_take_what_their_destinations_hold() {
+    let (running, app) = inventory().await;
+    let outbox = running.outbox.clone();
+    let (status, ..) = call(
+        &app,
+        "POST",
+        "/products",
+        Some(json!({"product_id": "p9", "stock": 50})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    for _ in 0..20 {
+        let (status, ..) = call(&app, "POST", "/products/p9/reservations", Some(json!({"quantity": 1}))).await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    running.stop().await;
+    let key: ItemKey = "TALLY#p9".parse().unwrap();
+    let items = outbox.store().get_items(std::slice::from_ref(&key)).await.unwrap();
+    assert_eq!(
+        items.get(&key).map(|item| item.data["reserved"].clone()),
+        Some(json!(20))
+    );
+}
+
 /// A destination is one queue: a second consumer on it would take half the messages, so
 /// the service refuses it, naming the first.
 #[test]
