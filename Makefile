@@ -11,6 +11,9 @@ ifeq ($(filter arm64 x86-64,$(LAMBDA_ARCH)),)
 $(error set LAMBDA_ARCH to arm64 or x86-64, as the Architecture parameter: LAMBDA_ARCH=arm64 sam build --build-in-source)
 endif
 FUNCTIONS := api control-worker shipping
+# Where cargo builds: target/, or CARGO_TARGET_DIR (the test command gives this build a
+# directory of its own, so that it never waits on the lock of the tests' builds).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: bootstraps build-ApiFunction build-ControlWorkerFunction build-ShippingFunction
 
@@ -18,10 +21,10 @@ bootstraps:
 	cargo lambda build --release --$(LAMBDA_ARCH) --locked $(addprefix --bin ,$(FUNCTIONS))
 
 build-ApiFunction: bootstraps
-	cp target/lambda/api/bootstrap "$(ARTIFACTS_DIR)/bootstrap"
+	cp $(TARGET_DIR)/lambda/api/bootstrap "$(ARTIFACTS_DIR)/bootstrap"
 
 build-ControlWorkerFunction: bootstraps
-	cp target/lambda/control-worker/bootstrap "$(ARTIFACTS_DIR)/bootstrap"
+	cp $(TARGET_DIR)/lambda/control-worker/bootstrap "$(ARTIFACTS_DIR)/bootstrap"
 
 build-ShippingFunction: bootstraps
-	cp target/lambda/shipping/bootstrap "$(ARTIFACTS_DIR)/bootstrap"
+	cp $(TARGET_DIR)/lambda/shipping/bootstrap "$(ARTIFACTS_DIR)/bootstrap"

@@ -832,7 +832,7 @@ fn the_queues_and_the_event_source_follow_the_rules() {
             Some("makefile")
         );
         let copy = format!(
-            "build-{function}: bootstraps\n\tcp target/lambda/{binary}/bootstrap \"$(ARTIFACTS_DIR)/bootstrap\""
+            "build-{function}: bootstraps\n\tcp $(TARGET_DIR)/lambda/{binary}/bootstrap \"$(ARTIFACTS_DIR)/bootstrap\""
         );
         assert!(makefile.contains(&copy), "the Makefile lacks {copy:?}");
     }

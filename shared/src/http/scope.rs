@@ -211,6 +211,22 @@ impl RequestScope {
         Ok(replay)
     }
 
+    /// Names transaction `txn_id` in an answer's `headers`: its id (unless there), its
+    /// item if it was begun in entity mode, and the link to its status if the scope has a
+    /// status route.
+    fn name_in(&self, headers: &mut HeaderMap, txn_id: TxnId) {
+        if !headers.contains_key(TRANSACTION_ID_HEADER) {
+            let value = HeaderValue::from_str(&txn_id.to_string()).expect("transaction ids are ASCII");
+            headers.insert(TRANSACTION_ID_HEADER, value);
+        }
+        let entity = self.state().begun_entity.clone();
+        if let Some(key) = &entity {
+            let value = HeaderValue::from_str(&encode_item_key(key)).expect("percent-encoded is ASCII");
+            headers.insert(TRANSACTION_ITEM_HEADER, value);
+        }
+        add_status_link(headers, self.status_route.as_deref(), txn_id, entity.as_ref());
+    }
+
     /// Frees the request's one place after transaction `failed` definitely failed to
     /// commit (nothing of it was written, and its settling is done), so that a retry
     /// begins another. `false`, and nothing changed, if the scope is closed or holds
@@ -535,21 +551,7 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
             // Once a transaction began, every answer names it: a 404 or a no-op too; in
             // entity mode with its item, where a status read finds it after dispatch.
             if let Progress::Begun(txn_id) | Progress::Committing(txn_id) = progress {
-                if !response.headers().contains_key(TRANSACTION_ID_HEADER) {
-                    let value = HeaderValue::from_str(&txn_id.to_string()).expect("transaction ids are ASCII");
-                    response.headers_mut().insert(TRANSACTION_ID_HEADER, value);
-                }
-                let entity = scope.state().begun_entity.clone();
-                if let Some(key) = &entity {
-                    let value = HeaderValue::from_str(&encode_item_key(key)).expect("percent-encoded is ASCII");
-                    response.headers_mut().insert(TRANSACTION_ITEM_HEADER, value);
-                }
-                add_status_link(
-                    response.headers_mut(),
-                    scope.status_route.as_deref(),
-                    txn_id,
-                    entity.as_ref(),
-                );
+                scope.name_in(response.headers_mut(), txn_id);
             }
             response
         }
@@ -574,17 +576,7 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
             };
             let mut response = timeout_problem(answer).into_response();
             if let Progress::Begun(txn_id) | Progress::Committing(txn_id) = answer {
-                let entity = scope.state().begun_entity.clone();
-                if let Some(key) = &entity {
-                    let value = HeaderValue::from_str(&encode_item_key(key)).expect("percent-encoded is ASCII");
-                    response.headers_mut().insert(TRANSACTION_ITEM_HEADER, value);
-                }
-                add_status_link(
-                    response.headers_mut(),
-                    scope.status_route.as_deref(),
-                    txn_id,
-                    entity.as_ref(),
-                );
+                scope.name_in(response.headers_mut(), txn_id);
             }
             response
         }
