@@ -626,3 +626,59 @@ pub async fn an_entity_commit_of_a_tombstone_entry_is_refused(b: &Backend) {
     }
     assert!(b.store.get_entity(&key(&item)).await.unwrap().is_none(), "{}", b.name);
 }
+
+/// A late attempt of a committed transaction never applies to a later life of its item:
+/// T's attempt, held while T commits through another attempt, is settled, the item is
+/// deleted and created anew, and then the attempt arrives. Versions continue across a delete, so the item is never at T's version again
+/// and the attempt is a conflict: T's data does not overwrite the new item, and no second
+/// entry of T (which no control message would ever publish) lands in it.
+pub async fn a_late_attempt_never_applies_to_a_later_life_of_its_item(b: &Backend) {
+    let item = format!("ENTITY#{}", TxnId::new_v7());
+    let entity_key = key(&item);
+    let create = |life: u64| {
+        request(
+            b,
+            TxnId::new_v7(),
+            vec![put(&item, json!({"life": life}), ExpectedVersion::Absent)],
+            vec![],
+        )
+    };
+    b.store.commit(&create(1)).await.expect("the first life");
+    let t = TxnId::new_v7();
+    let mut held = entity_commit(b, &item, t, ExpectedVersion::Exactly(1), json!({"by": "T"}));
+    held.entry.attempt = None;
+    held.checks_fence = true;
+    b.store.commit_entity(&held).await.expect("T commits");
+    let now = b.clock.now();
+    b.store
+        .settle_entry(&entity_key, t, now, whole_second(now.plus(RETENTION)), 4)
+        .await
+        .expect("T's messages went out");
+    let delete = |version| BusinessWrite::Delete {
+        key: entity_key.clone(),
+        version,
+    };
+    b.store
+        .commit(&request(b, TxnId::new_v7(), vec![delete(2)], vec![]))
+        .await
+        .expect("the delete");
+    b.store.commit(&create(2)).await.expect("a new life");
+    // Were versions to restart, the new life would be at version 1, the one T expected.
+    match b.store.commit_entity(&held).await {
+        Err(CommitError::VersionConflict { .. }) => {}
+        other => panic!("{}: T's late attempt on the item's new life: {other:?}", b.name),
+    }
+    let version = b.store.get_items(&[entity_key.clone()]).await.unwrap()[&entity_key].version;
+    assert_eq!(
+        version, 4,
+        "{}: the delete and the new life continue the versions",
+        b.name
+    );
+    let found = b.store.get_entity(&entity_key).await.unwrap().expect("the new life");
+    assert_eq!(
+        (found.item.data, found.entries.contains_key(&t)),
+        (json!({"life": 2}), false),
+        "{}: the new life is untouched",
+        b.name
+    );
+}
