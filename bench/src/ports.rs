@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox::embedded::{EmbeddedQueue, QueueFault, SendRequest};
-use outbox::ports::{
+use outbox::ports::{KeyRead, 
     CommitError, CommitRequest, ControlQueue, EntityCommit, EntityItem, EntryFailure, FenceOutcome, ItemKey,
     NativeAction, PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
@@ -189,6 +189,11 @@ impl Store for SlowStore {
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
         self.call(StoreOp::GetItems).await;
         self.inner.get_items(keys).await
+    }
+
+    async fn get_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, KeyRead>, StoreError> {
+        self.call(StoreOp::GetItems).await;
+        self.inner.get_keys(keys).await
     }
 
     async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {

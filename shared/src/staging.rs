@@ -4,11 +4,11 @@
 //! consumer's handler ([`crate::consumer`]) stage through the same [`Staging`].
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-use crate::ports::{BusinessWrite, ExpectedVersion, ItemKey, NativeAction, Store, StoreError, VersionedItem};
+use crate::ports::{BusinessWrite, ExpectedVersion, ItemKey, KeyRead, NativeAction, Store, StoreError, VersionedItem};
 use crate::protocol::{Message, MessageId, OutgoingMessage, TxnId};
 use crate::settings::TransactionLimits;
 
@@ -23,6 +23,11 @@ pub struct Staging {
     pub(crate) messages: Vec<OutgoingMessage>,
     /// Items read before the handler ran (the entity mode's entity), served from here.
     read_already: BTreeMap<ItemKey, Option<VersionedItem>>,
+    /// The keys read across their lives ([`Store::get_keys`]), without their items: a
+    /// create of one read holding no item expects it at the version read
+    /// ([`ExpectedVersion::AbsentAt`]), and the messages of a change of one are positioned
+    /// in its history from the heads read.
+    keys: Mutex<BTreeMap<ItemKey, KeyRead>>,
 }
 
 impl Staging {
@@ -35,6 +40,7 @@ impl Staging {
             native: Vec::new(),
             messages: Vec::new(),
             read_already: BTreeMap::new(),
+            keys: Mutex::default(),
         }
     }
 
@@ -65,7 +71,7 @@ impl Staging {
         let mut found = if to_read.is_empty() {
             BTreeMap::new()
         } else {
-            self.store.get_items(&to_read).await?
+            self.read_keys(&to_read).await?
         };
         for key in keys {
             if let Some(Some(item)) = self.read_already.get(key) {
@@ -75,9 +81,48 @@ impl Staging {
         Ok(found)
     }
 
+    /// Reads `keys` with their versions across their lives where the store offers it
+    /// ([`Store::get_keys`]), noting the version of each key that holds no item.
+    async fn read_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
+        let mut read = match self.store.get_keys(keys).await {
+            Ok(read) => read,
+            Err(StoreError::Unsupported(_)) => return self.store.get_items(keys).await,
+            Err(error) => return Err(error),
+        };
+        let mut held = self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut found = BTreeMap::new();
+        for key in keys {
+            let key_read = read.remove(key).unwrap_or_default();
+            if let Some(item) = &key_read.item {
+                found.insert(key.clone(), item.clone());
+            }
+            held.insert(key.clone(), key_read);
+        }
+        Ok(found)
+    }
+
+    /// `expected` for `key` as the commit checks it: a create of a key read as holding no
+    /// item expects it at the version read, so that it can only apply to the life it read.
+    fn pinned(&self, key: &ItemKey, expected: ExpectedVersion) -> ExpectedVersion {
+        match expected {
+            ExpectedVersion::Absent => match self
+                .keys
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .get(key)
+            {
+                Some(read) if read.item.is_none() => ExpectedVersion::AbsentAt(read.version),
+                _ => expected,
+            },
+            pinned => pinned,
+        }
+    }
+
     /// Stages a put of `data` to `key`, conditioned on `expected`. A later write to the
-    /// same key replaces this one.
+    /// same key replaces this one. A create ([`ExpectedVersion::Absent`]) of a key this
+    /// staging read expects the key at the version read ([`ExpectedVersion::AbsentAt`]).
     pub fn put(&mut self, key: ItemKey, data: Value, expected: ExpectedVersion) {
+        let expected = self.pinned(&key, expected);
         self.stage(BusinessWrite::Put { key, data, expected });
     }
 
@@ -86,8 +131,10 @@ impl Staging {
         self.stage(BusinessWrite::Delete { key, version });
     }
 
-    /// Makes the commit depend on `key` being as `expected`, without writing it.
+    /// Makes the commit depend on `key` being as `expected`, without writing it (pinned
+    /// as [`Self::put`] pins a create).
     pub fn check(&mut self, key: ItemKey, expected: ExpectedVersion) {
+        let expected = self.pinned(&key, expected);
         self.stage(BusinessWrite::Check { key, expected });
     }
 
@@ -122,6 +169,51 @@ impl Staging {
     /// The messages emitted so far.
     pub fn messages(&self) -> &[OutgoingMessage] {
         &self.messages
+    }
+
+    /// The messages as the commit carries them: positioned in the history of the one
+    /// entity the commit changes ([`crate::protocol::Position`]), where it changes one
+    /// item, which it read across its lives, at the version read (a change or a delete of
+    /// it, or a create of it read holding no item), with no native action; as emitted
+    /// otherwise. The commit's condition on that version makes the heads read the heads
+    /// it moves.
+    pub(crate) fn messages_to_commit(&self) -> Vec<OutgoingMessage> {
+        let mut messages = self.messages.clone();
+        if let Some((entity, version, heads)) = self.positioned_in() {
+            crate::protocol::stamp_chain(&mut messages, &entity, version, &heads);
+        }
+        messages
+    }
+
+    /// The entity the commit's messages are positioned in, the version it takes it to,
+    /// and its heads as read.
+    fn positioned_in(&self) -> Option<(ItemKey, u64, crate::protocol::ChainHeads)> {
+        if !self.native.is_empty() || self.messages.is_empty() {
+            return None;
+        }
+        let mut changes = self
+            .writes
+            .values()
+            .filter(|write| !matches!(write, BusinessWrite::Check { .. }));
+        let (Some(change), None) = (changes.next(), changes.next()) else {
+            return None;
+        };
+        let keys = self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let read = keys.get(change.key())?;
+        let live = read.item.is_some();
+        let as_read = match change {
+            BusinessWrite::Put {
+                expected: ExpectedVersion::Exactly(version),
+                ..
+            }
+            | BusinessWrite::Delete { version, .. } => live && *version == read.version,
+            BusinessWrite::Put {
+                expected: ExpectedVersion::AbsentAt(version),
+                ..
+            } => !live && *version == read.version,
+            _ => false,
+        };
+        as_read.then(|| (change.key().clone(), read.version + 1, read.heads.clone()))
     }
 
     /// Whether the messages keep within `limits`; if not, which limit they break.

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox::ports::{
+use outbox::ports::{KeyRead, 
     CommitError, CommitRequest, ControlQueue, EntityCommit, EntityItem, EntryFailure, FenceOutcome, ItemKey,
     PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
@@ -95,6 +95,10 @@ impl Store for SimStore {
 
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
         self.env.call(Call::Get, self.inner.get_items(keys)).await
+    }
+
+    async fn get_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, KeyRead>, StoreError> {
+        self.env.call(Call::Get, self.inner.get_keys(keys)).await
     }
 
     async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {

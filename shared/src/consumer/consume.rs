@@ -288,9 +288,9 @@ impl Consumer {
             let attempt = self.ports.ids.next_txn_id(now);
             let request = CommitRequest {
                 txn_id,
-                writes: staging.writes.into_values().collect(),
-                outbox: OutboxRecord::committed(txn_id, staging.messages, now, now.plus(self.retention))
+                outbox: OutboxRecord::committed(txn_id, staging.messages_to_commit(), now, now.plus(self.retention))
                     .by_attempt(attempt),
+                writes: staging.writes.into_values().collect(),
                 idempotency: None,
             };
             let committed = self

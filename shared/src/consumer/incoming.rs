@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::event_detail::{DATA_FIELD, METADATA_FIELD};
 use crate::ports::Delivery;
-use crate::protocol::{TraceContext, MESSAGE_ID_ATTRIBUTE};
+use crate::protocol::{InvalidPosition, Position, TraceContext, MESSAGE_ID_ATTRIBUTE};
 
 /// The id a message is deduplicated on: the same for every copy of one message,
 /// whoever sent it again. 1 to 1024 bytes.
@@ -85,6 +85,14 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// Its place in the history of the entity its sender's transaction changed, on the
+    /// destination it came through ([`Position`]): `None` where the transaction changed
+    /// no one entity it read (a native transaction, one over several items, a blind
+    /// create), an error where the attributes are there but cannot be read.
+    pub fn position(&self) -> Result<Option<Position>, InvalidPosition> {
+        Position::from_attributes(&self.attributes)
+    }
+
     /// The body as JSON.
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         serde_json::from_str(&self.body)

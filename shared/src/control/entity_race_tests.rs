@@ -57,6 +57,12 @@ impl Store for SettledFirst {
         self.inner.get_items(keys).await
     }
 
+    async fn get_keys(
+        &self,
+        keys: &[ItemKey],
+    ) -> Result<std::collections::BTreeMap<ItemKey, crate::ports::KeyRead>, crate::ports::StoreError> {
+        self.inner.get_keys(keys).await
+    }
     async fn get_outboxes(
         &self,
         txn_ids: &[TxnId],

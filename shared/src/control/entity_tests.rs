@@ -241,9 +241,12 @@ async fn a_deleted_and_recreated_item_keeps_its_fence_mark() {
         world.backend.store.commit_entity(&world.commit(txn_id)).await,
         Err(CommitError::EntityFenced { .. })
     ));
-    // A transaction begun after the fence commits as usual.
+    // A transaction begun after the fence commits as usual, at the version the new item
+    // continued from the old one's (1, then 2 for the delete, 3 for the create).
     let later = TxnId::new_v7();
-    world.backend.store.commit_entity(&world.commit(later)).await.unwrap();
+    let mut commit = world.commit(later);
+    commit.expected = ExpectedVersion::Exactly(3);
+    world.backend.store.commit_entity(&commit).await.unwrap();
 }
 
 /// A fence on a key with no item (deleted while the transaction was in flight) keeps the

@@ -13,7 +13,7 @@ pub use control_queue::{ControlDelivery, ControlInbox, ControlQueue, QueueError,
 pub use inbox::{Delivery, Inbox};
 pub use publisher::{EntryFailure, PublishError, Publisher};
 pub use store::{
-    BusinessWrite, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, InvalidItemKey,
+    BusinessWrite, CommitError, CommitRequest, KeyRead, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, InvalidItemKey,
     ItemKey, NativeAction, NativeItem, OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 

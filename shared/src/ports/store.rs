@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::Value;
 
 use super::BoxError;
-use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{ChainHeads, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
 pub use crate::protocol::{InvalidItemKey, ItemKey};
 use crate::time::Timestamp;
 
@@ -27,28 +27,72 @@ pub struct VersionedItem {
 }
 
 /// What a business write expects to find, checked atomically with the commit.
+///
+/// A key's version never restarts: a delete leaves the key vacant at the next version
+/// (it reads as absent), and a create continues from there. So a write expecting a
+/// version can only ever match the life of the item it read, and an attempt of a
+/// committed transaction that arrives late never applies to a later life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExpectedVersion {
-    /// The item must not exist.
+    /// No item at the key, whatever its past (never written, or deleted): a create that
+    /// did not read the key. A transaction's staging turns it into [`Self::AbsentAt`]
+    /// where it read the key.
     Absent,
+    /// No item at the key, which is at exactly this version: 0 where it was never
+    /// written, else the version its last delete left ([`KeyRead::version`]).
+    AbsentAt(u64),
     /// The item must exist at exactly this version.
     Exactly(u64),
 }
 
 impl ExpectedVersion {
-    /// The version a write expecting this stores.
-    pub fn next(self) -> u64 {
+    /// The version a write expecting this stores, where the expectation names it (a
+    /// blind [`Self::Absent`] continues from whatever version the key is at).
+    pub fn next(self) -> Option<u64> {
         match self {
-            Self::Absent => 1,
-            Self::Exactly(version) => version + 1,
+            Self::Absent => None,
+            Self::AbsentAt(version) | Self::Exactly(version) => Some(version + 1),
         }
+    }
+
+    /// Whether a key at `version` (0: never written), holding an item or not (`live`),
+    /// is as expected.
+    pub fn holds(self, live: bool, version: u64) -> bool {
+        match self {
+            Self::Absent => !live,
+            Self::AbsentAt(expected) => !live && version == expected,
+            Self::Exactly(expected) => live && version == expected,
+        }
+    }
+}
+
+/// A key as read with what it keeps across its lives ([`Store::get_keys`]): its item, if
+/// it holds one, its version, and the heads of its chains, which a vacant key keeps (a
+/// deleted item's, or 0 and none where nothing was ever written).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct KeyRead {
+    /// The item, where the key holds one.
+    pub item: Option<VersionedItem>,
+    /// The key's version: the item's, or the one a delete left (0: never written).
+    pub version: u64,
+    /// The last message the key's entity sent to each destination
+    /// ([`crate::protocol::Position`]): a commit that changes it moves them.
+    pub heads: ChainHeads,
+}
+
+impl KeyRead {
+    /// What a create of this key expects: no item, at the version read.
+    pub fn absent(&self) -> ExpectedVersion {
+        ExpectedVersion::AbsentAt(self.version)
     }
 }
 
 /// One business action of a commit.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BusinessWrite {
-    /// Create or replace an item; it is stored at version `expected.next()`.
+    /// Create or replace an item; it is stored at the key's next version. Where the
+    /// commit's messages are positioned in this item's history, the item's chain heads
+    /// move past them ([`crate::protocol::advance_chain`]), in the same write.
     Put {
         /// Which item.
         key: ItemKey,
@@ -57,7 +101,8 @@ pub enum BusinessWrite {
         /// The condition.
         expected: ExpectedVersion,
     },
-    /// Delete an item that is at exactly `version`.
+    /// Delete an item that is at exactly `version`: the key stays vacant at the next
+    /// version, so that a create continues from there.
     Delete {
         /// Which item.
         key: ItemKey,
@@ -131,7 +176,7 @@ pub struct EntityItem {
 pub struct EntityCommit {
     /// The item.
     pub key: ItemKey,
-    /// Its new data (a JSON object); it is stored at version `expected.next()`.
+    /// Its new data (a JSON object); it is stored at the key's next version.
     pub data: Value,
     /// The condition on the item.
     pub expected: ExpectedVersion,
@@ -345,6 +390,16 @@ pub trait Store: Send + Sync {
     /// Reads business items; absent ones are missing from the map.
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError>;
 
+    /// Reads keys with what each keeps across its lives ([`KeyRead`]), in the one read
+    /// [`Self::get_items`] makes; a key never written is missing from the map (at version
+    /// 0). The default answers [`StoreError::Unsupported`]: a transaction's staging then
+    /// reads with [`Self::get_items`], and a create that read its key stays blind
+    /// ([`ExpectedVersion::Absent`]). A store that wraps another forwards it.
+    async fn get_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, KeyRead>, StoreError> {
+        let _ = keys;
+        Err(StoreError::Unsupported("reads of keys across their lives"))
+    }
+
     /// Reads outbox records; absent (or expired) ones are missing from the map.
     async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError>;
 
@@ -474,7 +529,27 @@ mod tests {
 
     #[test]
     fn expected_versions_give_the_next_version() {
-        assert_eq!(ExpectedVersion::Absent.next(), 1);
-        assert_eq!(ExpectedVersion::Exactly(4).next(), 5);
+        assert_eq!(ExpectedVersion::Absent.next(), None);
+        assert_eq!(ExpectedVersion::AbsentAt(0).next(), Some(1));
+        assert_eq!(ExpectedVersion::AbsentAt(3).next(), Some(4));
+        assert_eq!(ExpectedVersion::Exactly(4).next(), Some(5));
+    }
+
+    #[test]
+    fn an_expectation_holds_for_the_key_it_names() {
+        use ExpectedVersion::*;
+        for (expected, live, version, holds) in [
+            (Absent, false, 0, true),
+            (Absent, false, 7, true),
+            (Absent, true, 7, false),
+            (AbsentAt(7), false, 7, true),
+            (AbsentAt(7), false, 0, false),
+            (AbsentAt(7), true, 7, false),
+            (Exactly(7), true, 7, true),
+            (Exactly(7), false, 7, false),
+            (Exactly(7), true, 8, false),
+        ] {
+            assert_eq!(expected.holds(live, version), holds, "{expected:?} at {live} {version}");
+        }
     }
 }

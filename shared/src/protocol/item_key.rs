@@ -7,7 +7,8 @@ use std::str::FromStr;
 
 /// The key of a business item, chosen by the application (`ORDER#42`). 1 to 1024 bytes;
 /// the prefixes `TXN#`, `IN#` and `IDEM#` belong to the protocol's records.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct ItemKey(String);
 
 /// The prefixes of the protocol's own records' keys (outbox records and their parts,
@@ -28,6 +29,20 @@ impl FromStr for ItemKey {
         ((1..=1024).contains(&input.len()) && !reserved)
             .then(|| Self(input.to_owned()))
             .ok_or(InvalidItemKey)
+    }
+}
+
+impl TryFrom<String> for ItemKey {
+    type Error = InvalidItemKey;
+
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        value.parse()
+    }
+}
+
+impl From<ItemKey> for String {
+    fn from(key: ItemKey) -> Self {
+        key.0
     }
 }
 

@@ -6,6 +6,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::item_key::ItemKey;
+use super::position::{Position, ENTITY_ATTRIBUTE, POSITION_ATTRIBUTE};
 use super::trace_context::{TraceContext, TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE};
 use super::txn_id::TxnId;
 
@@ -96,6 +98,31 @@ impl fmt::Display for MessageId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// How the messages the emitter gave no group go in FIFO groups (`OUTBOX_FIFO_GROUPS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FifoGrouping {
+    /// One group per entity, for the messages positioned in an entity's history (others
+    /// by transaction): each entity's messages in commit order.
+    #[default]
+    Entity,
+    /// One group per transaction, given to each message at its commit: more groups, so
+    /// more throughput, and no order between transactions.
+    Transaction,
+}
+
+/// The FIFO group of entity `key`'s messages: the key itself where it is a valid
+/// `MessageGroupId` (at most 128 characters, each printable ASCII), else `entity-` and
+/// the hex of its SHA-256 (71 characters).
+pub fn fifo_group_of(key: &ItemKey) -> String {
+    let text = key.as_str();
+    if text.len() <= 128 && text.bytes().all(|byte| byte.is_ascii_graphic()) {
+        return text.to_owned();
+    }
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(text.as_bytes());
+    let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("entity-{hex}")
 }
 
 /// A message as business logic emits it, before the transaction gives it an id.
@@ -203,6 +230,11 @@ pub struct OutgoingMessage {
     /// that whoever publishes it, whenever, its consumers continue the emitter's trace.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient_trace")]
     pub trace: Option<TraceContext>,
+    /// Its place in the history of the entity its transaction changed, on its
+    /// destination, where the transaction changed one entity it read ([`Position`]):
+    /// carried on every send ([`ENTITY_ATTRIBUTE`], [`POSITION_ATTRIBUTE`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<Position>,
 }
 
 /// A stored trace context, or none where it cannot be read: a context never makes its
@@ -224,6 +256,7 @@ impl OutgoingMessage {
             group_id: message.group_id,
             event: message.event,
             trace: None,
+            position: None,
         }
     }
 
@@ -234,7 +267,8 @@ impl OutgoingMessage {
     }
 
     /// The attributes every send of it carries: the emitter's, its stable id and
-    /// transaction id, which win over an emitter's attribute of the same name, and its
+    /// transaction id and its position where it has one, which win over an emitter's
+    /// attribute of the same name, and its
     /// trace context (`traceparent`, `tracestate`, replacing an emitter's of those names)
     /// as far as they fit: within [`MAX_MESSAGE_ATTRIBUTES`] beside the emitter's others
     /// and the ids, and within the bytes of one send ([`crate::publish::MAX_BATCH_BYTES`]).
@@ -246,6 +280,9 @@ impl OutgoingMessage {
         }
         attributes.insert(MESSAGE_ID_ATTRIBUTE.to_owned(), self.id.to_string());
         attributes.insert(TXN_ID_ATTRIBUTE.to_owned(), self.txn_id.to_string());
+        for (name, value) in self.position.iter().flat_map(Position::attributes) {
+            attributes.insert(name.to_owned(), value);
+        }
         for (name, value) in self.trace_attributes() {
             attributes.insert(name.to_owned(), value);
         }
@@ -272,15 +309,25 @@ impl OutgoingMessage {
                     TXN_ID_ATTRIBUTE,
                     TRACEPARENT_ATTRIBUTE,
                     TRACESTATE_ATTRIBUTE,
+                    ENTITY_ATTRIBUTE,
+                    POSITION_ATTRIBUTE,
                 ]
                 .contains(&name.as_str())
             })
             .collect();
         // SQS counts each attribute's name, data type (`String`) and value.
         let counted = |name: &str, value: &str| name.len() + "String".len() + value.len();
-        let ids = counted(MESSAGE_ID_ATTRIBUTE, self.id.as_str()) + counted(TXN_ID_ATTRIBUTE, &self.txn_id.to_string());
+        let position = self.position.iter().flat_map(Position::attributes);
+        let protocol: Vec<(&str, String)> = [
+            (MESSAGE_ID_ATTRIBUTE, self.id.to_string()),
+            (TXN_ID_ATTRIBUTE, self.txn_id.to_string()),
+        ]
+        .into_iter()
+        .chain(position)
+        .collect();
+        let ids: usize = protocol.iter().map(|(name, value)| counted(name, value)).sum();
         let mut bytes = self.body.len() + ids + own.iter().map(|(name, value)| counted(name, value)).sum::<usize>();
-        let mut room = MAX_MESSAGE_ATTRIBUTES.saturating_sub(own.len() + 2);
+        let mut room = MAX_MESSAGE_ATTRIBUTES.saturating_sub(own.len() + protocol.len());
         let mut kept = Vec::new();
         for (name, value) in trace.attributes() {
             bytes += counted(name, &value);
@@ -298,9 +345,16 @@ impl OutgoingMessage {
         self.event.clone().unwrap_or_default()
     }
 
-    /// The FIFO group this message goes in: the chosen one, or its transaction.
+    /// The FIFO group this message goes in: the emitter's choice (or the one its commit
+    /// gave it, [`FifoGrouping::Transaction`]); else the entity it is positioned in
+    /// ([`fifo_group_of`]), so that a FIFO destination keeps each entity's messages in
+    /// commit order; else its transaction.
     pub fn fifo_group(&self) -> String {
-        self.group_id.clone().unwrap_or_else(|| self.txn_id.to_string())
+        match (&self.group_id, &self.position) {
+            (Some(group), _) => group.clone(),
+            (None, Some(position)) => fifo_group_of(&position.entity),
+            (None, None) => self.txn_id.to_string(),
+        }
     }
 
     /// Bytes this message adds to a queue send (body, attribute names and values), the

@@ -7,6 +7,7 @@ mod idempotency;
 mod item_key;
 mod message;
 mod outbox_record;
+mod position;
 pub mod sent_marks;
 mod trace_context;
 mod txn_id;
@@ -15,9 +16,14 @@ pub use control_message::{ControlMessage, DecodeError, CONTROL_MESSAGE_VERSION};
 pub use idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, InvalidIdempotencyKey, StoredResponse};
 pub use item_key::{InvalidItemKey, ItemKey, RESERVED_KEY_PREFIXES};
 pub use message::{
-    DestinationName, EventType, InvalidDestination, Message, MessageId, OutgoingMessage, MAX_MESSAGE_ATTRIBUTES,
+    fifo_group_of, DestinationName, EventType, FifoGrouping, InvalidDestination, Message, MessageId, OutgoingMessage,
+    MAX_MESSAGE_ATTRIBUTES,
     MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE,
 };
 pub use outbox_record::{OutboxRecord, OutboxState};
+pub use position::{
+    advance as advance_chain, stamp as stamp_chain, ChainHead, ChainHeads, InvalidPosition, Place, Position,
+    ENTITY_ATTRIBUTE, POSITION_ATTRIBUTE,
+};
 pub use trace_context::{InvalidTraceContext, TraceContext, TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE};
 pub use txn_id::{InvalidTxnId, TxnId};

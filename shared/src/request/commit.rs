@@ -233,8 +233,10 @@ impl Transaction {
     }
 
     /// The commit in entity mode, where this transaction's staging allows it: begun in
-    /// entity mode, one put of its entity at a version read (a create stays
-    /// transactional: `docs/ENTITY_MODE.md`), no native action, no idempotency record.
+    /// entity mode, one put of its entity at a version read (a change at the item's
+    /// version, or a create at the version of the key read holding no item; a blind
+    /// create stays transactional, as nothing in the item could refuse a late attempt of
+    /// it), no native action, no idempotency record.
     /// `None`: the transactional form, which the fence blocks as well.
     fn entity_form(&self, sent: &CommitRequest) -> Option<EntityCommit> {
         let key = self.entity.as_ref().filter(|_| !self.entity_barred)?;
@@ -245,7 +247,7 @@ impl Transaction {
             [BusinessWrite::Put {
                 key: put,
                 data,
-                expected: expected @ ExpectedVersion::Exactly(_),
+                expected: expected @ (ExpectedVersion::Exactly(_) | ExpectedVersion::AbsentAt(_)),
             }] if put == key => Some(EntityCommit {
                 key: key.clone(),
                 data: data.clone(),
@@ -278,7 +280,7 @@ impl Transaction {
         CommitRequest {
             txn_id: self.txn_id,
             writes: self.staging.writes.values().cloned().collect(),
-            outbox: OutboxRecord::committed(self.txn_id, self.staging.messages.clone(), now, expires_at),
+            outbox: OutboxRecord::committed(self.txn_id, self.staging.messages_to_commit(), now, expires_at),
             idempotency: self
                 .idempotency
                 .as_ref()

@@ -513,12 +513,12 @@ pub async fn a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_on
     let again = b.store.get_entity(&entity_key).await.unwrap().unwrap();
     assert_eq!(
         (again.item.version, again.fence),
-        (1, Some(plain)),
-        "{}: the mark kept",
+        (5, Some(plain)),
+        "{}: the mark kept, the version continued (3, the delete's 4, the create's 5)",
         b.name
     );
     assert!(matches!(
-        b.store.commit_entity(&request_commit(fenced, 1)).await,
+        b.store.commit_entity(&request_commit(fenced, 5)).await,
         Err(CommitError::EntityFenced { .. })
     ));
     // A key without an item: the mark goes into a vacant item, read as absent, kept by the

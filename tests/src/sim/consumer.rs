@@ -46,7 +46,7 @@ use outbox::consumer::{
     ConsumeError, ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming,
 };
 use outbox::embedded::{EmbeddedBackend, ManualClock, StoreEvent};
-use outbox::ports::{
+use outbox::ports::{KeyRead, 
     BusinessWrite, Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, IdSource, ItemKey,
     Store, StoreError, TombstoneOutcome, VersionedItem,
 };
@@ -409,6 +409,11 @@ impl Store for Probe {
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
         self.ask("read");
         self.inner.get_items(keys).await
+    }
+
+    async fn get_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, KeyRead>, StoreError> {
+        self.ask("read");
+        self.inner.get_keys(keys).await
     }
 
     async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
@@ -1199,7 +1204,7 @@ fn check(
         .history()
         .into_iter()
         .filter_map(|event| match event {
-            StoreEvent::Committed { request, at } if request.txn_id == txn_id => Some((request, at)),
+            StoreEvent::Committed { request, at, .. } if request.txn_id == txn_id => Some((request, at)),
             _ => None,
         })
         .collect();

@@ -97,7 +97,7 @@ pub(super) fn check(
     let commits: Vec<(&EntityCommit, Timestamp)> = history
         .iter()
         .filter_map(|event| match event {
-            StoreEvent::EntityCommitted { commit, at } if commit.entry.txn_id == txn_id => Some((commit.as_ref(), *at)),
+            StoreEvent::EntityCommitted { commit, at, .. } if commit.entry.txn_id == txn_id => Some((commit.as_ref(), *at)),
             _ => None,
         })
         .collect();
@@ -136,7 +136,7 @@ fn check_changed_mind(
     let commits: Vec<(&EntityCommit, Timestamp)> = history
         .iter()
         .filter_map(|event| match event {
-            StoreEvent::EntityCommitted { commit, at } if commit.entry.txn_id == txn_id => Some((commit.as_ref(), *at)),
+            StoreEvent::EntityCommitted { commit, at, .. } if commit.entry.txn_id == txn_id => Some((commit.as_ref(), *at)),
             _ => None,
         })
         .collect();
@@ -199,7 +199,7 @@ fn check_entries(world: &World, history: &[StoreEvent], txn_id: TxnId) -> Result
                 }
                 removed.insert(*removed_id, *at);
             }
-            StoreEvent::EntityCommitted { commit, at } => {
+            StoreEvent::EntityCommitted { commit, at, .. } => {
                 if let Some(removed_at) = removed.get(&commit.entry.txn_id) {
                     return Err(format!(
                         "entity mode: the entry of {}, removed from {COUNTER} at {removed_at}, came back at {at}",

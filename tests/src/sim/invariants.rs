@@ -27,7 +27,7 @@ pub struct Observed {
     /// Business items at the end: version and count (an item deleted last is absent).
     pub items: BTreeMap<String, (u64, u64)>,
     /// The versions each item's committed writes stored, in the order they applied, one
-    /// list per incarnation (a delete starts the next).
+    /// list per incarnation (a delete ends one, with the version it leaves the key at).
     pub incarnations: BTreeMap<String, Vec<Vec<u64>>>,
     /// Deletes applied (an item deleted and created again, entity mode).
     pub deletes: usize,
@@ -106,17 +106,20 @@ impl Observed {
         let mut entity_keys: BTreeMap<TxnId, ItemKey> = BTreeMap::new();
         for event in backend.store.history() {
             match event {
-                StoreEvent::Committed { request, .. } => {
+                StoreEvent::Committed { request, versions, .. } => {
                     for write in &request.writes {
                         match write {
-                            BusinessWrite::Put { key, data, expected } => {
+                            BusinessWrite::Put { key, data, .. } => {
                                 let count = data["count"].as_u64().unwrap_or(0);
-                                items.insert(key.to_string(), (expected.next(), count));
-                                stored(&mut incarnations, key.to_string(), expected.next());
+                                let version = versions[key];
+                                items.insert(key.to_string(), (version, count));
+                                stored(&mut incarnations, key.to_string(), version);
                             }
                             BusinessWrite::Delete { key, .. } => {
                                 deletes += 1;
                                 items.remove(key.as_str());
+                                // The delete's version ends this life; the next continues.
+                                stored(&mut incarnations, key.to_string(), versions[key]);
                                 incarnations.entry(key.to_string()).or_default().push(Vec::new());
                             }
                             BusinessWrite::Check { .. } => {}
@@ -132,12 +135,12 @@ impl Observed {
                 }
                 // Entity mode: the one conditional write is the transaction's commit, its
                 // entry its record.
-                StoreEvent::EntityCommitted { commit, .. } => {
+                StoreEvent::EntityCommitted { commit, version, .. } => {
                     entity_commits += 1;
                     entity_keys.insert(commit.entry.txn_id, commit.key.clone());
                     let count = commit.data["count"].as_u64().unwrap_or(0);
-                    items.insert(commit.key.to_string(), (commit.expected.next(), count));
-                    stored(&mut incarnations, commit.key.to_string(), commit.expected.next());
+                    items.insert(commit.key.to_string(), (version, count));
+                    stored(&mut incarnations, commit.key.to_string(), version);
                     let request = CommitRequest {
                         txn_id: commit.entry.txn_id,
                         writes: vec![BusinessWrite::Put {
@@ -545,8 +548,10 @@ impl Observed {
         Ok(())
     }
 
-    /// No lost or doubled update: each counter's count equals its version, and equals the
-    /// number of committed transactions that wrote it.
+    /// No lost or doubled update: each counter's count equals the number of committed
+    /// transactions that wrote it in its life; and a key's versions never restart: each
+    /// write (a delete included) stores the version after the last one the key held, in
+    /// every life, so that the versions of all its lives together are 1, 2, 3, ...
     fn business_state(&self) -> Result<(), Violation> {
         for (key, lives) in &self.incarnations {
             let fail = |detail: String| {
@@ -555,19 +560,18 @@ impl Observed {
                     detail: format!("{key}: {detail}"),
                 })
             };
-            for (life, versions) in lives.iter().enumerate() {
-                let mut sorted = versions.clone();
-                sorted.sort_unstable();
-                let expected: Vec<u64> = (1..=versions.len() as u64).collect();
-                if sorted != expected {
-                    return fail(format!("incarnation {life}: committed versions {versions:?}"));
-                }
+            // In the order they applied, across lives.
+            let all: Vec<u64> = lives.iter().flatten().copied().collect();
+            let expected: Vec<u64> = (1..=all.len() as u64).collect();
+            if all != expected {
+                return fail(format!("versions across its lives, in the order they applied: {lives:?}"));
             }
             let last = lives.last().map_or(0, Vec::len) as u64;
+            let last_version = all.last().copied().unwrap_or(0);
             match self.items.get(key) {
-                Some(&(version, count)) if version != last || count != last => {
+                Some(&(version, count)) if version != last_version || count != last => {
                     return fail(format!(
-                        "final version {version}, count {count}, after {last} writes in its last incarnation"
+                        "final version {version} (of {last_version}), count {count}, after {last} writes in its last life"
                     ))
                 }
                 None if last > 0 => return fail("deleted last, yet written after".into()),

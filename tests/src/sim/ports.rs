@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox::embedded::ManualClock;
-use outbox::ports::{
+use outbox::ports::{KeyRead, 
     Clock, CommitError, CommitRequest, ControlDelivery, ControlInbox, ControlQueue, EntityCommit, EntityItem,
     EntryFailure, FenceOutcome, ItemKey, PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome,
     VersionedItem,
@@ -299,6 +299,12 @@ impl Store for GatedStore {
 
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
         gated!(self.gate, Op::Read, self.inner.get_items(keys).await,
+            failed => Err(StoreError::Unavailable(injected("read failed"))),
+            lost => Err(StoreError::Unavailable(injected("read reply lost"))))
+    }
+
+    async fn get_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, KeyRead>, StoreError> {
+        gated!(self.gate, Op::Read, self.inner.get_keys(keys).await,
             failed => Err(StoreError::Unavailable(injected("read failed"))),
             lost => Err(StoreError::Unavailable(injected("read reply lost"))))
     }

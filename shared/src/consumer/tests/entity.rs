@@ -73,6 +73,9 @@ impl Store for Hooked {
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
         self.inner.get_items(keys).await
     }
+    async fn get_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, crate::ports::KeyRead>, StoreError> {
+        self.inner.get_keys(keys).await
+    }
     async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
         self.inner.get_outboxes(txn_ids).await
     }

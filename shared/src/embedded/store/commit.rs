@@ -8,7 +8,7 @@ use super::history::StoreEvent;
 use super::state::{idempotency_key, outbox_key, Item, State};
 use super::EmbeddedStore;
 use crate::ports::{BusinessWrite, CommitError, CommitRequest, ExpectedVersion};
-use crate::protocol::{OutboxRecord, OutboxState};
+use crate::protocol::{advance_chain, ChainHeads, OutboxRecord, OutboxState};
 use crate::time::Timestamp;
 
 /// DynamoDB's limit of actions in one `TransactWriteItems`.
@@ -82,10 +82,9 @@ pub(super) fn apply(state: &mut State, request: &CommitRequest, now: Timestamp) 
         Some(_) => reasons.push(CommitError::Tombstoned { txn_id: request.txn_id }),
     }
     for write in &request.writes {
-        let (current, holds_entries) = match EmbeddedStore::live(state, write.key().as_str(), now) {
-            Some(Item::Business { version, entries, .. }) => (Some(*version), !entries.is_empty()),
-            _ => (None, false),
-        };
+        let item = EmbeddedStore::live(state, write.key().as_str(), now);
+        let (live, version) = item.and_then(Item::key_version).unwrap_or((false, 0));
+        let holds_entries = matches!(item, Some(Item::Business { entries, .. }) if !entries.is_empty());
         let expected = match write {
             BusinessWrite::Put { expected, .. } | BusinessWrite::Check { expected, .. } => *expected,
             BusinessWrite::Delete { version, .. } => ExpectedVersion::Exactly(*version),
@@ -98,11 +97,7 @@ pub(super) fn apply(state: &mut State, request: &CommitRequest, now: Timestamp) 
                 "the item holds outbox entries still to be dispatched".into(),
             ));
         }
-        let holds = match expected {
-            ExpectedVersion::Absent => current.is_none(),
-            ExpectedVersion::Exactly(version) => current == Some(version),
-        };
-        if !holds {
+        if !expected.holds(live, version) {
             reasons.push(CommitError::VersionConflict {
                 key: write.key().clone(),
             });
@@ -119,36 +114,60 @@ pub(super) fn apply(state: &mut State, request: &CommitRequest, now: Timestamp) 
         return Err(error);
     }
 
+    let mut versions = BTreeMap::new();
     for write in &request.writes {
         match write {
-            BusinessWrite::Put { key, data, expected } => {
-                // An update of an existing item keeps its entries and its fence mark;
-                // a create keeps the mark a vacant key held.
-                let (entries, fence, sent) = match state.items.remove(key.as_str()) {
+            BusinessWrite::Put { key, data, .. } => {
+                // An update of an existing item keeps its entries and its fence mark; a
+                // create keeps the mark a vacant key held and continues its version. Both
+                // move the chain heads past the messages positioned in it.
+                let (version, entries, fence, sent, mut heads) = match state.items.remove(key.as_str()) {
                     Some(Item::Business {
-                        entries, fence, sent, ..
-                    }) => (entries, fence, sent),
-                    Some(Item::Vacant { fence }) => (BTreeMap::new(), Some(fence), BTreeMap::new()),
-                    _ => (BTreeMap::new(), None, BTreeMap::new()),
+                        version,
+                        entries,
+                        fence,
+                        sent,
+                        heads,
+                        ..
+                    }) => (version, entries, fence, sent, heads),
+                    Some(Item::Vacant { fence, version, heads }) => (version, BTreeMap::new(), fence, BTreeMap::new(), heads),
+                    _ => (0, BTreeMap::new(), None, BTreeMap::new(), ChainHeads::new()),
                 };
+                advance_chain(&mut heads, key, &request.outbox.messages);
                 let item = Item::Business {
-                    version: expected.next(),
+                    version: version + 1,
                     json: data.to_string().into_boxed_str(),
                     entries,
                     fence,
                     sent,
+                    heads,
                 };
+                versions.insert(key.clone(), version + 1);
                 state.insert(key.as_str().to_owned(), item);
             }
-            // A deleted item's fence mark stays with its key: a late commit of a
-            // transaction fenced in it meets the mark again if the item is created
-            // anew. Its sent marks move to their transactions' records, in the same
+            // A deleted item leaves its key vacant at the next version, keeping its fence
+            // mark and its chain heads: a create continues the version (so a late attempt
+            // expecting a version of this life never applies to a later one) and the
+            // chains, and a late commit of a transaction fenced in it meets the mark
+            // again. Its sent marks move to their transactions' records, in the same
             // commit, so that no proof of a commit leaves with the item.
             BusinessWrite::Delete { key, .. } => {
-                if let Some(Item::Business { fence, sent, .. }) = state.items.remove(key.as_str()) {
-                    if let Some(fence) = fence {
-                        state.insert(key.as_str().to_owned(), Item::Vacant { fence });
-                    }
+                if let Some(Item::Business {
+                    version,
+                    fence,
+                    sent,
+                    mut heads,
+                    ..
+                }) = state.items.remove(key.as_str())
+                {
+                    advance_chain(&mut heads, key, &request.outbox.messages);
+                    let vacant = Item::Vacant {
+                        fence,
+                        version: version + 1,
+                        heads,
+                    };
+                    versions.insert(key.clone(), version + 1);
+                    state.insert(key.as_str().to_owned(), vacant);
                     for (txn_id, expires_at) in sent {
                         let record = OutboxRecord::committed(txn_id, Vec::new(), now, expires_at);
                         state.insert(txn_id.record_key(), Item::Outbox(Box::new(record)));
@@ -165,6 +184,7 @@ pub(super) fn apply(state: &mut State, request: &CommitRequest, now: Timestamp) 
     }
     state.record(|| StoreEvent::Committed {
         request: Box::new(request.clone()),
+        versions,
         at: now,
     });
     Ok(())

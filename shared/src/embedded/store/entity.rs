@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use super::{EmbeddedStore, Item, State, StoreEvent};
-use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, VersionedItem};
-use crate::protocol::{OutboxRecord, TxnId};
+use crate::ports::{CommitError, EntityCommit, EntityItem, ItemKey, VersionedItem};
+use crate::protocol::{advance_chain, ChainHeads, OutboxRecord, TxnId};
 use crate::time::Timestamp;
 
 /// DynamoDB's 400 KB item limit.
@@ -21,6 +21,7 @@ pub(super) fn read(state: &State, key: &ItemKey, now: Timestamp) -> Option<Entit
             entries,
             fence,
             sent,
+            ..
         }) => Some(EntityItem {
             item: VersionedItem {
                 key: key.clone(),
@@ -41,16 +42,19 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
     let key = commit.key.as_str();
     let txn_id = commit.entry.txn_id;
     commit.check_entry()?;
-    let (current, mut entries, fence, sent) = match EmbeddedStore::live(state, key, now) {
+    let (live, version, mut entries, fence, sent, mut heads) = match EmbeddedStore::live(state, key, now) {
         Some(Item::Business {
             version,
             entries,
             fence,
             sent,
+            heads,
             ..
-        }) => (Some(*version), entries.clone(), *fence, sent.clone()),
-        Some(Item::Vacant { fence }) => (None, BTreeMap::new(), Some(*fence), BTreeMap::new()),
-        _ => (None, BTreeMap::new(), None, BTreeMap::new()),
+        }) => (true, *version, entries.clone(), *fence, sent.clone(), heads.clone()),
+        Some(Item::Vacant { fence, version, heads }) => {
+            (false, *version, BTreeMap::new(), *fence, BTreeMap::new(), heads.clone())
+        }
+        _ => (false, 0, BTreeMap::new(), None, BTreeMap::new(), ChainHeads::new()),
     };
     if let Some(found) = entries.get(&txn_id) {
         return if commit.entry.is_own(found) {
@@ -62,11 +66,7 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
     if commit.checks_fence && fence.is_some_and(|fence| fence >= txn_id) {
         return Err(CommitError::EntityFenced { txn_id });
     }
-    let holds = match commit.expected {
-        ExpectedVersion::Absent => current.is_none(),
-        ExpectedVersion::Exactly(version) => current == Some(version),
-    };
-    if !holds {
+    if !commit.expected.holds(live, version) {
         return Err(CommitError::VersionConflict {
             key: commit.key.clone(),
         });
@@ -85,16 +85,19 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
             ),
         });
     }
+    advance_chain(&mut heads, &commit.key, &commit.entry.messages);
     let item = Item::Business {
-        version: commit.expected.next(),
+        version: version + 1,
         json: json.into_boxed_str(),
         entries,
         fence,
         sent,
+        heads,
     };
     state.insert(key.to_owned(), item);
     state.record(|| StoreEvent::EntityCommitted {
         commit: Box::new(commit.clone()),
+        version: version + 1,
         at: now,
     });
     Ok(())
@@ -130,9 +133,14 @@ pub(super) fn raise_fence(state: &mut State, key: &ItemKey, txn_id: TxnId) {
         Some(Item::Business { fence, .. }) => {
             *fence = (*fence).max(Some(txn_id));
         }
-        Some(Item::Vacant { fence }) => *fence = (*fence).max(txn_id),
+        Some(Item::Vacant { fence, .. }) => *fence = (*fence).max(Some(txn_id)),
         _ => {
-            state.insert(key.as_str().to_owned(), Item::Vacant { fence: txn_id });
+            let vacant = Item::Vacant {
+                fence: Some(txn_id),
+                version: 0,
+                heads: ChainHeads::new(),
+            };
+            state.insert(key.as_str().to_owned(), vacant);
         }
     }
 }

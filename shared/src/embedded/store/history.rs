@@ -1,6 +1,8 @@
 //! What the embedded store did, kept for tests that check invariants against it: the
 //! [`StoreEvent`].
 
+use std::collections::BTreeMap;
+
 use crate::ports::{CommitRequest, EntityCommit, ItemKey};
 use crate::protocol::TxnId;
 use crate::time::Timestamp;
@@ -13,6 +15,9 @@ pub enum StoreEvent {
     Committed {
         /// What was committed.
         request: Box<CommitRequest>,
+        /// The version each item it put or deleted is at after it (a deleted item's key
+        /// stays at the version its delete left).
+        versions: BTreeMap<ItemKey, u64>,
         /// When.
         at: Timestamp,
     },
@@ -44,6 +49,8 @@ pub enum StoreEvent {
     EntityCommitted {
         /// What was committed.
         commit: Box<EntityCommit>,
+        /// The version the item is at after it.
+        version: u64,
         /// When.
         at: Timestamp,
     },

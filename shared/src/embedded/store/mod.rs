@@ -24,7 +24,7 @@ pub use history::StoreEvent;
 use state::{idempotency_key, outbox_key, Item, State};
 
 use crate::ports::{
-    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, FenceOutcome, ItemKey, Store, StoreError,
+    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, FenceOutcome, ItemKey, KeyRead, Store, StoreError,
     TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
@@ -146,6 +146,28 @@ impl Store for EmbeddedStore {
                     },
                 )),
                 _ => None,
+            })
+            .collect())
+    }
+
+    async fn get_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, KeyRead>, StoreError> {
+        let now = self.clock.now();
+        let state = self.lock();
+        Ok(keys
+            .iter()
+            .filter_map(|key| {
+                let held = Self::live(&state, key.as_str(), now)?;
+                let (_, version, heads) = held.key_state()?;
+                let item = match held {
+                    Item::Business { json, .. } => Some(VersionedItem {
+                        key: key.clone(),
+                        version,
+                        data: serde_json::from_str(json).expect("the store wrote this JSON itself"),
+                    }),
+                    _ => None,
+                };
+                let heads = heads.clone();
+                Some((key.clone(), KeyRead { item, version, heads }))
             })
             .collect())
     }

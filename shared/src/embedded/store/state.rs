@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::history::StoreEvent;
-use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
+use crate::protocol::{ChainHeads, IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::time::Timestamp;
 
 /// An item as held: a business item's data as JSON text (a JSON value in memory takes
@@ -23,17 +23,37 @@ pub(super) enum Item {
         entries: BTreeMap<TxnId, OutboxRecord>,
         fence: Option<TxnId>,
         sent: BTreeMap<TxnId, Timestamp>,
+        /// Its chains' heads ([`crate::protocol::Position`]), which its key keeps.
+        heads: ChainHeads,
     },
-    /// A business key without an item that keeps a fence mark: the fence found no item,
-    /// or the item was deleted. Read as absent; a create keeps the mark.
+    /// A business key without an item: the item was deleted (the key keeps its version,
+    /// which a create continues), or a fence found no item (version 0). Read as absent; a
+    /// create keeps the fence mark.
     Vacant {
-        fence: TxnId,
+        fence: Option<TxnId>,
+        version: u64,
+        heads: ChainHeads,
     },
     Outbox(Box<OutboxRecord>),
     Idempotency(Box<IdempotencyRecord>),
 }
 
 impl Item {
+    /// Whether it holds a business item, and the version of its key (0: a key never
+    /// written); `None` for a record.
+    pub(super) fn key_version(&self) -> Option<(bool, u64)> {
+        self.key_state().map(|(live, version, _)| (live, version))
+    }
+
+    /// [`Self::key_version`] with the key's chain heads.
+    pub(super) fn key_state(&self) -> Option<(bool, u64, &ChainHeads)> {
+        match self {
+            Self::Business { version, heads, .. } => Some((true, *version, heads)),
+            Self::Vacant { version, heads, .. } => Some((false, *version, heads)),
+            Self::Outbox(_) | Self::Idempotency(_) => None,
+        }
+    }
+
     pub(super) fn is_expired(&self, now: Timestamp) -> bool {
         match self {
             Self::Business { .. } | Self::Vacant { .. } => false,

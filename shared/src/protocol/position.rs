@@ -1,0 +1,245 @@
+//! A message's place in the history of the entity its transaction changed, per
+//! destination: the chain an in-order consumer applies by.
+//!
+//! An entity K keeps, per destination, the head of its chain: the last message it sent
+//! there (its `seq`) and K's version after the transaction that sent it. A transaction
+//! that changes K alone, reading K at version `v`, stamps its messages from the heads as
+//! read: to each destination, `seq` counts on from the head's with no gap (in the order
+//! the transaction emitted them), `version` is `v + 1`, and `after` is the head's version.
+//! Its commit is conditioned on K's version `v` and moves the heads in the same write, so
+//! that two transactions on K can never stamp from the same heads: the chain follows
+//! K's commit order, with no gap and no fork, across deletes and re-creates (a key's
+//! version and heads outlive its item).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::item_key::ItemKey;
+use super::message::{DestinationName, OutgoingMessage};
+
+/// The message attribute that names the entity whose history a message has its place in.
+pub const ENTITY_ATTRIBUTE: &str = "outbox-entity";
+/// The message attribute that carries a message's place in its entity's history:
+/// `seq=12;version=5;after=3` ([`Position`]).
+pub const POSITION_ATTRIBUTE: &str = "outbox-position";
+
+/// Where a message stands in the history of its entity, on its destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    /// The entity the transaction changed.
+    pub entity: ItemKey,
+    /// Its place among the messages the entity sent to this destination: 1, 2, 3, ...
+    /// with no gap, in commit order, and within a transaction in the order emitted.
+    pub seq: u64,
+    /// The entity's version after the transaction that emitted it: its place in the
+    /// entity's history.
+    pub version: u64,
+    /// The entity's version after its previous transaction that sent to this destination
+    /// (0: none did).
+    pub after: u64,
+}
+
+/// The last message an entity sent to one destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ChainHead {
+    /// The [`Position::seq`] of that message.
+    pub seq: u64,
+    /// The entity's version after the transaction that sent it.
+    pub version: u64,
+}
+
+/// An entity's chain heads, by destination.
+pub type ChainHeads = BTreeMap<DestinationName, ChainHead>;
+
+/// A [`POSITION_ATTRIBUTE`] value that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a position reads seq=N;version=N;after=N, not {input:?}")]
+pub struct InvalidPosition {
+    input: String,
+}
+
+/// A position's numbers as its attribute carries them, without the entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// [`Position::seq`].
+    pub seq: u64,
+    /// [`Position::version`].
+    pub version: u64,
+    /// [`Position::after`].
+    pub after: u64,
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "seq={};version={};after={}", self.seq, self.version, self.after)
+    }
+}
+
+impl FromStr for Place {
+    type Err = InvalidPosition;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let invalid = || InvalidPosition {
+            input: input.chars().take(80).collect(),
+        };
+        let mut fields = input.split(';').map(|field| field.split_once('='));
+        let mut number = |name: &str| match fields.next() {
+            Some(Some((found, value))) if found == name => value.parse::<u64>().map_err(|_| invalid()),
+            _ => Err(invalid()),
+        };
+        let place = Self {
+            seq: number("seq")?,
+            version: number("version")?,
+            after: number("after")?,
+        };
+        if fields.next().is_some() || place.seq == 0 || place.after >= place.version {
+            return Err(invalid());
+        }
+        Ok(place)
+    }
+}
+
+impl Position {
+    /// Its numbers, as [`POSITION_ATTRIBUTE`] carries them.
+    pub fn place(&self) -> Place {
+        Place {
+            seq: self.seq,
+            version: self.version,
+            after: self.after,
+        }
+    }
+
+    /// The two attributes every send of a positioned message carries.
+    pub fn attributes(&self) -> [(&'static str, String); 2] {
+        [
+            (ENTITY_ATTRIBUTE, self.entity.to_string()),
+            (POSITION_ATTRIBUTE, self.place().to_string()),
+        ]
+    }
+
+    /// The position `attributes` carry, if they carry one: `None` without either
+    /// attribute, an error where they are there but cannot be read.
+    pub fn from_attributes(attributes: &BTreeMap<String, String>) -> Result<Option<Self>, InvalidPosition> {
+        let (Some(entity), Some(place)) = (attributes.get(ENTITY_ATTRIBUTE), attributes.get(POSITION_ATTRIBUTE)) else {
+            return Ok(None);
+        };
+        let place: Place = place.parse()?;
+        let entity = entity.parse().map_err(|_| InvalidPosition {
+            input: entity.chars().take(80).collect(),
+        })?;
+        Ok(Some(Self {
+            entity,
+            seq: place.seq,
+            version: place.version,
+            after: place.after,
+        }))
+    }
+}
+
+/// Stamps the messages of a transaction that takes `entity` from the `heads` read to
+/// version `version`, in the order emitted, and returns the heads after them.
+pub fn stamp(messages: &mut [OutgoingMessage], entity: &ItemKey, version: u64, heads: &ChainHeads) -> ChainHeads {
+    let mut after = heads.clone();
+    for message in messages.iter_mut() {
+        let head = heads.get(&message.destination).copied().unwrap_or_default();
+        let next = after.entry(message.destination.clone()).or_default();
+        next.seq += 1;
+        next.version = version;
+        message.position = Some(Position {
+            entity: entity.clone(),
+            seq: next.seq,
+            version,
+            after: head.version,
+        });
+    }
+    after
+}
+
+/// `heads` moved past the messages of a transaction positioned in `entity`'s history
+/// (what its commit writes into the entity; messages of another entity, or none, leave
+/// them as they are).
+pub fn advance(heads: &mut ChainHeads, entity: &ItemKey, messages: &[OutgoingMessage]) {
+    for message in messages {
+        if let Some(position) = message.position.as_ref().filter(|position| &position.entity == entity) {
+            let head = heads.entry(message.destination.clone()).or_default();
+            if position.seq > head.seq {
+                *head = ChainHead {
+                    seq: position.seq,
+                    version: position.version,
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Message, TxnId};
+    use serde_json::json;
+
+    fn emitted(destinations: &[&str]) -> Vec<OutgoingMessage> {
+        let txn = TxnId::new_v7();
+        destinations
+            .iter()
+            .enumerate()
+            .map(|(index, destination)| {
+                let message = Message::json(destination.parse().unwrap(), &json!({ "n": index })).unwrap();
+                OutgoingMessage::new(txn, index as u32, message)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_chain_counts_on_per_destination_and_points_at_the_last_sender() {
+        let order: ItemKey = "ORDER#1".parse().unwrap();
+        let mut first = emitted(&["events", "audit", "events"]);
+        let heads = stamp(&mut first, &order, 1, &ChainHeads::new());
+        let places: Vec<Place> = first.iter().map(|m| m.position.as_ref().unwrap().place()).collect();
+        assert_eq!(
+            places,
+            [
+                Place { seq: 1, version: 1, after: 0 },
+                Place { seq: 1, version: 1, after: 0 },
+                Place { seq: 2, version: 1, after: 0 },
+            ]
+        );
+        // Version 2 sent nothing; version 3 sends to events only.
+        let mut third = emitted(&["events"]);
+        let heads = stamp(&mut third, &order, 3, &heads);
+        assert_eq!(
+            third[0].position.as_ref().unwrap().place(),
+            Place { seq: 3, version: 3, after: 1 }
+        );
+        assert_eq!(heads[&"audit".parse::<DestinationName>().unwrap()], ChainHead { seq: 1, version: 1 });
+        let mut advanced = ChainHeads::new();
+        advance(&mut advanced, &order, &first);
+        advance(&mut advanced, &order, &third);
+        assert_eq!(advanced, heads, "the store's advance agrees with the stamps");
+        let other: ItemKey = "ORDER#2".parse().unwrap();
+        let mut untouched = ChainHeads::new();
+        advance(&mut untouched, &other, &third);
+        assert!(untouched.is_empty(), "another entity's messages leave the heads");
+    }
+
+    #[test]
+    fn a_position_reads_back_from_its_attributes() {
+        let position = Position {
+            entity: "ORDER#1;x=y".parse().unwrap(),
+            seq: 12,
+            version: 5,
+            after: 3,
+        };
+        let attributes: BTreeMap<String, String> =
+            position.attributes().into_iter().map(|(name, value)| (name.to_owned(), value)).collect();
+        assert_eq!(attributes[POSITION_ATTRIBUTE], "seq=12;version=5;after=3");
+        assert_eq!(Position::from_attributes(&attributes), Ok(Some(position)));
+        assert_eq!(Position::from_attributes(&BTreeMap::new()), Ok(None));
+        for bad in ["", "seq=1", "seq=0;version=2;after=1", "seq=1;version=2;after=2", "seq=1;version=2;after=1;x=1", "version=2;seq=1;after=1"] {
+            assert!(bad.parse::<Place>().is_err(), "{bad:?}");
+        }
+    }
+}
