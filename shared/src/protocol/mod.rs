@@ -17,8 +17,7 @@ pub use idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, Invali
 pub use item_key::{InvalidItemKey, ItemKey, RESERVED_KEY_PREFIXES};
 pub use message::{
     fifo_group_of, DestinationName, EventType, FifoGrouping, InvalidDestination, Message, MessageId, OutgoingMessage,
-    MAX_MESSAGE_ATTRIBUTES,
-    MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE,
+    MAX_MESSAGE_ATTRIBUTES, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE,
 };
 pub use outbox_record::{OutboxRecord, OutboxState};
 pub use position::{

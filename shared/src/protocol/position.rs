@@ -202,9 +202,21 @@ mod tests {
         assert_eq!(
             places,
             [
-                Place { seq: 1, version: 1, after: 0 },
-                Place { seq: 1, version: 1, after: 0 },
-                Place { seq: 2, version: 1, after: 0 },
+                Place {
+                    seq: 1,
+                    version: 1,
+                    after: 0
+                },
+                Place {
+                    seq: 1,
+                    version: 1,
+                    after: 0
+                },
+                Place {
+                    seq: 2,
+                    version: 1,
+                    after: 0
+                },
             ]
         );
         // Version 2 sent nothing; version 3 sends to events only.
@@ -212,9 +224,16 @@ mod tests {
         let heads = stamp(&mut third, &order, 3, &heads);
         assert_eq!(
             third[0].position.as_ref().unwrap().place(),
-            Place { seq: 3, version: 3, after: 1 }
+            Place {
+                seq: 3,
+                version: 3,
+                after: 1
+            }
         );
-        assert_eq!(heads[&"audit".parse::<DestinationName>().unwrap()], ChainHead { seq: 1, version: 1 });
+        assert_eq!(
+            heads[&"audit".parse::<DestinationName>().unwrap()],
+            ChainHead { seq: 1, version: 1 }
+        );
         let mut advanced = ChainHeads::new();
         advance(&mut advanced, &order, &first);
         advance(&mut advanced, &order, &third);
@@ -233,12 +252,22 @@ mod tests {
             version: 5,
             after: 3,
         };
-        let attributes: BTreeMap<String, String> =
-            position.attributes().into_iter().map(|(name, value)| (name.to_owned(), value)).collect();
+        let attributes: BTreeMap<String, String> = position
+            .attributes()
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect();
         assert_eq!(attributes[POSITION_ATTRIBUTE], "seq=12;version=5;after=3");
         assert_eq!(Position::from_attributes(&attributes), Ok(Some(position)));
         assert_eq!(Position::from_attributes(&BTreeMap::new()), Ok(None));
-        for bad in ["", "seq=1", "seq=0;version=2;after=1", "seq=1;version=2;after=2", "seq=1;version=2;after=1;x=1", "version=2;seq=1;after=1"] {
+        for bad in [
+            "",
+            "seq=1",
+            "seq=0;version=2;after=1",
+            "seq=1;version=2;after=2",
+            "seq=1;version=2;after=1;x=1",
+            "version=2;seq=1;after=1",
+        ] {
             assert!(bad.parse::<Place>().is_err(), "{bad:?}");
         }
     }

@@ -4,7 +4,7 @@
 use super::settle::{settle_bound, within, COMMIT_RETRY_DELAY, SETTLE_RESERVE};
 use super::{Committed, Settlement, Transaction, TxnError};
 use crate::ports::{BusinessWrite, CommitError, CommitRequest, EntityCommit, ExpectedVersion};
-use crate::protocol::{IdempotencyRecord, MessageId, OutboxRecord, OutboxState};
+use crate::protocol::{FifoGrouping, IdempotencyRecord, MessageId, OutboxRecord, OutboxState};
 use crate::time::Timestamp;
 
 /// Commits tried at most, when the store answers "contention" or "unknown outcome".
@@ -277,10 +277,16 @@ impl Transaction {
 
     fn request(&self, now: Timestamp) -> CommitRequest {
         let expires_at = now.plus(self.outbox.timing.retention);
+        let mut messages = self.staging.messages_to_commit();
+        if self.outbox.fifo_groups == FifoGrouping::Transaction {
+            for message in messages.iter_mut().filter(|message| message.group_id.is_none()) {
+                message.group_id = Some(self.txn_id.to_string());
+            }
+        }
         CommitRequest {
             txn_id: self.txn_id,
             writes: self.staging.writes.values().cloned().collect(),
-            outbox: OutboxRecord::committed(self.txn_id, self.staging.messages_to_commit(), now, expires_at),
+            outbox: OutboxRecord::committed(self.txn_id, messages, now, expires_at),
             idempotency: self
                 .idempotency
                 .as_ref()

@@ -8,7 +8,7 @@ use super::settle::within;
 use super::watch::BEGIN_WATCH;
 use super::{Transaction, TxnError};
 use crate::ports::{Clock, ControlQueue, IdSource, ItemKey, Publisher, QueueError, Store, StoreError};
-use crate::protocol::{ControlMessage, OutboxState, TxnId};
+use crate::protocol::{ControlMessage, FifoGrouping, OutboxState, TxnId};
 use crate::settings::{InlinePublish, Settings, Timing, TransactionLimits};
 use crate::staging::Staging;
 use crate::time::Timestamp;
@@ -46,6 +46,8 @@ pub struct Outbox {
     pub(super) live: Arc<Live>,
     /// How many sent marks an item holds (entity mode).
     pub(super) sent_marks: usize,
+    /// The FIFO group of a message its emitter gave none.
+    pub(super) fifo_groups: FifoGrouping,
 }
 
 impl Outbox {
@@ -60,7 +62,16 @@ impl Outbox {
             service: Arc::from(DEFAULT_SERVICE),
             live: Arc::default(),
             sent_marks: crate::protocol::sent_marks::MAX_SENT_MARKS,
+            fifo_groups: FifoGrouping::Entity,
         }
+    }
+
+    /// This request path, giving each message its emitter gave no FIFO group the group
+    /// `grouping` says ([`FifoGrouping::Entity`] by default: each entity's messages in
+    /// commit order).
+    pub fn with_fifo_groups(mut self, grouping: FifoGrouping) -> Self {
+        self.fifo_groups = grouping;
+        self
     }
 
     /// Replaces how many sent marks an item holds (entity mode;
@@ -75,7 +86,9 @@ impl Outbox {
     /// and service name, publishing inline through `publisher` after the answer (on
     /// tokio, [`AfterAnswer::on_tokio`]), before it, or not at all, as they choose.
     pub fn from_settings(ports: RequestPorts, settings: &Settings, publisher: Arc<dyn Publisher>) -> Self {
-        let outbox = Self::new(ports, settings.timing, settings.limits).with_service_name(&settings.service_name);
+        let outbox = Self::new(ports, settings.timing, settings.limits)
+            .with_service_name(&settings.service_name)
+            .with_fifo_groups(settings.fifo_groups);
         match settings.inline_publish {
             InlinePublish::AfterAnswer => outbox.with_publishing_after_answer(publisher, AfterAnswer::on_tokio()),
             InlinePublish::BeforeAnswer => outbox.with_inline_publisher(publisher),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::destination::Target;
 use crate::protocol::DestinationName;
+pub use crate::protocol::FifoGrouping;
 use reader::{BackendKind, Reader};
 
 mod layout;
@@ -118,6 +119,10 @@ pub struct Settings {
     /// itself (and marks it dispatched): after the answer by default; the control worker
     /// remains the guarantee either way.
     pub inline_publish: InlinePublish,
+    /// How messages without a group of their own go in FIFO groups: by the entity whose
+    /// history they are placed in (the default: each entity's messages in commit order),
+    /// or by transaction.
+    pub fifo_groups: FifoGrouping,
     /// The `Service` dimension of the request path's metrics: this service's name, so
     /// that each service committing through the outbox counts its own.
     pub service_name: String,
@@ -167,6 +172,9 @@ pub mod vars {
     /// committed messages itself (`true` and `false`, the earlier values, mean `before` and
     /// `off`).
     pub const INLINE_PUBLISH: &str = "OUTBOX_INLINE_PUBLISH";
+    /// `entity` (default) or `transaction`: the FIFO group of a message its emitter gave
+    /// none.
+    pub const FIFO_GROUPS: &str = "OUTBOX_FIFO_GROUPS";
     /// The `Service` dimension of the request path's metrics; by default the
     /// executable's name (`api`, `shop`), or `outbox`.
     pub const SERVICE_NAME: &str = "OUTBOX_SERVICE_NAME";
@@ -293,6 +301,17 @@ impl Settings {
                 InlinePublish::AfterAnswer
             }
         };
+        let fifo_groups = match reader.text(vars::FIFO_GROUPS).as_deref() {
+            None | Some("entity") => FifoGrouping::Entity,
+            Some("transaction") => FifoGrouping::Transaction,
+            Some(other) => {
+                reader.fail(
+                    vars::FIFO_GROUPS,
+                    format!("must be entity or transaction, not {other:?}"),
+                );
+                FifoGrouping::Entity
+            }
+        };
         let service_name = lookup(vars::SERVICE_NAME)
             .filter(|name| !name.trim().is_empty())
             .or_else(|| {
@@ -358,6 +377,7 @@ impl Settings {
                 cors_allowed_origins,
                 max_request_bytes,
                 inline_publish,
+                fifo_groups,
                 service_name,
             }),
             _ => Err(SettingsError { errors: reader.errors }),

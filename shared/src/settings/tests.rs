@@ -27,6 +27,24 @@ fn nothing_set_means_embedded_with_the_documented_defaults() {
 }
 
 #[test]
+fn fifo_groups_are_by_entity_unless_chosen_otherwise() {
+    assert_eq!(settings(&[]).unwrap().fifo_groups, FifoGrouping::Entity);
+    for (value, chosen) in [
+        ("entity", FifoGrouping::Entity),
+        ("transaction", FifoGrouping::Transaction),
+    ] {
+        assert_eq!(
+            settings(&[(vars::FIFO_GROUPS, value)]).unwrap().fifo_groups,
+            chosen,
+            "{value}"
+        );
+    }
+    let error = only_error(&[(vars::FIFO_GROUPS, "order")]);
+    assert_eq!(error.variable, vars::FIFO_GROUPS);
+    assert!(error.problem.contains("entity or transaction"), "{error}");
+}
+
+#[test]
 fn inline_publishing_is_after_the_answer_unless_chosen_otherwise() {
     assert_eq!(settings(&[]).unwrap().inline_publish, InlinePublish::AfterAnswer);
     for (value, chosen) in [

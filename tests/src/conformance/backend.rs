@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_sqs::types::QueueAttributeName;
+use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use outbox::aws::{
     bootstrap, AwsClients, AwsPublisher, DestinationResource, DynamoStore, ResourceNames, SqsControlQueue, TableLayout,
 };
@@ -14,8 +14,8 @@ use outbox::destination::Target;
 use outbox::embedded::{EmbeddedBackend, ManualClock, CONTROL_VISIBILITY_TIMEOUT};
 use outbox::ports::{ControlDelivery, ControlInbox, ControlQueue, Publisher, RandomIds, Store};
 use outbox::protocol::{
-    ControlMessage, DestinationName, TraceContext, TxnId, MESSAGE_ID_ATTRIBUTE, TRACEPARENT_ATTRIBUTE,
-    TRACESTATE_ATTRIBUTE, TXN_ID_ATTRIBUTE,
+    ControlMessage, DestinationName, Position, TraceContext, TxnId, ENTITY_ATTRIBUTE, MESSAGE_ID_ATTRIBUTE,
+    POSITION_ATTRIBUTE, TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE, TXN_ID_ATTRIBUTE,
 };
 use outbox::request::{Outbox, RequestPorts};
 use outbox::settings::{Timing, TransactionLimits};
@@ -39,6 +39,11 @@ pub struct Delivered {
     /// The trace context it carried: its `traceparent` and `tracestate` attributes, or
     /// for a bus in the event's detail.
     pub trace: Option<TraceContext>,
+    /// Its place in its entity's history: its `outbox-entity` and `outbox-position`
+    /// attributes, or for a bus in the event's detail.
+    pub position: Option<Position>,
+    /// Its FIFO group, on a FIFO queue.
+    pub group_id: Option<String>,
 }
 
 /// What of an event a rule's queue target received the outbox set.
@@ -58,6 +63,8 @@ impl Delivered {
         if !from_bus {
             let (parent, state) = (attribute(TRACEPARENT_ATTRIBUTE), attribute(TRACESTATE_ATTRIBUTE));
             return Self {
+                group_id: None,
+                position: position(&attribute),
                 message_id: attribute(MESSAGE_ID_ATTRIBUTE),
                 txn_id: attribute(TXN_ID_ATTRIBUTE),
                 trace: trace(parent, state),
@@ -69,6 +76,8 @@ impl Delivered {
         let metadata = |name: &str| event["detail"]["metadata"][name].as_str().map(str::to_owned);
         let text = |name: &str| event[name].as_str().expect("the event names it").to_owned();
         Self {
+            group_id: None,
+            position: position(&metadata),
             message_id: metadata(MESSAGE_ID_ATTRIBUTE),
             txn_id: metadata(TXN_ID_ATTRIBUTE),
             trace: trace(metadata(TRACEPARENT_ATTRIBUTE), metadata(TRACESTATE_ATTRIBUTE)),
@@ -80,6 +89,15 @@ impl Delivered {
             body,
         }
     }
+}
+
+/// The position the attributes carry; one that cannot be read fails the test.
+fn position(attribute: &impl Fn(&str) -> Option<String>) -> Option<Position> {
+    let attributes = [ENTITY_ATTRIBUTE, POSITION_ATTRIBUTE]
+        .into_iter()
+        .filter_map(|name| attribute(name).map(|value| (name.to_owned(), value)))
+        .collect();
+    Position::from_attributes(&attributes).expect("a position the outbox wrote")
 }
 
 /// The context a `traceparent` (and `tracestate`) name; a `traceparent` that is not one
@@ -413,11 +431,10 @@ impl Backend {
                     for message in batch {
                         queue.delete(&message.receipt);
                         let attributes = message.attributes;
-                        delivered.push(Delivered::new(
-                            message.body,
-                            |name| attributes.get(name).cloned(),
-                            from_bus,
-                        ));
+                        delivered.push(Delivered {
+                            group_id: message.group_id,
+                            ..Delivered::new(message.body, |name| attributes.get(name).cloned(), from_bus)
+                        });
                     }
                 }
             }
@@ -430,6 +447,7 @@ impl Backend {
                         .max_number_of_messages(10)
                         .wait_time_seconds(1)
                         .message_attribute_names("All")
+                        .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
                         .send()
                         .await
                         .expect("receive from a destination");
@@ -450,11 +468,14 @@ impl Backend {
                                 .and_then(|value| value.string_value())
                                 .map(str::to_owned)
                         };
-                        delivered.push(Delivered::new(
-                            message.body().unwrap_or_default().to_owned(),
-                            attribute,
-                            from_bus,
-                        ));
+                        let group_id = message
+                            .attributes()
+                            .and_then(|attributes| attributes.get(&MessageSystemAttributeName::MessageGroupId))
+                            .cloned();
+                        delivered.push(Delivered {
+                            group_id,
+                            ..Delivered::new(message.body().unwrap_or_default().to_owned(), attribute, from_bus)
+                        });
                     }
                 }
             }

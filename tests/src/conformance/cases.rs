@@ -16,6 +16,7 @@ use outbox::time::Timestamp;
 use serde_json::{json, Value};
 
 use super::backend::{audit, bus, events, fanout, Backend};
+pub use super::chain::*;
 pub use super::entity::*;
 pub use super::request_entity::*;
 

@@ -7,6 +7,7 @@
 
 mod backend;
 pub mod cases;
+mod chain;
 pub mod dynamodb_only;
 mod entity;
 mod request_entity;
@@ -56,7 +57,9 @@ macro_rules! conformance_suite {
             an_entity_commit_of_a_tombstone_entry_is_refused,
             the_request_path_in_entity_mode_commits_into_the_item_and_dispatches_once,
             sent_marks_prove_their_commits_while_they_are_kept,
-            a_late_attempt_never_applies_to_a_later_life_of_its_item
+            a_late_attempt_never_applies_to_a_later_life_of_its_item,
+            messages_carry_their_place_in_their_entitys_history,
+            messages_of_no_one_entity_carry_no_position
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {

@@ -1,0 +1,194 @@
+//! The conformance case of the chain (docs/PROTOCOL.md): every message of a transaction
+//! that changes one entity it read has its place in that entity's history, per
+//! destination, in commit order with no gap and no fork, across a delete and a re-create,
+//! and every destination kind carries it.
+
+use std::time::Duration;
+
+use outbox::ports::{ExpectedVersion, ItemKey};
+use outbox::protocol::{fifo_group_of, DestinationName, FifoGrouping, Message, Place, Position, TxnId};
+use outbox::request::{Outbox, TxnError};
+use outbox::settings::Timing;
+use serde_json::json;
+
+use super::backend::{audit, bus, events, Backend};
+use super::cases::{key, RETENTION};
+
+fn timing() -> Timing {
+    Timing {
+        first_check_delay: Duration::from_secs(1),
+        backoff_cap: Duration::from_secs(1),
+        max_commit_duration: Duration::from_secs(60),
+        retention: RETENTION,
+    }
+}
+
+/// One transaction on `order`, begun in entity mode: it reads the order, writes `data` (a
+/// delete where `None`), and emits one message to each of `to`, in order.
+async fn change(outbox: &Outbox, order: &ItemKey, data: Option<serde_json::Value>, to: &[DestinationName]) -> TxnId {
+    let mut txn = outbox.begin_entity(order.clone()).await.expect("begin");
+    let read = txn.get(order).await.expect("read");
+    match (data, &read) {
+        (Some(data), Some(item)) => txn.put(order.clone(), data, ExpectedVersion::Exactly(item.version)),
+        (Some(data), None) => txn.put(order.clone(), data, ExpectedVersion::Absent),
+        (None, Some(item)) => txn.delete(order.clone(), item.version),
+        (None, None) => panic!("nothing to delete"),
+    }
+    for (index, destination) in to.iter().enumerate() {
+        let message = Message::json(destination.clone(), &json!({ "index": index }))
+            .expect("a message")
+            .with_event("com.example.orders", "OrderChanged");
+        txn.emit(message);
+    }
+    txn.commit().await.expect("the commit").txn_id
+}
+
+fn place(seq: u64, version: u64, after: u64) -> Place {
+    Place { seq, version, after }
+}
+
+/// The places of what `destination` received from `order`, in the order they came; on
+/// the FIFO destination (audit), each in the order's group.
+async fn received(b: &Backend, destination: &DestinationName, order: &ItemKey) -> Vec<Place> {
+    b.drain(destination)
+        .await
+        .into_iter()
+        .map(|delivered| {
+            let position: Position = delivered.position.unwrap_or_else(|| panic!("{}: no position", b.name));
+            assert_eq!(&position.entity, order, "{}", b.name);
+            if destination == &audit() {
+                assert_eq!(
+                    delivered.group_id,
+                    Some(fifo_group_of(order)),
+                    "{}: grouped by entity",
+                    b.name
+                );
+            }
+            position.place()
+        })
+        .collect()
+}
+
+/// Creates, changes, a change that sends nothing, a delete and a re-create of one order,
+/// each publishing inline: each destination receives the order's messages with their
+/// places counting on per destination (seq), each naming the order's version after its
+/// transaction and the version of the last one that sent there (after), across the
+/// delete. Two transactions that read the same version cannot both commit: the chain has
+/// no fork.
+pub async fn messages_carry_their_place_in_their_entitys_history(b: &Backend) {
+    let outbox = b.outbox(timing()).with_inline_publisher(b.publisher.clone());
+    let order = key(&format!("ORDER#{}", TxnId::new_v7()));
+    // 1: created, two to events, one to audit (and one to the bus).
+    change(
+        &outbox,
+        &order,
+        Some(json!({"n": 1})),
+        &[events(), audit(), events(), bus()],
+    )
+    .await;
+    // 2: events only; 3: nothing; 4: audit only.
+    change(&outbox, &order, Some(json!({"n": 2})), &[events()]).await;
+    change(&outbox, &order, Some(json!({"n": 3})), &[]).await;
+    change(&outbox, &order, Some(json!({"n": 4})), &[audit()]).await;
+    // 5: deleted, with an event; 6: created again.
+    change(&outbox, &order, None, &[events()]).await;
+    change(&outbox, &order, Some(json!({"n": 6})), &[events(), audit()]).await;
+    assert_eq!(
+        received(b, &events(), &order).await,
+        [
+            place(1, 1, 0),
+            place(2, 1, 0),
+            place(3, 2, 1),
+            place(4, 5, 2),
+            place(5, 6, 5)
+        ],
+        "{}: events",
+        b.name
+    );
+    assert_eq!(
+        received(b, &audit(), &order).await,
+        [place(1, 1, 0), place(2, 4, 1), place(3, 6, 4)],
+        "{}: audit",
+        b.name
+    );
+    assert_eq!(
+        received(b, &bus(), &order).await,
+        [place(1, 1, 0)],
+        "{}: the bus",
+        b.name
+    );
+
+    // Two transactions read version 6; the second to commit is refused, and its retry
+    // stamps from the heads the first moved.
+    let mut first = outbox.begin_entity(order.clone()).await.unwrap();
+    let mut second = outbox.begin_entity(order.clone()).await.unwrap();
+    for txn in [&mut first, &mut second] {
+        let read = txn.get(&order).await.unwrap().expect("the order");
+        txn.put(order.clone(), json!({"n": 7}), ExpectedVersion::Exactly(read.version));
+        txn.emit(Message::json(events(), &json!({})).unwrap());
+    }
+    first.commit().await.expect("the first");
+    assert!(
+        matches!(second.commit().await, Err(TxnError::VersionConflict { .. })),
+        "{}",
+        b.name
+    );
+    change(&outbox, &order, Some(json!({"n": 8})), &[events()]).await;
+    assert_eq!(
+        received(b, &events(), &order).await,
+        [place(6, 7, 6), place(7, 8, 7)],
+        "{}: one chain",
+        b.name
+    );
+
+    // Grouped by transaction where chosen: the place is kept, the group is the
+    // transaction's.
+    let by_transaction = b
+        .outbox(timing())
+        .with_inline_publisher(b.publisher.clone())
+        .with_fifo_groups(FifoGrouping::Transaction);
+    let txn_id = change(&by_transaction, &order, Some(json!({"n": 9})), &[audit()]).await;
+    let delivered = b.drain(&audit()).await;
+    assert_eq!(
+        delivered
+            .iter()
+            .map(|delivered| (
+                delivered.group_id.clone(),
+                delivered.position.as_ref().map(Position::place)
+            ))
+            .collect::<Vec<_>>(),
+        [(Some(txn_id.to_string()), Some(place(4, 9, 6)))],
+        "{}",
+        b.name
+    );
+}
+
+/// A transaction that changes several items, or creates one it did not read, has no
+/// entity to be placed in: its messages carry no position.
+pub async fn messages_of_no_one_entity_carry_no_position(b: &Backend) {
+    let outbox = b.outbox(timing()).with_inline_publisher(b.publisher.clone());
+    let (one, two) = (
+        key(&format!("ORDER#{}", TxnId::new_v7())),
+        key(&format!("ORDER#{}", TxnId::new_v7())),
+    );
+    let mut txn = outbox.begin().await.unwrap();
+    txn.put(one.clone(), json!({}), ExpectedVersion::Absent);
+    txn.put(two.clone(), json!({}), ExpectedVersion::Absent);
+    txn.emit(Message::json(events(), &json!({"two": true})).unwrap());
+    txn.commit().await.expect("two items");
+    let mut blind = outbox.begin().await.unwrap();
+    blind.put(
+        key(&format!("ORDER#{}", TxnId::new_v7())),
+        json!({}),
+        ExpectedVersion::Absent,
+    );
+    blind.emit(Message::json(events(), &json!({"blind": true})).unwrap());
+    blind.commit().await.expect("a blind create");
+    let delivered = b.drain(&events()).await;
+    assert_eq!(delivered.len(), 2, "{}", b.name);
+    assert!(
+        delivered.iter().all(|delivered| delivered.position.is_none()),
+        "{}: {delivered:?}",
+        b.name
+    );
+}
