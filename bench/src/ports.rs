@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox::embedded::{EmbeddedQueue, QueueFault, SendRequest};
-use outbox::ports::{KeyRead, 
-    CommitError, CommitRequest, ControlQueue, EntityCommit, EntityItem, EntryFailure, FenceOutcome, ItemKey,
+use outbox::ports::{
+    CommitError, CommitRequest, ControlQueue, EntityCommit, EntityItem, EntryFailure, FenceOutcome, ItemKey, KeyRead,
     NativeAction, PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use outbox::protocol::{

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox::ports::{KeyRead, 
-    CommitError, CommitRequest, ControlQueue, EntityCommit, EntityItem, EntryFailure, FenceOutcome, ItemKey,
+use outbox::ports::{
+    CommitError, CommitRequest, ControlQueue, EntityCommit, EntityItem, EntryFailure, FenceOutcome, ItemKey, KeyRead,
     PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use outbox::protocol::{
