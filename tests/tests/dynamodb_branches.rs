@@ -79,7 +79,6 @@ async fn every_dynamodb_only_branch_is_reached_on_dynamodb_local() {
     );
     case!(
         a_fence_in_the_entity_blocks_a_late_commit_and_finds_a_committed_one,
-        CommitVacatesKeepingFence,
         EntityFenced,
         FenceFormAgain,
         FenceRecordFromReason,

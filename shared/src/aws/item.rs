@@ -5,17 +5,22 @@
 //!
 //! | item | logical key | other attributes |
 //! |---|---|---|
-//! | business item (portable form) | the application's key | `version` (N), `data` (M, the JSON object) |
+//! | business item (portable form) | the application's key | `version` (N), `data` (M, the JSON object; only while the item is live) |
 //! | outbox record | `TXN#{txn_id}` | `txn_id`, `state`, `created_at` (N, unix ms), `messages` (S, JSON array), `parts` (N, when split), TTL |
 //! | outbox part | `TXN#{txn_id}#PART#{n}` | `messages` (S, JSON array), TTL (an orphan guard) |
 //! | idempotency record | `IDEM#{scope}#{sha256(key)}` | `scope`, `key_hash`, `fingerprint`, `txn_id`, `status`, `headers` (S, JSON), `body`, `created_at`, TTL |
+//!
+//! A business item is live while it has `data`. A delete removes `data` and keeps the key
+//! vacant at the next `version` (with its fence mark), so that a create continues the
+//! versions instead of restarting them; a vacant item written before versions were kept
+//! has no `version` and is at version 0.
 
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Map, Number, Value};
 
-use crate::ports::{ItemKey, StoreError, VersionedItem};
+use crate::ports::{ItemKey, KeyRead, StoreError, VersionedItem};
 use crate::protocol::{
     IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, OutgoingMessage, StoredResponse, TxnId,
 };
@@ -164,25 +169,39 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A business item as read; `None` for a vacant key (no version: a deleted item, or one
-/// never created, that keeps only its fence mark), which reads as absent.
+/// A business item as read; `None` for a vacant key (no data: a deleted item, or one
+/// never created, that keeps only its version and fence mark), which reads as absent.
 pub(crate) fn business_from_item(
     layout: &TableLayout,
     key: &ItemKey,
     item: &Item,
 ) -> Result<Option<VersionedItem>, StoreError> {
-    if !item.contains_key("version") {
+    let Some(data) = item.get("data") else {
         return Ok(None);
-    }
+    };
     let reader = Reader::new(layout, item);
-    let data = item
-        .get("data")
-        .ok_or_else(|| reader.corrupt("no data: not an item of the portable form"))?;
     Ok(Some(VersionedItem {
         key: key.clone(),
         version: reader.number("version")?,
         data: from_attribute(data).map_err(|reason| reader.corrupt(reason))?,
     }))
+}
+
+/// A key as read, live or vacant: its item where it has `data`, and its version (a vacant
+/// item written before versions were kept across deletes has none: version 0).
+pub(crate) fn key_from_item(layout: &TableLayout, key: &ItemKey, item: &Item) -> Result<KeyRead, StoreError> {
+    match business_from_item(layout, key, item)? {
+        Some(live) => Ok(KeyRead {
+            version: live.version,
+            item: Some(live),
+            ..KeyRead::default()
+        }),
+        None => Ok(KeyRead {
+            item: None,
+            version: Reader::new(layout, item).optional_number("version")?.unwrap_or(0),
+            ..KeyRead::default()
+        }),
+    }
 }
 
 /// The messages of a record cut into the groups that go in one item each. Deterministic,
@@ -426,5 +445,33 @@ mod tests {
             Message::json("events".parse().unwrap(), &"x".repeat(PART_BYTES)).unwrap(),
         );
         assert!(split_messages(&[huge], PART_BYTES).is_err());
+    }
+
+    /// An item is live while it has data; a vacant one keeps its version, or is at 0 when
+    /// written before versions were kept across deletes.
+    #[test]
+    fn a_key_is_live_while_its_item_has_data() {
+        let layout = TableLayout::dedicated("t");
+        let key: ItemKey = "ORDER#1".parse().unwrap();
+        let item = |attributes: &[(&str, AttributeValue)]| -> Item {
+            let mut item = layout.key(key.as_str());
+            item.extend(attributes.iter().map(|(name, value)| (name.to_string(), value.clone())));
+            item
+        };
+        let data = to_attribute(&json!({"n": 1}));
+        let live = item(&[("version", n(3)), ("data", data.clone())]);
+        let read = key_from_item(&layout, &key, &live).unwrap();
+        assert_eq!(
+            (read.item.map(|item| item.data), read.version),
+            (Some(json!({"n": 1})), 3)
+        );
+        let vacant = item(&[("version", n(4)), ("outbox_fence", s("x"))]);
+        assert_eq!(business_from_item(&layout, &key, &vacant).unwrap(), None);
+        let read = key_from_item(&layout, &key, &vacant).unwrap();
+        assert_eq!((read.item, read.version), (None, 4));
+        let vacant_of_old = item(&[("outbox_fence", s("x"))]);
+        assert_eq!(key_from_item(&layout, &key, &vacant_of_old).unwrap().version, 0);
+        assert!(business_from_item(&layout, &key, &item(&[("data", data)])).is_err());
+        assert!(key_from_item(&layout, &key, &item(&[("version", s("x"))])).is_err());
     }
 }

@@ -45,7 +45,6 @@ branches! {
     CommitNativeCancelled => "commit: an application's native action cancelled, its index and code kept",
     CommitContentionReason => "commit: a reason of contention (TransactionConflict, throttling): nothing written",
     CommitMovesSentMarks => "commit: a delete moves the item's sent marks to their records",
-    CommitVacatesKeepingFence => "commit: a delete of an item with a fence mark keeps the mark in a vacant item",
     EntityNewMap => "entity commit: the item has no entry map yet: the second form creates it",
     EntityOwnEntry => "entity commit: its own entry in the old item: an earlier request applied, success",
     EntityRivalEntry => "entity commit: another attempt's entry in the old item: superseded",

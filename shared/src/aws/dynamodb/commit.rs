@@ -25,8 +25,9 @@ impl DynamoStore {
     /// The commit's `ClientRequestToken`: the transaction (or the attempt's own id, where
     /// several attempts race for one record: a consumed message's). DynamoDB answers
     /// `IdempotentParameterMismatch` to one token sent with other parameters, and a
-    /// delete's form follows the fence mark read before it, which a fence may change
-    /// between attempts: so the marks read are part of the token when there are any.
+    /// delete's condition (and the records it puts) follows the marks read before it,
+    /// which a fence or a settle may change between attempts: so the marks read are part
+    /// of the token when there are any.
     /// Nothing relies on the token to commit once: the outbox record's condition does.
     fn client_token(request: &CommitRequest, marks: &Marks) -> String {
         use sha2::{Digest, Sha256};
@@ -128,7 +129,7 @@ mod tests {
     use crate::protocol::OutboxRecord;
     use crate::time::Timestamp;
 
-    /// A delete's form follows the mark read before it: attempts that read different marks
+    /// A delete's condition follows the marks read before it: attempts that read different marks
     /// send different tokens (one token with other parameters is refused by DynamoDB);
     /// without a mark the token is the transaction's id, as before.
     #[test]

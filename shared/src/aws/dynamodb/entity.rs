@@ -1,7 +1,10 @@
 //! The entity mode on DynamoDB (docs/PROTOCOL.md section 11): an item's outbox entries live in
 //! its map attribute `outbox` (transaction id to the record as JSON), a commit is one
-//! conditional `PutItem` (a new item) or `UpdateItem` (an existing one), and a removal is
-//! an `UpdateItem` that removes one entry and nothing else.
+//! conditional `UpdateItem` (of a live item, or creating one over an absent or vacant key),
+//! and a removal is an `UpdateItem` that removes one entry and nothing else.
+//!
+//! An item is live while it has `data`; a vacant key keeps its version, and a create
+//! continues it (`if_not_exists(version, 0) + 1`), so that versions never restart.
 //!
 //! The update sets the data, the version and `outbox.T` only, so an entry removed
 //! meanwhile is never brought back and no other entry is rewritten. DynamoDB cannot set
@@ -42,8 +45,8 @@ enum Form {
     IntoMap,
     /// Gives the item its first map, holding only `T`.
     NewMap,
-    /// Creates the item (where it has no version: absent, or a vacant key keeping a fence
-    /// mark, which the item keeps), its map holding only `T`.
+    /// Creates the item (where it has no data: absent, or a vacant key keeping its version
+    /// and fence mark, which the item continues and keeps), its map holding only `T`.
     Create,
 }
 
@@ -98,7 +101,9 @@ fn judge(layout: &TableLayout, commit: &EntityCommit, old: Option<&Item>) -> Ver
     }
     let version = Reader::new(layout, old).version();
     match commit.expected {
-        ExpectedVersion::Exactly(expected) if version == Some(expected) && !old.contains_key(OUTBOX_ATTRIBUTE) => {
+        ExpectedVersion::Exactly(expected)
+            if old.contains_key("data") && version == Some(expected) && !old.contains_key(OUTBOX_ATTRIBUTE) =>
+        {
             Verdict::NeedsMap
         }
         _ => conflict(),
@@ -182,7 +187,9 @@ impl DynamoStore {
             });
         }
         let verdict = match commit.expected {
-            ExpectedVersion::Absent => self.update(commit, Form::Create, &data, &entry).await?,
+            ExpectedVersion::Absent | ExpectedVersion::AbsentAt(_) => {
+                self.update(commit, Form::Create, &data, &entry).await?
+            }
             ExpectedVersion::Exactly(_) => match self.update(commit, Form::IntoMap, &data, &entry).await? {
                 Verdict::NeedsMap => {
                     reached(Branch::EntityNewMap);
@@ -210,8 +217,7 @@ impl DynamoStore {
         entry: &AttributeValue,
     ) -> Result<Verdict, CommitError> {
         let txn = commit.entry.txn_id.to_string();
-        let mut names = self.layout.key_names();
-        names.extend([
+        let mut names = HashMap::from([
             ("#data".to_owned(), "data".to_owned()),
             ("#version".to_owned(), "version".to_owned()),
             ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
@@ -220,20 +226,29 @@ impl DynamoStore {
         ]);
         let mut values = HashMap::from([
             (":data".to_owned(), data.clone()),
-            (":next".to_owned(), n(commit.expected.next())),
+            (":zero".to_owned(), n(0)),
+            (":one".to_owned(), n(1)),
             (":nofence".to_owned(), s(NO_FENCE.to_owned())),
             (":nosent".to_owned(), AttributeValue::M(HashMap::new())),
         ]);
-        if let ExpectedVersion::Exactly(version) = commit.expected {
-            values.insert(":expected".to_owned(), n(version));
-        }
+        // The version the item must be at: live (the first two forms), or vacant (a
+        // create, where it names one; a vacant key written before versions were kept
+        // across deletes has none, which is version 0).
+        let at_version = match commit.expected {
+            ExpectedVersion::Absent => "",
+            ExpectedVersion::AbsentAt(0) => " AND attribute_not_exists(#version)",
+            ExpectedVersion::AbsentAt(version) | ExpectedVersion::Exactly(version) => {
+                values.insert(":expected".to_owned(), n(version));
+                " AND #version = :expected"
+            }
+        };
         let (update, mut condition) = match form {
             Form::IntoMap => {
                 names.insert("#txn".to_owned(), txn);
                 values.insert(":entry".to_owned(), entry.clone());
                 (
-                    "SET #data = :data, #version = :next, #outbox.#txn = :entry, #fence = if_not_exists(#fence, :nofence), #sent = if_not_exists(#sent, :nosent)",
-                    "attribute_exists(#pk) AND #version = :expected AND attribute_exists(#outbox) AND attribute_not_exists(#outbox.#txn)".to_owned(),
+                    "SET #data = :data, #version = if_not_exists(#version, :zero) + :one, #outbox.#txn = :entry, #fence = if_not_exists(#fence, :nofence), #sent = if_not_exists(#sent, :nosent)",
+                    format!("attribute_exists(#data){at_version} AND attribute_exists(#outbox) AND attribute_not_exists(#outbox.#txn)"),
                 )
             }
             Form::NewMap | Form::Create => {
@@ -242,19 +257,15 @@ impl DynamoStore {
                     AttributeValue::M(HashMap::from([(txn, entry.clone())])),
                 );
                 (
-                    "SET #data = :data, #version = :next, #outbox = :map, #fence = if_not_exists(#fence, :nofence), #sent = if_not_exists(#sent, :nosent)",
+                    "SET #data = :data, #version = if_not_exists(#version, :zero) + :one, #outbox = :map, #fence = if_not_exists(#fence, :nofence), #sent = if_not_exists(#sent, :nosent)",
                     if form == Form::Create {
-                        "attribute_not_exists(#version)".to_owned()
+                        format!("attribute_not_exists(#data){at_version}")
                     } else {
-                        "attribute_exists(#pk) AND #version = :expected AND attribute_not_exists(#outbox)".to_owned()
+                        format!("attribute_exists(#data){at_version} AND attribute_not_exists(#outbox)")
                     },
                 )
             }
         };
-        if form == Form::Create {
-            // Its condition names no key attribute (DynamoDB refuses unused names).
-            names.remove("#pk");
-        }
         if commit.checks_fence {
             condition.push_str(" AND (attribute_not_exists(#fence) OR #fence < :txnid)");
             values.insert(":txnid".to_owned(), s(commit.entry.txn_id.to_string()));

@@ -7,12 +7,12 @@
 //! of T gets past it, however late it arrives and whatever any clock says. It keeps no
 //! slot per transaction: one attribute, as long as a transaction id.
 //!
-//! K's action takes one of four forms, chosen from K as last seen: K exists (it has a
-//! version) or is vacant (absent, or deleted keeping its mark); its mark is below T (raise
-//! it) or at or above T already (only check it). T's record's action is a put where it has
-//! none, or a check that it is a tombstone already (one written without the fence: the
-//! mark is raised all the same). A condition that fails returns the item as it is, and
-//! the forms are chosen again.
+//! K's action takes one of four forms, chosen from K as last seen: K exists (it has data)
+//! or is vacant (absent, or deleted keeping its version and mark; raising the mark leaves
+//! the version as it is); its mark is below T (raise it) or at or above T already (only
+//! check it). T's record's action is a put where it has none, or a check that it is a
+//! tombstone already (one written without the fence: the mark is raised all the same). A
+//! condition that fails returns the item as it is, and the forms are chosen again.
 
 use std::collections::HashMap;
 
@@ -36,7 +36,7 @@ const FENCE_TRIES: usize = 4;
 /// K's action in the fence: which item state it expects, and whether it raises the mark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Form {
-    /// K has a version (it exists); otherwise it is vacant and keeps only a mark.
+    /// K has data (it exists); otherwise it is vacant and keeps only its version and mark.
     exists: bool,
     /// K's mark is below T: raise it. Otherwise it is at or above T: check it.
     raise: bool,
@@ -52,7 +52,7 @@ impl Form {
             });
         };
         Ok(Self {
-            exists: item.contains_key("version"),
+            exists: item.contains_key("data"),
             raise: fence_of(layout, item)?.is_none_or(|fence| fence < txn_id),
         })
     }
@@ -139,7 +139,7 @@ impl DynamoStore {
         tombstoned: Option<&OutboxRecord>,
     ) -> Result<Tried, StoreError> {
         let mut names = HashMap::from([
-            ("#version".to_owned(), "version".to_owned()),
+            ("#data".to_owned(), "data".to_owned()),
             ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
             ("#sent".to_owned(), SENT_ATTRIBUTE.to_owned()),
             ("#txn".to_owned(), txn_id.to_string()),
@@ -149,10 +149,10 @@ impl DynamoStore {
         let mut condition = if form.exists {
             names.insert("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned());
             // No entry of T: an entry is proof of its commit.
-            "attribute_exists(#version) AND attribute_not_exists(#outbox.#txn) AND attribute_not_exists(#sent.#txn)"
+            "attribute_exists(#data) AND attribute_not_exists(#outbox.#txn) AND attribute_not_exists(#sent.#txn)"
                 .to_owned()
         } else {
-            "attribute_not_exists(#version) AND attribute_not_exists(#sent.#txn)".to_owned()
+            "attribute_not_exists(#data) AND attribute_not_exists(#sent.#txn)".to_owned()
         };
         condition.push_str(if form.raise {
             " AND (attribute_not_exists(#fence) OR #fence < :txnid)"

@@ -30,12 +30,12 @@ use aws_sdk_dynamodb::Client;
 use branches::{reached, Branch};
 
 use crate::aws::item::{
-    business_from_item, dispatched_item, idempotency_from_item, idempotency_pk, outbox_from_items, outbox_items,
-    outbox_pk, part_pk, split_messages, Item, Reader, PART_BYTES,
+    dispatched_item, idempotency_from_item, idempotency_pk, key_from_item, outbox_from_items, outbox_items, outbox_pk,
+    part_pk, split_messages, Item, Reader, PART_BYTES,
 };
 use crate::ports::{
-    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, FenceOutcome, ItemKey, NativeAction, OutboxReads,
-    Store, StoreError, TombstoneOutcome, VersionedItem,
+    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, FenceOutcome, ItemKey, KeyRead, NativeAction,
+    OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::settings::TableLayout;
@@ -136,14 +136,25 @@ impl Store for DynamoStore {
     }
 
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
+        Ok(self
+            .get_keys(keys)
+            .await?
+            .into_values()
+            .filter_map(|read| read.item)
+            .map(|item| (item.key.clone(), item))
+            .collect())
+    }
+
+    /// One strongly consistent `BatchGetItem` of whole items: a live item's `data` and
+    /// `version`, and a vacant key's `version` (kept across a delete).
+    async fn get_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, KeyRead>, StoreError> {
         let pks: Vec<String> = keys.iter().map(|key| key.as_str().to_owned()).collect();
         let found = self.batch_get(&pks).await?;
         keys.iter()
             .filter_map(|key| {
                 found
                     .get(key.as_str())
-                    .and_then(|item| business_from_item(&self.layout, key, item).transpose())
-                    .map(|read| read.map(|item| (key.clone(), item)))
+                    .map(|item| key_from_item(&self.layout, key, item).map(|read| (key.clone(), read)))
             })
             .collect()
     }

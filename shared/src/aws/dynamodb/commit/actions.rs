@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{
-    AttributeValue, ConditionCheck, Delete, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    AttributeValue, ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 
 use super::deleted_marks::Marks;
@@ -38,15 +38,16 @@ pub(super) struct Actions {
 }
 
 impl DynamoStore {
-    /// The condition of a portable write expecting `expected`, with its values. `Absent`
-    /// holds for a vacant key too (no version: it keeps only a fence mark).
+    /// The condition of a portable write expecting `expected`, with its values; it names
+    /// `#data`. An item is live while it has data; a vacant key keeps its version (none:
+    /// never written, or vacated before versions were kept, which is version 0).
     fn version_condition(expected: ExpectedVersion) -> (&'static str, Option<HashMap<String, AttributeValue>>) {
+        let at = |version: u64| Some(HashMap::from([(":expected".to_owned(), n(version))]));
         match expected {
-            ExpectedVersion::Absent => ("attribute_not_exists(version)", None),
-            ExpectedVersion::Exactly(version) => (
-                "attribute_exists(version) AND version = :expected",
-                Some(HashMap::from([(":expected".to_owned(), n(version))])),
-            ),
+            ExpectedVersion::Absent => ("attribute_not_exists(#data)", None),
+            ExpectedVersion::AbsentAt(0) => ("attribute_not_exists(#data) AND attribute_not_exists(version)", None),
+            ExpectedVersion::AbsentAt(version) => ("attribute_not_exists(#data) AND version = :expected", at(version)),
+            ExpectedVersion::Exactly(version) => ("attribute_exists(#data) AND version = :expected", at(version)),
         }
     }
 
@@ -55,20 +56,24 @@ impl DynamoStore {
         let action = match write {
             // An existing item is updated, not replaced: the outbox entries the entity mode
             // keeps in it (docs/PROTOCOL.md section 11) stay, with their messages still to go out,
-            // and so does its fence mark. A create keeps the mark of a vacant key. Both
+            // and so does its fence mark. A create keeps the mark of a vacant key and
+            // continues its version (what the condition names, where it names one). Both
             // reserve the mark's room, so that a fence never grows the item.
             BusinessWrite::Put { key, data, expected } => {
                 let (condition, values) = Self::version_condition(*expected);
                 let mut values = values.unwrap_or_default();
                 values.extend([
                     (":data".to_owned(), to_attribute(data)),
-                    (":next".to_owned(), n(expected.next())),
+                    (":zero".to_owned(), n(0)),
+                    (":one".to_owned(), n(1)),
                     (":nofence".to_owned(), s(NO_FENCE.to_owned())),
                 ]);
                 let update = Update::builder()
                     .table_name(table)
                     .set_key(Some(self.key(key.as_str())))
-                    .update_expression("SET #data = :data, version = :next, #fence = if_not_exists(#fence, :nofence)")
+                    .update_expression(
+                        "SET #data = :data, version = if_not_exists(version, :zero) + :one, #fence = if_not_exists(#fence, :nofence)",
+                    )
                     .condition_expression(condition)
                     .expression_attribute_names("#data", "data")
                     .expression_attribute_names("#fence", FENCE_ATTRIBUTE)
@@ -77,26 +82,36 @@ impl DynamoStore {
                     .map_err(invalid)?;
                 TransactWriteItem::builder().update(update).build()
             }
-            // The item holds no outbox entry of the entity mode (deleting it would drop the
-            // entries' messages before they went out; the delete waits until they are
-            // removed). An item with a fence mark keeps it in a vacant item, so that a late
-            // commit of a transaction fenced in it meets the mark again if the item is
-            // created anew; the mark read before is checked, so that a fence landing in
-            // between is not lost.
+            // The item is vacated, never deleted: its data, entries and sent marks go, and
+            // the key stays at the next version with its fence mark, so that a create
+            // continues the versions (an attempt that expects a version of this life never
+            // applies to a later one) and a late commit of a transaction fenced in it meets
+            // the mark again. The item holds no outbox entry of the entity mode (vacating
+            // it would drop the entries' messages before they went out; the delete waits
+            // until they are removed); the fence mark read before is checked, so that a
+            // fence landing in between is not lost, and so are the sent marks, whose
+            // records this commit puts.
             BusinessWrite::Delete { key, version } => {
-                let mut values = HashMap::from([(":expected".to_owned(), n(*version)), (":none".to_owned(), n(0))]);
+                let mut values = HashMap::from([
+                    (":expected".to_owned(), n(*version)),
+                    (":none".to_owned(), n(0)),
+                    (":one".to_owned(), n(1)),
+                ]);
                 let mut names = HashMap::from([
+                    ("#data".to_owned(), "data".to_owned()),
                     ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
                     ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
                     ("#sent".to_owned(), SENT_ATTRIBUTE.to_owned()),
                 ]);
-                let base = "attribute_exists(version) AND version = :expected AND (attribute_not_exists(#outbox) OR size(#outbox) = :none)";
+                let base = "attribute_exists(#data) AND version = :expected AND (attribute_not_exists(#outbox) OR size(#outbox) = :none)";
                 let kept = marks.get(key).cloned().unwrap_or_default();
                 let fence_as_read = match kept.fence {
                     Some(mark) => {
                         values.insert(":mark".to_owned(), s(mark.to_string()));
                         "#fence = :mark"
                     }
+                    // No fence mark, as read; one that appeared since fails the condition,
+                    // and the commit is tried again.
                     None => {
                         values.insert(":nofence".to_owned(), s(NO_FENCE.to_owned()));
                         "(attribute_not_exists(#fence) OR #fence = :nofence)"
@@ -115,41 +130,19 @@ impl DynamoStore {
                     }
                     condition
                 };
-                let condition = format!("{base} AND {fence_as_read} AND {sent_as_read}");
-                match kept.fence {
-                    // The fence mark stays in a vacant item.
-                    Some(_) => {
-                        reached(Branch::CommitVacatesKeepingFence);
-                        names.insert("#data".to_owned(), "data".to_owned());
-                        let vacate = Update::builder()
-                            .table_name(table)
-                            .set_key(Some(self.key(key.as_str())))
-                            .update_expression("REMOVE #data, version, #outbox, #sent")
-                            .condition_expression(condition)
-                            .set_expression_attribute_names(Some(names))
-                            .set_expression_attribute_values(Some(values))
-                            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-                            .build()
-                            .map_err(invalid)?;
-                        TransactWriteItem::builder().update(vacate).build()
-                    }
-                    // No fence mark, as read; one that appeared since fails the condition,
-                    // and the commit is tried again.
-                    None => {
-                        let delete = Delete::builder()
-                            .table_name(table)
-                            .set_key(Some(self.key(key.as_str())))
-                            .condition_expression(condition)
-                            .set_expression_attribute_names(Some(names))
-                            .set_expression_attribute_values(Some(values))
-                            // What blocked it: another version, entries still to dispatch, or
-                            // marks changed since the read.
-                            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-                            .build()
-                            .map_err(invalid)?;
-                        TransactWriteItem::builder().delete(delete).build()
-                    }
-                }
+                let vacate = Update::builder()
+                    .table_name(table)
+                    .set_key(Some(self.key(key.as_str())))
+                    .update_expression("REMOVE #data, #outbox, #sent SET version = version + :one")
+                    .condition_expression(format!("{base} AND {fence_as_read} AND {sent_as_read}"))
+                    .set_expression_attribute_names(Some(names))
+                    .set_expression_attribute_values(Some(values))
+                    // What blocked it: another version, entries still to dispatch, or marks
+                    // changed since the read.
+                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .build()
+                    .map_err(invalid)?;
+                TransactWriteItem::builder().update(vacate).build()
             }
             BusinessWrite::Check { key, expected } => {
                 let (condition, values) = Self::version_condition(*expected);
@@ -157,6 +150,7 @@ impl DynamoStore {
                     .table_name(table)
                     .set_key(Some(self.key(key.as_str())))
                     .condition_expression(condition)
+                    .expression_attribute_names("#data", "data")
                     .set_expression_attribute_values(values)
                     .build()
                     .map_err(invalid)?;

@@ -108,12 +108,13 @@ impl DynamoStore {
                         "the item holds outbox entries still to be dispatched".into(),
                     )));
                 }
-                // A delete that found the item at its version: its fence mark is not the
-                // one read before (a fence landed in between), so it is tried again.
+                // A delete that found the item live at its version: its marks are not the
+                // ones read before (a fence landed in between, or a sent mark came or went),
+                // so it is tried again.
                 (Role::Business(_, Some(version)), "ConditionalCheckFailed")
                     if reason
                         .item()
-                        .is_some_and(|item| item.contains_key("version") && Self::at_version(item, *version)) =>
+                        .is_some_and(|item| item.contains_key("data") && Self::at_version(item, *version)) =>
                 {
                     reached(Branch::CommitDeleteMetNewFence);
                     return Explained::Decided(Err(CommitError::Contention(

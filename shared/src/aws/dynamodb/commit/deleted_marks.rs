@@ -1,5 +1,5 @@
 //! What the items a commit deletes keep of the protocol (a fence mark, sent marks), read
-//! before the commit: a delete's condition and form follow them, and its commit moves the
+//! before the commit: a delete's condition follows them, and its commit moves the
 //! sent marks to their transactions' records.
 
 use crate::aws::dynamodb::entity_attributes::{fence_of, sent_of};
