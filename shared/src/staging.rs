@@ -185,6 +185,24 @@ impl Staging {
         messages
     }
 
+    /// The entries of transactions other than `txn_id` that item `key` held as read, in
+    /// commit order (their place in its history, else their commit time).
+    pub(crate) fn entries_read(&self, key: &ItemKey, txn_id: TxnId) -> Vec<crate::protocol::OutboxRecord> {
+        let keys = self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut earlier: Vec<_> = keys
+            .get(key)
+            .map(|read| {
+                read.entries
+                    .values()
+                    .filter(|entry| entry.txn_id != txn_id && entry.state == crate::protocol::OutboxState::Pending)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        earlier.sort_by_key(crate::protocol::commit_order);
+        earlier
+    }
+
     /// The entity the commit's messages are positioned in, the version it takes it to,
     /// and its heads as read.
     fn positioned_in(&self) -> Option<(ItemKey, u64, crate::protocol::ChainHeads)> {

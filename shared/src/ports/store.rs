@@ -78,6 +78,9 @@ pub struct KeyRead {
     /// The last message the key's entity sent to each destination
     /// ([`crate::protocol::Position`]): a commit that changes it moves them.
     pub heads: ChainHeads,
+    /// The outbox entries the item holds (entity mode): committed transactions whose
+    /// messages a publisher of a later one sends first.
+    pub entries: BTreeMap<TxnId, OutboxRecord>,
 }
 
 impl KeyRead {

@@ -19,7 +19,7 @@ pub use message::{
     fifo_group_of, DestinationName, EventType, FifoGrouping, InvalidDestination, Message, MessageId, OutgoingMessage,
     MAX_MESSAGE_ATTRIBUTES, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE,
 };
-pub use outbox_record::{OutboxRecord, OutboxState};
+pub use outbox_record::{commit_order, OutboxRecord, OutboxState};
 pub use position::{
     advance as advance_chain, stamp as stamp_chain, ChainHead, ChainHeads, InvalidPosition, Place, Position,
     ENTITY_ATTRIBUTE, POSITION_ATTRIBUTE,

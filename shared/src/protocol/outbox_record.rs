@@ -113,3 +113,16 @@ impl OutboxRecord {
         }
     }
 }
+
+/// Where a committed record stands in commit order: its place in its entity's history
+/// where its messages have one (the version after its commit), else its commit time, then
+/// its transaction. Records of one entity sort by the entity's versions, whatever the
+/// clocks of the hosts that committed them.
+pub fn commit_order(record: &OutboxRecord) -> (u64, crate::time::Timestamp, super::TxnId) {
+    let version = record
+        .messages
+        .iter()
+        .find_map(|message| message.position.as_ref().map(|position| position.version))
+        .unwrap_or(0);
+    (version, record.created_at, record.txn_id)
+}

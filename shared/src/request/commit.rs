@@ -1,9 +1,10 @@
 //! A transaction's commit: its attempts, and the settling write that decides a failed or
 //! unknown one (docs/PROTOCOL.md section 3).
 
+use super::inline::InEntity;
 use super::settle::{settle_bound, within, COMMIT_RETRY_DELAY, SETTLE_RESERVE};
 use super::{Committed, Settlement, Transaction, TxnError};
-use crate::ports::{BusinessWrite, CommitError, CommitRequest, EntityCommit, ExpectedVersion};
+use crate::ports::{BusinessWrite, CommitError, CommitRequest, EntityCommit, ExpectedVersion, ItemKey};
 use crate::protocol::{FifoGrouping, IdempotencyRecord, MessageId, OutboxRecord, OutboxState};
 use crate::time::Timestamp;
 
@@ -85,8 +86,15 @@ impl Transaction {
                     Some(request) if found.state == OutboxState::Pending => request.outbox.clone(),
                     _ => found,
                 };
-                let entity = self.entity.as_ref().filter(|_| in_entity);
-                let inline = self.outbox.dispatch_committed(entity, &committed, self.deadline).await;
+                let entity = self
+                    .entity
+                    .as_ref()
+                    .filter(|_| in_entity)
+                    .map(|key| self.in_entity(key));
+                let inline = self
+                    .outbox
+                    .dispatch_committed(entity.as_ref(), &committed, self.deadline)
+                    .await;
                 Ok(Committed {
                     txn_id,
                     message_ids,
@@ -262,8 +270,21 @@ impl Transaction {
     /// Publishes a committed transaction's messages in the request path, in the form it
     /// was committed in.
     async fn dispatch(&self, sent: &CommitRequest, committed: &OutboxRecord) -> super::InlineDispatch {
-        let entity = self.entity_form(sent).and(self.entity.as_ref());
-        self.outbox.dispatch_committed(entity, committed, self.deadline).await
+        let entity = self
+            .entity_form(sent)
+            .and(self.entity.as_ref())
+            .map(|key| self.in_entity(key));
+        self.outbox
+            .dispatch_committed(entity.as_ref(), committed, self.deadline)
+            .await
+    }
+
+    /// Entity `key` with the entries of earlier transactions it held as read.
+    fn in_entity(&self, key: &ItemKey) -> InEntity {
+        InEntity {
+            key: key.clone(),
+            earlier: self.staging.entries_read(key, self.txn_id),
+        }
     }
 
     fn check_limits(&self) -> Result<(), TxnError> {

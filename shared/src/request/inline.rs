@@ -57,7 +57,7 @@ impl Outbox {
     /// after the answer, on its [`super::AfterAnswer`] as soon as this returns.
     pub(super) async fn dispatch_committed(
         &self,
-        entity: Option<&ItemKey>,
+        entity: Option<&InEntity>,
         committed: &OutboxRecord,
         deadline: Option<Timestamp>,
     ) -> InlineDispatch {
@@ -87,24 +87,27 @@ impl Outbox {
 
     async fn dispatch_now(
         &self,
-        entity: Option<&ItemKey>,
+        entity: Option<&InEntity>,
         committed: &OutboxRecord,
         deadline: Option<Timestamp>,
     ) -> InlineDispatch {
         match entity {
-            Some(key) => self.dispatch_entry_inline(key, committed, deadline).await,
+            Some(entity) => self.dispatch_entry_inline(entity, committed, deadline).await,
             None => self.dispatch_inline(committed, deadline).await,
         }
     }
 
-    /// Publishes a transaction's entry committed into `entity` (entity mode), then
+    /// Publishes a transaction's entry committed into its entity (entity mode), then
     /// settles it, within `deadline`: one write that removes the entry and leaves the
     /// transaction's sent mark in the item, its proof of commit (where a fence, the
-    /// control worker and `GET /transactions` find it). Never fails: what it cannot do,
-    /// the control worker does.
+    /// control worker and `GET /transactions` find it). The entries of earlier
+    /// transactions the entity held go out first, each settled the same way, so that no
+    /// message of the entity leaves before an earlier one's (a duplicate of one sent
+    /// meanwhile is harmless: it keeps its id). Never fails: what it cannot do, the
+    /// control worker does.
     async fn dispatch_entry_inline(
         &self,
-        entity: &ItemKey,
+        entity: &InEntity,
         entry: &OutboxRecord,
         deadline: Option<Timestamp>,
     ) -> InlineDispatch {
@@ -112,23 +115,30 @@ impl Outbox {
             return InlineDispatch::Off;
         };
         let clock = self.ports.clock.as_ref();
+        let settle_one = |earlier: &OutboxRecord| {
+            let now = clock.now();
+            self.ports.store.settle_entry(
+                &entity.key,
+                earlier.txn_id,
+                earlier.created_at,
+                now.plus(self.timing.retention),
+                self.sent_marks,
+            )
+        };
         let settle = async {
+            for earlier in &entity.earlier {
+                if !self.publish_inline(publisher.as_ref(), earlier).await {
+                    return InlineDispatch::LeftToWorker;
+                }
+                tracing::info!(earlier = %earlier.txn_id, "published an earlier transaction of the entity first");
+                if let Err(error) = settle_one(earlier).await {
+                    tracing::warn!(error = %error, earlier = %earlier.txn_id, "settling an earlier entry failed; its control message will");
+                }
+            }
             if !self.publish_inline(publisher.as_ref(), entry).await {
                 return InlineDispatch::LeftToWorker;
             }
-            let now = clock.now();
-            if let Err(error) = self
-                .ports
-                .store
-                .settle_entry(
-                    entity,
-                    entry.txn_id,
-                    entry.created_at,
-                    now.plus(self.timing.retention),
-                    self.sent_marks,
-                )
-                .await
-            {
+            if let Err(error) = settle_one(entry).await {
                 tracing::warn!(error = %error, "settling the entry failed; the control worker will");
                 return InlineDispatch::LeftToWorker;
             }
@@ -205,4 +215,15 @@ impl Outbox {
         self.count_inline(outcome);
         outcome
     }
+}
+
+/// The entity a transaction committed into (entity mode), with the entries of earlier
+/// transactions it held when the transaction read it: what goes out before the
+/// transaction's own messages.
+#[derive(Debug, Clone)]
+pub(super) struct InEntity {
+    /// The item.
+    pub(super) key: ItemKey,
+    /// The entries of earlier transactions, in commit order.
+    pub(super) earlier: Vec<OutboxRecord>,
 }

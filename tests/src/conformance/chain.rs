@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use outbox::ports::{ExpectedVersion, ItemKey};
-use outbox::protocol::{fifo_group_of, DestinationName, FifoGrouping, Message, Place, Position, TxnId};
+use outbox::ports::{Clock, ControlDelivery, ExpectedVersion, ItemKey};
+use outbox::protocol::{fifo_group_of, ControlMessage, DestinationName, FifoGrouping, Message, Place, Position, TxnId};
 use outbox::request::{Outbox, TxnError};
 use outbox::settings::Timing;
 use serde_json::json;
@@ -191,4 +191,83 @@ pub async fn messages_of_no_one_entity_carry_no_position(b: &Backend) {
         "{}: {delivered:?}",
         b.name
     );
+}
+
+/// The control message of `txn_id`, begun in entity mode on `order`, as the control path
+/// receives it (not through the queue: the test picks which comes first).
+fn control_message(b: &Backend, txn_id: TxnId, order: &ItemKey) -> ControlDelivery {
+    let message = ControlMessage::first(txn_id, b.clock.now()).with_entity(order.clone());
+    ControlDelivery {
+        message_id: format!("test-{txn_id}"),
+        receipt: format!("test-{txn_id}"),
+        body: message.encode(),
+        receive_count: 1,
+    }
+}
+
+/// No publisher sends a transaction's messages before those of an earlier transaction of
+/// the same entity still waiting in it: committed with nobody publishing (a crash between
+/// a commit and its publish), the earlier one goes out first, under its own ids, whoever
+/// publishes the later one, the request path or the control path handed the later
+/// control message first; and it leaves the entity settled. On the FIFO destination the
+/// order is the entity's commit order.
+pub async fn a_publisher_sends_the_entitys_earlier_transactions_first(b: &Backend) {
+    let silent = b.outbox(timing());
+    let publishing = b.outbox(timing()).with_inline_publisher(b.publisher.clone());
+    let order = key(&format!("ORDER#{}", TxnId::new_v7()));
+    let first = change(&silent, &order, Some(json!({"n": 1})), &[audit(), events()]).await;
+    let second = change(&publishing, &order, Some(json!({"n": 2})), &[audit(), events()]).await;
+    for destination in [audit(), events()] {
+        let delivered = b.drain(&destination).await;
+        let from: Vec<Option<String>> = delivered.iter().map(|delivered| delivered.txn_id.clone()).collect();
+        assert_eq!(
+            from,
+            [Some(first.to_string()), Some(second.to_string())],
+            "{}: {destination}",
+            b.name
+        );
+    }
+    let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
+    assert!(entity.entries.is_empty(), "{}: {:?}", b.name, entity.entries.keys());
+    assert!(
+        entity.sent.contains_key(&first) && entity.sent.contains_key(&second),
+        "{}: both settled into their marks",
+        b.name
+    );
+
+    // The control path, handed the later transaction's control message first.
+    let third = change(&silent, &order, Some(json!({"n": 3})), &[audit()]).await;
+    let fourth = change(&silent, &order, Some(json!({"n": 4})), &[audit()]).await;
+    let control = b.control(timing());
+    let report = control.handle(&control_message(b, fourth, &order)).await;
+    assert!(
+        matches!(report.result, Ok(outbox::control::ControlOutcome::Dispatched { .. })),
+        "{}: {report:?}",
+        b.name
+    );
+    let delivered: Vec<(Option<String>, Option<Place>)> = b
+        .drain(&audit())
+        .await
+        .into_iter()
+        .map(|delivered| (delivered.txn_id, delivered.position.map(|position| position.place())))
+        .collect();
+    assert_eq!(
+        delivered,
+        [
+            (Some(third.to_string()), Some(place(3, 3, 2))),
+            (Some(fourth.to_string()), Some(place(4, 4, 3)))
+        ],
+        "{}",
+        b.name
+    );
+    let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
+    assert!(entity.entries.is_empty(), "{}: {:?}", b.name, entity.entries.keys());
+    // The earlier one's own control message then finds it done.
+    let report = control.handle(&control_message(b, third, &order)).await;
+    assert!(
+        matches!(report.result, Ok(outbox::control::ControlOutcome::AlreadyDone { .. })),
+        "{}: {report:?}",
+        b.name
+    );
+    assert!(b.drain(&audit()).await.is_empty(), "{}", b.name);
 }

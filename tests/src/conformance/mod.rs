@@ -59,7 +59,8 @@ macro_rules! conformance_suite {
             sent_marks_prove_their_commits_while_they_are_kept,
             a_late_attempt_never_applies_to_a_later_life_of_its_item,
             messages_carry_their_place_in_their_entitys_history,
-            messages_of_no_one_entity_carry_no_position
+            messages_of_no_one_entity_carry_no_position,
+            a_publisher_sends_the_entitys_earlier_transactions_first
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {

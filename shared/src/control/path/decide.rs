@@ -11,7 +11,7 @@ use tracing::Instrument;
 use super::ControlPath;
 use crate::control::outcome::{ControlError, ControlOutcome};
 use crate::ports::{FenceOutcome, ItemKey, StoreError, TombstoneOutcome};
-use crate::protocol::{sent_marks, ControlMessage, OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{commit_order, sent_marks, ControlMessage, OutboxRecord, OutboxState, TxnId};
 
 /// After this many checks a transaction is tombstoned even if the worker's clock says
 /// its window is still open: tombstoning is always safe (in entity mode too: the fence
@@ -25,9 +25,24 @@ pub(super) enum Decision {
     Publish(OutboxRecord),
     /// An entry committed into its entity (entity mode): publish, then put the
     /// transaction's record dispatched, then remove the entry. `true`: found beside the
-    /// transaction's tombstone record.
-    PublishEntry(ItemKey, OutboxRecord, bool),
+    /// transaction's tombstone record. The entries of earlier transactions the entity
+    /// holds go out first (and are settled the same way).
+    PublishEntry(ItemKey, OutboxRecord, bool, Vec<OutboxRecord>),
     Done(Result<ControlOutcome, ControlError>),
+}
+
+/// The pending entries of `entries` that come before `entry` in commit order
+/// ([`commit_order`]), in that order: what goes out before it.
+fn earlier_entries(entries: Option<&BTreeMap<TxnId, OutboxRecord>>, entry: &OutboxRecord) -> Vec<OutboxRecord> {
+    let before = commit_order(entry);
+    let mut earlier: Vec<OutboxRecord> = entries
+        .into_iter()
+        .flat_map(BTreeMap::values)
+        .filter(|other| other.state == OutboxState::Pending && commit_order(other) < before)
+        .cloned()
+        .collect();
+    earlier.sort_by_key(commit_order);
+    earlier
 }
 
 impl ControlPath {
@@ -98,7 +113,7 @@ impl ControlPath {
                         committed_at = %entry.created_at,
                         "an entry beside its transaction's tombstone: the transaction committed; publishing it"
                     );
-                    Decision::PublishEntry(key.clone(), entry, true)
+                    Decision::PublishEntry(key.clone(), entry, true, Vec::new())
                 }
                 Ok(None) => self.decide_on_record(record),
                 Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
@@ -142,8 +157,11 @@ impl ControlPath {
                 self.decide_on_entity_record(control, key, record, Some(slot)).await
             }
             Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
-            None => match entity.and_then(|entity| entity.entries.get(&txn_id).cloned()) {
-                Some(entry) => Decision::PublishEntry(key.clone(), entry, false),
+            None => match entity.as_ref().and_then(|entity| entity.entries.get(&txn_id).cloned()) {
+                Some(entry) => {
+                    let earlier = earlier_entries(entity.as_ref().map(|entity| &entity.entries), &entry);
+                    Decision::PublishEntry(key.clone(), entry, false, earlier)
+                }
                 None => self.decide_on_absence(control).await,
             },
         }
@@ -207,7 +225,7 @@ impl ControlPath {
                 .await
             {
                 Ok(FenceOutcome::Fenced) => Decision::Done(Ok(ControlOutcome::Tombstoned)),
-                Ok(FenceOutcome::Committed(entry)) => Decision::PublishEntry(key.clone(), entry, false),
+                Ok(FenceOutcome::Committed(entry)) => Decision::PublishEntry(key.clone(), entry, false, Vec::new()),
                 Ok(FenceOutcome::Dispatched) => Decision::Done(Ok(ControlOutcome::AlreadyDone {
                     state: OutboxState::Dispatched,
                 })),

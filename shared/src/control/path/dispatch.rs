@@ -12,7 +12,7 @@ use super::decide::Decision;
 use super::ControlPath;
 use crate::control::outcome::{ControlError, ControlOutcome};
 use crate::ports::{ItemKey, StoreError};
-use crate::protocol::{OutboxRecord, TraceContext, TxnId};
+use crate::protocol::{commit_order, OutboxRecord, TraceContext, TxnId};
 use crate::publish::{publish_all, PublishFailure};
 
 /// The trace context a transaction's messages were emitted in, if traced.
@@ -33,6 +33,26 @@ fn dispatch_span(record: &OutboxRecord) -> tracing::Span {
         crate::telemetry::continue_from(&span, trace);
     }
     span
+}
+
+/// Sorts a batch's records in commit order: by commit time, and the records of one entity
+/// by its versions (their place in its history), whatever the clocks of the hosts that
+/// committed them, so that its messages go out in the order its changes happened.
+fn in_commit_order(records: &mut [OutboxRecord]) {
+    records.sort_by_key(|record| (record.created_at, record.txn_id));
+    let mut by_entity: BTreeMap<ItemKey, Vec<usize>> = BTreeMap::new();
+    for (index, record) in records.iter().enumerate() {
+        if let Some(position) = record.messages.iter().find_map(|message| message.position.as_ref()) {
+            by_entity.entry(position.entity.clone()).or_default().push(index);
+        }
+    }
+    for slots in by_entity.values().filter(|slots| slots.len() > 1) {
+        let mut ordered: Vec<OutboxRecord> = slots.iter().map(|index| records[*index].clone()).collect();
+        ordered.sort_by_key(commit_order);
+        for (index, record) in slots.iter().zip(ordered) {
+            records[*index] = record;
+        }
+    }
 }
 
 impl ControlPath {
@@ -77,24 +97,35 @@ impl ControlPath {
         let mut outcomes = BTreeMap::new();
         let mut pending = Vec::new();
         let mut entities: BTreeMap<TxnId, (ItemKey, bool)> = BTreeMap::new();
+        // Earlier entries of an entity, published first for a transaction of the batch:
+        // their own control messages report on them, not this batch.
+        let mut earlier_only: BTreeMap<TxnId, OutboxRecord> = BTreeMap::new();
         for (txn_id, decision) in decisions {
             match decision {
                 Decision::Done(outcome) => {
                     outcomes.insert(txn_id, outcome);
                 }
                 Decision::Publish(record) => pending.push(record),
-                Decision::PublishEntry(key, entry, beside_tombstone) => {
+                Decision::PublishEntry(key, entry, beside_tombstone, earlier) => {
+                    for earlier in earlier {
+                        entities.entry(earlier.txn_id).or_insert_with(|| (key.clone(), false));
+                        earlier_only.insert(earlier.txn_id, earlier);
+                    }
                     entities.insert(txn_id, (key, beside_tombstone));
                     pending.push(entry);
                 }
             }
         }
+        let extra: Vec<TxnId> = earlier_only
+            .keys()
+            .filter(|txn_id| !pending.iter().any(|record| record.txn_id == **txn_id))
+            .copied()
+            .collect();
+        pending.extend(extra.iter().filter_map(|txn_id| earlier_only.remove(txn_id)));
         if pending.is_empty() {
             return outcomes;
         }
-        // Commit order: successive transactions on one item commit one after the other,
-        // so their events go out in the order the changes happened.
-        pending.sort_by_key(|record| (record.created_at, record.txn_id));
+        in_commit_order(&mut pending);
         // Each transaction's dispatch is a span of its own trace, a child of the span that
         // emitted its messages (stored with them), however late and wherever it runs. The
         // batch's publish is a child of the one dispatch, or, where a batch mixes
@@ -153,6 +184,11 @@ impl ControlPath {
             async move { (entry.txn_id, self.finish_entry(key, entry, *beside_tombstone).await) }.instrument(span)
         });
         outcomes.extend(join_all(finished).await);
+        for txn_id in &extra {
+            if let Some(Err(error)) = outcomes.remove(txn_id) {
+                tracing::warn!(earlier = %txn_id, error = %error, "an earlier entry published first was not settled; its control message will");
+            }
+        }
         if to_mark.is_empty() {
             return outcomes;
         }

@@ -130,7 +130,9 @@ pub(super) fn apply(state: &mut State, request: &CommitRequest, now: Timestamp) 
                         heads,
                         ..
                     }) => (version, entries, fence, sent, heads),
-                    Some(Item::Vacant { fence, version, heads }) => (version, BTreeMap::new(), fence, BTreeMap::new(), heads),
+                    Some(Item::Vacant { fence, version, heads }) => {
+                        (version, BTreeMap::new(), fence, BTreeMap::new(), heads)
+                    }
                     _ => (0, BTreeMap::new(), None, BTreeMap::new(), ChainHeads::new()),
                 };
                 advance_chain(&mut heads, key, &request.outbox.messages);

@@ -158,16 +158,25 @@ impl Store for EmbeddedStore {
             .filter_map(|key| {
                 let held = Self::live(&state, key.as_str(), now)?;
                 let (_, version, heads) = held.key_state()?;
-                let item = match held {
-                    Item::Business { json, .. } => Some(VersionedItem {
-                        key: key.clone(),
-                        version,
-                        data: serde_json::from_str(json).expect("the store wrote this JSON itself"),
-                    }),
-                    _ => None,
+                let (item, entries) = match held {
+                    Item::Business { json, entries, .. } => (
+                        Some(VersionedItem {
+                            key: key.clone(),
+                            version,
+                            data: serde_json::from_str(json).expect("the store wrote this JSON itself"),
+                        }),
+                        entries.clone(),
+                    ),
+                    _ => (None, BTreeMap::new()),
                 };
                 let heads = heads.clone();
-                Some((key.clone(), KeyRead { item, version, heads }))
+                let read = KeyRead {
+                    item,
+                    version,
+                    heads,
+                    entries,
+                };
+                Some((key.clone(), read))
             })
             .collect())
     }
