@@ -13,8 +13,8 @@ pub use control_queue::{ControlDelivery, ControlInbox, ControlQueue, QueueError,
 pub use inbox::{Delivery, Inbox};
 pub use publisher::{EntryFailure, PublishError, Publisher};
 pub use store::{
-    BusinessWrite, CommitError, CommitRequest, KeyRead, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, InvalidItemKey,
-    ItemKey, NativeAction, NativeItem, OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
+    BusinessWrite, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, InvalidItemKey,
+    ItemKey, KeyRead, NativeAction, NativeItem, OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 
 /// An error from outside this crate (an SDK, a socket), kept whole as a source.

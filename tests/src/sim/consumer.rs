@@ -46,9 +46,9 @@ use outbox::consumer::{
     ConsumeError, ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming,
 };
 use outbox::embedded::{EmbeddedBackend, ManualClock, StoreEvent};
-use outbox::ports::{KeyRead, 
+use outbox::ports::{
     BusinessWrite, Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, IdSource, ItemKey,
-    Store, StoreError, TombstoneOutcome, VersionedItem,
+    KeyRead, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use outbox::protocol::{
     DestinationName, IdempotencyRecord, IdempotencySlot, Message, OutboxRecord, OutboxState, OutgoingMessage, TxnId,

@@ -97,7 +97,9 @@ pub(super) fn check(
     let commits: Vec<(&EntityCommit, Timestamp)> = history
         .iter()
         .filter_map(|event| match event {
-            StoreEvent::EntityCommitted { commit, at, .. } if commit.entry.txn_id == txn_id => Some((commit.as_ref(), *at)),
+            StoreEvent::EntityCommitted { commit, at, .. } if commit.entry.txn_id == txn_id => {
+                Some((commit.as_ref(), *at))
+            }
             _ => None,
         })
         .collect();
@@ -136,7 +138,9 @@ fn check_changed_mind(
     let commits: Vec<(&EntityCommit, Timestamp)> = history
         .iter()
         .filter_map(|event| match event {
-            StoreEvent::EntityCommitted { commit, at, .. } if commit.entry.txn_id == txn_id => Some((commit.as_ref(), *at)),
+            StoreEvent::EntityCommitted { commit, at, .. } if commit.entry.txn_id == txn_id => {
+                Some((commit.as_ref(), *at))
+            }
             _ => None,
         })
         .collect();

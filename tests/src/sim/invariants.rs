@@ -564,15 +564,17 @@ impl Observed {
             let all: Vec<u64> = lives.iter().flatten().copied().collect();
             let expected: Vec<u64> = (1..=all.len() as u64).collect();
             if all != expected {
-                return fail(format!("versions across its lives, in the order they applied: {lives:?}"));
+                return fail(format!(
+                    "versions across its lives, in the order they applied: {lives:?}"
+                ));
             }
             let last = lives.last().map_or(0, Vec::len) as u64;
             let last_version = all.last().copied().unwrap_or(0);
             match self.items.get(key) {
                 Some(&(version, count)) if version != last_version || count != last => {
                     return fail(format!(
-                        "final version {version} (of {last_version}), count {count}, after {last} writes in its last life"
-                    ))
+                    "final version {version} (of {last_version}), count {count}, after {last} writes in its last life"
+                ))
                 }
                 None if last > 0 => return fail("deleted last, yet written after".into()),
                 _ => {}

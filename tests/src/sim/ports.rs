@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox::embedded::ManualClock;
-use outbox::ports::{KeyRead, 
+use outbox::ports::{
     Clock, CommitError, CommitRequest, ControlDelivery, ControlInbox, ControlQueue, EntityCommit, EntityItem,
-    EntryFailure, FenceOutcome, ItemKey, PublishError, Publisher, QueueError, Store, StoreError, TombstoneOutcome,
-    VersionedItem,
+    EntryFailure, FenceOutcome, ItemKey, KeyRead, PublishError, Publisher, QueueError, Store, StoreError,
+    TombstoneOutcome, VersionedItem,
 };
 use outbox::protocol::{
     ControlMessage, DestinationName, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutgoingMessage, TxnId,
