@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::{ConsumerName, Delivery, Handler, HandlerError, Incoming, MessageIds, NoId};
+use super::in_order::{self, Gate};
+use super::{ConsumerName, Delivery, Handler, HandlerError, Incoming, MessageIds, NoId, Requeue};
+use crate::metrics::Unit;
 use crate::ports::{Clock, CommitError, CommitRequest, IdSource, Publisher, Store, StoreError};
+use crate::protocol::Position;
 use crate::protocol::{OutboxRecord, OutboxState, OutgoingMessage, TxnId};
 use crate::publish::{publish_all, PublishFailure, RetryPolicy};
 use crate::settings::TransactionLimits;
@@ -61,6 +64,17 @@ pub enum ConsumeOutcome {
     },
     /// Processed before, its messages out: acknowledged with nothing done.
     Duplicate,
+    /// In order ([`super::Handler::in_order`]): its predecessor in its chain was not
+    /// applied yet. A copy of it went back to its queue, to come again after `delay`, and
+    /// this delivery is acknowledged: waiting never counts toward the dead-letter queue.
+    Waiting {
+        /// The last `seq` of its chain applied.
+        applied: u64,
+        /// Its own `seq`.
+        seq: u64,
+        /// When its copy comes.
+        delay: Duration,
+    },
 }
 
 impl ConsumeOutcome {
@@ -71,6 +85,7 @@ impl ConsumeOutcome {
             Self::Resumed { .. } => "resumed",
             Self::Adopted { .. } => "adopted",
             Self::Duplicate => "duplicate",
+            Self::Waiting { .. } => "waiting",
         }
     }
 }
@@ -147,6 +162,19 @@ pub enum ConsumeError {
     /// that the group stays in order.
     #[error("an earlier message of its FIFO group failed")]
     EarlierInGroupFailed,
+    /// In order: its predecessor in its chain was not applied yet, and no copy of it
+    /// could go back to its queue (no [`super::Requeue`], a FIFO queue, or the send
+    /// failed): it fails, and the queue brings it back after its visibility timeout.
+    #[error("waiting for seq {} of its chain (applied: {applied}); it comes back with the queue", applied + 1)]
+    Waiting {
+        /// The last `seq` of its chain applied.
+        applied: u64,
+        /// Its own `seq`.
+        seq: u64,
+    },
+    /// Its position attributes are there but cannot be read.
+    #[error(transparent)]
+    Position(#[from] crate::protocol::InvalidPosition),
 }
 
 /// A consumer: one handler, its name, and what it needs. Build one per process and share
@@ -159,6 +187,10 @@ pub struct Consumer {
     message_ids: MessageIds,
     pub(super) limits: TransactionLimits,
     pub(super) retry: RetryPolicy,
+    /// Where an in-order message that waits goes back to.
+    requeue: Option<Arc<dyn Requeue>>,
+    /// The `Service` dimension of its metrics.
+    service: String,
 }
 
 impl Consumer {
@@ -174,7 +206,16 @@ impl Consumer {
             message_ids: MessageIds::Outbox,
             limits: TransactionLimits::default(),
             retry: RetryPolicy::default(),
+            requeue: None,
+            service: String::from("consumer"),
         }
+    }
+
+    /// This consumer, sending an in-order message that waits back through `requeue` (its
+    /// source queue) instead of failing it.
+    pub fn with_requeue(mut self, requeue: Arc<dyn Requeue>) -> Self {
+        self.requeue = Some(requeue);
+        self
     }
 
     /// The clock it keeps time by (its poller's lease renewals too).
@@ -235,14 +276,29 @@ impl Consumer {
         if let Some(trace) = &incoming.trace {
             crate::telemetry::continue_from(&span, trace);
         }
-        let result = match self.handler.entity(&incoming).map_err(ConsumeError::Handler) {
-            Ok(Some(key)) => {
+        let placed = match self.handler.in_order() {
+            true => incoming.position().map_err(ConsumeError::Position),
+            false => Ok(None),
+        };
+        let result = match (placed, self.handler.entity(&incoming).map_err(ConsumeError::Handler)) {
+            (Err(error), _) => Err(error),
+            // In order, the chain's position is an item of its own: transactional.
+            (Ok(Some(position)), _) => {
+                self.consume_incoming(&incoming, txn_id, Some((&position, delivery)))
+                    .instrument(span.clone())
+                    .await
+            }
+            (Ok(None), Ok(Some(key))) => {
                 self.consume_entity(&incoming, txn_id, key)
                     .instrument(span.clone())
                     .await
             }
-            Ok(None) => self.consume_incoming(&incoming, txn_id).instrument(span.clone()).await,
-            Err(error) => Err(error),
+            (Ok(None), Ok(None)) => {
+                self.consume_incoming(&incoming, txn_id, None)
+                    .instrument(span.clone())
+                    .await
+            }
+            (Ok(None), Err(error)) => Err(error),
         };
         match &result {
             Ok(outcome) => span.record("outcome", outcome.as_str()),
@@ -251,7 +307,12 @@ impl Consumer {
         result
     }
 
-    async fn consume_incoming(&self, incoming: &Incoming, txn_id: TxnId) -> Result<ConsumeOutcome, ConsumeError> {
+    async fn consume_incoming(
+        &self,
+        incoming: &Incoming,
+        txn_id: TxnId,
+        in_order: Option<(&Position, &Delivery)>,
+    ) -> Result<ConsumeOutcome, ConsumeError> {
         let mut runs = 0;
         let mut lost_race = false;
         let mut last: Option<CommitError> = None;
@@ -273,9 +334,27 @@ impl Consumer {
                     OutboxState::Tombstone => Err(ConsumeError::Corrupt { txn_id }),
                 };
             }
-            // 2. The handler decides on fresh reads.
+            // 2. The handler decides on fresh reads; in order, only once the message's
+            // predecessor in its chain was applied.
             runs += 1;
             let mut staging = Staging::new(txn_id, Arc::clone(&self.ports.store));
+            if let Some((position, delivery)) = in_order {
+                match in_order::gate(self.name.as_str(), position, &mut staging)
+                    .await
+                    .map_err(ConsumeError::Read)?
+                {
+                    Gate::Apply => {}
+                    Gate::Duplicate { applied } => {
+                        tracing::info!(
+                            seq = position.seq,
+                            applied,
+                            "at or below the position applied: a duplicate"
+                        );
+                        return Ok(ConsumeOutcome::Duplicate);
+                    }
+                    Gate::Wait { applied } => return self.wait(delivery, position, applied).await,
+                }
+            }
             self.handler
                 .handle(incoming, &mut staging)
                 .await
@@ -338,6 +417,50 @@ impl Consumer {
         Err(ConsumeError::Unsettled(last.unwrap_or_else(|| {
             CommitError::Contention("copies of the message kept winning and losing".into())
         })))
+    }
+
+    /// An in-order message whose predecessor was not applied: a copy goes back to its
+    /// queue to come again after a delay that grows with its waits, and the delivery in
+    /// hand is acknowledged; without a way back, it fails (and counts toward the
+    /// dead-letter queue). Either way the oldest wait is measured, for the operator's
+    /// alarm.
+    async fn wait(
+        &self,
+        delivery: &Delivery,
+        position: &Position,
+        applied: u64,
+    ) -> Result<ConsumeOutcome, ConsumeError> {
+        let now = self.ports.clock.now();
+        let (waits, since) = in_order::waited(delivery, now);
+        crate::metrics::MetricRecord::new(self.service.clone(), now)
+            .add(
+                "InOrderWaitAge",
+                Unit::Milliseconds,
+                [now.since(since).as_millis() as f64],
+            )
+            .count("InOrderWaits", 1)
+            .emit();
+        let seq = position.seq;
+        let failed = ConsumeError::Waiting { applied, seq };
+        let requeue = match (&self.requeue, &delivery.group_id) {
+            (Some(requeue), None) => requeue,
+            _ => {
+                tracing::warn!(seq, applied, waits, chain = %position.chain, entity = %position.entity, "waiting for the message's predecessor; it comes back with the queue");
+                return Err(failed);
+            }
+        };
+        let delay = in_order::wait_delay(waits);
+        let extra = in_order::wait_attributes(waits + 1, since);
+        match requeue.requeue(delivery, &extra, delay).await {
+            Ok(()) => {
+                tracing::info!(seq, applied, waits = waits + 1, delay_s = delay.as_secs(), chain = %position.chain, entity = %position.entity, "waiting for the message's predecessor; sent back to come again");
+                Ok(ConsumeOutcome::Waiting { applied, seq, delay })
+            }
+            Err(error) => {
+                tracing::warn!(seq, applied, error = %error, "sending a waiting message back failed; it comes back with the queue");
+                Err(failed)
+            }
+        }
     }
 
     /// The message's record, read strongly consistent.

@@ -7,6 +7,7 @@ use std::fmt;
 
 use serde_json::Value;
 
+use super::in_order::{WAITING_SINCE_ATTRIBUTE, WAITS_ATTRIBUTE};
 use crate::event_detail::{DATA_FIELD, METADATA_FIELD};
 use crate::ports::Delivery;
 use crate::protocol::{InvalidPosition, Position, TraceContext, MESSAGE_ID_ATTRIBUTE};
@@ -224,8 +225,14 @@ impl MessageIds {
 fn unwrap(delivery: &Delivery, parsed: Option<&Value>) -> (String, BTreeMap<String, String>, Source) {
     let as_queue = || (delivery.body.clone(), delivery.attributes.clone(), Source::Queue);
     // SNS without raw delivery and EventBridge's SQS targets send no message attributes:
-    // a delivery that has some is its sender's own, whatever its body looks like.
-    let Some(Value::Object(object)) = parsed.filter(|_| delivery.attributes.is_empty()) else {
+    // a delivery that has some is its sender's own, whatever its body looks like. (The
+    // attributes an in-order consumer adds to a waiting message's copy are its own, not
+    // the sender's.)
+    let sent_with_attributes = delivery
+        .attributes
+        .keys()
+        .any(|name| name != WAITS_ATTRIBUTE && name != WAITING_SINCE_ATTRIBUTE);
+    let Some(Value::Object(object)) = parsed.filter(|_| !sent_with_attributes) else {
         return as_queue();
     };
     let text = |field: &str| object.get(field).and_then(Value::as_str);
@@ -316,6 +323,17 @@ mod tests {
         assert_eq!(read.id.as_str(), "T:1");
         assert_eq!(read.body, r#"{"type":"OrderPlaced"}"#);
         assert!(matches!(read.source, Source::Topic { .. }));
+        // A waiting message's copy, which carries the in-order consumer's own attributes,
+        // is unwrapped all the same.
+        let copy = delivery(
+            &body.to_string(),
+            &[(WAITS_ATTRIBUTE, "2"), (WAITING_SINCE_ATTRIBUTE, "1")],
+        );
+        let read = MessageIds::Outbox.read(&copy).unwrap();
+        assert_eq!(
+            (read.id.as_str(), read.body.as_str()),
+            ("T:1", r#"{"type":"OrderPlaced"}"#)
+        );
     }
 
     #[test]

@@ -33,6 +33,7 @@
 mod batch;
 mod consume;
 mod entity;
+pub mod in_order;
 pub mod incoming;
 #[cfg(feature = "consumer")]
 pub mod lambda;
@@ -47,7 +48,7 @@ mod tests;
 
 use async_trait::async_trait;
 
-pub use crate::ports::{Delivery, Inbox};
+pub use crate::ports::{Delivery, Inbox, Requeue};
 pub use batch::{BatchReport, ItemReport};
 pub use consume::{ConsumeError, ConsumeOutcome, Consumer, ConsumerPorts, HANDLER_RUNS, ROUNDS};
 pub use incoming::{Incoming, IncomingId, MessageIds, NoId, Source};
@@ -92,5 +93,16 @@ pub trait Handler: Send + Sync {
     fn entity(&self, message: &Incoming) -> Result<Option<crate::ports::ItemKey>, HandlerError> {
         let _ = message;
         Ok(None)
+    }
+
+    /// Whether the consumer applies each source entity's messages in the order their
+    /// entity committed them ([`in_order`]): a message whose predecessor in its chain was
+    /// not applied yet waits (sent back to its queue to come again in seconds, growing),
+    /// one at or below the last applied is a duplicate. `false`, the default, applies
+    /// messages as they come. Messages without a position ([`Incoming::position`]) are
+    /// applied as they come either way. An in-order message commits in the transactional
+    /// mode (its chain's position is an item of its own), whatever [`Self::entity`] says.
+    fn in_order(&self) -> bool {
+        false
     }
 }

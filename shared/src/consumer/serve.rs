@@ -110,6 +110,11 @@ impl Setup {
         let consumer = Consumer::new(settings.name.clone(), ports, handler, settings.retention)
             .with_message_ids(settings.message_ids.clone())
             .with_limits(settings.limits);
+        // An in-order message that waits goes back to its source queue, where it is named.
+        let consumer = match &inbox {
+            Some((_, inbox)) => consumer.with_requeue(Arc::new(inbox.clone())),
+            None => consumer,
+        };
         tracing::info!(
             consumer = %settings.name,
             retention_seconds = settings.retention.as_secs(),

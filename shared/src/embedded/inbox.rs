@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::EmbeddedQueue;
 use crate::ports::{Clock, QueueError};
-use crate::ports::{Delivery, Inbox};
+use crate::ports::{Delivery, Inbox, Requeue};
 
 /// How often a waiting receive looks again.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -68,5 +68,33 @@ impl Inbox for EmbeddedInbox {
             }
         }
         Ok(gone)
+    }
+}
+
+#[async_trait]
+impl Requeue for EmbeddedInbox {
+    async fn requeue(
+        &self,
+        delivery: &Delivery,
+        extra: &std::collections::BTreeMap<String, String>,
+        delay: Duration,
+    ) -> Result<(), QueueError> {
+        if delivery.group_id.is_some() {
+            return Err(QueueError::Rejected {
+                reason: "a FIFO queue takes no delay per message",
+            });
+        }
+        let mut attributes = delivery.attributes.clone();
+        attributes.extend(extra.clone());
+        self.queue
+            .send(super::SendRequest {
+                body: delivery.body.clone(),
+                attributes,
+                delay,
+                group_id: None,
+                deduplication_id: None,
+            })
+            .map(|_| ())
+            .map_err(|fault| QueueError::Unavailable(Box::new(fault)))
     }
 }

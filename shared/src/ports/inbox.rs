@@ -52,3 +52,20 @@ pub trait Inbox: Send + Sync {
     /// or its lease ran out).
     async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError>;
 }
+
+/// Where a consumer sends a message back to come again later: its source queue. An
+/// in-order consumer sends a copy of a message whose predecessor it has not applied yet,
+/// then acknowledges the delivery in hand, so that waiting never counts toward the
+/// dead-letter queue.
+#[async_trait]
+pub trait Requeue: Send + Sync {
+    /// Sends a copy of `delivery` (its body, its attributes and `extra` ones, its FIFO
+    /// group) to the queue it came from, to be delivered after `delay` (on a FIFO queue,
+    /// which takes no per-message delay, the copy refuses: `QueueError::Unavailable`).
+    async fn requeue(
+        &self,
+        delivery: &Delivery,
+        extra: &BTreeMap<String, String>,
+        delay: Duration,
+    ) -> Result<(), QueueError>;
+}

@@ -47,6 +47,13 @@ impl From<ItemKey> for String {
 }
 
 impl ItemKey {
+    /// A key of the protocol's own, under one of its prefixes (a consumer's positions):
+    /// written as a business item, which no application key can name.
+    pub(crate) fn protocol(text: String) -> Self {
+        debug_assert!(RESERVED_KEY_PREFIXES.iter().any(|prefix| text.starts_with(prefix)));
+        Self(text)
+    }
+
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0

@@ -22,8 +22,9 @@ use super::message::{DestinationName, OutgoingMessage};
 
 /// The message attribute that names the entity whose history a message has its place in.
 pub const ENTITY_ATTRIBUTE: &str = "outbox-entity";
-/// The message attribute that carries a message's place in its entity's history:
-/// `seq=12;version=5;after=3` ([`Position`]).
+/// The message attribute that carries a message's place in its entity's history, on the
+/// chain of the destination it was sent to: `chain=events;seq=12;version=5;after=3`
+/// ([`Position`]).
 pub const POSITION_ATTRIBUTE: &str = "outbox-position";
 
 /// Where a message stands in the history of its entity, on its destination.
@@ -31,6 +32,9 @@ pub const POSITION_ATTRIBUTE: &str = "outbox-position";
 pub struct Position {
     /// The entity the transaction changed.
     pub entity: ItemKey,
+    /// The destination it was sent to, whose chain it is in: the entity's messages to
+    /// each destination form a chain of their own.
+    pub chain: DestinationName,
     /// Its place among the messages the entity sent to this destination: 1, 2, 3, ...
     /// with no gap, in commit order, and within a transaction in the order emitted.
     pub seq: u64,
@@ -56,7 +60,7 @@ pub type ChainHeads = BTreeMap<DestinationName, ChainHead>;
 
 /// A [`POSITION_ATTRIBUTE`] value that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a position reads seq=N;version=N;after=N, not {input:?}")]
+#[error("a position reads chain=NAME;seq=N;version=N;after=N, not {input:?}")]
 pub struct InvalidPosition {
     input: String,
 }
@@ -116,7 +120,7 @@ impl Position {
     pub fn attributes(&self) -> [(&'static str, String); 2] {
         [
             (ENTITY_ATTRIBUTE, self.entity.to_string()),
-            (POSITION_ATTRIBUTE, self.place().to_string()),
+            (POSITION_ATTRIBUTE, format!("chain={};{}", self.chain, self.place())),
         ]
     }
 
@@ -126,12 +130,19 @@ impl Position {
         let (Some(entity), Some(place)) = (attributes.get(ENTITY_ATTRIBUTE), attributes.get(POSITION_ATTRIBUTE)) else {
             return Ok(None);
         };
+        let invalid = |input: &str| InvalidPosition {
+            input: input.chars().take(80).collect(),
+        };
+        let (chain, place) = place
+            .strip_prefix("chain=")
+            .and_then(|rest| rest.split_once(';'))
+            .ok_or_else(|| invalid(place))?;
+        let chain = chain.parse().map_err(|_| invalid(place))?;
         let place: Place = place.parse()?;
-        let entity = entity.parse().map_err(|_| InvalidPosition {
-            input: entity.chars().take(80).collect(),
-        })?;
+        let entity = entity.parse().map_err(|_| invalid(entity))?;
         Ok(Some(Self {
             entity,
+            chain,
             seq: place.seq,
             version: place.version,
             after: place.after,
@@ -150,6 +161,7 @@ pub fn stamp(messages: &mut [OutgoingMessage], entity: &ItemKey, version: u64, h
         next.version = version;
         message.position = Some(Position {
             entity: entity.clone(),
+            chain: message.destination.clone(),
             seq: next.seq,
             version,
             after: head.version,
@@ -248,6 +260,7 @@ mod tests {
     fn a_position_reads_back_from_its_attributes() {
         let position = Position {
             entity: "ORDER#1;x=y".parse().unwrap(),
+            chain: "events".parse().unwrap(),
             seq: 12,
             version: 5,
             after: 3,
@@ -257,9 +270,18 @@ mod tests {
             .into_iter()
             .map(|(name, value)| (name.to_owned(), value))
             .collect();
-        assert_eq!(attributes[POSITION_ATTRIBUTE], "seq=12;version=5;after=3");
+        assert_eq!(attributes[POSITION_ATTRIBUTE], "chain=events;seq=12;version=5;after=3");
         assert_eq!(Position::from_attributes(&attributes), Ok(Some(position)));
         assert_eq!(Position::from_attributes(&BTreeMap::new()), Ok(None));
+        for bad in [
+            "seq=12;version=5;after=3",
+            "chain=;seq=12;version=5;after=3",
+            "chain=a b;seq=1;version=2;after=1",
+        ] {
+            let mut broken = attributes.clone();
+            broken.insert(POSITION_ATTRIBUTE.to_owned(), bad.to_owned());
+            assert!(Position::from_attributes(&broken).is_err(), "{bad:?}");
+        }
         for bad in [
             "",
             "seq=1",

@@ -128,7 +128,8 @@ pub async fn consumer(
         backend.consumer_ports(clock),
         registered.handler,
         CONSUMER_RETENTION,
-    );
+    )
+    .with_requeue(Arc::new(inbox.clone()));
     tracing::info!(consumer = %registered.name, source = %registered.source, "consumer running in process (embedded backend)");
     crate::consumer::run_poller(&inbox, &consumer, RECEIVE_WAIT, lease, stopped(stop), |report| {
         for item in &report.items {

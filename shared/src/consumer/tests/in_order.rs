@@ -1,0 +1,213 @@
+//! The in-order mode on the embedded backend, explored exhaustively over small schedules:
+//! every order of delivery of an entity's messages, with a duplicate and another entity's
+//! message mixed in, applies each message once, in its chain's order.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+
+use super::super::*;
+use crate::embedded::{EmbeddedBackend, EmbeddedInbox, ManualClock};
+use crate::ports::{ExpectedVersion, Inbox, ItemKey};
+use crate::protocol::{Position, MESSAGE_ID_ATTRIBUTE};
+use crate::time::Timestamp;
+
+/// Appends each message's `seq` to `APPLIED#{entity}`: the order the consumer applied
+/// them in, each application once.
+struct Recording;
+
+#[async_trait]
+impl Handler for Recording {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let position = message.position()?.ok_or("no position")?;
+        let key: ItemKey = format!("APPLIED#{}", position.entity).parse()?;
+        let read = staging.get(&key).await?;
+        let mut applied: Vec<Value> = read
+            .as_ref()
+            .and_then(|item| item.data["seqs"].as_array().cloned())
+            .unwrap_or_default();
+        applied.push(json!(position.seq));
+        let expected = read.map_or(ExpectedVersion::Absent, |item| ExpectedVersion::Exactly(item.version));
+        staging.put(key, json!({ "seqs": applied }), expected);
+        Ok(())
+    }
+
+    fn in_order(&self) -> bool {
+        true
+    }
+}
+
+/// Message `seq` of `entity`'s chain on `events`, as the queue delivers it.
+fn placed(entity: &str, seq: u64) -> Delivery {
+    let position = Position {
+        entity: entity.parse().unwrap(),
+        chain: "events".parse().unwrap(),
+        seq,
+        version: seq + 1,
+        after: seq,
+    };
+    let mut attributes: BTreeMap<String, String> = position
+        .attributes()
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+    attributes.insert(MESSAGE_ID_ATTRIBUTE.to_owned(), format!("{entity}:{seq}"));
+    Delivery {
+        message_id: format!("q-{entity}-{seq}"),
+        receipt: String::new(),
+        body: json!({ "seq": seq }).to_string(),
+        attributes,
+        group_id: None,
+        receive_count: 1,
+        trace_header: None,
+    }
+}
+
+fn permutations(items: &[Delivery]) -> Vec<Vec<Delivery>> {
+    if items.len() <= 1 {
+        return vec![items.to_vec()];
+    }
+    let mut all = Vec::new();
+    for (index, first) in items.iter().enumerate() {
+        let mut rest = items.to_vec();
+        rest.remove(index);
+        for mut tail in permutations(&rest) {
+            tail.insert(0, first.clone());
+            all.push(tail);
+        }
+    }
+    all
+}
+
+async fn applied(backend: &EmbeddedBackend, entity: &str) -> Vec<u64> {
+    let key: ItemKey = format!("APPLIED#{entity}").parse().unwrap();
+    let items = crate::ports::Store::get_items(backend.store.as_ref(), std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    items.get(&key).map_or_else(Vec::new, |item| {
+        item.data["seqs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|seq| seq.as_u64().unwrap())
+            .collect()
+    })
+}
+
+/// Every order of five deliveries (seq 1, 2, 3 of one entity, a second copy of seq 2,
+/// seq 1 of another), each delivered as the schedule says; a waiting one goes back to
+/// the queue and comes again after its delay: each entity's messages are applied once
+/// each, in seq order; nothing is left waiting; a wait is never a failure.
+#[tokio::test]
+async fn every_delivery_order_applies_each_message_once_in_chain_order() {
+    let deliveries = [
+        placed("ORDER#a", 1),
+        placed("ORDER#a", 2),
+        placed("ORDER#a", 3),
+        placed("ORDER#a", 2),
+        placed("ORDER#b", 1),
+    ];
+    let schedules = permutations(&deliveries);
+    let (mut waited, mut duplicates) = (0, 0);
+    for schedule in &schedules {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+        let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
+        let queue = backend.publisher.queue(&"inbox".parse().unwrap()).unwrap().clone();
+        let inbox = EmbeddedInbox::new(queue.clone(), clock.clone());
+        let consumer = Consumer::new(
+            "ordered".parse().unwrap(),
+            backend.consumer_ports(clock.clone()),
+            Arc::new(Recording),
+            Duration::from_secs(3600),
+        )
+        .with_requeue(Arc::new(inbox.clone()));
+        for delivery in schedule {
+            match consumer.consume(delivery).await {
+                Ok(ConsumeOutcome::Waiting { .. }) => waited += 1,
+                Ok(ConsumeOutcome::Duplicate) => duplicates += 1,
+                Ok(_) => {}
+                Err(error) => panic!("{schedule:?}: {error}"),
+            }
+        }
+        // What waits comes again, after its delay, until nothing is left.
+        for _ in 0..20 {
+            clock.advance(Duration::from_secs(1000));
+            let copies = inbox
+                .receive(10, Duration::ZERO, Duration::from_secs(30))
+                .await
+                .unwrap();
+            if copies.is_empty() {
+                break;
+            }
+            for copy in &copies {
+                match consumer.consume(copy).await {
+                    Ok(ConsumeOutcome::Waiting { .. }) => waited += 1,
+                    Ok(ConsumeOutcome::Duplicate) => duplicates += 1,
+                    Ok(_) => {}
+                    Err(error) => panic!("{schedule:?}: {error}"),
+                }
+                inbox.ack(std::slice::from_ref(&copy.receipt)).await.unwrap();
+            }
+        }
+        assert!(queue.is_empty(), "nothing left waiting");
+        let order = |schedule: &Vec<Delivery>| schedule.iter().map(|d| d.message_id.clone()).collect::<Vec<_>>();
+        assert_eq!(applied(&backend, "ORDER#a").await, [1, 2, 3], "{:?}", order(schedule));
+        assert_eq!(applied(&backend, "ORDER#b").await, [1], "{:?}", order(schedule));
+    }
+    println!(
+        "in order: {} delivery orders explored, {waited} waits, {duplicates} duplicates",
+        schedules.len()
+    );
+    assert_eq!(schedules.len(), 120);
+    assert!(waited > 0 && duplicates > 0, "both paths reached");
+}
+
+/// Without a way back (no requeue, or a FIFO queue), a waiting message fails: the queue
+/// brings it back, and nothing of it was applied.
+#[tokio::test]
+async fn without_a_way_back_a_waiting_message_fails() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
+    let consumer = Consumer::new(
+        "ordered".parse().unwrap(),
+        backend.consumer_ports(clock.clone()),
+        Arc::new(Recording),
+        Duration::from_secs(3600),
+    );
+    match consumer.consume(&placed("ORDER#a", 2)).await {
+        Err(ConsumeError::Waiting { applied: 0, seq: 2 }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(applied(&backend, "ORDER#a").await.is_empty());
+    consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
+    consumer.consume(&placed("ORDER#a", 2)).await.unwrap();
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2]);
+}
+
+/// A copy that comes after the message's dedup data expired (a redrive from a dead-letter
+/// queue kept longer) is a duplicate all the same: the chain's position outlives it.
+#[tokio::test]
+async fn the_position_outlives_the_dedup_data() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
+    let consumer = Consumer::new(
+        "ordered".parse().unwrap(),
+        backend.consumer_ports(clock.clone()),
+        Arc::new(Recording),
+        Duration::from_secs(3600),
+    );
+    consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
+    clock.advance(Duration::from_secs(7200));
+    assert!(
+        consumer.read(consumer.txn_id("ORDER#a:1")).await.unwrap().is_none(),
+        "the dedup record expired"
+    );
+    assert_eq!(
+        consumer.consume(&placed("ORDER#a", 1)).await.unwrap(),
+        ConsumeOutcome::Duplicate
+    );
+    assert_eq!(applied(&backend, "ORDER#a").await, [1]);
+}
