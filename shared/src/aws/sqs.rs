@@ -14,7 +14,7 @@ use aws_sdk_sqs::Client;
 
 use super::send_outcome::{failed_by_index, unavailable};
 use crate::ports::{ControlDelivery, ControlInbox, ControlQueue, EntryFailure, PublishError, QueueError};
-use crate::ports::{Delivery, Inbox};
+use crate::ports::{Delivery, Inbox, Requeue};
 use crate::protocol::{ControlMessage, DestinationName, OutgoingMessage, TraceContext, TXN_ID_ATTRIBUTE};
 
 /// The environment variable in which Lambda passes the X-Ray trace header.
@@ -366,6 +366,38 @@ impl Inbox for SqsInbox {
 
     async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError> {
         change_visibility(&self.client, &self.queue_url, receipts).await
+    }
+}
+
+#[async_trait]
+impl Requeue for SqsInbox {
+    /// One `SendMessage` of the delivery's body and attributes (with `extra`) to this
+    /// queue, `DelaySeconds` the delay in whole seconds (at most 900). A FIFO queue takes
+    /// no per-message delay: refused.
+    async fn requeue(
+        &self,
+        delivery: &Delivery,
+        extra: &std::collections::BTreeMap<String, String>,
+        delay: Duration,
+    ) -> Result<(), QueueError> {
+        if delivery.group_id.is_some() {
+            return Err(QueueError::Rejected {
+                reason: "a FIFO queue takes no delay per message",
+            });
+        }
+        let mut send = self
+            .client
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(&delivery.body)
+            .delay_seconds(delay.as_secs().min(900) as i32);
+        for (name, value) in delivery.attributes.iter().chain(extra) {
+            send = send.message_attributes(name, string_attribute(value));
+        }
+        send.send()
+            .await
+            .map(|_| ())
+            .map_err(|error| QueueError::Unavailable(Box::new(error)))
     }
 }
 
