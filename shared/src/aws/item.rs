@@ -5,7 +5,7 @@
 //!
 //! | item | logical key | other attributes |
 //! |---|---|---|
-//! | business item (portable form) | the application's key | `version` (N), `data` (M, the JSON object; only while the item is live) |
+//! | business item (portable form) | the application's key | `version` (N), `data` (M, the JSON object; only while the item is live), `chain:<destination>` (M, `seq` and `version`: the head of the entity's chain to each destination, kept across a delete) |
 //! | outbox record | `TXN#{txn_id}` | `txn_id`, `state`, `created_at` (N, unix ms), `messages` (S, JSON array), `parts` (N, when split), TTL |
 //! | outbox part | `TXN#{txn_id}#PART#{n}` | `messages` (S, JSON array), TTL (an orphan guard) |
 //! | idempotency record | `IDEM#{scope}#{sha256(key)}` | `scope`, `key_hash`, `fingerprint`, `txn_id`, `status`, `headers` (S, JSON), `body`, `created_at`, TTL |
@@ -15,11 +15,13 @@
 //! versions instead of restarting them; a vacant item written before versions were kept
 //! has no `version` and is at version 0.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Map, Number, Value};
 
+use crate::aws::dynamodb::chain::heads_of;
+use crate::aws::dynamodb::entity_attributes::entries_of;
 use crate::ports::{ItemKey, KeyRead, StoreError, VersionedItem};
 use crate::protocol::{
     IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, OutgoingMessage, StoredResponse, TxnId,
@@ -187,19 +189,24 @@ pub(crate) fn business_from_item(
     }))
 }
 
-/// A key as read, live or vacant: its item where it has `data`, and its version (a vacant
-/// item written before versions were kept across deletes has none: version 0).
+/// A key as read, live or vacant: its item where it has `data`, with the outbox entries
+/// it holds (entity mode), its version (a vacant item written before versions were kept
+/// across deletes has none: version 0), and its chain heads (`chain:<destination>`; an
+/// item written before the chains has none). A vacant item holds no entries.
 pub(crate) fn key_from_item(layout: &TableLayout, key: &ItemKey, item: &Item) -> Result<KeyRead, StoreError> {
+    let heads = heads_of(layout, item)?;
     match business_from_item(layout, key, item)? {
         Some(live) => Ok(KeyRead {
             version: live.version,
             item: Some(live),
-            ..KeyRead::default()
+            heads,
+            entries: entries_of(layout, item)?,
         }),
         None => Ok(KeyRead {
             item: None,
             version: Reader::new(layout, item).optional_number("version")?.unwrap_or(0),
-            ..KeyRead::default()
+            heads,
+            entries: BTreeMap::new(),
         }),
     }
 }
@@ -387,7 +394,7 @@ pub(crate) fn idempotency_from_item(layout: &TableLayout, item: &Item) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Message;
+    use crate::protocol::{ChainHead, ChainHeads, DestinationName, Message};
     use serde_json::json;
 
     #[test]
@@ -473,5 +480,66 @@ mod tests {
         assert_eq!(key_from_item(&layout, &key, &vacant_of_old).unwrap().version, 0);
         assert!(business_from_item(&layout, &key, &item(&[("data", data)])).is_err());
         assert!(key_from_item(&layout, &key, &item(&[("version", s("x"))])).is_err());
+    }
+
+    /// A key reads with its chain heads, live or vacant (none where it was written before
+    /// the chains), and a live item with its outbox entries as the entity mode reads them.
+    #[test]
+    fn a_key_reads_with_its_heads_and_its_entries() {
+        let layout = TableLayout::dedicated("t");
+        let key: ItemKey = "ORDER#1".parse().unwrap();
+        let item = |attributes: Vec<(&str, AttributeValue)>| -> Item {
+            let mut item = layout.key(key.as_str());
+            item.extend(attributes.into_iter().map(|(name, value)| (name.to_string(), value)));
+            item
+        };
+        let head = AttributeValue::M(HashMap::from([("seq".to_owned(), n(2)), ("version".to_owned(), n(5))]));
+        let txn = TxnId::from_parts(Timestamp::from_millis(1_000), [1; 10]);
+        let entry = OutboxRecord::committed(
+            txn,
+            vec![],
+            Timestamp::from_millis(1_000),
+            Timestamp::from_millis(9_000),
+        );
+        let entries = AttributeValue::M(HashMap::from([(
+            txn.to_string(),
+            s(serde_json::to_string(&entry).unwrap()),
+        )]));
+        let live = item(vec![
+            ("version", n(5)),
+            ("data", to_attribute(&json!({}))),
+            ("chain:events", head.clone()),
+            ("outbox", entries),
+        ]);
+        let read = key_from_item(&layout, &key, &live).unwrap();
+        let events: DestinationName = "events".parse().unwrap();
+        assert_eq!(
+            read.heads,
+            ChainHeads::from([(events, ChainHead { seq: 2, version: 5 })])
+        );
+        assert_eq!(read.entries, BTreeMap::from([(txn, entry)]));
+        let vacant = item(vec![("version", n(6)), ("chain:events", head)]);
+        let read = key_from_item(&layout, &key, &vacant).unwrap();
+        assert_eq!((read.item, read.version, read.heads.len()), (None, 6, 1));
+        assert!(read.entries.is_empty());
+        let old = item(vec![("version", n(5)), ("data", to_attribute(&json!({})))]);
+        let read = key_from_item(&layout, &key, &old).unwrap();
+        assert!(read.heads.is_empty() && read.entries.is_empty());
+        assert!(matches!(
+            key_from_item(&layout, &key, &item(vec![("version", n(6)), ("chain:events", n(1))])),
+            Err(StoreError::Corrupt { .. })
+        ));
+        assert!(matches!(
+            key_from_item(
+                &layout,
+                &key,
+                &item(vec![
+                    ("version", n(5)),
+                    ("data", to_attribute(&json!({}))),
+                    ("outbox", s("x"))
+                ])
+            ),
+            Err(StoreError::Corrupt { .. })
+        ));
     }
 }

@@ -12,6 +12,10 @@
 //! that item gets its first map in a second form of the update, conditioned on the map's
 //! absence, chosen from the old item the first form's failed condition returns.
 //!
+//! Every form also sets the heads of the item's chains that the entry's messages move
+//! (`chain:<destination>`, [`super::chain`]), under the condition on the version they were
+//! stamped against.
+//!
 //! A commit of the request path is also conditioned on the item's fence mark
 //! (`outbox_fence`, [`super::fence`]) being below its transaction, and reserves the mark's
 //! room (`if_not_exists`), so that a fence never grows the item.
@@ -30,6 +34,7 @@ use crate::settings::TableLayout;
 use crate::time::Timestamp;
 
 use super::branches::{reached, Branch};
+use super::chain::ChainSets;
 use super::entity_attributes::{
     entries_of, fence_of, sent_of, FENCE_ATTRIBUTE, NO_FENCE, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE,
 };
@@ -48,6 +53,15 @@ enum Form {
     /// Creates the item (where it has no data: absent, or a vacant key keeping its version
     /// and fence mark, which the item continues and keeps), its map holding only `T`.
     Create,
+}
+
+/// What every form of one commit writes: the data, the entry, and the chain heads its
+/// messages positioned in the item move.
+#[derive(Clone, Copy)]
+struct Write<'a> {
+    data: &'a AttributeValue,
+    entry: &'a AttributeValue,
+    chain: &'a ChainSets,
 }
 
 /// What the old item returned by a failed condition says.
@@ -177,7 +191,8 @@ impl DynamoStore {
         commit.check_entry()?;
         let entry = entry_value(&commit.entry)?;
         let data = to_attribute(&commit.data);
-        let bytes = commit.data.to_string().len() + entry.as_s().map_or(0, String::len);
+        let chain = ChainSets::new(&commit.key, &commit.entry.messages);
+        let bytes = commit.data.to_string().len() + entry.as_s().map_or(0, String::len) + chain.stored_bytes();
         if bytes > MAX_ITEM_BYTES {
             return Err(CommitError::TooLarge {
                 reason: format!(
@@ -186,14 +201,17 @@ impl DynamoStore {
                 ),
             });
         }
+        let write = Write {
+            data: &data,
+            entry: &entry,
+            chain: &chain,
+        };
         let verdict = match commit.expected {
-            ExpectedVersion::Absent | ExpectedVersion::AbsentAt(_) => {
-                self.update(commit, Form::Create, &data, &entry).await?
-            }
-            ExpectedVersion::Exactly(_) => match self.update(commit, Form::IntoMap, &data, &entry).await? {
+            ExpectedVersion::Absent | ExpectedVersion::AbsentAt(_) => self.update(commit, Form::Create, write).await?,
+            ExpectedVersion::Exactly(_) => match self.update(commit, Form::IntoMap, write).await? {
                 Verdict::NeedsMap => {
                     reached(Branch::EntityNewMap);
-                    self.update(commit, Form::NewMap, &data, &entry).await?
+                    self.update(commit, Form::NewMap, write).await?
                 }
                 decided => decided,
             },
@@ -207,15 +225,11 @@ impl DynamoStore {
         }
     }
 
-    /// The data, the version and the entry, in `form`; the fence mark kept (its room
-    /// reserved where the item has none) and, for the request path, checked.
-    async fn update(
-        &self,
-        commit: &EntityCommit,
-        form: Form,
-        data: &AttributeValue,
-        entry: &AttributeValue,
-    ) -> Result<Verdict, CommitError> {
+    /// The data, the version, the entry and the chain heads it moves, in `form`; the fence
+    /// mark kept (its room reserved where the item has none) and, for the request path,
+    /// checked.
+    async fn update(&self, commit: &EntityCommit, form: Form, write: Write<'_>) -> Result<Verdict, CommitError> {
+        let Write { data, entry, chain } = write;
         let txn = commit.entry.txn_id.to_string();
         let mut names = HashMap::from([
             ("#data".to_owned(), "data".to_owned()),
@@ -242,6 +256,8 @@ impl DynamoStore {
                 " AND #version = :expected"
             }
         };
+        names.extend(chain.names());
+        values.extend(chain.values());
         let (update, mut condition) = match form {
             Form::IntoMap => {
                 names.insert("#txn".to_owned(), txn);
@@ -275,7 +291,7 @@ impl DynamoStore {
             .update_item()
             .table_name(&self.layout.table)
             .set_key(Some(self.key(commit.key.as_str())))
-            .update_expression(update)
+            .update_expression(format!("{update}{}", chain.after_set()))
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))

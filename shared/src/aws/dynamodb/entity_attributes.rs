@@ -29,7 +29,7 @@ pub(crate) const FENCE_ATTRIBUTE: &str = "outbox_fence";
 pub(crate) const NO_FENCE: &str = "00000000-0000-0000-0000-000000000000";
 
 /// The entries of an item as stored, read back.
-pub(super) fn entries_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
+pub(crate) fn entries_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {
     let reader = Reader::new(layout, item);
     let Some(map) = item.get(OUTBOX_ATTRIBUTE) else {
         return Ok(BTreeMap::new());

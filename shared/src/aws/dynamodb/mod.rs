@@ -10,9 +10,10 @@
 
 mod batch;
 pub mod branches;
+pub(crate) mod chain;
 mod commit;
 mod entity;
-mod entity_attributes;
+pub(crate) mod entity_attributes;
 mod fence;
 
 use std::collections::{BTreeMap, HashMap};
@@ -145,8 +146,9 @@ impl Store for DynamoStore {
             .collect())
     }
 
-    /// One strongly consistent `BatchGetItem` of whole items: a live item's `data` and
-    /// `version`, and a vacant key's `version` (kept across a delete).
+    /// One strongly consistent `BatchGetItem` of whole items: a live item's `data`,
+    /// `version` and outbox entries, a vacant key's `version` (kept across a delete), and
+    /// either's chain heads (`chain:<destination>`, kept across a delete).
     async fn get_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, KeyRead>, StoreError> {
         let pks: Vec<String> = keys.iter().map(|key| key.as_str().to_owned()).collect();
         let found = self.batch_get(&pks).await?;

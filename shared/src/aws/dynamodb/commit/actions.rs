@@ -11,12 +11,13 @@ use aws_sdk_dynamodb::types::{
 
 use super::deleted_marks::Marks;
 use crate::aws::dynamodb::branches::{reached, Branch};
+use crate::aws::dynamodb::chain::ChainSets;
 use crate::aws::dynamodb::entity_attributes::{FENCE_ATTRIBUTE, NO_FENCE, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
 use crate::aws::dynamodb::{DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES, PART_ORPHAN_GUARD};
 use crate::aws::item::{dispatched_item, idempotency_item, n, outbox_items, s, to_attribute};
 use crate::aws::size::{action_bytes, item_bytes};
 use crate::ports::{BusinessWrite, CommitError, CommitRequest, ExpectedVersion, ItemKey, NativeAction};
-use crate::protocol::{IdempotencySlot, OutboxRecord};
+use crate::protocol::{IdempotencySlot, OutboxRecord, OutgoingMessage};
 use crate::settings::TableLayout;
 
 /// What each action of a commit stands for, to read its cancellation reason.
@@ -51,16 +52,26 @@ impl DynamoStore {
         }
     }
 
-    fn portable(&self, write: &BusinessWrite, marks: &Marks) -> Result<(TransactWriteItem, usize), CommitError> {
+    /// The action of one portable business write of a commit sending `messages`.
+    fn portable(
+        &self,
+        write: &BusinessWrite,
+        messages: &[OutgoingMessage],
+        marks: &Marks,
+    ) -> Result<(TransactWriteItem, usize), CommitError> {
         let table = &self.layout.table;
         let action = match write {
             // An existing item is updated, not replaced: the outbox entries the entity mode
             // keeps in it (docs/PROTOCOL.md section 11) stay, with their messages still to go out,
             // and so does its fence mark. A create keeps the mark of a vacant key and
             // continues its version (what the condition names, where it names one). Both
-            // reserve the mark's room, so that a fence never grows the item.
+            // reserve the mark's room, so that a fence never grows the item. Both move the
+            // chain heads past the messages positioned in the item (a create continues the
+            // heads a vacant key kept), in the same write: its condition on the version
+            // the messages were stamped against is the heads'.
             BusinessWrite::Put { key, data, expected } => {
                 let (condition, values) = Self::version_condition(*expected);
+                let chain = ChainSets::new(key, messages);
                 let mut values = values.unwrap_or_default();
                 values.extend([
                     (":data".to_owned(), to_attribute(data)),
@@ -68,15 +79,21 @@ impl DynamoStore {
                     (":one".to_owned(), n(1)),
                     (":nofence".to_owned(), s(NO_FENCE.to_owned())),
                 ]);
+                values.extend(chain.values());
+                let mut names = HashMap::from([
+                    ("#data".to_owned(), "data".to_owned()),
+                    ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
+                ]);
+                names.extend(chain.names());
                 let update = Update::builder()
                     .table_name(table)
                     .set_key(Some(self.key(key.as_str())))
-                    .update_expression(
-                        "SET #data = :data, version = if_not_exists(version, :zero) + :one, #fence = if_not_exists(#fence, :nofence)",
-                    )
+                    .update_expression(format!(
+                        "SET #data = :data, version = if_not_exists(version, :zero) + :one, #fence = if_not_exists(#fence, :nofence){}",
+                        chain.after_set()
+                    ))
                     .condition_expression(condition)
-                    .expression_attribute_names("#data", "data")
-                    .expression_attribute_names("#fence", FENCE_ATTRIBUTE)
+                    .set_expression_attribute_names(Some(names))
                     .set_expression_attribute_values(Some(values))
                     .build()
                     .map_err(invalid)?;
@@ -130,10 +147,18 @@ impl DynamoStore {
                     }
                     condition
                 };
+                // The chain heads are kept, and moved past the messages positioned in the
+                // item.
+                let chain = ChainSets::new(key, messages);
+                names.extend(chain.names());
+                values.extend(chain.values());
                 let vacate = Update::builder()
                     .table_name(table)
                     .set_key(Some(self.key(key.as_str())))
-                    .update_expression("REMOVE #data, #outbox, #sent SET version = version + :one")
+                    .update_expression(format!(
+                        "REMOVE #data, #outbox, #sent SET version = version + :one{}",
+                        chain.after_set()
+                    ))
                     .condition_expression(format!("{base} AND {fence_as_read} AND {sent_as_read}"))
                     .set_expression_attribute_names(Some(names))
                     .set_expression_attribute_values(Some(values))
@@ -182,7 +207,7 @@ impl DynamoStore {
             roles.push(Role::Native(index));
         }
         for write in &request.writes {
-            let (action, bytes) = self.portable(write, marks)?;
+            let (action, bytes) = self.portable(write, &request.outbox.messages, marks)?;
             application_bytes += bytes;
             items.push(action);
             let deleting = match write {
