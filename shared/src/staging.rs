@@ -101,6 +101,17 @@ impl Staging {
         Ok(found)
     }
 
+    /// Notes what a read of `key` made outside this staging found (a read overlapped with
+    /// the transaction's begin): reads of it are served from it, a create of it is pinned
+    /// to it, and messages are positioned from it, as if this staging had read it.
+    pub(crate) fn note_read(&mut self, key: ItemKey, read: KeyRead) {
+        self.read_already.insert(key.clone(), read.item.clone());
+        self.keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(key, read);
+    }
+
     /// `expected` for `key` as the commit checks it: a create of a key read as holding no
     /// item expects it at the version read, so that it can only apply to the life it read.
     fn pinned(&self, key: &ItemKey, expected: ExpectedVersion) -> ExpectedVersion {
@@ -217,7 +228,18 @@ impl Staging {
             return None;
         };
         let keys = self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let read = keys.get(change.key())?;
+        let Some(read) = keys.get(change.key()) else {
+            // A key the commit expects never written holds no chain yet: its heads are
+            // known without a read.
+            return match change {
+                BusinessWrite::Put {
+                    expected: ExpectedVersion::AbsentAt(0),
+                    key,
+                    ..
+                } => Some((key.clone(), 1, crate::protocol::ChainHeads::new())),
+                _ => None,
+            };
+        };
         let live = read.item.is_some();
         let as_read = match change {
             BusinessWrite::Put {

@@ -10,7 +10,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use outbox::http::HttpError;
 use outbox::metrics::{MetricRecord, Unit};
-use outbox::ports::{ExpectedVersion, ItemKey};
+use outbox::ports::{ExpectedVersion, ItemKey, KeyRead, StoreError};
 use outbox::protocol::Message;
 use outbox::request::{Transaction, TxnError};
 use uuid::Uuid;
@@ -39,21 +39,38 @@ fn parse_id(text: &str) -> Result<Uuid, ApiError> {
 }
 
 async fn load(state: &AppState, id: Uuid) -> Result<Option<(Order, u64)>, ApiError> {
+    Ok(read(state, id).await?.0)
+}
+
+/// Order `id` as read, with what its key keeps across its lives (its version and its
+/// events' chains), for the transaction that changes it ([`Transaction::note_read`]):
+/// `None` where the store does not read keys across their lives.
+async fn read(state: &AppState, id: Uuid) -> Result<(Option<(Order, u64)>, Option<KeyRead>), ApiError> {
     let key = order_key(id);
-    let mut items = state
-        .outbox
-        .store()
-        .get_items(std::slice::from_ref(&key))
-        .await
-        .map_err(ApiError::Unavailable)?;
-    match items.remove(&key) {
-        None => Ok(None),
+    let store = state.outbox.store();
+    let (item, read) = match store.get_keys(std::slice::from_ref(&key)).await {
+        Ok(mut keys) => {
+            let read = keys.remove(&key).unwrap_or_default();
+            (read.item.clone(), Some(read))
+        }
+        Err(StoreError::Unsupported(_)) => {
+            let mut items = store
+                .get_items(std::slice::from_ref(&key))
+                .await
+                .map_err(ApiError::Unavailable)?;
+            (items.remove(&key), None)
+        }
+        Err(error) => return Err(ApiError::Unavailable(error)),
+    };
+    let order = match item {
+        None => None,
         Some(item) => {
             let order: Order = serde_json::from_value(item.data)
                 .map_err(|error| ApiError::Internal(format!("stored order {id}: {error}")))?;
-            Ok(Some((order, item.version)))
+            Some((order, item.version))
         }
-    }
+    };
+    Ok((order, read))
 }
 
 fn order_response(status: StatusCode, view: &OrderView, location: bool) -> Answer {
@@ -161,16 +178,20 @@ pub async fn orders_create(
     Idempotent { idempotency, body }: Idempotent<JsonBody<CreateOrder>>,
 ) -> Result<Response, ApiError> {
     body.value.validate()?;
-    let txn = match begin(&state, &scope, None, idempotency).await? {
+    // A new order: its key was never written (a fresh UUID v7), so the create needs no
+    // read to expect it absent at version 0, and commits into the order itself in one
+    // write, as a change does (an Idempotency-Key's record takes the transactional form).
+    let id = Uuid::now_v7();
+    let txn = match begin(&state, &scope, Some(order_key(id)), idempotency).await? {
         Begun::Replay(replay) => return Ok(replay),
         Begun::Started(txn) => txn,
     };
-    let (order, event) = model::place(Uuid::now_v7(), body.value);
+    let (order, event) = model::place(id, body.value);
     let change = Change {
         status: StatusCode::CREATED,
         view: order.view(1),
         created: true,
-        write: Some((order, ExpectedVersion::Absent, event)),
+        write: Some((order, ExpectedVersion::AbsentAt(0), event)),
     };
     commit(&state, &scope, txn, change, false).await
 }
@@ -206,7 +227,7 @@ async fn change_order(
     let keyed = idempotency.is_some();
     // The control message goes out while the order is read; the commit waits for both.
     // A change to one existing order: entity mode.
-    let (txn, loaded) = tokio::join!(begin(state, scope, Some(order_key(id)), idempotency), load(state, id));
+    let (txn, loaded) = tokio::join!(begin(state, scope, Some(order_key(id)), idempotency), read(state, id));
     let txn = match txn {
         Ok(Begun::Replay(replay)) => return Ok(replay),
         Ok(Begun::Started(txn)) => Ok(txn),
@@ -219,13 +240,17 @@ async fn change_order(
         Some(txn_id) => error.in_transaction(txn_id),
         None => error,
     };
-    let (order, version) = loaded
-        .map_err(named)?
-        .ok_or_else(|| named(ApiError::NotFound(format!("no order {id}"))))?;
+    let (loaded, key_read) = loaded.map_err(named)?;
+    let (order, version) = loaded.ok_or_else(|| named(ApiError::NotFound(format!("no order {id}"))))?;
     if !if_match.allows(version) {
         return Err(named(ApiError::PreconditionFailed));
     }
-    let txn = txn?;
+    let mut txn = txn?;
+    // Read beside the begin: the transaction places its event in the order's history
+    // from this read, as if it had read the order itself.
+    if let Some(key_read) = key_read {
+        txn.note_read(order_key(id), key_read);
+    }
     let change = match decide(&order).map_err(named)? {
         Some((next, event)) => Change {
             status: StatusCode::OK,

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::settle::settle_bound;
 use super::{InlineDispatch, Outbox, Settlement, TxnError};
-use crate::ports::{ExpectedVersion, ItemKey, StoreError, VersionedItem};
+use crate::ports::{ExpectedVersion, ItemKey, KeyRead, StoreError, VersionedItem};
 use crate::protocol::{IdempotencySlot, Message, MessageId, OutgoingMessage, StoredResponse, TxnId};
 use crate::staging::Staging;
 use crate::time::Timestamp;
@@ -119,6 +119,16 @@ impl Transaction {
             txn_id: self.txn_id,
             source,
         }
+    }
+
+    /// Tells the transaction what a read of `key` made outside it found
+    /// ([`crate::ports::Store::get_keys`], overlapped with [`Outbox::begin_entity`] to
+    /// save the round trip): reads of `key` are served from it, a create of it is pinned
+    /// to the version read, and the messages of a change of it are placed in its history
+    /// from it, as if the transaction had read it itself. The commit is conditioned on
+    /// the version the write names, so a read gone stale only makes it conflict.
+    pub fn note_read(&mut self, key: ItemKey, read: KeyRead) {
+        self.staging.note_read(key, read);
     }
 
     /// Stages a put of `data` to `key`, conditioned on `expected`. A later write to the
