@@ -3,16 +3,19 @@
 The API and the control worker run as processes (started by the shell script); this
 drives them and the consumers:
 
-1. places orders through the API and reads their OrderPlaced events from the events
-   queue;
+1. places orders through the API, changes some (a line added, a line removed, cancelled)
+   and reads all their events from the events queue;
 2. delivers every event three times to the consumers' source queue with the same body
-   and attributes: two copies in one SendMessageBatch (received together, processed
+   and attributes, shuffled across orders (an order's ItemAdded often before its
+   OrderPlaced): two copies in one SendMessageBatch (received together, processed
    concurrently), the third after the consumers started;
 3. starts two shipping consumers (processes, `OUTBOX_CONSUMER_QUEUE_URL` the source
    queue), then a third for a second round of orders, which it kills with SIGKILL as
    soon as it has committed one message, mid-batch; what it held comes back after the
    source queue's visibility timeout;
 4. when the source queue is empty, reconciles: exactly one shipment per order placed,
+   each as its order ended (its lines, cancelled or not: the consumer applies each
+   order's events in the order the order committed them, whatever the delivery order),
    one ShipmentRequested id per order received (every copy of it with one body), every
    consumer record dispatched, nothing lost.
 """
@@ -20,6 +23,7 @@ drives them and the consumers:
 import argparse
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -41,6 +45,34 @@ def post_order(port, n):
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.status == 201, response.status
         return json.loads(response.read())["id"]
+
+
+def call(port, method, path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=data, method=method, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status in (200, 201), (method, path, response.status)
+        return json.loads(response.read())
+
+
+def change_orders(port, placed):
+    """Changes some orders, each change one event: a line added to every third, the
+    first line removed from every fifth, every fourth cancelled (after its other
+    changes). Returns how many events the changes emitted."""
+    events = 0
+    for n, order in enumerate(placed):
+        if n % 3 == 0:
+            call(port, "POST", f"/orders/{order}/items", {"sku": "SKU-ADDED", "quantity": 2, "unit_price_cents": 100})
+            events += 1
+        if n % 5 == 0:
+            call(port, "DELETE", f"/orders/{order}/items/SKU-{n % 7}")
+            events += 1
+        if n % 4 == 0:
+            call(port, "POST", f"/orders/{order}/cancel")
+            events += 1
+    return events
 
 
 def drain(sqs, url, want=None, quiet=3.0, timeout=60.0):
@@ -81,11 +113,31 @@ def send_copies(sqs, url, events, copies):
         assert not reply.get("Failed"), reply
 
 
+def count_overtaken(events):
+    """How many events come, in this delivery order, after a later event of their order
+    (by their place in the order's history): each one an in-order consumer must hold."""
+    seen = defaultdict(int)
+    overtaken = 0
+    for _, attributes in events:
+        place = dict(field.split("=") for field in attributes.get("outbox-position", "").split(";") if "=" in field)
+        if not place:
+            continue
+        entity, seq = attributes["outbox-entity"], int(place["seq"])
+        overtaken += seq < seen[entity]
+        seen[entity] = max(seen[entity], seq)
+    return overtaken
+
+
 def queue_depth(sqs, url):
     attributes = sqs.get_queue_attributes(
-        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        QueueUrl=url,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ],
     )["Attributes"]
-    return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
+    return sum(int(attributes.get(name, "0")) for name in attributes)
 
 
 def scan(dynamodb, table, prefix):
@@ -147,8 +199,16 @@ def main():
 
     try:
         placed = [post_order(args.api_port, n) for n in range(args.orders)]
-        events = drain(sqs, args.events_queue_url, want=len(placed))
-        assert len(events) == len(placed), f"{len(events)} events for {len(placed)} orders"
+        changes = change_orders(args.api_port, placed)
+        # A publisher sends an order's earlier events still waiting in it before its own,
+        # so an event can arrive twice (its after-answer publish racing the next
+        # change's): one copy of each, by its id.
+        received = drain(sqs, args.events_queue_url, want=len(placed) + changes)
+        events = list({attributes["outbox-message-id"]: (body, attributes) for body, attributes in received}.values())
+        republished = len(received) - len(events)
+        assert len(events) == len(placed) + changes, f"{len(events)} events for {len(placed)} orders and {changes} changes"
+        random.Random(7).shuffle(events)
+        overtaken = count_overtaken(events)
         # Copies 1 and 2 of each event in one batch: received together, processed at once.
         send_copies(sqs, source, events, [1, 2])
         for name in ["consumer-1", "consumer-2"]:
@@ -161,6 +221,7 @@ def main():
         placed += more
         more_events = drain(sqs, args.events_queue_url, want=len(more))
         assert len(more_events) == len(more), f"{len(more_events)} events for {len(more)} orders"
+        consumed_events = len(events) + len(more_events)
         doomed, doomed_log = start_consumer("consumer-killed")
         assert wait_for(doomed_log, "polling the source queue", doomed), "the third consumer did not start"
         send_copies(sqs, source, more_events, [1, 2, 3])
@@ -169,12 +230,14 @@ def main():
         doomed.wait()
         # Committed, not yet dispatched: a pending record (the transactional mode) or an
         # outbox entry inside its shipment (entity mode).
-        pending_at_kill = sum(1 for item in scan(dynamodb, table, "IN#") if item["state"]["S"] == "pending")
+        pending_at_kill = sum(
+            1 for item in scan(dynamodb, table, "IN#") if item.get("state", {}).get("S") == "pending"
+        )
         pending_at_kill += sum(len(item.get("outbox", {}).get("M", {})) for item in scan(dynamodb, table, "SHIPMENT#"))
         with open(doomed_log) as log:
             killed_after = log.read().count("committed messages=")
 
-        deadline = time.time() + 120
+        deadline = time.time() + 180
         quiet_since = None
         while time.time() < deadline:
             if queue_depth(sqs, source) == 0:
@@ -188,7 +251,10 @@ def main():
 
         out = drain(sqs, shipments)
         shipment_items = scan(dynamodb, table, "SHIPMENT#")
-        records = scan(dynamodb, table, "IN#")
+        # The consumer's records; its positions (IN#AT#...) are items of their own.
+        records = [item for item in scan(dynamodb, table, "IN#") if not item["pk"]["S"].startswith("IN#AT#")]
+        positions = scan(dynamodb, table, "IN#AT#")
+        orders = {order: call(args.api_port, "GET", f"/orders/{order}") for order in placed}
     finally:
         for name, process, _ in consumers:
             if process.poll() is None:
@@ -205,12 +271,28 @@ def main():
     bodies_per_id = defaultdict(set)
     order_per_id = {}
     losers = 0
+    cancelled_out = 0
     for body, attributes in out:
         message_id = attributes.get("outbox-message-id")
-        bodies_per_id[message_id].add(body)
         requested = json.loads(body)
+        if requested["type"] == "ShipmentCancelled":
+            cancelled_out += 1
+            continue
+        bodies_per_id[message_id].add(body)
         order_per_id[message_id] = requested["order_id"]
         losers += requested["shipment_id"] != stored_shipment.get(requested["order_id"])
+    # Each shipment as its order ended: its lines and whether it is cancelled.
+    shipment_of = {item["data"]["M"]["order_id"]["S"]: item["data"]["M"] for item in shipment_items}
+    unlike = []
+    for order, view in orders.items():
+        shipment = shipment_of.get(order)
+        if shipment is None:
+            continue
+        lines = {sku: int(value["N"]) for sku, value in shipment["lines"]["M"].items()}
+        want_lines = {item["sku"]: item["quantity"] for item in view["items"]}
+        cancelled = shipment["status"]["S"] == "cancelled"
+        if lines != want_lines or cancelled != (view["status"] == "cancelled"):
+            unlike.append((order, view["status"], want_lines, shipment["status"]["S"], lines))
     received_orders = Counter(order_per_id.values())
     states = Counter(item["state"]["S"] for item in records)
     record_ids = {item["txn_id"]["S"] for item in records}
@@ -239,8 +321,13 @@ def main():
         problems.append(f"{losers} ShipmentRequested name a shipment id that was not committed (a losing run's)")
     if any(message_id.split(":")[0] not in record_ids for message_id in bodies_per_id):
         problems.append("an id names no consumer record")
-    if states != Counter({"dispatched": len(placed)}):
-        problems.append(f"consumer records: {dict(states)}")
+    if states != Counter({"dispatched": consumed_events}):
+        problems.append(f"consumer records: {dict(states)} for {consumed_events} events")
+    if unlike:
+        problems.append(f"{len(unlike)} shipments unlike their orders, e.g. {unlike[0]}")
+    want_cancelled = sum(1 for view in orders.values() if view["status"] == "cancelled")
+    if cancelled_out < want_cancelled:
+        problems.append(f"{cancelled_out} ShipmentCancelled received for {want_cancelled} cancelled orders")
     if entries_left:
         problems.append(f"{entries_left} outbox entries left in shipments after every message was acknowledged")
     if lost:
@@ -249,7 +336,10 @@ def main():
     print(
         f"consumer end to end: {len(placed)} orders placed ({args.orders}, then {args.killed_orders} with a consumer killed"
         f" by SIGKILL after {killed_after} commit(s), {pending_at_kill} commit(s) then pending);"
-        f" {3 * len(placed)} deliveries (3 per event, 2 of them in one batch);"
+        f" {3 * consumed_events} deliveries of {consumed_events} events (3 per event, 2 of them in one batch; the first"
+        f" round's shuffled across orders, {overtaken} of its events delivered after a later event of their order);"
+        f" {republished} events sent twice by the producer (an earlier event sent first by a later publisher);"
+        f" {len(positions)} chain positions kept; {len(unlike)} shipments unlike their orders;"
         f" outcomes logged {dict(consumed_lines)};"
         f" shipments {sum(shipments_per_order.values())} ({len(shipments_per_order)} orders, at most {max(shipments_per_order.values(), default=0)} each);"
         f" ShipmentRequested received {len(out)} times under {len(bodies_per_id)} ids, one body each,"

@@ -1,62 +1,107 @@
-//! The worked message handler: the shipping service behind the orders API. For each
-//! `OrderPlaced` it records one shipment (`SHIPMENT#{order}`) and emits
-//! `ShipmentRequested` to its `shipments` destination; every other event of the orders
-//! API is acknowledged with nothing to do. The handler only reads and stages: dedup,
-//! commit, publishing and acknowledgement are the library's
-//! ([`outbox::consumer`]), so a copy of an event, however it arrives, ships nothing twice.
+//! The worked message handler: the shipping service behind the orders API. It keeps one
+//! shipment per order (`SHIPMENT#{order}`): `OrderPlaced` creates it with the order's
+//! lines and emits `ShipmentRequested` to its `shipments` destination, `ItemAdded` and
+//! `ItemRemoved` change its lines, and `OrderCancelled` cancels it and emits
+//! `ShipmentCancelled`. The handler only reads and stages: dedup, commit, publishing and
+//! acknowledgement are the library's ([`outbox::consumer`]), so a copy of an event,
+//! however it arrives, ships nothing twice.
 //!
-//! Its change is one item, the order's shipment, so it runs in entity mode
-//! ([`Handler::entity`]): the shipment carries its outbox entry and is written with one
-//! conditional write, no transaction (docs/PROTOCOL.md section 11).
+//! It applies each order's events in the order the order committed them
+//! ([`Handler::in_order`]): an `ItemAdded` that overtook its `OrderPlaced` in the queue
+//! waits for it, and a line added after a cancellation never revives the shipment. So
+//! the shipment ends as the order did, whatever the order of delivery.
 
 use async_trait::async_trait;
 use outbox::consumer::{Handler, HandlerError, Incoming, Staging};
 use outbox::ports::{ExpectedVersion, ItemKey};
 use outbox::protocol::{DestinationName, Message};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
-/// The destination of `ShipmentRequested`.
+/// The destination of `ShipmentRequested` and `ShipmentCancelled`.
 pub const SHIPMENTS: &str = "shipments";
 
 /// The handler.
 pub struct Shipping;
 
+fn shipment_key(order_id: &str) -> Result<ItemKey, HandlerError> {
+    Ok(format!("SHIPMENT#{order_id}").parse()?)
+}
+
+fn emit(staging: &mut Staging, event: &Value, name: &str) -> Result<(), HandlerError> {
+    let destination: DestinationName = SHIPMENTS.parse()?;
+    staging.emit(Message::json(destination, event)?.with_event("com.example.shipping", name));
+    Ok(())
+}
+
 #[async_trait]
 impl Handler for Shipping {
     async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
         let event: Value = message.json()?;
-        if event["type"] != "OrderPlaced" {
+        let Some(order_id) = event["order_id"].as_str() else {
             return Ok(());
+        };
+        let key = shipment_key(order_id)?;
+        let shipment = staging.get(&key).await?;
+        match (event["type"].as_str(), shipment) {
+            // An order is shipped once even if two different events placed it; a copy of
+            // one event never gets this far (the library acknowledges it).
+            (Some("OrderPlaced"), None) => {
+                let lines: Map<String, Value> = event["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|item| Some((item["sku"].as_str()?.to_owned(), item["quantity"].clone())))
+                    .collect();
+                // A new id on every run: only the committed run's may ever be seen outside.
+                let shipment_id = Uuid::now_v7();
+                let items = lines.len();
+                let data = json!({"order_id": order_id, "shipment_id": shipment_id, "lines": lines, "status": "requested", "placed_by": message.id.as_str()});
+                staging.put(key, data, ExpectedVersion::Absent);
+                let requested = json!({"type": "ShipmentRequested", "order_id": order_id, "shipment_id": shipment_id, "items": items});
+                emit(staging, &requested, "ShipmentRequested")
+            }
+            (Some(kind @ ("ItemAdded" | "ItemRemoved" | "OrderCancelled")), Some(shipment)) => {
+                let mut data = shipment.data.clone();
+                if data["status"] == "cancelled" {
+                    return Ok(());
+                }
+                let sku = event["sku"].as_str().unwrap_or_default().to_owned();
+                match kind {
+                    "ItemAdded" => {
+                        data["lines"][sku] = event["quantity"].clone();
+                    }
+                    "ItemRemoved" => {
+                        if let Some(lines) = data["lines"].as_object_mut() {
+                            lines.remove(&sku);
+                        }
+                    }
+                    _ => {
+                        data["status"] = json!("cancelled");
+                        let cancelled = json!({"type": "ShipmentCancelled", "order_id": order_id, "shipment_id": data["shipment_id"]});
+                        emit(staging, &cancelled, "ShipmentCancelled")?;
+                    }
+                }
+                staging.put(key, data, ExpectedVersion::Exactly(shipment.version));
+                Ok(())
+            }
+            // Another event, or one about an order this service never saw placed (its
+            // events carry no place in the order's history: an older producer).
+            _ => Ok(()),
         }
-        let order_id = event["order_id"].as_str().ok_or("OrderPlaced without an order_id")?;
-        let key: ItemKey = format!("SHIPMENT#{order_id}").parse()?;
-        // An order is shipped once even if two different events placed it; a copy of one
-        // event never gets this far (the library acknowledges it).
-        if staging.get(&key).await?.is_some() {
-            return Ok(());
-        }
-        let items = event["items"].as_array().map_or(0, Vec::len);
-        // A new id on every run: only the committed run's may ever be seen outside.
-        let shipment_id = Uuid::now_v7();
-        staging.put(
-            key,
-            json!({"order_id": order_id, "shipment_id": shipment_id, "items": items, "status": "requested", "placed_by": message.id.as_str()}),
-            ExpectedVersion::Absent,
-        );
-        let destination: DestinationName = SHIPMENTS.parse()?;
-        let requested =
-            json!({"type": "ShipmentRequested", "order_id": order_id, "shipment_id": shipment_id, "items": items});
-        staging.emit(Message::json(destination, &requested)?.with_event("com.example.shipping", "ShipmentRequested"));
-        Ok(())
+    }
+
+    /// Each order's events in the order the order committed them.
+    fn in_order(&self) -> bool {
+        true
     }
 
     /// Every event of an order is about that order's shipment: the one item this handler
-    /// may write.
+    /// may write (entity mode for events that carry no place in the order's history).
     fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
         let event: Value = message.json()?;
         Ok(match event["order_id"].as_str() {
-            Some(order_id) => Some(format!("SHIPMENT#{order_id}").parse()?),
+            Some(order_id) => Some(shipment_key(order_id)?),
             None => None,
         })
     }
