@@ -26,7 +26,9 @@ use tracing::Instrument;
 
 use super::consume::{Consumer, HANDLER_RUNS, ROUNDS, ROUND_DELAY};
 use super::{ConsumeError, ConsumeOutcome, Incoming};
-use crate::ports::{BusinessWrite, CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, VersionedItem};
+use crate::ports::{
+    BusinessWrite, CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, StoreError, VersionedItem,
+};
 use crate::protocol::{OutboxRecord, OutboxState, TxnId};
 use crate::staging::Staging;
 
@@ -183,6 +185,23 @@ impl Consumer {
             runs += 1;
             let item = entity.map(|entity| entity.item);
             let mut staging = Staging::new(txn_id, Arc::clone(store)).with_read(key.clone(), item.clone());
+            // No entity: read the key across its lives too (one read more, for a create
+            // only), so that a create expects the version a delete left and a late
+            // attempt of it can never apply to a later life of the entity.
+            if item.is_none() {
+                match store.get_keys(std::slice::from_ref(&key)).await {
+                    Ok(mut keys) => {
+                        let read = keys.remove(&key).unwrap_or_default();
+                        // Created since the read above, the handler decides on that read
+                        // all the same, and the commit's condition refuses it.
+                        if read.item.is_none() {
+                            staging.note_read(key.clone(), read);
+                        }
+                    }
+                    Err(StoreError::Unsupported(_)) => {}
+                    Err(error) => return Err(ConsumeError::Read(error)),
+                }
+            }
             self.handler
                 .handle(incoming, &mut staging)
                 .await
@@ -222,7 +241,7 @@ impl Consumer {
                 key: key.clone(),
                 data,
                 expected,
-                entry: OutboxRecord::committed(txn_id, staging.messages, now, now.plus(self.retention))
+                entry: OutboxRecord::committed(txn_id, staging.messages_to_commit(), now, now.plus(self.retention))
                     .by_attempt(attempt),
                 // A consumer is never fenced, and its ids are not ordered.
                 checks_fence: false,

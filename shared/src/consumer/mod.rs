@@ -87,9 +87,9 @@ pub trait Handler: Send + Sync {
     /// exists), or nothing, and no other write; anything more fails the message
     /// ([`ConsumeError::NotOneItem`]), never a silent change of guarantees. The entry
     /// must fit in the item (DynamoDB's 400 KB). What guards against a late attempt of a
-    /// message is the item's version, which a delete resets: an item deleted and created
-    /// again within minutes of a message about it belongs in the transactional mode.
-    /// `None`, the default, is the transactional mode.
+    /// message is the item's version, which never restarts: a create of an item deleted
+    /// before expects the version its delete left. `None`, the default, is the
+    /// transactional mode.
     fn entity(&self, message: &Incoming) -> Result<Option<crate::ports::ItemKey>, HandlerError> {
         let _ = message;
         Ok(None)

@@ -576,3 +576,49 @@ async fn a_copy_whose_entity_moved_on_since_its_unknown_attempt_acknowledges_wit
     let late = world.backend.store.commit_entity(&held).await;
     assert!(matches!(late, Err(CommitError::VersionConflict { .. })), "{late:?}");
 }
+
+/// In entity mode, a create of an entity whose item was deleted expects the key at the
+/// version the delete left, not merely "absent": so an attempt of the message still on
+/// its way can never apply to a later life of the entity. Its messages are placed in the
+/// entity's history.
+#[tokio::test]
+async fn in_entity_mode_a_create_expects_the_version_a_delete_left() {
+    let world = world(entity_mode(), 0);
+    let key: ItemKey = "COUNT#o-1".parse().unwrap();
+    let store = world.backend.store.clone();
+    let commit = |writes| crate::ports::CommitRequest {
+        txn_id: TxnId::new_v7(),
+        writes,
+        outbox: OutboxRecord::committed(TxnId::new_v7(), vec![], world.clock.now(), world.clock.now()),
+        idempotency: None,
+    };
+    let create = crate::ports::BusinessWrite::Put {
+        key: key.clone(),
+        data: json!({"count": 5}),
+        expected: ExpectedVersion::Absent,
+    };
+    let mut request = commit(vec![create]);
+    request.outbox.txn_id = request.txn_id;
+    crate::ports::Store::commit(store.as_ref(), &request).await.unwrap();
+    let mut delete = commit(vec![crate::ports::BusinessWrite::Delete {
+        key: key.clone(),
+        version: 1,
+    }]);
+    delete.outbox.txn_id = delete.txn_id;
+    crate::ports::Store::commit(store.as_ref(), &delete).await.unwrap();
+    store.record_history();
+    world.consumer.consume(&copy("q-1", "T:0", "o-1")).await.unwrap();
+    let expected: Vec<(ExpectedVersion, u64, bool)> = store
+        .history()
+        .into_iter()
+        .filter_map(|event| match event {
+            StoreEvent::EntityCommitted { commit, version, .. } => Some((
+                commit.expected,
+                version,
+                commit.entry.messages.iter().all(|message| message.position.is_some()),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(expected, [(ExpectedVersion::AbsentAt(2), 3, true)]);
+}
