@@ -189,7 +189,7 @@ pub struct Consumer {
     pub(super) retry: RetryPolicy,
     /// Where an in-order message that waits goes back to.
     requeue: Option<Arc<dyn Requeue>>,
-    /// The `Service` dimension of its metrics.
+    /// The `Service` dimension of its metrics: its name.
     service: String,
 }
 
@@ -199,6 +199,7 @@ impl Consumer {
     /// recognised by this library's ids ([`MessageIds::Outbox`]).
     pub fn new(name: ConsumerName, ports: ConsumerPorts, handler: Arc<dyn Handler>, retention: Duration) -> Self {
         Self {
+            service: name.to_string(),
             name,
             ports,
             handler,
@@ -207,7 +208,6 @@ impl Consumer {
             limits: TransactionLimits::default(),
             retry: RetryPolicy::default(),
             requeue: None,
-            service: String::from("consumer"),
         }
     }
 
