@@ -1,9 +1,11 @@
-//! What version 0.1 stored, read by the code of today: the compatibility policy for
-//! stored items, held by a fixture. `tests/fixtures/stored-0.1.json` holds every kind
-//! of item version 0.1 writes on DynamoDB (a record pending, dispatched and tombstoned,
-//! an entry in an item and a sent mark, an idempotency record) as the table held them,
-//! with the control messages it sent; [`check`] loads them into a fresh table and reads
-//! them through the store, the status reads and the control path.
+//! What earlier versions stored, read by the code of today: the compatibility policy for
+//! stored items, held by fixtures. `tests/fixtures/stored-0.1.json` holds every kind of
+//! item version 0.1 writes on DynamoDB (a record pending, dispatched and tombstoned, an
+//! entry in an item and a sent mark, an idempotency record) as the table held them, with
+//! the control messages it sent; `stored-0.2.json` adds what 0.2 stores besides (a vacant
+//! item keeping its version, an entity's chain heads, messages placed in their entity's
+//! history). [`check`] loads one into a fresh table and reads it through the store, the
+//! status reads and the control path.
 //!
 //! The fixture is written once per release that changes what is stored, by [`write`]
 //! (`OUTBOX_WRITE_FIXTURE=1` on the test), and a release keeps reading the fixtures of
@@ -26,7 +28,11 @@ use crate::conformance::{events, Backend};
 use crate::emulator::emulator;
 
 /// The fixture of version 0.1.
-pub const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/stored-0.1.json");
+pub const FIXTURE_0_1: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/stored-0.1.json");
+/// The fixture of version 0.2: versions kept across deletes, chains.
+pub const FIXTURE_0_2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/stored-0.2.json");
+/// The version this code stores, and its fixture.
+pub const CURRENT: (&str, &str) = ("0.2", FIXTURE_0_2);
 
 /// Long enough that nothing in the fixture expires while it is read (its clock is the
 /// fixture's own).
@@ -126,7 +132,8 @@ async fn create(b: &Backend, outbox: &Outbox, item: &ItemKey) {
         .await;
 }
 
-/// Writes the fixture from what this code stores (run once per release that changes it).
+/// Writes the fixture of [`CURRENT`] from what this code stores (run once per release
+/// that changes it).
 pub async fn write(b: &Backend) {
     let outbox = b.outbox(timing());
     let control = b.control(timing());
@@ -185,6 +192,23 @@ pub async fn write(b: &Backend) {
     names.insert("idempotent", idempotent);
     let _ = control_body(b, idempotent).await;
 
+    // A vacant item: created, then deleted; it keeps its version (2) and its chain.
+    let vacant = key("COMPAT#V");
+    let mut txn = outbox.begin_entity(vacant.clone()).await.unwrap();
+    assert!(txn.get(&vacant).await.unwrap().is_none());
+    txn.put(vacant.clone(), json!({"n": 1}), ExpectedVersion::Absent);
+    txn.emit(event("Created"));
+    let created = txn.commit().await.unwrap().txn_id;
+    b.handle_until_settled(&control, created, timing().first_check_delay, |_| {})
+        .await;
+    let mut txn = outbox.begin().await.unwrap();
+    let read = txn.get(&vacant).await.unwrap().unwrap();
+    txn.delete(vacant.clone(), read.version);
+    let deleted = txn.commit().await.unwrap().txn_id;
+    let _ = control_body(b, deleted).await;
+    names.insert("vacant_created", created);
+    let _ = b.drain(&events()).await;
+
     let scan = dynamodb().await.scan().table_name(table(b)).send().await.unwrap();
     let mut items: Vec<Value> = scan
         .items()
@@ -192,14 +216,15 @@ pub async fn write(b: &Backend) {
         .map(|item| Value::Object(item.iter().map(|(k, v)| (k.clone(), to_json(v))).collect::<Map<_, _>>()))
         .collect();
     items.sort_by_key(|item| item.to_string());
+    let (version, path) = CURRENT;
     let fixture = json!({
-        "version": "0.1",
+        "version": version,
         "clock_ms": b.clock.now().as_millis(),
         "transactions": names.iter().map(|(name, txn)| (name.to_string(), json!(txn.to_string()))).collect::<Map<_, _>>(),
         "control_messages": control_messages,
         "items": items,
     });
-    std::fs::write(FIXTURE, serde_json::to_string_pretty(&fixture).unwrap() + "\n").unwrap();
+    std::fs::write(path, serde_json::to_string_pretty(&fixture).unwrap() + "\n").unwrap();
 }
 
 fn stored_response() -> StoredResponse {
@@ -213,9 +238,9 @@ fn stored_response() -> StoredResponse {
     }
 }
 
-/// Loads the fixture into `b`'s fresh table and reads it with today's code.
-pub async fn check(b: &Backend) {
-    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
+/// Loads the fixture at `path` into `b`'s fresh table and reads it with today's code.
+pub async fn check(b: &Backend, path: &str) {
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let client = dynamodb().await;
     for item in fixture["items"].as_array().unwrap() {
         let attributes: HashMap<String, AttributeValue> = item
@@ -320,4 +345,40 @@ pub async fn check(b: &Backend) {
         outbox.status(txn("record_pending")).await.unwrap(),
         TxnStatus::Dispatched
     );
+
+    // Since 0.2: the entry's message carried its place in its item's history, and a
+    // vacant item keeps its version and its chain, which a create continues.
+    if fixture["version"] != "0.1" {
+        let entry = fixture["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|item| item["pk"]["S"] == "COMPAT#K1")
+            .expect("the item with its entry");
+        assert!(entry.to_string().contains("\\\"position\\\""), "{entry}");
+        let vacant = key("COMPAT#V");
+        let read = b.store.get_keys(std::slice::from_ref(&vacant)).await.unwrap();
+        assert_eq!(read[&vacant].item, None, "vacant");
+        assert_eq!(read[&vacant].version, 2, "the version its delete left");
+        assert_eq!(read[&vacant].heads[&events()].seq, 1, "its chain on events");
+        let mut txn = b.outbox(timing()).begin_entity(vacant.clone()).await.unwrap();
+        assert!(txn.get(&vacant).await.unwrap().is_none());
+        txn.put(vacant.clone(), json!({"n": 2}), ExpectedVersion::Absent);
+        txn.emit(event("CreatedAgain"));
+        let again = txn.commit().await.unwrap();
+        let delivered = {
+            let control = b.control(timing());
+            b.handle_until_settled(&control, again.txn_id, timing().first_check_delay, |_| {})
+                .await;
+            b.drain(&events()).await
+        };
+        let read = b.store.get_items(std::slice::from_ref(&vacant)).await.unwrap();
+        assert_eq!(read[&vacant].version, 3, "the create continued the version");
+        let place = delivered[0].position.as_ref().expect("placed").place();
+        assert_eq!(
+            (place.seq, place.version, place.after),
+            (2, 3, 1),
+            "the chain continued"
+        );
+    }
 }

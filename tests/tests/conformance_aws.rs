@@ -375,14 +375,19 @@ mod busy_items {
 /// What version 0.1 stored on DynamoDB is read by today's code
 /// (`tests/fixtures/stored-0.1.json`; `OUTBOX_WRITE_FIXTURE=1` writes it again, once per
 /// release that changes what is stored).
-mod stored_by_0_1 {
+mod stored_by_earlier_versions {
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn what_0_1_stored_is_read_and_dispatched_as_it_was_written() {
+        outbox_tests::compat::check(&Backend::aws().await, outbox_tests::compat::FIXTURE_0_1).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_0_2_stored_is_read_and_dispatched_as_it_was_written() {
         if std::env::var_os("OUTBOX_WRITE_FIXTURE").is_some() {
             outbox_tests::compat::write(&Backend::aws().await).await;
         }
-        outbox_tests::compat::check(&Backend::aws().await).await;
+        outbox_tests::compat::check(&Backend::aws().await, outbox_tests::compat::FIXTURE_0_2).await;
     }
 }
