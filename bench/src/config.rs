@@ -31,8 +31,8 @@ within one region, not measurements; set your own with --latency):
   get=5ms       DynamoDB GetItem/BatchGetItem, strongly consistent (\"single-digit ms\")
   put=8ms       DynamoDB PutItem, conditional (a write: a quorum of replicas; entity mode's
                 dispatched record)
-  update=8ms    DynamoDB UpdateItem/BatchWriteItem (marking a record dispatched; entity mode's commit
-                and the entry's removal)
+  update=8ms    DynamoDB UpdateItem/BatchWriteItem (marking a record dispatched; entity mode's commit,
+                a change or a create, and the entry's settle)
   transact=25ms DynamoDB TransactWriteItems (two writes per item, prepare and commit: ~2x a write and more)
   send=8ms      SQS SendMessage (\"about 10 ms\" in-region)
   batch=10ms    SQS SendMessageBatch
@@ -49,14 +49,21 @@ VARIANTS (one request each: read one item, write it under its version, publish o
   (f) outbox-entity      (d) in entity mode (begin_entity: the control message names the item):
                          SendMessage overlapped with GetItem, then one conditional UpdateItem of
                          the item carrying its outbox entry, no transaction; inline publishing off
-  (g) outbox-entity-inline  (f) + SendMessageBatch + PutItem (the record, dispatched) + UpdateItem
-                         (the entry removed from the item), one after another before answering
+  (g) outbox-entity-inline  (f) + SendMessageBatch + UpdateItem (the entry settled into its sent
+                         mark), one after the other before answering
   (h) outbox-after       (e) publishing after the answer (OUTBOX_INLINE_PUBLISH=after, the
                          default): the request's calls are (d)'s, the publish and mark follow it
   (i) outbox-entity-after  (g) publishing after the answer: the request's calls are (f)'s
+CREATE VARIANTS (one request each: create an item that does not exist yet, publish one event,
+publishing after the answer):
+  (j) create-entity-after  entity mode (begin_entity on the new item): SendMessage overlapped with
+                         the read of its key (no item), then one conditional UpdateItem creating the
+                         item with its outbox entry; the publish and the settle follow the answer
+  (k) create-after       the transactional form, a blind create: SendMessage, then
+                         TransactWriteItems; the publish and the mark follow the answer
 The report prints each variant's p50 over (a)'s and (b)'s, whether (d)/(b) <= 1.5,
-(f)/(b) <= 1.0 and (i)/(b) <= 1.0, and the store calls each variant made per request (counted: a run whose
-commits did not take the form its variant claims fails).
+(f)/(b) <= 1.0, (i)/(b) <= 1.0 and (j)/(b) <= 1.0, and the store calls each variant made per request
+(counted: a run whose commits did not take the form its variant claims fails).
 ";
 
 /// What the command line asks for.
@@ -269,7 +276,9 @@ mod tests {
                 "(f) outbox-entity",
                 "(g) outbox-entity-inline",
                 "(h) outbox-after",
-                "(i) outbox-entity-after"
+                "(i) outbox-entity-after",
+                "(j) create-entity-after",
+                "(k) create-after"
             ]
         );
     }

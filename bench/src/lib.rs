@@ -2,7 +2,8 @@
 //! backend, each port call slowed by the latency of the AWS call it stands for
 //! (docs/PROTOCOL.md section 3): the control send before the read or overlapped with it, inline
 //! publishing off and on, in the transactional form and in entity mode (one conditional
-//! write of the item, issue 21), next to baselines that write without an outbox.
+//! write of the item, issue 21), a change of an existing item and a create of a new one,
+//! next to baselines that write without an outbox.
 //!
 //! The embedded backend does the real work of every call (conditions, versions, queues),
 //! so the numbers include the request path's own code; the AWS latencies are a model,
@@ -56,6 +57,9 @@ pub enum BenchError {
     /// A seeded item was not found.
     #[error("item {0} is missing")]
     Missing(ItemKey),
+    /// An item to create was found already.
+    #[error("item {0} exists already: a create must find no item")]
+    Exists(ItemKey),
     /// A commit was not dispatched as its variant requires.
     #[error("variant {variant}: a commit's inline dispatch was {got}")]
     UnexpectedDispatch {

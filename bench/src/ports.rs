@@ -29,7 +29,8 @@ pub enum StoreOp {
     Commit,
     /// `commit_native`: `TransactWriteItems`.
     CommitNative,
-    /// `get_items`: `BatchGetItem`.
+    /// `get_items`, and `get_keys` (the same read, with the key's version across its
+    /// lives): `BatchGetItem`.
     GetItems,
     /// `get_outboxes`: `BatchGetItem`.
     GetOutboxes,

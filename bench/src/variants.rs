@@ -4,7 +4,9 @@
 //! overlapped with it (d), and (d) with inline publishing (e); and in entity mode (issue
 //! 21, `docs/ENTITY_MODE.md`), the commit one conditional write of the item instead of a
 //! transaction, inline publishing off (f) and on (g); and (e) and (g) publishing after the
-//! answer (h, i; issue 29).
+//! answer (h, i; issue 29). Beside these changes of an existing item, a create of an item
+//! that does not exist yet, publishing after the answer: in entity mode, one conditional
+//! write (j), and in the transactional form (k).
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,10 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox::embedded::{EmbeddedBackend, SendRequest};
-use outbox::ports::{Clock, ExpectedVersion, ItemKey, Store, SystemClock};
+use outbox::ports::{Clock, ExpectedVersion, ItemKey, KeyRead, Store, SystemClock};
 use outbox::protocol::{DestinationName, Message};
-use outbox::request::{AfterAnswer, InlineDispatch, Outbox, RequestPorts};
+use outbox::request::{AfterAnswer, InlineDispatch, Outbox, RequestPorts, Transaction};
 use outbox::settings::{Timing, TransactionLimits};
+use outbox::time::Timestamp;
 use serde_json::json;
 
 use crate::latency::{Call, Delays};
@@ -32,7 +35,8 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 /// One way of making the business step. Add a variant here (with its calls and its
 /// request in [`Rig::request`]) and every report shows it. The letters are the issue's:
 /// (a) and (b) are baselines without an outbox, (c) to (e) the outbox, (f) and (g) the
-/// outbox in entity mode.
+/// outbox in entity mode, (h) and (i) publishing after the answer; (j) and (k) create an
+/// item instead of changing one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
     /// (a) Baseline: a consistent read and a conditional put, no event at all: the plain
@@ -47,8 +51,9 @@ pub enum Variant {
     /// worker publishes about a second later (the first check's delay).
     OutboxSequential,
     /// (d) The outbox as the orders API uses it: the control send overlapped with the read
-    /// (`tokio::join!` of `begin_within` and the store's `get_items`), then the put under
-    /// the version read, the event, the commit. Inline publishing off.
+    /// (`tokio::join!` of `begin_within` and the store's `get_keys`, the read handed to the
+    /// transaction), then the put under the version read, the event, the commit. Inline
+    /// publishing off.
     Outbox,
     /// (e) (d) with inline publishing (the library's default): the request publishes and
     /// marks the record dispatched itself before answering.
@@ -70,11 +75,24 @@ pub enum Variant {
     /// (i) (g) publishing after the answer: the request's latency is (f)'s, the publish and
     /// the settle follow it.
     OutboxEntityAfter,
+    /// (j) A create in entity mode, publishing after the answer: `begin_entity` names the
+    /// new item in the control message, overlapped with the read of its key
+    /// (`Store::get_keys`, handed to the transaction), which finds no item; the put of
+    /// the item with [`ExpectedVersion::Absent`] is pinned by that read to the key's
+    /// version, and the commit is one conditional `UpdateItem` creating the item with its
+    /// outbox entry inside (`Store::commit_entity`), no `TransactWriteItems`. The publish
+    /// and the settle follow the answer.
+    CreateEntityAfter,
+    /// (k) The same create in the transactional form, publishing after the answer, as the
+    /// orders API places an order: `begin_within`, a blind create
+    /// ([`ExpectedVersion::Absent`], nothing read), the commit a `TransactWriteItems` of
+    /// the item and its outbox record; the publish and the mark follow the answer.
+    CreateAfter,
 }
 
 impl Variant {
     /// Every variant, in the order reported.
-    pub const ALL: [Variant; 9] = [
+    pub const ALL: [Variant; 11] = [
         Variant::PlainPut,
         Variant::DualWrite,
         Variant::OutboxSequential,
@@ -84,6 +102,8 @@ impl Variant {
         Variant::OutboxEntityInline,
         Variant::OutboxAfter,
         Variant::OutboxEntityAfter,
+        Variant::CreateEntityAfter,
+        Variant::CreateAfter,
     ];
 
     /// Its name on the command line and in the report.
@@ -98,10 +118,12 @@ impl Variant {
             Variant::OutboxEntityInline => "outbox-entity-inline",
             Variant::OutboxAfter => "outbox-after",
             Variant::OutboxEntityAfter => "outbox-entity-after",
+            Variant::CreateEntityAfter => "create-entity-after",
+            Variant::CreateAfter => "create-after",
         }
     }
 
-    /// Its letter in the issue and the report: `a` to `i`.
+    /// Its letter in the issue and the report: `a` to `k`.
     pub fn letter(self) -> char {
         match self {
             Variant::PlainPut => 'a',
@@ -113,6 +135,8 @@ impl Variant {
             Variant::OutboxEntityInline => 'g',
             Variant::OutboxAfter => 'h',
             Variant::OutboxEntityAfter => 'i',
+            Variant::CreateEntityAfter => 'j',
+            Variant::CreateAfter => 'k',
         }
     }
 
@@ -136,8 +160,12 @@ impl Variant {
                 &[Call::SendBatch],
                 &[Call::Update],
             ],
-            // commit_entity: one conditional UpdateItem.
-            Variant::OutboxEntity | Variant::OutboxEntityAfter => &[&[Call::Send, Call::Get], &[Call::Update]],
+            // commit_entity: one conditional UpdateItem; a create's as a change's.
+            Variant::OutboxEntity | Variant::OutboxEntityAfter | Variant::CreateEntityAfter => {
+                &[&[Call::Send, Call::Get], &[Call::Update]]
+            }
+            // A blind create reads nothing: the control send, then the transaction.
+            Variant::CreateAfter => &[&[Call::Send], &[Call::Transact]],
             // + publish, settle_entry (one UpdateItem: the entry out, its sent mark in).
             Variant::OutboxEntityInline => &[
                 &[Call::Send, Call::Get],
@@ -163,11 +191,14 @@ impl Variant {
                 (StoreOp::MarkDispatched, 1),
             ],
             Variant::OutboxEntity => &[(StoreOp::GetItems, 1), (StoreOp::CommitEntity, 1)],
-            Variant::OutboxEntityInline | Variant::OutboxEntityAfter => &[
+            // The read of the key (`get_keys`) is counted as `get_items`.
+            Variant::OutboxEntityInline | Variant::OutboxEntityAfter | Variant::CreateEntityAfter => &[
                 (StoreOp::GetItems, 1),
                 (StoreOp::CommitEntity, 1),
                 (StoreOp::SettleEntry, 1),
             ],
+            // No read; the transaction, then the record marked dispatched.
+            Variant::CreateAfter => &[(StoreOp::CommitNative, 1), (StoreOp::MarkDispatched, 1)],
         }
     }
 
@@ -184,21 +215,38 @@ impl Variant {
     pub fn publishes_inline(self) -> bool {
         matches!(
             self,
-            Variant::OutboxInline | Variant::OutboxEntityInline | Variant::OutboxAfter | Variant::OutboxEntityAfter
+            Variant::OutboxInline
+                | Variant::OutboxEntityInline
+                | Variant::OutboxAfter
+                | Variant::OutboxEntityAfter
+                | Variant::CreateEntityAfter
+                | Variant::CreateAfter
         )
     }
 
     /// Whether its commits publish after the answer.
     pub fn publishes_after_answer(self) -> bool {
-        matches!(self, Variant::OutboxAfter | Variant::OutboxEntityAfter)
+        matches!(
+            self,
+            Variant::OutboxAfter | Variant::OutboxEntityAfter | Variant::CreateEntityAfter | Variant::CreateAfter
+        )
     }
 
     /// Whether it begins its transactions in entity mode.
     pub fn entity_mode(self) -> bool {
         matches!(
             self,
-            Variant::OutboxEntity | Variant::OutboxEntityInline | Variant::OutboxEntityAfter
+            Variant::OutboxEntity
+                | Variant::OutboxEntityInline
+                | Variant::OutboxEntityAfter
+                | Variant::CreateEntityAfter
         )
+    }
+
+    /// Whether each request creates an item that does not exist yet (instead of changing
+    /// one written before the run).
+    pub fn creates(self) -> bool {
+        matches!(self, Variant::CreateEntityAfter | Variant::CreateAfter)
     }
 }
 
@@ -223,8 +271,9 @@ impl FromStr for Variant {
 }
 
 /// A fresh embedded deployment for one variant, wrapped in the latencies, with its items
-/// already written. Each request `index` works on its own item, so no two requests
-/// contend and every conditional write succeeds.
+/// already written (none for a variant that creates: its requests create theirs). Each
+/// request `index` works on its own item, so no two requests contend and every
+/// conditional write succeeds.
 pub struct Rig {
     variant: Variant,
     clock: Arc<dyn Clock>,
@@ -237,12 +286,15 @@ pub struct Rig {
 
 impl Rig {
     /// A rig for `variant` over a new backend, its items `0..items` written once (at
-    /// version 1) without latency, so that every request reads an existing item.
+    /// version 1) without latency, so that every request reads an existing item; for a
+    /// variant that creates, nothing is written (each request's key is new).
     pub async fn new(variant: Variant, delays: Arc<Delays>, items: usize) -> Result<Self, BenchError> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let events_name: DestinationName = EVENTS.parse().expect("a valid destination name");
         let backend = EmbeddedBackend::new(clock.clone(), [(events_name.clone(), false)]);
-        seed(&backend, clock.clone(), items).await?;
+        if !variant.creates() {
+            seed(&backend, clock.clone(), items).await?;
+        }
 
         let store = Arc::new(SlowStore::new(backend.store.clone(), delays.clone()));
         let events_queue = backend
@@ -258,7 +310,9 @@ impl Rig {
             | Variant::OutboxEntity
             | Variant::OutboxEntityInline
             | Variant::OutboxAfter
-            | Variant::OutboxEntityAfter => {
+            | Variant::OutboxEntityAfter
+            | Variant::CreateEntityAfter
+            | Variant::CreateAfter => {
                 let ports = RequestPorts {
                     store: store.clone(),
                     control_queue: Arc::new(SlowControlQueue::new(backend.control_queue.clone(), delays.clone())),
@@ -302,19 +356,19 @@ impl Rig {
         self.store.calls()
     }
 
-    /// One request on item `index`.
+    /// One request on item `index` (for a variant that creates, on new item `index`).
     pub async fn request(&self, index: usize) -> Result<(), BenchError> {
-        let key = item_key(index);
         match &self.outbox {
-            Some(outbox) => self.outbox_request(outbox, key).await,
-            None => self.plain_request(key).await,
+            Some(outbox) if self.variant.creates() => self.create_request(outbox, new_item_key(index)).await,
+            Some(outbox) => self.outbox_request(outbox, item_key(index)).await,
+            None => self.plain_request(item_key(index)).await,
         }
     }
 
     /// The outbox variants: begin (the control message) and read, one after the other
-    /// (c) or overlapped as the orders API does (d, e; f, g begin in entity mode, naming
-    /// the item, as the orders API's `change_order`); put under the version read, emit one
-    /// event, commit.
+    /// (c) or overlapped as the orders API does (d, e, h; f, g, i begin in entity mode,
+    /// naming the item, as the orders API's `change_order`); put under the version read,
+    /// emit one event, commit.
     async fn outbox_request(&self, outbox: &Outbox, key: ItemKey) -> Result<(), BenchError> {
         let deadline = self.clock.now().plus(REQUEST_DEADLINE);
         let (mut txn, item) = if self.variant == Variant::OutboxSequential {
@@ -322,17 +376,8 @@ impl Rig {
             let item = txn.get(&key).await?;
             (txn, item)
         } else {
-            // api/src/orders/handlers.rs: `tokio::join!(begin(state, scope, entity, ..), load(state, id))`.
-            let begin = async {
-                if self.variant.entity_mode() {
-                    outbox.begin_entity_within(key.clone(), deadline).await
-                } else {
-                    outbox.begin_within(deadline).await
-                }
-            };
-            let (txn, items) = tokio::join!(begin, outbox.store().get_items(std::slice::from_ref(&key)));
-            let (txn, mut items) = (txn?, items?);
-            (txn, items.remove(&key))
+            let (txn, read) = self.begin_beside_read(outbox, &key, deadline).await?;
+            (txn, read.item)
         };
         let item = item.ok_or(BenchError::Missing(key.clone()))?;
         let count = item.data["count"].as_u64().unwrap_or(0) + 1;
@@ -344,6 +389,62 @@ impl Rig {
         let event = json!({ "type": "ItemCounted", "item": key.as_str(), "count": count });
         txn.emit(Message::json(self.events_name.clone(), &event)?);
         let committed = txn.commit().await?;
+        self.check_dispatch(committed.inline)
+    }
+
+    /// Begins the request's transaction (in entity mode on `key` where the variant is)
+    /// while reading `key` across its lives, as the orders API does
+    /// (`tokio::join!(begin(..), read(state, id))`), and hands the read to the
+    /// transaction ([`outbox::request::Transaction::note_read`]): a create of the key is
+    /// pinned to the version read, and the event is placed in the item's history, as if
+    /// the transaction had read it itself.
+    async fn begin_beside_read(
+        &self,
+        outbox: &Outbox,
+        key: &ItemKey,
+        deadline: Timestamp,
+    ) -> Result<(Transaction, KeyRead), BenchError> {
+        let begin = async {
+            if self.variant.entity_mode() {
+                outbox.begin_entity_within(key.clone(), deadline).await
+            } else {
+                outbox.begin_within(deadline).await
+            }
+        };
+        let (txn, reads) = tokio::join!(begin, outbox.store().get_keys(std::slice::from_ref(key)));
+        let (mut txn, mut reads) = (txn?, reads?);
+        let read = reads.remove(key).unwrap_or_default();
+        txn.note_read(key.clone(), read.clone());
+        Ok((txn, read))
+    }
+
+    /// The creates: (j) begins in entity mode on the new item beside the read of its key,
+    /// which finds no item, and creates it ([`ExpectedVersion::Absent`], which the read
+    /// pins to the key's version): one conditional write. (k) begins a plain transaction
+    /// and creates the item blind (nothing read): a transaction. Either emits one event
+    /// and commits, publishing after the answer.
+    async fn create_request(&self, outbox: &Outbox, key: ItemKey) -> Result<(), BenchError> {
+        let deadline = self.clock.now().plus(REQUEST_DEADLINE);
+        let event = json!({ "type": "ItemCreated", "item": key.as_str(), "count": 1 });
+        let mut txn = if self.variant.entity_mode() {
+            let (mut txn, read) = self.begin_beside_read(outbox, &key, deadline).await?;
+            if read.item.is_some() {
+                return Err(BenchError::Exists(key));
+            }
+            txn.put(key.clone(), json!({ "count": 1 }), ExpectedVersion::Absent);
+            txn
+        } else {
+            let mut txn = outbox.begin_within(deadline).await?;
+            txn.put(key.clone(), json!({ "count": 1 }), ExpectedVersion::Absent);
+            txn
+        };
+        txn.emit(Message::json(self.events_name.clone(), &event)?);
+        let committed = txn.commit().await?;
+        self.check_dispatch(committed.inline)
+    }
+
+    /// Whether a commit was dispatched as the variant requires.
+    fn check_dispatch(&self, inline: InlineDispatch) -> Result<(), BenchError> {
         let expected = if self.variant.publishes_after_answer() {
             InlineDispatch::AfterAnswer
         } else if self.variant.publishes_inline() {
@@ -353,10 +454,10 @@ impl Rig {
         };
         // Anything else means the variant did not measure what it claims (a publish left
         // to the worker is cheaper or dearer than the path being measured).
-        if committed.inline != expected {
+        if inline != expected {
             return Err(BenchError::UnexpectedDispatch {
                 variant: self.variant,
-                got: committed.inline.as_str(),
+                got: inline.as_str(),
             });
         }
         Ok(())
@@ -386,6 +487,11 @@ impl Rig {
 /// The key of item `index`.
 fn item_key(index: usize) -> ItemKey {
     format!("ITEM#{index}").parse().expect("a valid item key")
+}
+
+/// The key of new item `index`, which no one wrote before its create.
+fn new_item_key(index: usize) -> ItemKey {
+    format!("NEW#{index}").parse().expect("a valid item key")
 }
 
 /// Writes items `0..items` at version 1 through an outbox over the bare backend.

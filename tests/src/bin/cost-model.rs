@@ -1,6 +1,7 @@
 //! The cost model: AWS requests, capacity units and dollars per million transactions,
 //! for this outbox (counted on the wire on the emulators; the transactional request path
-//! and, issue 21, entity mode's change to an existing item) and, derived from their
+//! and, issue 21, entity mode's change to an existing item and its create of a new one
+//! whose key it read) and, derived from their
 //! documented call patterns, NServiceBus's transactional session on DynamoDB and a
 //! DynamoDB Streams relay.
 //!
@@ -86,8 +87,13 @@ const POWERTOOLS_RECORD_BYTES: usize = 300;
 /// conversation and correlation ids, enclosed types, time sent, ...): an assumption.
 const NSERVICEBUS_HEADER_BYTES: usize = 700;
 
+/// Calls by operation, as the counter reports them (operations not called left out).
 fn counts(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
-    pairs.iter().map(|(name, count)| ((*name).to_owned(), *count)).collect()
+    pairs
+        .iter()
+        .filter(|(_, count)| *count > 0)
+        .map(|(name, count)| ((*name).to_owned(), *count))
+        .collect()
 }
 
 struct Rig {
@@ -358,21 +364,39 @@ impl Rig {
     }
 
     /// What the entry of the `UpdateItem` commit just sent adds to its item: one map
-    /// element, its name (the transaction id) and its value, by DynamoDB's rules.
+    /// element, its name (the transaction id) and its value, by DynamoDB's rules. A change
+    /// sends the entry into the item's map (`:entry`); a create sends the map with the
+    /// entry its one element (`:map`).
     fn entry_bytes(&self) -> usize {
         let commits: Vec<Value> = self
             .counter
             .bodies("UpdateItem")
             .iter()
             .filter_map(|body| serde_json::from_slice::<Value>(body).ok())
-            .filter(|body| body["ExpressionAttributeValues"].get(":entry").is_some())
+            .filter(|body| {
+                let values = &body["ExpressionAttributeValues"];
+                values.get(":entry").is_some() || values.get(":map").is_some()
+            })
             .collect();
-        assert_eq!(commits.len(), 1, "one entity-mode commit into the map");
+        assert_eq!(commits.len(), 1, "one entity-mode commit carrying its entry");
         let body = &commits[0];
-        let name = body["ExpressionAttributeNames"]["#txn"]
-            .as_str()
-            .expect("the entry's name");
-        1 + item_size(&json!({ name: body["ExpressionAttributeValues"][":entry"] }))
+        let values = &body["ExpressionAttributeValues"];
+        let (name, entry) = match values.get(":entry") {
+            Some(entry) => (
+                body["ExpressionAttributeNames"]["#txn"]
+                    .as_str()
+                    .expect("the entry's name")
+                    .to_owned(),
+                entry.clone(),
+            ),
+            None => {
+                let map = values[":map"]["M"].as_object().expect("the create's outbox map");
+                assert_eq!(map.len(), 1, "the create's map holds its entry alone");
+                let (name, entry) = map.iter().next().expect("one entry");
+                (name.clone(), entry.clone())
+            }
+        };
+        1 + item_size(&json!({ name: entry }))
     }
 
     /// The request path changing an existing order in entity mode, as the orders API's
@@ -396,11 +420,12 @@ impl Rig {
 
     /// A committed transaction in entity mode (issue 21, docs/ENTITY_MODE.md): a change to
     /// an existing order, in its steady state. The order is created in the transactional
-    /// form (a create stays transactional) and settled; one entity-mode change is made and
-    /// settled first, because the first entity commit of an item written in the
-    /// transactional form takes two `UpdateItem` (the item has no `outbox` map yet: the
-    /// first form's condition fails, the second sets the map); the next change is
-    /// measured. Any `TransactWriteItems` (a fallback to the transactional form) fails the
+    /// form (a plain `begin` and a blind create; a create begun in entity mode commits in
+    /// one write, [`Rig::create_in_entity`]) and settled; one entity-mode
+    /// change is made and settled first, because the first entity commit of an item
+    /// written in the transactional form takes two `UpdateItem` (the item has no `outbox`
+    /// map yet: the first form's condition fails, the second sets the map); the next change
+    /// is measured. Any `TransactWriteItems` (a fallback to the transactional form) fails the
     /// call-count assertions.
     async fn commit_in_entity(
         &self,
@@ -521,6 +546,123 @@ impl Rig {
     }
 }
 
+impl Rig {
+    /// A create in entity mode: `begin_entity` on a new order; with `read`, the read of
+    /// its key (no item) and its put with `ExpectedVersion::Absent`, which the read pins
+    /// to the key's version; without, its put expecting a key never written
+    /// (`ExpectedVersion::AbsentAt(0)`, as the orders API places an order under a fresh
+    /// id); one event, the commit: one conditional `UpdateItem` creating the order with
+    /// its outbox entry inside, no `TransactWriteItems` (the call counts fail on one). The
+    /// order is new, so this is every create's cost, not a steady state.
+    async fn create_in_entity(
+        &self,
+        outbox: &Outbox,
+        control: &ControlPath,
+        inline: bool,
+        read: bool,
+        n: usize,
+    ) -> (Flow, EntitySizes) {
+        let key: ItemKey = format!("ORDER#{n}").parse().unwrap();
+        let events = "events".parse().unwrap();
+        let first_check = Timing::default().first_check_delay;
+        self.reset();
+        let mut txn = outbox.begin_entity(key.clone()).await.expect("begin in entity mode");
+        let expected = if read {
+            assert!(txn.get(&key).await.expect("read").is_none(), "the order is new");
+            ExpectedVersion::Absent
+        } else {
+            ExpectedVersion::AbsentAt(0)
+        };
+        txn.put(key.clone(), order(n), expected);
+        txn.emit(Message::json("events".parse().unwrap(), &event(n, 0)).unwrap());
+        let committed = txn.commit().await.expect("commit");
+        let (request_calls, mut request) = self.snapshot();
+        let written = self.meter.written();
+        let entry = self.entry_bytes();
+        let read_with_entry = if inline {
+            None
+        } else {
+            Some(self.stored_size(&key).await)
+        };
+        let (control_calls, mut control_bill, checks) = self.settle(control, committed.txn_id, first_check).await;
+        let after = self.stored_size(&key).await;
+        let with_entry = after + entry - self.mark_bytes(&key, committed.txn_id).await;
+        if let Some(read) = read_with_entry {
+            assert_eq!(read, with_entry, "the entry's size, read and derived");
+        }
+        if inline {
+            assert_eq!(committed.inline, InlineDispatch::Dispatched);
+            assert_eq!(
+                request_calls,
+                counts(&[
+                    ("BatchGetItem", usize::from(read)),
+                    ("SendMessage", 1),
+                    ("SendMessageBatch", 1),
+                    ("UpdateItem", 2)
+                ]),
+                "entity mode, a create (read first: {read}), request path, inline on: the read, the commit, the \
+                 publish, the settle"
+            );
+            assert_eq!(
+                control_calls,
+                counts(&[("GetItem", 1)]),
+                "entity mode, a create, control path, inline on: the entity read, its sent mark found"
+            );
+        } else {
+            assert_eq!(committed.inline, InlineDispatch::Off);
+            assert_eq!(
+                request_calls,
+                counts(&[
+                    ("BatchGetItem", usize::from(read)),
+                    ("SendMessage", 1),
+                    ("UpdateItem", 1)
+                ]),
+                "entity mode, a create (read first: {read}), request path, inline off"
+            );
+            assert_eq!(
+                control_calls,
+                counts(&[
+                    ("BatchGetItem", 1),
+                    ("GetItem", 1),
+                    ("SendMessageBatch", 1),
+                    ("UpdateItem", 1)
+                ]),
+                "entity mode, a create, control path, inline off"
+            );
+        }
+        assert_eq!(checks, 1, "one control message");
+        assert_eq!(self.backend.drain(&events).await.len(), 1, "the event published");
+
+        // The meter never saw the order put (an UpdateItem created it), so it charges
+        // both UpdateItem the minimum; DynamoDB's rule: the commit by the order with its
+        // entry (nothing before it), the settle by the larger of that and the order after.
+        let mut sizes = EntitySizes {
+            before: 0,
+            with_entry,
+            after,
+            metered_wru: 0.0,
+        };
+        let (commit_wru, removal_wru) = (sizes.commit_wru(), sizes.removal_wru());
+        let updates = |bill: &mut Bill| bill.get_mut("UpdateItem").map(|usage| std::mem::take(&mut usage.wru));
+        sizes.metered_wru = updates(&mut request).unwrap_or(0.0) + updates(&mut control_bill).unwrap_or(0.0);
+        if inline {
+            request.get_mut("UpdateItem").expect("the commit").wru = commit_wru + removal_wru;
+        } else {
+            request.get_mut("UpdateItem").expect("the commit").wru = commit_wru;
+            control_bill.get_mut("UpdateItem").expect("the settle").wru = removal_wru;
+        }
+        (
+            Flow {
+                request,
+                control: control_bill,
+                checks,
+                written,
+            },
+            sizes,
+        )
+    }
+}
+
 /// An attribute value in DynamoDB JSON (`{"S": ...}`), as `item_size` reads it.
 fn dynamodb_json(value: &AttributeValue) -> Value {
     match value {
@@ -618,15 +760,15 @@ impl Rig {
             assert_eq!(
                 calls,
                 counts(&[
-                    ("BatchGetItem", 1),
+                    ("BatchGetItem", 2),
                     ("GetItem", 1),
                     ("PutItem", 1),
                     ("SendMessageBatch", 1),
                     ("UpdateItem", 2)
                 ]),
-                "entity mode: the entity's read, the dedup record's read, the entity's write (an \
-                 UpdateItem, which keeps a vacant key's fence mark), the send, the dedup record's put, \
-                 the entry's removal"
+                "entity mode: the entity's read, the dedup record's read, the missing entity's key read \
+                 across its lives (the handler creates it), the entity's write (an UpdateItem, which keeps \
+                 a vacant key's fence mark), the send, the dedup record's put, the entry's removal"
             );
         } else {
             assert_eq!(
@@ -1059,6 +1201,9 @@ async fn run(batch_size: f64) {
     let (entity_off5, entity_sizes_off5) = rig.commit_in_entity(&plain, &control, 5, false, 12).await;
     let (entity_on1, entity_sizes_on1) = rig.commit_in_entity(&inline, &control, 1, true, 13).await;
     let (entity_on5, entity_sizes_on5) = rig.commit_in_entity(&inline, &control, 5, true, 14).await;
+    let (create_on1, create_sizes_on1) = rig.create_in_entity(&inline, &control, true, true, 15).await;
+    let (create_off1, create_sizes_off1) = rig.create_in_entity(&plain, &control, false, true, 16).await;
+    let (fresh_on1, fresh_sizes_on1) = rig.create_in_entity(&inline, &control, true, false, 17).await;
     let abandoned = rig.abandon(&plain, &control).await;
     let entity_abandoned = rig.abandon_in_entity(&plain, &control, false, 21).await;
     let entity_fenced = rig.abandon_in_entity(&plain, &control, true, 22).await;
@@ -1148,6 +1293,27 @@ async fn run(batch_size: f64) {
             }
         );
     }
+    println!("entity mode, a create (a new order: one UpdateItem creates it with its entry):");
+    for (name, sizes) in [
+        ("its key read first, 1 message, inline off", &create_sizes_off1),
+        ("its key read first, 1 message, inline on", &create_sizes_on1),
+        ("a fresh key, not read, 1 message, inline on", &fresh_sizes_on1),
+    ] {
+        println!(
+            "  {name}: order {} B with its entry, {} B after the entry settled; UpdateItem by DynamoDB's rule: \
+             commit {} WRU (nothing before it) + settle {} WRU (the meter, which never saw the order put: {} WRU{})",
+            sizes.with_entry,
+            sizes.after,
+            sizes.commit_wru(),
+            sizes.removal_wru(),
+            sizes.metered_wru,
+            if sizes.metered_wru == sizes.commit_wru() + sizes.removal_wru() {
+                ", the same"
+            } else {
+                "; the rule's figure is used"
+            }
+        );
+    }
     println!(
         "* = modelled, not counted: ESM ReceiveMessage + DeleteMessageBatch per batch of control messages, \
          Lambda invocations (API 1 per request; worker 1 per batch) and GB-s at 256 MB (API p50 {API_MS_INLINE_OFF} ms \
@@ -1186,16 +1352,38 @@ async fn run(batch_size: f64) {
                             .to_owned(),
                         ours_committed(entity_off, API_MS_ENTITY_INLINE_OFF, batch),
                     ),
-                    (
-                        "NServiceBus transactional session, DynamoDB persistence".to_owned(),
-                        nservicebus_committed(&sizes, messages, batch),
-                    ),
-                    (
-                        "DynamoDB Streams relay".to_owned(),
-                        streams_committed(&sizes, messages, batch),
-                    ),
                 ],
             ));
+            let rows = &mut out.last_mut().expect("just pushed").1;
+            if messages == 1 {
+                rows.extend([
+                    (
+                        "this outbox in entity mode, inline on (a create of a new order, its key read first)"
+                            .to_owned(),
+                        ours_committed(&create_on1, API_MS_ENTITY_INLINE_ON, batch),
+                    ),
+                    (
+                        "this outbox in entity mode, inline off (a create of a new order, its key read first)"
+                            .to_owned(),
+                        ours_committed(&create_off1, API_MS_ENTITY_INLINE_OFF, batch),
+                    ),
+                    (
+                        "this outbox in entity mode, inline on (a create under a fresh key, not read: AbsentAt(0))"
+                            .to_owned(),
+                        ours_committed(&fresh_on1, API_MS_ENTITY_INLINE_ON, batch),
+                    ),
+                ]);
+            }
+            rows.extend([
+                (
+                    "NServiceBus transactional session, DynamoDB persistence".to_owned(),
+                    nservicebus_committed(&sizes, messages, batch),
+                ),
+                (
+                    "DynamoDB Streams relay".to_owned(),
+                    streams_committed(&sizes, messages, batch),
+                ),
+            ]);
         }
         let read = sizes.business_read_rru;
         let mut in_request = Cost::default();
@@ -1383,6 +1571,53 @@ async fn run(batch_size: f64) {
         println!(
             "\nentity mode, {name}: ${low:.2} (worker batch 1) / ${high:.2} (batch 10) per million committed \
              transactions (1 message), goal <= ${GOAL_ENTITY_DOLLARS:.1}: {}",
+            match (low <= GOAL_ENTITY_DOLLARS, high <= GOAL_ENTITY_DOLLARS) {
+                (true, _) => "met".to_owned(),
+                (false, true) => "met at batch 10 only".to_owned(),
+                (false, false) => format!("not met (${:.2} over at batch 10)", high - GOAL_ENTITY_DOLLARS),
+            }
+        );
+        for batch in [1.0, 10.0] {
+            ours_committed(flow, api_ms, batch).print_breakdown(batch);
+        }
+    }
+    // A create in entity mode against the same create in the transactional form
+    // (`Rig::commit`: the read, the put, the transaction).
+    for (name, flow, api_ms, transactional, transactional_ms) in [
+        (
+            "its key read first, inline on",
+            &create_on1,
+            API_MS_ENTITY_INLINE_ON,
+            &on1,
+            API_MS_INLINE_ON,
+        ),
+        (
+            "its key read first, inline off",
+            &create_off1,
+            API_MS_ENTITY_INLINE_OFF,
+            &off1,
+            API_MS_INLINE_OFF,
+        ),
+        (
+            "a fresh key, not read (AbsentAt(0)), inline on",
+            &fresh_on1,
+            API_MS_ENTITY_INLINE_ON,
+            &on1,
+            API_MS_INLINE_ON,
+        ),
+    ] {
+        let (low, high) = (
+            ours_committed(flow, api_ms, 1.0).dollars().3,
+            ours_committed(flow, api_ms, 10.0).dollars().3,
+        );
+        let (was_low, was_high) = (
+            ours_committed(transactional, transactional_ms, 1.0).dollars().3,
+            ours_committed(transactional, transactional_ms, 10.0).dollars().3,
+        );
+        println!(
+            "\nentity mode, a create ({name}): ${low:.2} (worker batch 1) / ${high:.2} (batch 10) \
+             per million committed transactions (1 message), goal <= ${GOAL_ENTITY_DOLLARS:.1}: {}; the same create \
+             in the transactional form: ${was_low:.2} / ${was_high:.2}",
             match (low <= GOAL_ENTITY_DOLLARS, high <= GOAL_ENTITY_DOLLARS) {
                 (true, _) => "met".to_owned(),
                 (false, true) => "met at batch 10 only".to_owned(),
