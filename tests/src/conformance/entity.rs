@@ -668,7 +668,7 @@ pub async fn a_late_attempt_never_applies_to_a_later_life_of_its_item(b: &Backen
         Err(CommitError::VersionConflict { .. }) => {}
         other => panic!("{}: T's late attempt on the item's new life: {other:?}", b.name),
     }
-    let version = b.store.get_items(&[entity_key.clone()]).await.unwrap()[&entity_key].version;
+    let version = b.store.get_items(std::slice::from_ref(&entity_key)).await.unwrap()[&entity_key].version;
     assert_eq!(
         version, 4,
         "{}: the delete and the new life continue the versions",
