@@ -40,7 +40,12 @@ impl Publisher for LoggingPublisher {
     ) -> Result<Vec<EntryFailure>, PublishError> {
         let failures = self.inner.send_batch(destination, messages).await?;
         for message in messages.iter().filter(|m| !failures.iter().any(|f| f.id == m.id)) {
-            tracing::info!(%destination, message_id = %message.id, txn_id = %message.txn_id, body = %message.body, "dispatched message");
+            // Its place in its order's history, where it has one ("-" where not).
+            let (entity, seq) = match &message.position {
+                Some(position) => (position.entity.to_string(), position.seq.to_string()),
+                None => ("-".to_owned(), "-".to_owned()),
+            };
+            tracing::info!(%destination, message_id = %message.id, txn_id = %message.txn_id, %entity, %seq, body = %message.body, "dispatched message");
         }
         Ok(failures)
     }
