@@ -205,7 +205,13 @@ impl Staging {
             .map(|read| {
                 read.entries
                     .values()
-                    .filter(|entry| entry.txn_id != txn_id && entry.state == crate::protocol::OutboxState::Pending)
+                    // A consumer's entry (its attempt named) is the consumer's to publish
+                    // and settle: its dedup record must come first.
+                    .filter(|entry| {
+                        entry.txn_id != txn_id
+                            && entry.state == crate::protocol::OutboxState::Pending
+                            && entry.attempt.is_none()
+                    })
                     .cloned()
                     .collect()
             })
@@ -220,10 +226,12 @@ impl Staging {
         if !self.native.is_empty() || self.messages.is_empty() {
             return None;
         }
+        // The protocol's own items (an in-order consumer's chain position) are no entity
+        // of the application's.
         let mut changes = self
             .writes
             .values()
-            .filter(|write| !matches!(write, BusinessWrite::Check { .. }));
+            .filter(|write| !matches!(write, BusinessWrite::Check { .. }) && !write.key().is_protocol());
         let (Some(change), None) = (changes.next(), changes.next()) else {
             return None;
         };

@@ -64,7 +64,7 @@ fn entity_write(
         Some(BusinessWrite::Delete { .. }) => return Err(refuse("a delete of it, which cannot hold its entry".into())),
         // Only messages (and maybe a check of the entity as read): the entity keeps the
         // data read and carries the entry, conditioned on the version read.
-        Some(BusinessWrite::Check { expected, .. }) if *expected != as_read => {
+        Some(BusinessWrite::Check { expected, .. }) if !same_life(*expected, as_read) => {
             return Err(refuse(format!(
                 "a check expecting {expected:?}, but it was read as {as_read:?}: its data as read cannot be kept"
             )))
@@ -75,6 +75,17 @@ fn entity_write(
         return Err(refuse("messages, but the entity does not exist to hold them".into()));
     }
     Ok(write)
+}
+
+/// Whether two expectations of the entity name the same state of it: the same version of
+/// an item, or no item (a create pinned to the version a delete left, `AbsentAt`, expects
+/// what a read of the missing entity, `Absent`, saw).
+fn same_life(one: ExpectedVersion, other: ExpectedVersion) -> bool {
+    match (one, other) {
+        (ExpectedVersion::Exactly(one), ExpectedVersion::Exactly(other)) => one == other,
+        (ExpectedVersion::Exactly(_), _) | (_, ExpectedVersion::Exactly(_)) => false,
+        (_, _) => true,
+    }
 }
 
 /// What [`Consumer::block_attempts`] did.
@@ -134,7 +145,7 @@ impl Consumer {
                         let as_now = entity.as_ref().map_or(ExpectedVersion::Absent, |entity| {
                             ExpectedVersion::Exactly(entity.item.version)
                         });
-                        if unknown_expected.contains(&as_now) {
+                        if unknown_expected.iter().any(|expected| same_life(*expected, as_now)) {
                             match entity.as_ref() {
                                 Some(entity) => match self.block_attempts(&key, txn_id, entity).await {
                                     Blocked::Done => {}

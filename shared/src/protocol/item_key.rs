@@ -54,6 +54,11 @@ impl ItemKey {
         Self(text)
     }
 
+    /// Whether it is one of the protocol's own keys ([`Self::protocol`]).
+    pub fn is_protocol(&self) -> bool {
+        RESERVED_KEY_PREFIXES.iter().any(|prefix| self.0.starts_with(prefix))
+    }
+
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0

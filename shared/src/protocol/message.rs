@@ -233,13 +233,24 @@ pub struct OutgoingMessage {
     /// Its place in the history of the entity its transaction changed, on its
     /// destination, where the transaction changed one entity it read ([`Position`]):
     /// carried on every send ([`ENTITY_ATTRIBUTE`], [`POSITION_ATTRIBUTE`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_position"
+    )]
     pub position: Option<Position>,
 }
 
 /// A stored trace context, or none where it cannot be read: a context never makes its
 /// message unreadable (docs/PROTOCOL.md section 14).
 fn lenient_trace<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<TraceContext>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(deserializer)?;
+    Ok(value.and_then(|value| serde_json::from_value(value).ok()))
+}
+
+/// A stored position, or none where it cannot be read: a position never makes its
+/// message unreadable.
+fn lenient_position<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Position>, D::Error> {
     let value = Option::<serde_json::Value>::deserialize(deserializer)?;
     Ok(value.and_then(|value| serde_json::from_value(value).ok()))
 }

@@ -622,3 +622,37 @@ async fn in_entity_mode_a_create_expects_the_version_a_delete_left() {
         .collect();
     assert_eq!(expected, [(ExpectedVersion::AbsentAt(2), 3, true)]);
 }
+
+/// A consumer's entry waiting in its entity (its publish failed) is the consumer's: a
+/// request-path transaction committed into the same item, which publishes the item's
+/// earlier waiting entries first, leaves it there, so that the consumer writes its dedup
+/// record before the entry leaves (else a copy of the message would apply again).
+#[tokio::test]
+async fn a_request_path_publisher_leaves_a_consumers_entry_to_the_consumer() {
+    let world = world(entity_mode(), 1);
+    let failed = world.consumer.consume(&copy("q-1", "T:0", "o-1")).await;
+    assert!(matches!(failed, Err(ConsumeError::Publish { .. })), "{failed:?}");
+    let consumed = world.consumer.txn_id("T:0");
+    assert!(world.entity("o-1").await.entries.contains_key(&consumed));
+    let ports = world.backend.request_ports(world.clock.clone());
+    let outbox = crate::request::Outbox::new(ports, crate::settings::Timing::default(), Default::default())
+        .with_inline_publisher(world.backend.publisher.clone());
+    let key: ItemKey = "COUNT#o-1".parse().unwrap();
+    let mut txn = outbox.begin_entity(key.clone()).await.unwrap();
+    let read = txn.get(&key).await.unwrap().unwrap();
+    txn.put(
+        key.clone(),
+        json!({"count": 50}),
+        ExpectedVersion::Exactly(read.version),
+    );
+    txn.emit(Message::json(events(), &json!({"type": "Changed"})).unwrap());
+    txn.commit().await.unwrap();
+    assert!(
+        world.entity("o-1").await.entries.contains_key(&consumed),
+        "the consumer's entry stays for the consumer"
+    );
+    assert_eq!(
+        world.consumer.consume(&copy("q-2", "T:0", "o-1")).await.unwrap(),
+        ConsumeOutcome::Resumed { messages: 1 }
+    );
+}

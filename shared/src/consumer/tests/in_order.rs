@@ -211,3 +211,51 @@ async fn the_position_outlives_the_dedup_data() {
     );
     assert_eq!(applied(&backend, "ORDER#a").await, [1]);
 }
+
+/// Emits one message for each it applies, writing nothing else: its commit's only
+/// change is the library's own position item.
+struct Forwarding;
+
+#[async_trait]
+impl Handler for Forwarding {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let seq = message.position()?.ok_or("no position")?.seq;
+        staging.emit(crate::protocol::Message::json(
+            "inbox".parse()?,
+            &json!({ "forwarded": seq }),
+        )?);
+        Ok(())
+    }
+
+    fn in_order(&self) -> bool {
+        true
+    }
+}
+
+/// An in-order handler that only emits: its messages are placed in no entity (the chain's
+/// position item is the library's, not an entity of the application's), and its record
+/// reads back, so that a copy of the message is a duplicate.
+#[tokio::test]
+async fn the_position_item_is_no_entity_to_place_messages_in() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
+    let consumer = Consumer::new(
+        "ordered".parse().unwrap(),
+        backend.consumer_ports(clock.clone()),
+        Arc::new(Forwarding),
+        Duration::from_secs(3600),
+    );
+    consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
+    let queue = backend.publisher.queue(&"inbox".parse().unwrap()).unwrap();
+    let sent = queue.receive(10);
+    assert_eq!(sent.len(), 1);
+    assert!(
+        Position::from_attributes(&sent[0].attributes).unwrap().is_none(),
+        "{:?}",
+        sent[0].attributes
+    );
+    assert_eq!(
+        consumer.consume(&placed("ORDER#a", 1)).await.unwrap(),
+        ConsumeOutcome::Duplicate
+    );
+}

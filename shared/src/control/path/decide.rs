@@ -38,7 +38,9 @@ fn earlier_entries(entries: Option<&BTreeMap<TxnId, OutboxRecord>>, entry: &Outb
     let mut earlier: Vec<OutboxRecord> = entries
         .into_iter()
         .flat_map(BTreeMap::values)
-        .filter(|other| other.state == OutboxState::Pending && commit_order(other) < before)
+        // A consumer's entry (its attempt named) is the consumer's to publish and settle:
+        // its dedup record must come first.
+        .filter(|other| other.state == OutboxState::Pending && other.attempt.is_none() && commit_order(other) < before)
         .cloned()
         .collect();
     earlier.sort_by_key(commit_order);
