@@ -2,8 +2,13 @@
 //! backend, every interleaving and crash point for one transaction, and thousands of
 //! seeded random schedules with several transactions, duplicate deliveries and clock
 //! jumps. After each schedule the invariants I1 to I7 and the business state are checked.
+//! Every schedule also checks the entities' chains (each committed message's place in its
+//! entity's history) and, on the FIFO destination, that the first deliveries of an
+//! entity's entity-form commits come in seq order.
 //! At the end, message handlers: copies of one incoming message through a consumer, in
-//! the transactional mode and in entity mode, checked against C1 to C5.
+//! the transactional mode and in entity mode, checked against C1 to C5; and the in-order
+//! consumer, the placed messages delivered in any order with a duplicate, each applied
+//! once in chain order.
 //!
 //! Rerun one random schedule: `SIM_SEED=<seed> cargo test -p outbox-tests --test simulation -- --nocapture`.
 //! Run more: `SIM_SCHEDULES=100000 cargo test ...`.
@@ -13,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use outbox::request::{InlineDispatch, Settlement, TxnError};
 use outbox_tests::sim::{
-    run_schedule, run_split_schedule, sim_timing, ApiResult, DepthFirst, Fault, FaultsDepthFirst, LateOps, LoopEnds,
-    Op, Outcome, Seeded, SimConfig, SplitConfig, SplitCounts, UnknownCommits,
+    run_schedule, run_split_schedule, sim_timing, ApiResult, ChainCounts, DepthFirst, Fault, FaultsDepthFirst, LateOps,
+    LoopEnds, Op, Outcome, Seeded, SimConfig, SplitConfig, SplitCounts, UnknownCommits,
 };
 
 /// A coarse name for how a schedule's requests ended, to show the exploration reached
@@ -659,6 +664,20 @@ fn split_records_stay_whole_under_concurrent_marks_and_partial_batches() {
     assert!(counts.orphaned_parts > 0, "{counts:?}");
 }
 
+/// The chain counts as one line: transactions placed, who published them first, and the
+/// attempts the continued version refused.
+fn chains_line(name: &str, schedules: usize, chains: &ChainCounts) -> String {
+    format!(
+        "chains, {name}: {schedules} schedules; {} committed transactions placed in their entity's history ({} in entity form, their FIFO first deliveries checked in seq order); predecessors sent first by a later transaction's publisher {}; first published by a control worker {}; attempts of committed transactions refused by the continued version {}; FIFO first deliveries out of seq order where a transactional-form commit is involved (no order promised, not checked) {}",
+        chains.placed,
+        chains.entity_form,
+        chains.predecessor_first,
+        chains.first_by_worker,
+        chains.refused_by_version,
+        chains.transactional_out_of_order,
+    )
+}
+
 fn replay_arg(choices: &[usize]) -> String {
     choices.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
@@ -712,10 +731,23 @@ fn random_config(seed: u64) -> SimConfig {
     }
 }
 
+/// [`run_schedule`], a panic inside it (the library's, or the simulation's) an error, so
+/// that the seed that reached it is named.
+fn run_caught(chooser: &mut Seeded, config: &SimConfig) -> Result<Outcome, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_schedule(chooser, config))).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+            .unwrap_or_default();
+        Err(format!("the schedule panicked: {message}"))
+    })
+}
+
 fn run_seed(seed: u64) -> Result<Outcome, String> {
     let config = random_config(seed);
     let mut chooser = Seeded::new(seed, 8);
-    let outcome = run_schedule(&mut chooser, &config)?;
+    let outcome = run_caught(&mut chooser, &config)?;
     outcome
         .observed
         .check()
@@ -746,6 +778,7 @@ fn thousands_of_random_schedules_keep_the_invariants() {
     let mut unknown = UnknownCommits::default();
     let mut late = LateOps::default();
     let mut entity = EntityTally::default();
+    let mut chains = ChainCounts::default();
     for seed in 0..count {
         let outcome = run_seed(seed).unwrap_or_else(|error| {
             panic!("seed {seed}: {error}\nrerun it with SIM_SEED={seed} cargo test -p outbox-tests --test simulation -- --nocapture")
@@ -763,6 +796,7 @@ fn thousands_of_random_schedules_keep_the_invariants() {
             }
         }
         late.add(&outcome.late);
+        chains.add(&outcome.chains);
         if random_config(seed).entity {
             entity.add(&outcome);
         }
@@ -779,9 +813,14 @@ fn thousands_of_random_schedules_keep_the_invariants() {
         late.control_sends,
     );
     entity.print("random schedules", started);
+    println!("{}", chains_line("random schedules", count as usize, &chains));
     assert!(
         count < 100 || (commits > 0 && tombstones > 0 && faults > 0),
         "the random schedules never reached some path"
+    );
+    assert!(
+        count < 100 || (chains.predecessor_first > 0 && chains.first_by_worker > 0),
+        "the random schedules never reached some path of the chains: {chains:?}"
     );
     assert!(
         count < 100
@@ -907,6 +946,7 @@ struct EntityTally {
     unknown: UnknownCommits,
     loop_ends: LoopEnds,
     endings: BTreeMap<&'static str, usize>,
+    chains: ChainCounts,
 }
 
 impl EntityTally {
@@ -928,6 +968,7 @@ impl EntityTally {
         }
         self.tombstones += observed.tombstones.len();
         self.late.add(&outcome.late);
+        self.chains.add(&outcome.chains);
         self.unknown.add(&outcome.unknown_commits);
         self.loop_ends.add(&outcome.loop_ends);
         for result in &observed.api_results {
@@ -959,6 +1000,10 @@ impl EntityTally {
             self.unknown,
             self.loop_ends,
             self.endings,
+        );
+        println!(
+            "{}",
+            chains_line(&format!("entity mode, {name}"), self.schedules, &self.chains)
         );
     }
 }
@@ -1670,7 +1715,7 @@ fn entity_mode_clocks_skewed_by_up_to_an_hour_keep_the_invariants() {
             retention_jump: false,
         };
         let mut chooser = Seeded::new(seed, 8);
-        let outcome = run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("skew seed {seed}: {error}"));
+        let outcome = run_caught(&mut chooser, &config).unwrap_or_else(|error| panic!("skew seed {seed}: {error}"));
         outcome
             .observed
             .check()
@@ -1746,14 +1791,17 @@ fn transactions_that_outlive_their_request_keep_the_invariants() {
 }
 
 /// Section 7 of issue 28: items deleted and created again under late attempts. An actor
-/// deletes each counter (through the outbox, at the version it reads) and creates it
-/// again at version 1, racing requests in entity mode whose commits are late, held or
-/// lost, workers that fence them, and clocks skewed by up to an hour. A fenced
-/// transaction's late commit meets the counter's mark on the new counter too (the delete
-/// kept it in a vacant item, the create kept it); one never fenced may apply to the new
-/// counter (the versioned item's ABA, as in the transactional form), and is then
-/// published like any commit. I1-I7, the entity checks and the counters' versions per
-/// incarnation hold.
+/// deletes each counter and creates it again, each in a transaction of the request path
+/// that reads the counter through its staging and emits an event and an audit entry
+/// (placed in the counter's history like the requests'), racing requests in entity mode
+/// whose commits are late, held or lost, workers that fence them, and clocks skewed by up
+/// to an hour. A fenced transaction's late commit meets the counter's mark on the new
+/// counter too (the delete kept it in a vacant item, the create kept it); any late
+/// attempt meets the version the counter continued at, so it never applies to a later
+/// life. I1-I7, the entity checks, the counters' versions across their lives and the
+/// chains (seq, version and `after` across the delete and the re-create) hold; then one
+/// request beside the deleter, every placement of up to two late or lost commits, reaches
+/// an attempt of a committed transaction refused by the continued version.
 #[test]
 fn entity_mode_items_deleted_and_created_again_keep_the_invariants() {
     const HOUR: i64 = 3_600_000;
@@ -1793,7 +1841,7 @@ fn entity_mode_items_deleted_and_created_again_keep_the_invariants() {
             retention_jump: false,
         };
         let mut chooser = Seeded::new(seed, 8);
-        let outcome = run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("delete seed {seed}: {error}"));
+        let outcome = run_caught(&mut chooser, &config).unwrap_or_else(|error| panic!("delete seed {seed}: {error}"));
         outcome
             .observed
             .check()
@@ -1806,7 +1854,35 @@ fn entity_mode_items_deleted_and_created_again_keep_the_invariants() {
     if count >= 100 {
         assert!(deletes > 0, "no counter was deleted");
         assert!(tally.late.fence_refused > 0 && tally.late.commits.1 > 0, "{tally:?}");
+        assert!(tally.chains.predecessor_first > 0, "{tally:?}");
     }
+
+    // One request beside the deleter, every placement of up to two faults on its commit
+    // (on its way, applied later by a ghost; or applied with the reply lost), under the
+    // request-first order and 30 random orders: an attempt of a transaction that
+    // committed meanwhile (another attempt applied) arrives after the entry was settled,
+    // or after the delete and the re-create, and the version the counter continued at
+    // refuses it.
+    fn late_or_lost(op: Op) -> Vec<Fault> {
+        match op {
+            Op::Commit => vec![Fault::Late, Fault::ReplyLost],
+            Op::LateCommit => vec![Fault::Fail],
+            _ => vec![],
+        }
+    }
+    let started = Instant::now();
+    let mut late = EntityTally::default();
+    let config = SimConfig {
+        deletes: true,
+        fault_budget: 2,
+        faults_only: Some(late_or_lost),
+        ..in_entity_mode(one_transaction(false))
+    };
+    for outcome in run_fault_sequences("late attempts across a delete", &config, 30) {
+        late.add(&outcome);
+    }
+    late.print("late attempts across a delete and a re-create", started);
+    assert!(late.chains.refused_by_version > 0, "{late:?}");
 }
 
 /// Section 7 of issue 28: a message handler in entity mode whose decision changes between
@@ -1922,7 +1998,7 @@ fn entity_mode_marks_past_their_time_make_room_after_the_retention() {
         };
         let mut chooser = Seeded::new(seed, 8);
         let mut outcome =
-            run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("forget seed {seed}: {error}"));
+            run_caught(&mut chooser, &config).unwrap_or_else(|error| panic!("forget seed {seed}: {error}"));
         outcome
             .observed
             .statuses
@@ -1941,4 +2017,120 @@ fn entity_mode_marks_past_their_time_make_room_after_the_retention() {
         );
         assert!(tally.settled > 0 && tally.settled_into_records > 0, "{tally:?}");
     }
+}
+
+use outbox_tests::sim::{produced, run_in_order_schedule, InOrderConfig, InOrderCounts};
+
+/// The in-order consumer (`Handler::in_order`): the placed messages the real request path
+/// published for two entities (`ORDER#a` seq 1 to 4, two of them from one transaction
+/// and a change that sent nothing between; `ORDER#b` seq 1), and a second copy of
+/// `ORDER#a`'s seq 2, delivered by a queue in any order: every order of delivery, one
+/// consumer at a time; every placement of one fault (crashes, a lost reply, a refusal, a
+/// commit applied late by a ghost, a requeue that crashes or fails) with two at once
+/// under seeded orders; and seeded random schedules of three at once with up to three
+/// faults and waiting copies coming back at any moment. After each, every placed message
+/// was applied once, in chain order, none skipped, and the queue is empty.
+#[test]
+fn in_order_consumer_applies_each_placed_message_once_in_chain_order() {
+    let started = Instant::now();
+    let chain: Vec<String> = produced()
+        .iter()
+        .filter_map(|request| {
+            outbox::protocol::Position::from_attributes(&request.attributes)
+                .ok()
+                .flatten()
+        })
+        .map(|position| {
+            format!(
+                "{} seq {} version {} after {}",
+                position.entity, position.seq, position.version, position.after
+            )
+        })
+        .collect();
+    // The producer's chain as the request path stamped it: two transactions' worth on
+    // ORDER#a, a change that sent nothing, then one more (its `after` skips it).
+    assert_eq!(
+        chain,
+        [
+            "ORDER#a seq 1 version 1 after 0",
+            "ORDER#a seq 2 version 2 after 1",
+            "ORDER#a seq 3 version 2 after 1",
+            "ORDER#b seq 1 version 1 after 0",
+            "ORDER#a seq 4 version 4 after 2",
+        ]
+    );
+    let mut total = InOrderCounts::default();
+    let mut lines = Vec::new();
+    let mut sweep = |name: &str, counts: InOrderCounts, lines: &mut Vec<String>| {
+        lines.push(format!(
+            "{name}: {} schedules, {} deliveries waited, {} duplicates, {} redeliveries",
+            counts.schedules,
+            counts.waits,
+            counts.outcome("duplicate"),
+            counts.redeliveries
+        ));
+        total.add(&counts);
+    };
+
+    // Every order of delivery, each consumed to its end before the next starts.
+    let config = InOrderConfig::new(1, 0);
+    let mut counts = InOrderCounts::default();
+    let mut prefix = Some(Vec::new());
+    while let Some(choices) = prefix {
+        let mut chooser = DepthFirst::new(choices.clone());
+        let outcome = run_in_order_schedule(&mut chooser, &config)
+            .unwrap_or_else(|error| panic!("in order, every order: schedule {choices:?}: {error}"));
+        counts.add(&outcome.counts);
+        prefix = chooser.next_prefix();
+    }
+    sweep("every order of delivery", counts, &mut lines);
+
+    // Every placement of one fault, two consumers at once, under seeded orders.
+    let config = InOrderConfig::new(2, 1);
+    let mut counts = InOrderCounts::default();
+    for seed in 0..4 {
+        let mut prefix = Some(Vec::new());
+        while let Some(choices) = prefix {
+            let mut chooser = FaultsDepthFirst::new(choices.clone(), Some(seed));
+            let outcome = run_in_order_schedule(&mut chooser, &config)
+                .unwrap_or_else(|error| panic!("in order, one fault, seed {seed}: faults {choices:?}: {error}"));
+            counts.add(&outcome.counts);
+            prefix = chooser.next_prefix();
+        }
+    }
+    sweep("every placement of one fault, two at once", counts, &mut lines);
+
+    // Seeded random schedules: three at once, up to three faults.
+    let schedules: u64 = std::env::var("SIM_IN_ORDER_SCHEDULES")
+        .map(|n| n.parse().expect("SIM_IN_ORDER_SCHEDULES is a number"))
+        .unwrap_or(1000);
+    let mut counts = InOrderCounts::default();
+    for seed in 0..schedules {
+        let mut rng = fastrand::Rng::with_seed(seed ^ 0x0bde);
+        let config = InOrderConfig {
+            advance_early: true,
+            ..InOrderConfig::new(3, rng.usize(0..=3))
+        };
+        let mut chooser = Seeded::new(seed, 12);
+        let outcome = run_in_order_schedule(&mut chooser, &config)
+            .unwrap_or_else(|error| panic!("in order, random, seed {seed}: {error}"));
+        counts.add(&outcome.counts);
+    }
+    sweep("seeded random, three at once, up to three faults", counts, &mut lines);
+
+    println!(
+        "in order: {} schedules in {:.2?} ({}); the chain delivered: {chain:?}; deliveries ended: {:?}; crashes: {:?}; late commits (sent, applied) {:?}; messages applied {}",
+        total.schedules,
+        started.elapsed(),
+        lines.join("; "),
+        total.outcomes,
+        total.crashes,
+        total.late_commits,
+        total.applied,
+    );
+    for outcome in ["processed", "duplicate", "waiting", "crashed", "failed: waiting"] {
+        assert!(total.outcome(outcome) > 0, "no delivery ended {outcome:?}: {total:?}");
+    }
+    assert!(total.late_commits.1 > 0, "no late commit reached the table: {total:?}");
+    assert!(total.redeliveries > 0, "nothing was delivered again: {total:?}");
 }

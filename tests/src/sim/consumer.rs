@@ -680,6 +680,8 @@ impl World {
             in_flight: self.in_flight.clone(),
             fenced_out: None,
             signatures: None,
+            publishers: None,
+            refusals: None,
         })
     }
 
@@ -717,6 +719,7 @@ impl World {
             publisher: Arc::new(GatedPublisher {
                 inner: self.backend.publisher.clone(),
                 gate: gate.clone(),
+                publishers: None,
             }),
             clock: Arc::new(GatedClock {
                 inner: self.clock.clone(),
@@ -821,7 +824,7 @@ impl World {
                         LateOp::Commit(request) => GhostCommit::Transaction(request),
                         LateOp::EntityCommit(commit, _) => GhostCommit::Entity(commit),
                         other => {
-                            let arrived = late_op(store, queue, gate, other, None, None).await;
+                            let arrived = late_op(store, queue, gate, other, None, None, None).await;
                             return End::Ghost(if arrived { "applied" } else { "lost" });
                         }
                     };

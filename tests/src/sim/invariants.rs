@@ -1,5 +1,7 @@
 //! The invariants of docs/PROTOCOL.md section 5, checked against what the embedded backend
-//! really did (its history and queue logs), not against what actors were told.
+//! really did (its history and queue logs), not against what actors were told; and the
+//! entities' chains (each committed message's place in its entity's history) and the
+//! publish order on FIFO destinations.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -7,7 +9,10 @@ use futures::FutureExt;
 
 use outbox::embedded::{EmbeddedBackend, SentMessage, StoreEvent, DEDUPLICATION_WINDOW};
 use outbox::ports::{BusinessWrite, CommitRequest, ItemKey, Store};
-use outbox::protocol::{DestinationName, OutboxRecord, OutboxState, TxnId, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE};
+use outbox::protocol::{
+    DestinationName, OutboxRecord, OutboxState, OutgoingMessage, Position, TxnId, MESSAGE_ID_ATTRIBUTE,
+    TXN_ID_ATTRIBUTE,
+};
 use outbox::request::{Settlement, TxnStatus};
 use outbox::time::Timestamp;
 
@@ -65,6 +70,68 @@ pub struct Observed {
     /// What a status read (`GET /transactions/{id}`, given the item in entity mode) says at
     /// the end of each transaction that committed or was tombstoned.
     pub statuses: BTreeMap<TxnId, outbox::request::TxnStatus>,
+    /// Every committed message placed in its entity's history, as the history says it
+    /// committed, in commit order.
+    pub placed: Vec<Placed>,
+    /// Committed messages without a place, of transactions that changed one item (every
+    /// transaction of the simulation that changes an item reads it through its staging
+    /// first, so each of its messages must be placed): transaction and message id.
+    pub unplaced: Vec<(TxnId, String)>,
+    /// First deliveries on a FIFO destination that came after a later message of their
+    /// entity's chain, where one of the two was committed in the transactional form: no
+    /// order is promised there (the publish-order check leaves them out), counted.
+    pub fifo_unordered_transactional: usize,
+}
+
+/// A committed message placed in its entity's history.
+#[derive(Debug, Clone)]
+pub struct Placed {
+    /// Its transaction.
+    pub txn_id: TxnId,
+    /// Its id.
+    pub id: String,
+    /// Where it was sent.
+    pub destination: DestinationName,
+    /// Its place, as committed.
+    pub position: Position,
+    /// The version the commit left the entity at, as the history says (`None`: the
+    /// commit did not write the entity).
+    pub committed_version: Option<u64>,
+    /// Committed in entity form: one conditional write of the entity, the transaction's
+    /// entry inside it (what the publishers' commit order covers).
+    pub entity_form: bool,
+    /// The commit's place in the history.
+    pub commit: usize,
+}
+
+/// The messages of a commit (`commit`, the history's `index`-th event) as placed, and those
+/// left unplaced although the commit changed one item.
+#[allow(clippy::too_many_arguments)]
+fn place(
+    messages: &[OutgoingMessage],
+    txn_id: TxnId,
+    index: usize,
+    entity_form: bool,
+    changed: &[&ItemKey],
+    version_of: impl Fn(&ItemKey) -> Option<u64>,
+    placed: &mut Vec<Placed>,
+    unplaced: &mut Vec<(TxnId, String)>,
+) {
+    for message in messages {
+        match &message.position {
+            Some(position) => placed.push(Placed {
+                txn_id,
+                id: message.id.as_str().to_owned(),
+                destination: message.destination.clone(),
+                position: position.clone(),
+                committed_version: version_of(&position.entity),
+                entity_form,
+                commit: index,
+            }),
+            None if changed.len() == 1 => unplaced.push((txn_id, message.id.as_str().to_owned())),
+            None => {}
+        }
+    }
 }
 
 /// Records `version` as stored by a write of `key`, in its current incarnation.
@@ -76,7 +143,7 @@ fn stored(incarnations: &mut BTreeMap<String, Vec<Vec<u64>>>, key: String, versi
 /// A broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
-    /// Which invariant (`I1` to `I7`, `business`, `idempotency`).
+    /// Which invariant (`I1` to `I7`, `business`, `idempotency`, `chain`, `publish order`).
     pub invariant: &'static str,
     /// What was seen.
     pub detail: String,
@@ -104,9 +171,26 @@ impl Observed {
         let mut settled: BTreeSet<TxnId> = BTreeSet::new();
         let mut evicted_before_record = Vec::new();
         let mut entity_keys: BTreeMap<TxnId, ItemKey> = BTreeMap::new();
-        for event in backend.store.history() {
+        let (mut placed, mut unplaced) = (Vec::new(), Vec::new());
+        for (index, event) in backend.store.history().into_iter().enumerate() {
             match event {
                 StoreEvent::Committed { request, versions, .. } => {
+                    let changed: Vec<&ItemKey> = request
+                        .writes
+                        .iter()
+                        .filter(|write| !matches!(write, BusinessWrite::Check { .. }))
+                        .map(BusinessWrite::key)
+                        .collect();
+                    place(
+                        &request.outbox.messages,
+                        request.txn_id,
+                        index,
+                        false,
+                        &changed,
+                        |key| versions.get(key).copied(),
+                        &mut placed,
+                        &mut unplaced,
+                    );
                     for write in &request.writes {
                         match write {
                             BusinessWrite::Put { key, data, .. } => {
@@ -137,6 +221,16 @@ impl Observed {
                 // entry its record.
                 StoreEvent::EntityCommitted { commit, version, .. } => {
                     entity_commits += 1;
+                    place(
+                        &commit.entry.messages,
+                        commit.entry.txn_id,
+                        index,
+                        true,
+                        &[&commit.key],
+                        |key| (*key == commit.key).then_some(version),
+                        &mut placed,
+                        &mut unplaced,
+                    );
                     entity_keys.insert(commit.entry.txn_id, commit.key.clone());
                     let count = commit.data["count"].as_u64().unwrap_or(0);
                     items.insert(commit.key.to_string(), (version, count));
@@ -228,6 +322,7 @@ impl Observed {
                 *control_sent.entry(message.txn_id).or_default() += 1;
             }
         }
+        let fifo_unordered_transactional = unordered_transactional(&published, &placed);
         Self {
             commits,
             tombstones,
@@ -250,6 +345,9 @@ impl Observed {
             marks_forgotten,
             evicted_before_record,
             statuses,
+            placed,
+            unplaced,
+            fifo_unordered_transactional,
         }
     }
 
@@ -263,7 +361,146 @@ impl Observed {
         self.truthful_answers()?;
         self.business_state()?;
         self.idempotency_once()?;
-        self.entities()
+        self.entities()?;
+        self.chains()?;
+        self.fifo_publish_order()
+    }
+
+    /// The chain: every committed message of a transaction that changed one item it read
+    /// is placed; per entity and destination the places of the committed messages are
+    /// seq 1, 2, ..., n, each once (no gap; no fork: no two commits hold one seq), in the
+    /// order the history committed them; each `version` is the entity's version after its
+    /// commit, as the history says (so versions increase with seq, one transaction's
+    /// messages sharing its version), across deletes and re-creates; each `after` is the
+    /// version of the previous seq's transaction (0 before the first), the previous
+    /// transaction's where one transaction sent several.
+    fn chains(&self) -> Result<(), Violation> {
+        let fail = |detail: String| {
+            Err(Violation {
+                invariant: "chain",
+                detail,
+            })
+        };
+        if let Some((txn_id, id)) = self.unplaced.first() {
+            return fail(format!(
+                "message {id} of committed transaction {txn_id}, which changed one item it read, has no place in its history"
+            ));
+        }
+        let mut chains: BTreeMap<(&ItemKey, &DestinationName), Vec<&Placed>> = BTreeMap::new();
+        for placed in &self.placed {
+            if placed.position.chain != placed.destination {
+                return fail(format!(
+                    "message {} went to {} but is placed in the chain of {}",
+                    placed.id, placed.destination, placed.position.chain
+                ));
+            }
+            chains
+                .entry((&placed.position.entity, &placed.position.chain))
+                .or_default()
+                .push(placed);
+        }
+        for ((entity, chain), mut links) in chains {
+            let name = format!("{entity} on {chain}");
+            links.sort_by_key(|link| (link.position.seq, link.commit));
+            for (index, link) in links.iter().enumerate() {
+                let seq = index as u64 + 1;
+                let previous = index.checked_sub(1).map(|before| links[before]);
+                if link.position.seq < seq {
+                    let other = previous.expect("a seq below 1 is never read");
+                    return fail(format!(
+                        "{name}: a fork: seq {} is held by message {} of {} and by message {} of {}",
+                        link.position.seq, other.id, other.txn_id, link.id, link.txn_id
+                    ));
+                }
+                if link.position.seq > seq {
+                    return fail(format!(
+                        "{name}: a gap: no committed message holds seq {seq} (the next is {}, message {} of {})",
+                        link.position.seq, link.id, link.txn_id
+                    ));
+                }
+                match link.committed_version {
+                    Some(version) if version == link.position.version => {}
+                    committed => {
+                        return fail(format!(
+                            "{name}: seq {seq} (message {} of {}) says version {}, its commit left {entity} at {committed:?}",
+                            link.id, link.txn_id, link.position.version
+                        ))
+                    }
+                }
+                let after = match previous {
+                    None => 0,
+                    Some(before) if before.txn_id == link.txn_id => before.position.after,
+                    Some(before) => before.position.version,
+                };
+                if link.position.after != after {
+                    return fail(format!(
+                        "{name}: seq {seq} (message {} of {}) says after {}, the version of the previous seq's transaction is {after}",
+                        link.id, link.txn_id, link.position.after
+                    ));
+                }
+                if let Some(before) = previous {
+                    let increases = if before.txn_id == link.txn_id {
+                        before.position.version == link.position.version
+                    } else {
+                        before.position.version < link.position.version && before.commit < link.commit
+                    };
+                    if !increases {
+                        return fail(format!(
+                            "{name}: seq {} (version {}, commit #{}) comes before seq {seq} (version {}, commit #{}) in the chain but not in the history",
+                            before.position.seq, before.position.version, before.commit, link.position.version, link.commit
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Publish order: on a FIFO destination, the first delivery of each entity's messages
+    /// committed in entity form comes in seq order (later copies may follow, whether the
+    /// deduplication window dropped them or not: first deliveries only). A commit in the
+    /// transactional form holds no entry in its entity, so no later publisher of the
+    /// entity sends it first: no order is promised for it, and it is left out.
+    fn fifo_publish_order(&self) -> Result<(), Violation> {
+        let by_id: BTreeMap<&str, &Placed> = self
+            .placed
+            .iter()
+            .filter(|placed| placed.entity_form)
+            .map(|placed| (placed.id.as_str(), placed))
+            .collect();
+        for (destination, (fifo, sent)) in &self.published {
+            if !fifo {
+                continue;
+            }
+            let mut seen: BTreeSet<&str> = BTreeSet::new();
+            let mut last: BTreeMap<&ItemKey, &Placed> = BTreeMap::new();
+            for copy in sent.iter().filter(|copy| !copy.deduplicated) {
+                let Some(id) = copy.request.attributes.get(MESSAGE_ID_ATTRIBUTE) else {
+                    continue;
+                };
+                if !seen.insert(id.as_str()) {
+                    continue;
+                }
+                let Some(placed) = by_id.get(id.as_str()) else {
+                    continue;
+                };
+                let entity = &placed.position.entity;
+                if let Some(before) = last
+                    .get(entity)
+                    .filter(|before| before.position.seq > placed.position.seq)
+                {
+                    return Err(Violation {
+                        invariant: "publish order",
+                        detail: format!(
+                            "on FIFO destination {destination}, message {} of {} (seq {} of {entity}) was first delivered after message {} of {} (seq {})",
+                            placed.id, placed.txn_id, placed.position.seq, before.id, before.txn_id, before.position.seq
+                        ),
+                    });
+                }
+                last.insert(entity, placed);
+            }
+        }
+        Ok(())
     }
 
     /// Entity mode: no transaction committed twice; no committed transaction's entry left
@@ -598,6 +835,44 @@ impl Observed {
         }
         Ok(())
     }
+}
+
+/// First deliveries on a FIFO destination after a later message of their entity's chain,
+/// where one of the two was committed in the transactional form.
+fn unordered_transactional(
+    published: &BTreeMap<DestinationName, (bool, Vec<SentMessage>)>,
+    placed: &[Placed],
+) -> usize {
+    let by_id: BTreeMap<&str, &Placed> = placed.iter().map(|placed| (placed.id.as_str(), placed)).collect();
+    let mut unordered = 0;
+    for (fifo, sent) in published.values() {
+        if !fifo {
+            continue;
+        }
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        let mut latest: BTreeMap<&ItemKey, &Placed> = BTreeMap::new();
+        for copy in sent.iter().filter(|copy| !copy.deduplicated) {
+            let Some(placed) = copy
+                .request
+                .attributes
+                .get(MESSAGE_ID_ATTRIBUTE)
+                .filter(|id| seen.insert(id.as_str()))
+                .and_then(|id| by_id.get(id.as_str()))
+            else {
+                continue;
+            };
+            let entity = &placed.position.entity;
+            match latest.get(entity) {
+                Some(before) if before.position.seq > placed.position.seq => {
+                    unordered += usize::from(!(before.entity_form && placed.entity_form));
+                }
+                _ => {
+                    latest.insert(entity, placed);
+                }
+            }
+        }
+    }
+    unordered
 }
 
 /// The items a schedule's requests touch, for tests that want to read them.

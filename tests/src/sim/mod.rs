@@ -18,11 +18,20 @@
 //! same gated ports, delivered again until acknowledged; then C1 to C5. The same
 //! schedules run in entity mode (section 11, [`ConsumerSimConfig::entity`]), where the
 //! checks also find no entry left behind or brought back.
+//!
+//! Every request-path schedule also checks its entities' chains (each committed
+//! message's place: seq 1 to n per entity and destination, versions and `after`s as the
+//! history committed them, across deletes and re-creates) and the publish order on the
+//! FIFO destination (first deliveries of an entity's entity-form commits in seq order).
+//! The in-order consumer has a world of its own ([`run_in_order_schedule`]): the placed
+//! messages the real request path published, delivered in any order with a duplicate,
+//! each applied once, in chain order, none skipped.
 
 mod chooser;
 mod consumer;
 mod entity;
 mod gate;
+mod in_order;
 pub mod invariants;
 mod ports;
 mod split;
@@ -34,7 +43,9 @@ pub use consumer::{
     CONSUMER, INCOMING_ID, RETENTION,
 };
 pub use gate::{Fault, Op};
+pub use in_order::{in_order_faults, produced, run_in_order_schedule, InOrderConfig, InOrderCounts, InOrderOutcome};
 pub use split::{run_split_schedule, SplitConfig, SplitCounts, SplitOutcome};
 pub use world::{
-    run_schedule, sim_timing, AfterAnswerRuns, ApiResult, LateOps, LoopEnds, Outcome, SimConfig, UnknownCommits,
+    run_schedule, sim_timing, AfterAnswerRuns, ApiResult, ChainCounts, LateOps, LoopEnds, Outcome, SimConfig,
+    UnknownCommits,
 };

@@ -10,12 +10,13 @@
 //! ([`Op::Tombstone`], late: [`Op::LateTombstone`]), whether the request path settles with
 //! it or the control worker writes it past the window.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox::embedded::ManualClock;
+use outbox::embedded::{EmbeddedStore, ManualClock, StoreEvent};
 use outbox::ports::{
     Clock, CommitError, CommitRequest, ControlDelivery, ControlInbox, ControlQueue, EntityCommit, EntityItem,
     EntryFailure, FenceOutcome, ItemKey, KeyRead, PublishError, Publisher, QueueError, Store, StoreError,
@@ -126,6 +127,116 @@ impl LateOp {
 /// each into a ghost actor that applies it later.
 pub(crate) type InFlight = Arc<std::sync::Mutex<Vec<(ActorId, LateOp)>>>;
 
+/// Who publishes for whom (the request-path worlds): each actor's own transactions, those
+/// it began or committed (a request, a task it handed its transaction to, a dispatch
+/// after its answer), or, a control worker, those whose control messages its batch in
+/// hand holds; and, for each message, whether its first send was made for its own
+/// transaction, and by a worker. A first send made for another transaction is an earlier
+/// entry of the entity that a later transaction's publisher sent first, before its own
+/// control message or its own request path got to it.
+#[derive(Clone, Default)]
+pub(crate) struct Publishers(Arc<Mutex<PublishersState>>);
+
+#[derive(Default)]
+struct PublishersState {
+    own: BTreeMap<ActorId, BTreeSet<TxnId>>,
+    workers: BTreeSet<ActorId>,
+    /// By message id: its transaction, and its first send.
+    first: BTreeMap<String, (TxnId, FirstSend)>,
+}
+
+/// The first send of a message: its place among first sends, whether its publisher was
+/// publishing for the message's own transaction, and whether a control worker made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstSend {
+    /// Its place among the first sends of all messages.
+    pub order: usize,
+    /// Made for the message's own transaction.
+    pub own: bool,
+    /// Made by a control worker.
+    pub by_worker: bool,
+}
+
+impl Publishers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PublishersState> {
+        self.0.lock().expect("publishers lock")
+    }
+
+    /// `actor` begins or commits `txn_id`.
+    pub fn own(&self, actor: ActorId, txn_id: TxnId) {
+        self.lock().own.entry(actor).or_default().insert(txn_id);
+    }
+
+    /// Worker `actor` holds a batch of control messages for `txn_ids`.
+    pub fn batch(&self, actor: ActorId, txn_ids: BTreeSet<TxnId>) {
+        let mut state = self.lock();
+        state.workers.insert(actor);
+        state.own.insert(actor, txn_ids);
+    }
+
+    /// `to` (a dispatch after the answer) publishes for what `from` (its request) did.
+    pub fn inherit(&self, from: ActorId, to: ActorId) {
+        let mut state = self.lock();
+        let own = state.own.get(&from).cloned().unwrap_or_default();
+        state.own.insert(to, own);
+    }
+
+    /// `actor`'s send of `messages` was accepted.
+    fn sent<'a>(&self, actor: ActorId, messages: impl Iterator<Item = &'a OutgoingMessage>) {
+        let mut state = self.lock();
+        let own = state.own.get(&actor).cloned().unwrap_or_default();
+        let by_worker = state.workers.contains(&actor);
+        for message in messages {
+            let order = state.first.len();
+            state.first.entry(message.id.as_str().to_owned()).or_insert((
+                message.txn_id,
+                FirstSend {
+                    order,
+                    own: own.contains(&message.txn_id),
+                    by_worker,
+                },
+            ));
+        }
+    }
+
+    /// Each transaction's first send: that of the first of its messages to go out.
+    pub fn first_sends(&self) -> BTreeMap<TxnId, FirstSend> {
+        let mut firsts: BTreeMap<TxnId, FirstSend> = BTreeMap::new();
+        for (txn_id, send) in self.lock().first.values() {
+            let first = firsts.entry(*txn_id).or_insert(*send);
+            if send.order < first.order {
+                *first = *send;
+            }
+        }
+        firsts
+    }
+}
+
+/// Counts commit attempts of a transaction that had committed already, refused by the
+/// version its item continued at (a late attempt, or a retry after an attempt whose
+/// reply was lost): the history of `store` says whether it had committed.
+#[derive(Clone)]
+pub(crate) struct Refusals {
+    pub store: Arc<EmbeddedStore>,
+    pub count: Arc<AtomicUsize>,
+}
+
+impl Refusals {
+    fn note(&self, txn_id: TxnId, result: &Result<(), CommitError>) {
+        if !matches!(result, Err(CommitError::VersionConflict { .. })) {
+            return;
+        }
+        let committed = self.store.history().iter().any(|event| match event {
+            StoreEvent::Committed { request, .. } => request.txn_id == txn_id,
+            StoreEvent::EntityCommitted { commit, .. } => commit.entry.txn_id == txn_id,
+            _ => false,
+        });
+        if committed {
+            self.count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// A gated store.
 pub(crate) struct GatedStore {
     pub inner: Arc<dyn Store>,
@@ -135,6 +246,10 @@ pub(crate) struct GatedStore {
     pub fenced_out: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// Where set, AWS's signature check of entity commits.
     pub signatures: Option<Signatures>,
+    /// Where set, who commits what ([`Publishers::own`]).
+    pub publishers: Option<Publishers>,
+    /// Where set, attempts of committed transactions refused by their item's version.
+    pub refusals: Option<Refusals>,
 }
 
 /// SigV4: AWS refuses a request whose `X-Amz-Date` is more than 15 minutes from its own
@@ -187,10 +302,27 @@ async fn entity_commit(
     store: &dyn Store,
     commit: &EntityCommit,
     fenced_out: Option<&Arc<std::sync::atomic::AtomicUsize>>,
+    refusals: Option<&Refusals>,
 ) -> Result<(), CommitError> {
     let result = store.commit_entity(commit).await;
     if let (Err(CommitError::EntityFenced { .. }), Some(count)) = (&result, fenced_out) {
         count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(refusals) = refusals {
+        refusals.note(commit.entry.txn_id, &result);
+    }
+    result
+}
+
+/// `request` applied to `store`; a refusal of a committed transaction counted in `refusals`.
+async fn transaction_commit(
+    store: &dyn Store,
+    request: &CommitRequest,
+    refusals: Option<&Refusals>,
+) -> Result<(), CommitError> {
+    let result = store.commit(request).await;
+    if let Some(refusals) = refusals {
+        refusals.note(request.txn_id, &result);
     }
     result
 }
@@ -213,13 +345,14 @@ pub(crate) async fn late_op(
     op: LateOp,
     fenced_out: Option<&Arc<std::sync::atomic::AtomicUsize>>,
     signatures: Option<&Signatures>,
+    refusals: Option<&Refusals>,
 ) -> bool {
     if gate.pass(op.op()).await == Fault::Fail {
         return false;
     }
     match op {
         LateOp::Commit(request) => {
-            let _ = store.commit(&request).await;
+            let _ = transaction_commit(store.as_ref(), &request, refusals).await;
         }
         LateOp::Tombstone {
             txn_id,
@@ -238,7 +371,7 @@ pub(crate) async fn late_op(
             if signatures.zip(signed_at).is_some_and(|(aws, at)| aws.refuses(at)) {
                 return false;
             }
-            let _ = entity_commit(store.as_ref(), &commit, fenced_out).await;
+            let _ = entity_commit(store.as_ref(), &commit, fenced_out, refusals).await;
         }
         LateOp::PutDispatched {
             txn_id,
@@ -277,15 +410,20 @@ pub(crate) async fn late_op(
 #[async_trait]
 impl Store for GatedStore {
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
-        match self.gate.pass(Op::Commit).await {
-            Fault::None | Fault::Duplicate | Fault::FirstEntryFails => self.inner.commit(request).await,
+        let fault = self.gate.pass(Op::Commit).await;
+        if let Some(publishers) = &self.publishers {
+            publishers.own(self.gate.actor(), request.txn_id);
+        }
+        let apply = || transaction_commit(self.inner.as_ref(), request, self.refusals.as_ref());
+        match fault {
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails => apply().await,
             Fault::CrashBefore => self.gate.crash().await,
             Fault::CrashAfter => {
-                let _ = self.inner.commit(request).await;
+                let _ = apply().await;
                 self.gate.crash().await
             }
             Fault::ReplyLost => {
-                let _ = self.inner.commit(request).await;
+                let _ = apply().await;
                 Err(CommitError::Ambiguous(injected("commit reply lost")))
             }
             Fault::Fail => Err(CommitError::Unavailable(injected("commit refused"))),
@@ -391,12 +529,23 @@ impl Store for GatedStore {
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
         let signed_at = self.signatures.as_ref().map(Signatures::sign);
         let fault = self.gate.pass(Op::Commit).await;
+        if let Some(publishers) = &self.publishers {
+            publishers.own(self.gate.actor(), commit.entry.txn_id);
+        }
         let apply = || async {
             match self.signatures.as_ref().zip(signed_at) {
                 Some((aws, at)) if aws.refuses(at) => Err(CommitError::Ambiguous(injected(
                     "AWS refused the request: its X-Amz-Date is more than 15 minutes from AWS's time",
                 ))),
-                _ => entity_commit(self.inner.as_ref(), commit, self.fenced_out.as_ref()).await,
+                _ => {
+                    entity_commit(
+                        self.inner.as_ref(),
+                        commit,
+                        self.fenced_out.as_ref(),
+                        self.refusals.as_ref(),
+                    )
+                    .await
+                }
             }
         };
         match fault {
@@ -581,12 +730,18 @@ pub(crate) struct GatedControlQueue<Q> {
     pub inner: Arc<Q>,
     pub gate: Gate,
     pub in_flight: InFlight,
+    /// Where set, who sends and receives control messages of what
+    /// ([`Publishers::own`], [`Publishers::batch`]).
+    pub publishers: Option<Publishers>,
 }
 
 #[async_trait]
 impl<Q: ControlQueue + ControlInbox + 'static> ControlQueue for GatedControlQueue<Q> {
     async fn send(&self, message: &ControlMessage, delay: Duration) -> Result<(), QueueError> {
         let fault = self.gate.pass(Op::ControlSend).await;
+        if let Some(publishers) = &self.publishers {
+            publishers.own(self.gate.actor(), message.txn_id);
+        }
         let send = || self.inner.send(message, delay);
         match fault {
             Fault::None | Fault::FirstEntryFails | Fault::Busy => send().await,
@@ -626,9 +781,18 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlInbox for GatedControlQueu
         wait: Duration,
         visibility: Duration,
     ) -> Result<Vec<ControlDelivery>, QueueError> {
-        gated!(self.gate, Op::Receive, self.inner.receive(max, wait, visibility).await,
+        let received = gated!(self.gate, Op::Receive, self.inner.receive(max, wait, visibility).await,
             failed => Err(QueueError::Unavailable(injected("receive failed"))),
-            lost => Err(QueueError::Unavailable(injected("receive reply lost"))))
+            lost => Err(QueueError::Unavailable(injected("receive reply lost"))));
+        if let (Some(publishers), Ok(deliveries)) = (&self.publishers, &received) {
+            let txn_ids = deliveries
+                .iter()
+                .filter_map(|delivery| ControlMessage::decode(&delivery.body).ok())
+                .map(|message| message.txn_id)
+                .collect();
+            publishers.batch(self.gate.actor(), txn_ids);
+        }
+        received
     }
 
     async fn ack(&self, receipts: &[String]) -> Result<(), QueueError> {
@@ -648,6 +812,26 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlInbox for GatedControlQueu
 pub(crate) struct GatedPublisher {
     pub inner: Arc<dyn Publisher>,
     pub gate: Gate,
+    /// Where set, whose messages each actor sends first ([`Publishers`]).
+    pub publishers: Option<Publishers>,
+}
+
+impl GatedPublisher {
+    /// Sends `messages`, noting those accepted as sent by this actor.
+    async fn send(
+        &self,
+        destination: &DestinationName,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<EntryFailure>, PublishError> {
+        let result = self.inner.send_batch(destination, messages).await;
+        if let (Some(publishers), Ok(failures)) = (&self.publishers, &result) {
+            let accepted = messages
+                .iter()
+                .filter(|message| !failures.iter().any(|failure| failure.id == message.id));
+            publishers.sent(self.gate.actor(), accepted);
+        }
+        result
+    }
 }
 
 #[async_trait]
@@ -664,12 +848,10 @@ impl Publisher for GatedPublisher {
             })
         };
         match self.gate.pass(Op::Publish).await {
-            Fault::None | Fault::Duplicate | Fault::Busy | Fault::Late => {
-                self.inner.send_batch(destination, messages).await
-            }
+            Fault::None | Fault::Duplicate | Fault::Busy | Fault::Late => self.send(destination, messages).await,
             Fault::FirstEntryFails => {
                 let (first, rest) = messages.split_first().expect("batches are never empty");
-                let mut failures = self.inner.send_batch(destination, rest).await?;
+                let mut failures = self.send(destination, rest).await?;
                 failures.insert(
                     0,
                     EntryFailure {
@@ -682,11 +864,11 @@ impl Publisher for GatedPublisher {
             }
             Fault::CrashBefore => self.gate.crash().await,
             Fault::CrashAfter => {
-                let _ = self.inner.send_batch(destination, messages).await;
+                let _ = self.send(destination, messages).await;
                 self.gate.crash().await
             }
             Fault::ReplyLost => {
-                let _ = self.inner.send_batch(destination, messages).await;
+                let _ = self.send(destination, messages).await;
                 unavailable("publish reply lost")
             }
             Fault::Fail => unavailable("publish refused"),

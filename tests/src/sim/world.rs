@@ -25,7 +25,9 @@ use serde_json::json;
 use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
 use super::invariants::Observed;
-use super::ports::{late_op, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight, Signatures};
+use super::ports::{
+    late_op, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight, Publishers, Refusals, Signatures,
+};
 
 /// The standard destination every transaction emits an event to.
 pub const EVENTS: &str = "events";
@@ -110,9 +112,12 @@ pub struct SimConfig {
     /// crashes at any of its steps (answered, then crashed before or while dispatching),
     /// or races against the worker.
     pub after_answer: bool,
-    /// An actor deletes each counter (through the outbox's store, at the version it reads,
-    /// trying again while the counter holds entries) and creates it again at version 1,
-    /// racing the requests, their late and held commits, and the workers.
+    /// An actor deletes each counter and creates it again, each in a transaction of the
+    /// request path that reads the counter through its staging and emits an event and an
+    /// audit entry (placed in the counter's history like the requests'): the delete at
+    /// the version it reads (in a new transaction while the counter holds entries), the
+    /// create over the vacant key at the version it reads, racing the requests, their
+    /// late and held commits, and the workers.
     pub deletes: bool,
     /// Once, at a random step after every request ended, the clock jumps past the
     /// retention and the sent marks' margin (`FORGET_MARGIN`): records expire, control
@@ -193,6 +198,47 @@ pub struct Outcome {
     pub late: LateOps,
     /// Dispatches after the answer ([`SimConfig::after_answer`]).
     pub after_answer: AfterAnswerRuns,
+    /// What the entities' chains met.
+    pub chains: ChainCounts,
+}
+
+/// What the schedules did with the entities' chains: the transactions placed in their
+/// entity's history, who published them first, and the attempts the continued version
+/// refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChainCounts {
+    /// Committed transactions whose messages are placed in their entity's history.
+    pub placed: usize,
+    /// Of those, committed in entity form (their entry in the entity): those whose
+    /// first deliveries on a FIFO destination are checked in seq order.
+    pub entity_form: usize,
+    /// Placed transactions first published by a later transaction's publisher (the
+    /// request path or a control worker dispatching a later transaction of the entity
+    /// sent its earlier entry first), before their own control message or request path
+    /// got to them.
+    pub predecessor_first: usize,
+    /// Placed transactions first published by a control worker (their request path
+    /// crashed or failed after the commit, or does not publish).
+    pub first_by_worker: usize,
+    /// Commit attempts of a transaction that had committed already, refused by the
+    /// version its item continued at (late attempts, and retries after a lost reply).
+    pub refused_by_version: usize,
+    /// First deliveries on a FIFO destination that came after a later message of their
+    /// entity's chain, one of the two committed in the transactional form (not checked:
+    /// no order is promised there).
+    pub transactional_out_of_order: usize,
+}
+
+impl ChainCounts {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &ChainCounts) {
+        self.placed += other.placed;
+        self.entity_form += other.entity_form;
+        self.predecessor_first += other.predecessor_first;
+        self.first_by_worker += other.first_by_worker;
+        self.refused_by_version += other.refused_by_version;
+        self.transactional_out_of_order += other.transactional_out_of_order;
+    }
 }
 
 /// What became of the dispatches handed over to run after the answer.
@@ -444,6 +490,10 @@ struct World {
     fenced_out: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// Entity mode, where modelled: AWS's signature check.
     signatures: Option<Signatures>,
+    /// Who publishes for whom.
+    publishers: Publishers,
+    /// Attempts of committed transactions refused by their item's version.
+    refusals: Refusals,
 }
 
 impl World {
@@ -462,7 +512,13 @@ impl World {
             seed(&backend, &ids, clock.now(), timing, key);
         }
         let fenced_out = (!seeded.is_empty()).then(Arc::default);
+        let refusals = Refusals {
+            store: backend.store.clone(),
+            count: Arc::default(),
+        };
         Self {
+            refusals,
+            publishers: Publishers::default(),
             backend,
             clock,
             gates: Gates::default(),
@@ -487,6 +543,8 @@ impl World {
             in_flight: self.in_flight.clone(),
             fenced_out: self.fenced_out.clone(),
             signatures: self.signatures.clone(),
+            publishers: Some(self.publishers.clone()),
+            refusals: Some(self.refusals.clone()),
         })
     }
 
@@ -502,8 +560,18 @@ impl World {
                 let op = late.op();
                 let fenced_out = self.fenced_out.clone();
                 let signatures = self.signatures.clone();
+                let refusals = self.refusals.clone();
                 let future: ActorFuture = Box::pin(async move {
-                    late_op(store, queue, gate, late, fenced_out.as_ref(), signatures.as_ref()).await;
+                    late_op(
+                        store,
+                        queue,
+                        gate,
+                        late,
+                        fenced_out.as_ref(),
+                        signatures.as_ref(),
+                        Some(&refusals),
+                    )
+                    .await;
                     End::Ghost
                 });
                 Actor {
@@ -520,6 +588,7 @@ impl World {
             inner: self.backend.control_queue.clone(),
             gate: gate.clone(),
             in_flight: self.in_flight.clone(),
+            publishers: Some(self.publishers.clone()),
         }
     }
 
@@ -576,6 +645,7 @@ impl World {
             let publisher = Arc::new(GatedPublisher {
                 inner: self.backend.publisher.clone(),
                 gate: gate.clone(),
+                publishers: Some(self.publishers.clone()),
             });
             outbox = if after_answer {
                 let after_work = self.after_work.clone();
@@ -603,13 +673,15 @@ impl World {
         }
     }
 
-    /// Actors for the dispatches handed over to run after the answer since the last call.
-    fn after_answers(&mut self) -> Vec<Actor> {
+    /// Actors for the dispatches handed over to run after the answer since the last call
+    /// (by `origin`, the actor just polled: they publish for what it committed).
+    fn after_answers(&mut self, origin: ActorId) -> Vec<Actor> {
         let handed = std::mem::take(&mut *self.after_work.lock().expect("after-answer lock"));
         handed
             .into_iter()
             .map(|work| {
                 let (id, _) = self.gate();
+                self.publishers.inherit(origin, id);
                 let future: ActorFuture = Box::pin(async move {
                     work.await;
                     End::AfterAnswer
@@ -647,51 +719,49 @@ impl World {
             .collect()
     }
 
-    /// Deletes counter `key` (read, then a delete at the version read, tried again while it
-    /// holds entries or changes) and creates it again, each step through its gates.
-    fn deleter(&mut self, key: ItemKey) -> Actor {
-        use outbox::ports::{BusinessWrite, CommitRequest, Store};
-        use outbox::protocol::OutboxRecord;
-
+    /// Deletes counter `key` and creates it again, each in a transaction of the request
+    /// path (begun naming the counter in entity mode) through its gates, which reads the
+    /// counter through its staging, so that the event and the audit entry it emits are
+    /// placed in the counter's history: the delete at the version read (in a new
+    /// transaction while the counter holds entries or changes; it reads the counter,
+    /// waiting, while it holds entries), then the create of the vacant key at the version
+    /// read ([`ExpectedVersion::AbsentAt`]). The worker publishes them.
+    fn deleter(&mut self, key: ItemKey, entity: bool) -> Actor {
         const TRIES: usize = 6;
+        // Reads of the counter while it holds entries, before a delete is tried anyway.
+        const WAITS: usize = 4;
         let (id, gate) = self.gate();
         let store = self.store(&gate);
         let clock = self.clock_for(&gate, 0);
-        let (ids, retention) = (self.ids.clone(), self.timing.retention);
-        let commit = move |write: BusinessWrite| {
-            let now = clock.now();
-            let txn_id = ids.next_txn_id(now);
-            CommitRequest {
-                txn_id,
-                writes: vec![write],
-                outbox: OutboxRecord::committed(txn_id, Vec::new(), now, now.plus(retention)),
-                idempotency: None,
-            }
-        };
+        let outbox = Outbox::new(
+            RequestPorts {
+                store: self.store(&gate),
+                control_queue: Arc::new(self.control_queue(&gate)),
+                clock: self.clock_for(&gate, 0),
+                ids: self.ids.clone(),
+            },
+            self.timing,
+            TransactionLimits::default(),
+        )
+        .with_sent_marks(SIM_SENT_MARKS);
         let future: ActorFuture = Box::pin(async move {
-            let mut deleted = false;
-            for _ in 0..TRIES {
-                let Ok(read) = store.get_items(std::slice::from_ref(&key)).await else {
-                    continue;
-                };
-                let Some(item) = read.get(&key) else { break };
-                let delete = commit(BusinessWrite::Delete {
-                    key: key.clone(),
-                    version: item.version,
-                });
-                if store.commit(&delete).await.is_ok() {
-                    deleted = true;
-                    break;
-                }
-            }
-            if deleted {
+            use outbox::ports::Store;
+            for create in [false, true] {
                 for _ in 0..TRIES {
-                    let create = commit(BusinessWrite::Put {
-                        key: key.clone(),
-                        data: json!({ "count": 1 }),
-                        expected: ExpectedVersion::Absent,
-                    });
-                    if store.commit(&create).await.is_ok() {
+                    // A delete waits while the counter holds entries still to be
+                    // dispatched (the table refuses it then), rather than spend a
+                    // transaction on each refusal.
+                    for _ in 0..WAITS {
+                        let busy = store
+                            .get_keys(std::slice::from_ref(&key))
+                            .await
+                            .map_or(true, |read| read.get(&key).is_some_and(|read| !read.entries.is_empty()));
+                        if create || !busy {
+                            break;
+                        }
+                        clock.sleep(Duration::from_secs(1)).await;
+                    }
+                    if delete_or_create(&outbox, &key, entity, create).await {
                         break;
                     }
                 }
@@ -705,6 +775,28 @@ impl World {
         }
     }
 
+    /// The chain counts of a schedule that ended with `observed`.
+    fn chain_counts(&self, observed: &Observed) -> ChainCounts {
+        let firsts = self.publishers.first_sends();
+        let placed: BTreeMap<TxnId, bool> = observed
+            .placed
+            .iter()
+            .map(|placed| (placed.txn_id, placed.entity_form))
+            .collect();
+        let mut counts = ChainCounts {
+            placed: placed.len(),
+            entity_form: placed.values().filter(|entity_form| **entity_form).count(),
+            refused_by_version: self.refusals.count.load(Ordering::Relaxed),
+            transactional_out_of_order: observed.fifo_unordered_transactional,
+            ..ChainCounts::default()
+        };
+        for first in placed.keys().filter_map(|txn_id| firsts.get(txn_id)) {
+            counts.predecessor_first += usize::from(!first.own);
+            counts.first_by_worker += usize::from(first.by_worker);
+        }
+        counts
+    }
+
     fn worker(&mut self) -> Actor {
         let (id, gate) = self.gate();
         let inbox = self.control_queue(&gate);
@@ -715,6 +807,7 @@ impl World {
                 publisher: Arc::new(GatedPublisher {
                     inner: self.backend.publisher.clone(),
                     gate: gate.clone(),
+                    publishers: Some(self.publishers.clone()),
                 }),
                 clock: self.clock_for(&gate, self.worker_skew),
             },
@@ -758,6 +851,47 @@ fn seed(backend: &EmbeddedBackend, ids: &SimIds, now: Timestamp, timing: Timing,
         .now_or_never()
         .expect("the embedded store answers at once")
         .expect("a fresh table takes the seed");
+}
+
+/// One transaction of the deleter: reads `key` through its staging, and deletes it at the
+/// version read (`create` false) or creates it over the vacant key at the version read
+/// (`create`), with an event and an audit entry about it. Whether it is done: committed,
+/// or found done already (the key vacant for a delete, live for a create: an attempt of
+/// an earlier try applied late, or a request created the counter); otherwise it is tried
+/// again in a new transaction.
+async fn delete_or_create(outbox: &Outbox, key: &ItemKey, entity: bool, create: bool) -> bool {
+    let begun = if entity {
+        outbox.begin_entity(key.clone()).await
+    } else {
+        outbox.begin().await
+    };
+    let Ok(mut txn) = begun else { return false };
+    let read = match txn.get(key).await {
+        Ok(read) => read,
+        Err(_) => {
+            txn.abandon().await;
+            return false;
+        }
+    };
+    match (read, create) {
+        (Some(item), false) => txn.delete(key.clone(), item.version),
+        (None, true) => txn.put(key.clone(), json!({ "count": 1 }), ExpectedVersion::Absent),
+        _ => {
+            txn.abandon().await;
+            return true;
+        }
+    }
+    let change = if create { "created" } else { "deleted" };
+    let events: DestinationName = EVENTS.parse().expect("valid");
+    let audit: DestinationName = AUDIT.parse().expect("valid");
+    txn.emit(Message::json(events, &json!({ "item": key.as_str(), "change": change })).expect("serialisable"));
+    let entry = json!({ "item": key.as_str(), "txn": txn.id().to_string(), "change": change });
+    txn.emit(
+        Message::json(audit, &entry)
+            .expect("serialisable")
+            .with_group_id(key.as_str()),
+    );
+    txn.commit().await.is_ok()
 }
 
 /// The business logic of every simulated request: read a counter, increment it, and
@@ -1002,7 +1136,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     }
     if config.deletes {
         for key in &counters {
-            actors.push(world.deleter(key.clone()));
+            actors.push(world.deleter(key.clone(), config.entity));
         }
     }
     for _ in 0..config.workers {
@@ -1061,10 +1195,12 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         if steps > config.max_steps {
             return Err(format!("no quiescence after {} steps: a livelock", config.max_steps));
         }
-        // A dispatch after the answer races the worker as the request did.
+        // A dispatch after the answer races the worker as the request did; and time
+        // passes while the deleter tries again (its delete waits for the worker to settle
+        // the counter's entries).
         let api_alive = actors
             .iter()
-            .any(|actor| matches!(actor.kind, Kind::Api(_) | Kind::AfterAnswer));
+            .any(|actor| matches!(actor.kind, Kind::Api(_) | Kind::AfterAnswer | Kind::Deleter));
         let faults_allowed = faults < config.fault_budget;
         let waiting = world.gates.lock().waiting.clone();
         let mut options: Vec<Action> = Vec::new();
@@ -1278,7 +1414,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                     }
                 }
                 // Dispatches handed over to run after the answer become actors of their own.
-                for mut task in world.after_answers() {
+                for mut task in world.after_answers(actor_id) {
                     after_answer.handed += 1;
                     if matches!(poll(&mut task), Poll::Ready(_)) {
                         after_answer.finished += 1;
@@ -1311,7 +1447,9 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         .chain(spawned_results)
         .collect();
     let observed = Observed::capture(&world.backend, world.clock.now(), api_results);
+    let chains = world.chain_counts(&observed);
     Ok(Outcome {
+        chains,
         steps,
         faults,
         redrives,
