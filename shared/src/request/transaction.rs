@@ -126,7 +126,9 @@ impl Transaction {
     /// save the round trip): reads of `key` are served from it, a create of it is pinned
     /// to the version read, and the messages of a change of it are placed in its history
     /// from it, as if the transaction had read it itself. The commit is conditioned on
-    /// the version the write names, so a read gone stale only makes it conflict.
+    /// the version the write names, so a read gone stale only makes it conflict. `read`
+    /// must be what [`crate::ports::Store::get_keys`] returned for `key` itself: the
+    /// chain heads of another key would place the messages wrongly.
     pub fn note_read(&mut self, key: ItemKey, read: KeyRead) {
         self.staging.note_read(key, read);
     }
