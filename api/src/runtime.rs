@@ -53,6 +53,10 @@ impl Publisher for LoggingPublisher {
     fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
         self.inner.entry_bytes(destination, message)
     }
+
+    fn keeps_order(&self, destination: &DestinationName) -> bool {
+        self.inner.keeps_order(destination)
+    }
 }
 
 /// How often the embedded server logs what it holds (while it works).

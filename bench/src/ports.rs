@@ -323,6 +323,10 @@ impl Publisher for SlowPublisher {
     fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
         self.inner.entry_bytes(destination, message)
     }
+
+    fn keeps_order(&self, destination: &DestinationName) -> bool {
+        self.inner.keeps_order(destination)
+    }
 }
 
 /// One destination queue written directly with `SendMessage`, as a service without an

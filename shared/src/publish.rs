@@ -5,7 +5,7 @@
 //! This lives above the port so that every adapter gets the same batching and retry
 //! behaviour, and the simulation exercises it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::ports::{Clock, Publisher};
@@ -94,8 +94,36 @@ pub async fn publish_all(
             .iter()
             .map(|message| publisher.entry_bytes(destination, message))
             .collect();
-        for batch in batches(&messages, &sizes) {
+        let in_order = publisher.keeps_order(destination);
+        // On a destination that keeps each group's order, a group whose message failed
+        // sends nothing more in this pass: its later messages wait for the next.
+        let mut failed_groups: BTreeSet<String> = BTreeSet::new();
+        for batch in batches(&messages, &sizes, in_order) {
+            let (blocked, batch): (Vec<&OutgoingMessage>, Vec<&OutgoingMessage>) = batch
+                .into_iter()
+                .partition(|message| in_order && failed_groups.contains(&message.fifo_group()));
+            for message in blocked {
+                report.failed.insert(
+                    message.id.clone(),
+                    PublishFailure::Exhausted {
+                        last_error: "an earlier message of its group was not published".into(),
+                    },
+                );
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let groups: Vec<(MessageId, String)> = batch
+                .iter()
+                .filter(|_| in_order)
+                .map(|message| (message.id.clone(), message.fifo_group()))
+                .collect();
             publish_batch(publisher, clock, destination, batch, policy, &mut report).await;
+            for (id, group) in groups {
+                if report.failed.contains_key(&id) {
+                    failed_groups.insert(group);
+                }
+            }
         }
     }
     report
@@ -104,13 +132,18 @@ pub async fn publish_all(
 /// Cuts `messages` (whose sizes are `sizes`) into consecutive batches within the count
 /// and size limits. A message larger than the size limit goes alone and the destination
 /// judges it.
-fn batches<'a>(messages: &[&'a OutgoingMessage], sizes: &[usize]) -> Vec<Vec<&'a OutgoingMessage>> {
+fn batches<'a>(messages: &[&'a OutgoingMessage], sizes: &[usize], in_order: bool) -> Vec<Vec<&'a OutgoingMessage>> {
     let mut batches: Vec<Vec<&OutgoingMessage>> = Vec::new();
     let mut bytes = 0;
     for (message, &size) in messages.iter().zip(sizes) {
-        let fits = batches
-            .last()
-            .is_some_and(|batch| batch.len() < MAX_BATCH_ENTRIES && bytes + size <= MAX_BATCH_BYTES);
+        // Where the destination keeps each group's order, one message of a group per
+        // call: a call's entries fail one by one, and a later one accepted before an
+        // earlier one retried would overtake it.
+        let fits = batches.last().is_some_and(|batch| {
+            batch.len() < MAX_BATCH_ENTRIES
+                && bytes + size <= MAX_BATCH_BYTES
+                && !(in_order && batch.iter().any(|other| other.fifo_group() == message.fifo_group()))
+        });
         if !fits {
             batches.push(Vec::new());
             bytes = 0;
@@ -213,12 +246,12 @@ mod tests {
     fn batches_respect_count_and_size_and_keep_order() {
         let small: Vec<_> = (0..23).map(|i| message(i, 10)).collect();
         let refs: Vec<_> = small.iter().collect();
-        let counts: Vec<_> = batches(&refs, &sizes_of(&refs)).iter().map(Vec::len).collect();
+        let counts: Vec<_> = batches(&refs, &sizes_of(&refs), false).iter().map(Vec::len).collect();
         assert_eq!(counts, [10, 10, 3]);
 
         let big: Vec<_> = (0..5).map(|i| message(i, 100 * 1024)).collect();
         let refs: Vec<_> = big.iter().collect();
-        let cut = batches(&refs, &sizes_of(&refs));
+        let cut = batches(&refs, &sizes_of(&refs), false);
         assert_eq!(cut.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
         let order: Vec<_> = cut.iter().flatten().map(|m| m.id.clone()).collect();
         assert_eq!(order, big.iter().map(|m| m.id.clone()).collect::<Vec<_>>());

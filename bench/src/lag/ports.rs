@@ -225,6 +225,10 @@ impl Publisher for SimPublisher {
     fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
         self.inner.entry_bytes(destination, message)
     }
+
+    fn keeps_order(&self, destination: &DestinationName) -> bool {
+        self.inner.keeps_order(destination)
+    }
 }
 
 /// The inline publisher of a request whose API process crashes after its commit: its

@@ -53,6 +53,10 @@ impl Publisher for AwsPublisher {
         }
     }
 
+    fn keeps_order(&self, destination: &DestinationName) -> bool {
+        self.destinations.get(destination).is_some_and(Target::is_fifo)
+    }
+
     fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
         match self.destinations.get(destination) {
             Some(Target::EventBus { .. }) => crate::event_detail::entry_bytes(message),

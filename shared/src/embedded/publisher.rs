@@ -76,6 +76,12 @@ fn bus_send_request(message: &OutgoingMessage) -> SendRequest {
 
 #[async_trait]
 impl Publisher for EmbeddedPublisher {
+    fn keeps_order(&self, destination: &DestinationName) -> bool {
+        self.destinations
+            .get(destination)
+            .is_some_and(|queue| queue.config().fifo)
+    }
+
     async fn send_batch(
         &self,
         destination: &DestinationName,

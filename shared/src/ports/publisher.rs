@@ -56,4 +56,14 @@ pub trait Publisher: Send + Sync {
         let _ = destination;
         message.payload_bytes()
     }
+
+    /// Whether the destination keeps each FIFO group's order (an SQS FIFO queue, an SNS
+    /// FIFO topic): publishing then sends at most one message of a group per call, and
+    /// none of a group after one of it failed, so that a partial failure never lets a
+    /// later message of the group in before an earlier one. False by default: a wrapper
+    /// forwards it.
+    fn keeps_order(&self, destination: &DestinationName) -> bool {
+        let _ = destination;
+        false
+    }
 }

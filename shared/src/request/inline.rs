@@ -100,11 +100,11 @@ impl Outbox {
     /// Publishes a transaction's entry committed into its entity (entity mode), then
     /// settles it, within `deadline`: one write that removes the entry and leaves the
     /// transaction's sent mark in the item, its proof of commit (where a fence, the
-    /// control worker and `GET /transactions` find it). The entries of earlier
-    /// transactions the entity held go out first, each settled the same way, so that no
-    /// message of the entity leaves before an earlier one's (a duplicate of one sent
-    /// meanwhile is harmless: it keeps its id). Never fails: what it cannot do, the
-    /// control worker does.
+    /// control worker and `GET /transactions` find it). The messages of earlier
+    /// transactions the entity held to destinations that keep order go out first, so
+    /// that none of this one's leaves before an earlier one's there (a copy sent meanwhile
+    /// keeps its id, which FIFO deduplicates). Never fails: what it cannot do, the control
+    /// worker does.
     async fn dispatch_entry_inline(
         &self,
         entity: &InEntity,
@@ -115,30 +115,48 @@ impl Outbox {
             return InlineDispatch::Off;
         };
         let clock = self.ports.clock.as_ref();
-        let settle_one = |earlier: &OutboxRecord| {
-            let now = clock.now();
-            self.ports.store.settle_entry(
-                &entity.key,
-                earlier.txn_id,
-                earlier.created_at,
-                now.plus(self.timing.retention),
-                self.sent_marks,
-            )
-        };
         let settle = async {
-            for earlier in &entity.earlier {
-                if !self.publish_inline(publisher.as_ref(), earlier).await {
+            // The entity's earlier entries still waiting: their messages to destinations
+            // that keep order (FIFO) go out first, so that none of this one's overtakes
+            // them there. Each entry stays for its own publisher, which sends it all and
+            // settles it (FIFO drops the copies within its deduplication window); where
+            // order is not kept, nothing is gained by sending them twice.
+            let ordered: Vec<&OutgoingMessage> = entity
+                .earlier
+                .iter()
+                .flat_map(|earlier| &earlier.messages)
+                .filter(|message| publisher.keeps_order(&message.destination))
+                .collect();
+            if !ordered.is_empty() {
+                let report = publish_all(publisher.as_ref(), clock, &ordered, INLINE_RETRY).await;
+                if !report.failed.is_empty() {
+                    tracing::warn!(
+                        failed = report.failed.len(),
+                        "an earlier entry's messages could not be sent first; the control worker will publish"
+                    );
                     return InlineDispatch::LeftToWorker;
                 }
-                tracing::info!(earlier = %earlier.txn_id, "published an earlier transaction of the entity first");
-                if let Err(error) = settle_one(earlier).await {
-                    tracing::warn!(error = %error, earlier = %earlier.txn_id, "settling an earlier entry failed; its control message will");
-                }
+                tracing::info!(
+                    earlier = entity.earlier.len(),
+                    messages = ordered.len(),
+                    "sent the entity's earlier messages first"
+                );
             }
             if !self.publish_inline(publisher.as_ref(), entry).await {
                 return InlineDispatch::LeftToWorker;
             }
-            if let Err(error) = settle_one(entry).await {
+            let settled = self
+                .ports
+                .store
+                .settle_entry(
+                    &entity.key,
+                    entry.txn_id,
+                    entry.created_at,
+                    clock.now().plus(self.timing.retention),
+                    self.sent_marks,
+                )
+                .await;
+            if let Err(error) = settled {
                 tracing::warn!(error = %error, "settling the entry failed; the control worker will");
                 return InlineDispatch::LeftToWorker;
             }

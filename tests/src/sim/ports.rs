@@ -878,6 +878,10 @@ impl Publisher for GatedPublisher {
     fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
         self.inner.entry_bytes(destination, message)
     }
+
+    fn keeps_order(&self, destination: &DestinationName) -> bool {
+        self.inner.keeps_order(destination)
+    }
 }
 
 /// An actor's clock: the simulation's clock plus the actor's skew. Sleeping is a

@@ -227,7 +227,15 @@ impl ControlPath {
                 .await
             {
                 Ok(FenceOutcome::Fenced) => Decision::Done(Ok(ControlOutcome::Tombstoned)),
-                Ok(FenceOutcome::Committed(entry)) => Decision::PublishEntry(key.clone(), entry, false, Vec::new()),
+                Ok(FenceOutcome::Committed(entry)) => {
+                    // Committed since the read above: the entity's earlier entries, as it
+                    // holds them now, go out first.
+                    let earlier = match self.ports.store.get_entity(key).await {
+                        Ok(entity) => earlier_entries(entity.as_ref().map(|entity| &entity.entries), &entry),
+                        Err(_) => Vec::new(),
+                    };
+                    Decision::PublishEntry(key.clone(), entry, false, earlier)
+                }
                 Ok(FenceOutcome::Dispatched) => Decision::Done(Ok(ControlOutcome::AlreadyDone {
                     state: OutboxState::Dispatched,
                 })),

@@ -122,6 +122,10 @@ impl ControlPath {
             .copied()
             .collect();
         pending.extend(extra.iter().filter_map(|txn_id| earlier_only.remove(txn_id)));
+        let own_decisions: BTreeMap<TxnId, Result<ControlOutcome, ControlError>> = extra
+            .iter()
+            .filter_map(|txn_id| outcomes.get(txn_id).map(|outcome| (*txn_id, outcome.clone())))
+            .collect();
         if pending.is_empty() {
             return outcomes;
         }
@@ -187,6 +191,9 @@ impl ControlPath {
         for txn_id in &extra {
             if let Some(Err(error)) = outcomes.remove(txn_id) {
                 tracing::warn!(earlier = %txn_id, error = %error, "an earlier entry published first was not settled; its control message will");
+            }
+            if let Some(own) = own_decisions.get(txn_id) {
+                outcomes.insert(*txn_id, own.clone());
             }
         }
         if to_mark.is_empty() {
