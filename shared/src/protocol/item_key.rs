@@ -54,7 +54,7 @@ impl ItemKey {
         Self(text)
     }
 
-    /// Whether it is one of the protocol's own keys ([`Self::protocol`]).
+    /// Whether it is one of the protocol's own keys (under one of [`RESERVED_KEY_PREFIXES`]).
     pub fn is_protocol(&self) -> bool {
         RESERVED_KEY_PREFIXES.iter().any(|prefix| self.0.starts_with(prefix))
     }
