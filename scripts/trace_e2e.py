@@ -163,7 +163,16 @@ def verify(spans, all_spans, mode, caller_span, txn_id, shipment, check, consume
     for span, what in ((begin, "begin"), (commit, "commit")):
         if span:
             check.that(span["parent"] == request["span"], f"{what} is not the request's child")
-    consumed = one(spans, check, "consumed_message", "shipping")
+    # The consumer applies each order's events in order: an event that came before its
+    # predecessor was applied waits (a span with outcome `waiting`, sent back to come
+    # again), then is processed once.
+    consumed = one(spans, check, "consumed_message", "shipping", outcome="processed")
+    others = [
+        s["attributes"].get("outcome")
+        for s in spans
+        if s["name"] == "consumed_message" and s["service"] == "shipping" and s is not consumed
+    ]
+    check.that(all(outcome == "waiting" for outcome in others), f"other consumed_message spans: {others}")
     emitted_in = None
     if mode == "inline":
         # Handed over at the commit, published after the answer in a span of its own.
