@@ -516,12 +516,11 @@ async fn sns_an_entry_failed_as_the_senders_fault_is_refused_without_a_retry() {
 #[tokio::test]
 async fn sns_fifo_entries_carry_their_group_and_their_stable_id_as_deduplication_id() {
     let stub = topic_failing_first(None).await;
-    let messages = outgoing(3, |position, message| {
-        if position == 2 {
-            message.with_group_id("order-7")
-        } else {
-            message
-        }
+    // Three groups: a FIFO destination takes at most one message of a group per call.
+    let messages = outgoing(3, |position, message| match position {
+        1 => message.with_group_id("order-6"),
+        2 => message.with_group_id("order-7"),
+        _ => message,
     });
     let report = publish(&stub, topic_target(FIFO_TOPIC, true), &messages).await;
 
