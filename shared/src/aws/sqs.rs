@@ -380,18 +380,14 @@ impl Requeue for SqsInbox {
         extra: &std::collections::BTreeMap<String, String>,
         delay: Duration,
     ) -> Result<(), QueueError> {
-        if delivery.group_id.is_some() {
-            return Err(QueueError::Rejected {
-                reason: "a FIFO queue takes no delay per message",
-            });
-        }
+        let attributes = crate::ports::requeued_attributes(delivery, extra)?;
         let mut send = self
             .client
             .send_message()
             .queue_url(&self.queue_url)
             .message_body(&delivery.body)
             .delay_seconds(delay.as_secs().min(900) as i32);
-        for (name, value) in delivery.attributes.iter().chain(extra) {
+        for (name, value) in &attributes {
             send = send.message_attributes(name, string_attribute(value));
         }
         send.send()

@@ -79,13 +79,7 @@ impl Requeue for EmbeddedInbox {
         extra: &std::collections::BTreeMap<String, String>,
         delay: Duration,
     ) -> Result<(), QueueError> {
-        if delivery.group_id.is_some() {
-            return Err(QueueError::Rejected {
-                reason: "a FIFO queue takes no delay per message",
-            });
-        }
-        let mut attributes = delivery.attributes.clone();
-        attributes.extend(extra.clone());
+        let attributes = crate::ports::requeued_attributes(delivery, extra)?;
         self.queue
             .send(super::SendRequest {
                 body: delivery.body.clone(),

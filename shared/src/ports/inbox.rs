@@ -53,6 +53,23 @@ pub trait Inbox: Send + Sync {
     async fn set_visibility(&self, receipts: &[(String, Duration)]) -> Result<Vec<String>, QueueError>;
 }
 
+/// The attributes of `delivery`'s copy sent back to its queue: its own with `extra` over
+/// them; refused for a FIFO queue's delivery, which takes no per-message delay (what
+/// every [`Requeue`] checks first).
+pub fn requeued_attributes(
+    delivery: &Delivery,
+    extra: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, QueueError> {
+    if delivery.group_id.is_some() {
+        return Err(QueueError::Rejected {
+            reason: "a FIFO queue takes no delay per message",
+        });
+    }
+    let mut attributes = delivery.attributes.clone();
+    attributes.extend(extra.clone());
+    Ok(attributes)
+}
+
 /// Where a consumer sends a message back to come again later: its source queue. An
 /// in-order consumer sends a copy of a message whose predecessor it has not applied yet,
 /// then acknowledges the delivery in hand, so that waiting never counts toward the

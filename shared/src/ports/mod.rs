@@ -10,7 +10,7 @@ mod store;
 
 pub use clock::{Clock, IdSource, RandomIds, SystemClock};
 pub use control_queue::{ControlDelivery, ControlInbox, ControlQueue, QueueError, CONTROL_MAX_RECEIVE_COUNT};
-pub use inbox::{Delivery, Inbox, Requeue};
+pub use inbox::{requeued_attributes, Delivery, Inbox, Requeue};
 pub use publisher::{EntryFailure, PublishError, Publisher};
 pub use store::{
     BusinessWrite, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, InvalidItemKey,

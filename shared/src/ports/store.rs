@@ -83,13 +83,6 @@ pub struct KeyRead {
     pub entries: BTreeMap<TxnId, OutboxRecord>,
 }
 
-impl KeyRead {
-    /// What a create of this key expects: no item, at the version read.
-    pub fn absent(&self) -> ExpectedVersion {
-        ExpectedVersion::AbsentAt(self.version)
-    }
-}
-
 /// One business action of a commit.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BusinessWrite {

@@ -66,6 +66,20 @@ fn placed(entity: &str, seq: u64) -> Delivery {
     }
 }
 
+/// A clock, an embedded backend with the destination `inbox`, and consumer `ordered` of
+/// `handler` on them, with no way back for a waiting message.
+fn ordered_world(handler: Arc<dyn Handler>) -> (Arc<ManualClock>, EmbeddedBackend, Consumer) {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
+    let consumer = Consumer::new(
+        "ordered".parse().unwrap(),
+        backend.consumer_ports(clock.clone()),
+        handler,
+        Duration::from_secs(3600),
+    );
+    (clock, backend, consumer)
+}
+
 fn permutations(items: &[Delivery]) -> Vec<Vec<Delivery>> {
     if items.len() <= 1 {
         return vec![items.to_vec()];
@@ -169,14 +183,7 @@ async fn every_delivery_order_applies_each_message_once_in_chain_order() {
 /// brings it back, and nothing of it was applied.
 #[tokio::test]
 async fn without_a_way_back_a_waiting_message_fails() {
-    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
-    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
-    let consumer = Consumer::new(
-        "ordered".parse().unwrap(),
-        backend.consumer_ports(clock.clone()),
-        Arc::new(Recording),
-        Duration::from_secs(3600),
-    );
+    let (_clock, backend, consumer) = ordered_world(Arc::new(Recording));
     match consumer.consume(&placed("ORDER#a", 2)).await {
         Err(ConsumeError::Waiting { applied: 0, seq: 2 }) => {}
         other => panic!("{other:?}"),
@@ -191,14 +198,7 @@ async fn without_a_way_back_a_waiting_message_fails() {
 /// queue kept longer) is a duplicate all the same: the chain's position outlives it.
 #[tokio::test]
 async fn the_position_outlives_the_dedup_data() {
-    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
-    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
-    let consumer = Consumer::new(
-        "ordered".parse().unwrap(),
-        backend.consumer_ports(clock.clone()),
-        Arc::new(Recording),
-        Duration::from_secs(3600),
-    );
+    let (clock, backend, consumer) = ordered_world(Arc::new(Recording));
     consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
     clock.advance(Duration::from_secs(7200));
     assert!(
@@ -237,14 +237,7 @@ impl Handler for Forwarding {
 /// reads back, so that a copy of the message is a duplicate.
 #[tokio::test]
 async fn the_position_item_is_no_entity_to_place_messages_in() {
-    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
-    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
-    let consumer = Consumer::new(
-        "ordered".parse().unwrap(),
-        backend.consumer_ports(clock.clone()),
-        Arc::new(Forwarding),
-        Duration::from_secs(3600),
-    );
+    let (_clock, backend, consumer) = ordered_world(Arc::new(Forwarding));
     consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
     let queue = backend.publisher.queue(&"inbox".parse().unwrap()).unwrap();
     let sent = queue.receive(10);
