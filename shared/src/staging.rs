@@ -184,10 +184,10 @@ impl Staging {
 
     /// The messages as the commit carries them: positioned in the history of the one
     /// entity the commit changes ([`crate::protocol::Position`]), where it changes one
-    /// item, which it read across its lives, at the version read (a change or a delete of
-    /// it, or a create of it read holding no item), with no native action; as emitted
-    /// otherwise. The commit's condition on that version makes the heads read the heads
-    /// it moves.
+    /// portable item, which it read across its lives, at the version read (a change or a
+    /// delete of it, or a create of it read holding no item), whether or not it adds
+    /// native actions (on other items); as emitted otherwise. The commit's condition on
+    /// that version makes the heads read the heads it moves, in the item's own write.
     pub(crate) fn messages_to_commit(&self) -> Vec<OutgoingMessage> {
         let mut messages = self.messages.clone();
         if let Some((entity, version, heads)) = self.positioned_in() {
@@ -223,7 +223,7 @@ impl Staging {
     /// The entity the commit's messages are positioned in, the version it takes it to,
     /// and its heads as read.
     fn positioned_in(&self) -> Option<(ItemKey, u64, crate::protocol::ChainHeads)> {
-        if !self.native.is_empty() || self.messages.is_empty() {
+        if self.messages.is_empty() {
             return None;
         }
         // The protocol's own items (an in-order consumer's chain position) are no entity

@@ -8,8 +8,8 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update};
 use outbox::aws::AwsClients;
 use outbox::native::{NativeOutbox, NativeUnsupported};
-use outbox::ports::{Clock, CommitError, CommitRequest, TombstoneOutcome};
-use outbox::protocol::{IdempotencyKey, IdempotencySlot, Message, OutboxRecord, StoredResponse};
+use outbox::ports::{Clock, CommitError, CommitRequest, ExpectedVersion, ItemKey, TombstoneOutcome};
+use outbox::protocol::{IdempotencyKey, IdempotencySlot, Message, OutboxRecord, Place, StoredResponse};
 use outbox::request::{TxnError, TxnStatus};
 use outbox::settings::Timing;
 use outbox_tests::conformance::{events, Backend};
@@ -152,6 +152,69 @@ async fn a_native_update_and_conditional_put_commit_with_the_outbox_and_their_ev
         shop.outbox.outbox().status(committed.txn_id).await.unwrap(),
         TxnStatus::Dispatched
     );
+}
+
+/// A transaction that changes one portable item it read places its messages in that
+/// item's history whether or not it also runs native actions (here on another key of
+/// the table): one chain across both kinds, and the commit with native actions moves the
+/// item's heads in its own write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_native_transaction_that_changes_one_item_it_read_continues_that_items_chain() {
+    let shop = shop().await;
+    let order: ItemKey = format!("ORDER#{}", outbox::protocol::TxnId::new_v7()).parse().unwrap();
+
+    // 1: portable only, a create of the order read as absent.
+    let mut portable = shop.outbox.outbox().begin().await.expect("begin");
+    assert!(portable.get(&order).await.expect("read").is_none());
+    portable.put(order.clone(), json!({"n": 1}), ExpectedVersion::Absent);
+    portable.emit(reserved_event("portable"));
+    portable.commit().await.expect("the portable commit");
+
+    // 2: the order changed at the version read, with a native action on another key.
+    let mut native = shop.outbox.begin().await.expect("begin");
+    let read = native.get(&order).await.expect("read").expect("the order");
+    native.put(order.clone(), json!({"n": 2}), ExpectedVersion::Exactly(read.version));
+    native.action(shop.reserve(1));
+    native.emit(reserved_event("native"));
+    native.commit().await.expect("the native commit");
+    assert_eq!(shop.reserved().await, "1");
+
+    shop.backend.settle(timing()).await;
+    let places: Vec<Place> = shop
+        .backend
+        .drain(&events())
+        .await
+        .into_iter()
+        .map(|delivered| {
+            let position = delivered.position.expect("a position");
+            assert_eq!(position.entity, order);
+            position.place()
+        })
+        .collect();
+    assert_eq!(
+        places,
+        [
+            Place {
+                seq: 1,
+                version: 1,
+                after: 0
+            },
+            Place {
+                seq: 2,
+                version: 2,
+                after: 1
+            }
+        ],
+        "one chain, in commit order"
+    );
+    let keys = shop
+        .backend
+        .store
+        .get_keys(std::slice::from_ref(&order))
+        .await
+        .expect("read the order");
+    let head = keys[&order].heads.get(&events()).expect("a head for events");
+    assert_eq!((head.seq, head.version), (2, 2), "the native commit moved the heads");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

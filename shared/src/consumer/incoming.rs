@@ -88,8 +88,8 @@ pub struct Incoming {
 impl Incoming {
     /// Its place in the history of the entity its sender's transaction changed, on the
     /// destination it came through ([`Position`]): `None` where the transaction changed
-    /// no one entity it read (a native transaction, one over several items, a blind
-    /// create), an error where the attributes are there but cannot be read.
+    /// no one portable item it read (one over several items, one with native actions
+    /// only, a blind create), an error where the attributes are there but cannot be read.
     pub fn position(&self) -> Result<Option<Position>, InvalidPosition> {
         Position::from_attributes(&self.attributes)
     }
