@@ -33,6 +33,7 @@ pub mod aws;
 pub mod consumer;
 pub mod control;
 pub mod destination;
+mod earlier;
 pub mod embedded;
 pub mod event_detail;
 #[cfg(feature = "axum")]

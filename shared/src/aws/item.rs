@@ -515,7 +515,14 @@ mod tests {
         let events: DestinationName = "events".parse().unwrap();
         assert_eq!(
             read.heads,
-            ChainHeads::from([(events, ChainHead { seq: 2, version: 5 })])
+            ChainHeads::from([(
+                events,
+                ChainHead {
+                    seq: 2,
+                    version: 5,
+                    txn: None
+                }
+            )])
         );
         assert_eq!(read.entries, BTreeMap::from([(txn, entry)]));
         let vacant = item(vec![("version", n(6)), ("chain:events", head)]);

@@ -18,7 +18,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::item_key::ItemKey;
-use super::message::{DestinationName, OutgoingMessage};
+use super::message::{DestinationName, MessageId, OutgoingMessage};
+use super::txn_id::TxnId;
 
 /// The message attribute that names the entity whose history a message has its place in.
 pub const ENTITY_ATTRIBUTE: &str = "outbox-entity";
@@ -44,6 +45,11 @@ pub struct Position {
     /// The entity's version after its previous transaction that sent to this destination
     /// (0: none did).
     pub after: u64,
+    /// That previous transaction, where the heads it was stamped from name it: what a
+    /// publisher that keeps order sends first if it is still unsent. Kept in the
+    /// transaction's record, not sent with the message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<TxnId>,
 }
 
 /// The last message an entity sent to one destination.
@@ -53,6 +59,9 @@ pub struct ChainHead {
     pub seq: u64,
     /// The entity's version after the transaction that sent it.
     pub version: u64,
+    /// The transaction that sent it (none in heads written before heads named it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txn: Option<TxnId>,
 }
 
 /// An entity's chain heads, by destination.
@@ -146,8 +155,14 @@ impl Position {
             seq: place.seq,
             version: place.version,
             after: place.after,
+            previous: None,
         }))
     }
+}
+
+/// The transaction whose message `id` is (`{txn_id}:{index}`).
+fn txn_of(id: &MessageId) -> Option<TxnId> {
+    id.as_str().rsplit_once(':').and_then(|(txn, _)| txn.parse().ok())
 }
 
 /// Stamps the messages of a transaction that takes `entity` from the `heads` read to
@@ -159,12 +174,14 @@ pub fn stamp(messages: &mut [OutgoingMessage], entity: &ItemKey, version: u64, h
         let next = after.entry(message.destination.clone()).or_default();
         next.seq += 1;
         next.version = version;
+        next.txn = txn_of(&message.id);
         message.position = Some(Position {
             entity: entity.clone(),
             chain: message.destination.clone(),
             seq: next.seq,
             version,
             after: head.version,
+            previous: head.txn,
         });
     }
     after
@@ -181,6 +198,7 @@ pub fn advance(heads: &mut ChainHeads, entity: &ItemKey, messages: &[OutgoingMes
                 *head = ChainHead {
                     seq: position.seq,
                     version: position.version,
+                    txn: txn_of(&message.id),
                 };
             }
         }
@@ -242,10 +260,18 @@ mod tests {
                 after: 1
             }
         );
+        let first_txn = txn_of(&first[0].id);
+        assert!(first_txn.is_some());
         assert_eq!(
             heads[&"audit".parse::<DestinationName>().unwrap()],
-            ChainHead { seq: 1, version: 1 }
+            ChainHead {
+                seq: 1,
+                version: 1,
+                txn: first_txn
+            }
         );
+        let previous: Vec<Option<TxnId>> = first.iter().chain(&third).map(|m| m.position.as_ref().unwrap().previous).collect();
+        assert_eq!(previous, [None, None, None, first_txn], "each names the chain's transaction before it");
         let mut advanced = ChainHeads::new();
         advance(&mut advanced, &order, &first);
         advance(&mut advanced, &order, &third);
@@ -264,6 +290,7 @@ mod tests {
             seq: 12,
             version: 5,
             after: 3,
+            previous: None,
         };
         let attributes: BTreeMap<String, String> = position
             .attributes()

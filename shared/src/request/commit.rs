@@ -1,10 +1,10 @@
 //! A transaction's commit: its attempts, and the settling write that decides a failed or
 //! unknown one (docs/PROTOCOL.md section 3).
 
-use super::inline::InEntity;
+use super::inline::Behind;
 use super::settle::{settle_bound, within, COMMIT_RETRY_DELAY, SETTLE_RESERVE};
 use super::{Committed, Settlement, Transaction, TxnError};
-use crate::ports::{BusinessWrite, CommitError, CommitRequest, EntityCommit, ExpectedVersion, ItemKey};
+use crate::ports::{BusinessWrite, CommitError, CommitRequest, EntityCommit, ExpectedVersion};
 use crate::protocol::{FifoGrouping, IdempotencyRecord, MessageId, OutboxRecord, OutboxState};
 use crate::time::Timestamp;
 
@@ -86,14 +86,10 @@ impl Transaction {
                     Some(request) if found.state == OutboxState::Pending => request.outbox.clone(),
                     _ => found,
                 };
-                let entity = self
-                    .entity
-                    .as_ref()
-                    .filter(|_| in_entity)
-                    .map(|key| self.in_entity(key));
+                let entry_in = self.entity.as_ref().filter(|_| in_entity);
                 let inline = self
                     .outbox
-                    .dispatch_committed(entity.as_ref(), &committed, self.deadline)
+                    .dispatch_committed(entry_in, self.behind(&committed), &committed, self.deadline)
                     .await;
                 Ok(Committed {
                     txn_id,
@@ -270,21 +266,26 @@ impl Transaction {
     /// Publishes a committed transaction's messages in the request path, in the form it
     /// was committed in.
     async fn dispatch(&self, sent: &CommitRequest, committed: &OutboxRecord) -> super::InlineDispatch {
-        let entity = self
-            .entity_form(sent)
-            .and(self.entity.as_ref())
-            .map(|key| self.in_entity(key));
+        let entry_in = self.entity_form(sent).and(self.entity.as_ref());
         self.outbox
-            .dispatch_committed(entity.as_ref(), committed, self.deadline)
+            .dispatch_committed(entry_in, self.behind(committed), committed, self.deadline)
             .await
     }
 
-    /// Entity `key` with the entries of earlier transactions it held as read.
-    fn in_entity(&self, key: &ItemKey) -> InEntity {
-        InEntity {
-            key: key.clone(),
-            earlier: self.staging.entries_read(key, self.txn_id),
-        }
+    /// The entity `committed`'s messages have their place in (else the one it was begun
+    /// in), with the entries of earlier transactions it held as read: in whichever form
+    /// the transaction committed, they and the records their chains name go out first
+    /// where order is kept.
+    fn behind(&self, committed: &OutboxRecord) -> Option<Behind> {
+        let key = committed
+            .messages
+            .iter()
+            .find_map(|message| message.position.as_ref().map(|position| position.entity.clone()))
+            .or_else(|| self.entity.clone())?;
+        Some(Behind {
+            entries: self.staging.entries_read(&key, self.txn_id),
+            key,
+        })
     }
 
     fn check_limits(&self) -> Result<(), TxnError> {

@@ -7,8 +7,9 @@ use tracing::Instrument;
 
 use super::settle::within;
 use super::Outbox;
+use crate::earlier;
 use crate::ports::{ItemKey, Publisher};
-use crate::protocol::{OutboxRecord, OutboxState, OutgoingMessage};
+use crate::protocol::{DestinationName, OutboxRecord, OutboxState, OutgoingMessage};
 use crate::publish::{publish_all, RetryPolicy};
 use crate::time::Timestamp;
 
@@ -53,18 +54,21 @@ impl InlineDispatch {
 
 impl Outbox {
     /// Publishes a committed transaction's messages and marks it dispatched, in the form
-    /// it was committed in (`entity`: an entry in that item), now or, when it publishes
-    /// after the answer, on its [`super::AfterAnswer`] as soon as this returns.
+    /// it was committed in (`entry_in`: an entry in that item), after the entity's
+    /// earlier transactions still unsent (`behind`), now or, when it publishes after the
+    /// answer, on its [`super::AfterAnswer`] as soon as this returns. Never fails: what
+    /// it cannot do, the control worker does.
     pub(super) async fn dispatch_committed(
         &self,
-        entity: Option<&InEntity>,
+        entry_in: Option<&ItemKey>,
+        behind: Option<Behind>,
         committed: &OutboxRecord,
         deadline: Option<Timestamp>,
     ) -> InlineDispatch {
-        let to_publish = entity.is_some() || committed.state == OutboxState::Pending;
+        let to_publish = entry_in.is_some() || committed.state == OutboxState::Pending;
         match &self.after_answer {
             Some(after) if self.inline.is_some() && to_publish => {
-                let (outbox, entity, committed) = (self.clone(), entity.cloned(), committed.clone());
+                let (outbox, entry_in, committed) = (self.clone(), entry_in.cloned(), committed.clone());
                 // In a span of its own below the request's (its logs keep the request's
                 // fields), so that the span it was handed over in ends with the answer.
                 let span = tracing::info_span!("after_answer", txn_id = %committed.txn_id);
@@ -75,95 +79,44 @@ impl Outbox {
                     span
                 };
                 let dispatch = async move {
-                    let outcome = outbox.dispatch_now(entity.as_ref(), &committed, deadline).await;
+                    let outcome = outbox
+                        .dispatch_now(entry_in.as_ref(), behind.as_ref(), &committed, deadline)
+                        .await;
                     tracing::debug!(txn_id = %committed.txn_id, inline = outcome.as_str(), "published after the answer");
                 };
                 after.run(dispatch.instrument(span));
                 InlineDispatch::AfterAnswer
             }
-            _ => self.dispatch_now(entity, committed, deadline).await,
+            _ => self.dispatch_now(entry_in, behind.as_ref(), committed, deadline).await,
         }
     }
 
     async fn dispatch_now(
         &self,
-        entity: Option<&InEntity>,
+        entry_in: Option<&ItemKey>,
+        behind: Option<&Behind>,
         committed: &OutboxRecord,
-        deadline: Option<Timestamp>,
-    ) -> InlineDispatch {
-        match entity {
-            Some(entity) => self.dispatch_entry_inline(entity, committed, deadline).await,
-            None => self.dispatch_inline(committed, deadline).await,
-        }
-    }
-
-    /// Publishes a transaction's entry committed into its entity (entity mode), then
-    /// settles it, within `deadline`: one write that removes the entry and leaves the
-    /// transaction's sent mark in the item, its proof of commit (where a fence, the
-    /// control worker and `GET /transactions` find it). The messages of earlier
-    /// transactions the entity held to destinations that keep order go out first, so
-    /// that none of this one's leaves before an earlier one's there (a copy sent meanwhile
-    /// keeps its id, which FIFO deduplicates). Never fails: what it cannot do, the control
-    /// worker does.
-    async fn dispatch_entry_inline(
-        &self,
-        entity: &InEntity,
-        entry: &OutboxRecord,
         deadline: Option<Timestamp>,
     ) -> InlineDispatch {
         let Some(publisher) = &self.inline else {
             return InlineDispatch::Off;
         };
+        if entry_in.is_none() && committed.state != OutboxState::Pending {
+            return InlineDispatch::NothingToPublish;
+        }
         let clock = self.ports.clock.as_ref();
         let settle = async {
-            // The entity's earlier entries still waiting: their messages to destinations
-            // that keep order (FIFO) go out first, so that none of this one's overtakes
-            // them there. Each entry stays for its own publisher, which sends it all and
-            // settles it (FIFO drops the copies within its deduplication window); where
-            // order is not kept, nothing is gained by sending them twice.
-            let ordered: Vec<&OutgoingMessage> = entity
-                .earlier
-                .iter()
-                .flat_map(|earlier| &earlier.messages)
-                .filter(|message| publisher.keeps_order(&message.destination))
-                .collect();
-            if !ordered.is_empty() {
-                let report = publish_all(publisher.as_ref(), clock, &ordered, INLINE_RETRY).await;
-                if !report.failed.is_empty() {
-                    tracing::warn!(
-                        failed = report.failed.len(),
-                        "an earlier entry's messages could not be sent first; the control worker will publish"
-                    );
+            if let Some(behind) = behind {
+                if !self.send_earlier_first(publisher.as_ref(), behind, committed).await {
                     return InlineDispatch::LeftToWorker;
                 }
-                tracing::info!(
-                    earlier = entity.earlier.len(),
-                    messages = ordered.len(),
-                    "sent the entity's earlier messages first"
-                );
             }
-            if !self.publish_inline(publisher.as_ref(), entry).await {
+            if !self.publish_inline(publisher.as_ref(), committed).await {
                 return InlineDispatch::LeftToWorker;
             }
-            let settled = self
-                .ports
-                .store
-                .settle_entry(
-                    &entity.key,
-                    entry.txn_id,
-                    entry.created_at,
-                    clock.now().plus(self.timing.retention),
-                    self.sent_marks,
-                )
-                .await;
-            if let Err(error) = settled {
-                tracing::warn!(error = %error, "settling the entry failed; the control worker will");
-                return InlineDispatch::LeftToWorker;
-            }
-            if entry.messages.is_empty() {
-                InlineDispatch::NothingToPublish
-            } else {
-                InlineDispatch::Dispatched
+            match entry_in {
+                Some(key) => self.settle_entry_inline(key, committed).await,
+                None => self.mark_inline(committed).await,
             }
         };
         let outcome = within(clock, deadline, settle).await.unwrap_or_else(|| {
@@ -172,6 +125,105 @@ impl Outbox {
         });
         self.count_inline(outcome);
         outcome
+    }
+
+    /// The messages of the entity's earlier transactions still unsent, to destinations
+    /// that keep order (FIFO), sent before this one's, so that none of this one's
+    /// overtakes them there: the entries the entity held as read, and the records their
+    /// chains name ([`crate::earlier`]). Each stays for its own publisher, which sends it
+    /// all and settles it (FIFO drops the copies within its deduplication window); where
+    /// order is not kept, nothing is gained by sending them twice. Whether they all went
+    /// out (or there were none).
+    async fn send_earlier_first(&self, publisher: &dyn Publisher, behind: &Behind, committed: &OutboxRecord) -> bool {
+        let keeps_order = |destination: &DestinationName| publisher.keeps_order(destination);
+        let earlier = if earlier::is_ordered(committed, &keeps_order) || !behind.entries.is_empty() {
+            let found = earlier::unsent_before(
+                self.ports.store.as_ref(),
+                &keeps_order,
+                &behind.key,
+                behind.entries.clone(),
+                committed,
+            )
+            .await;
+            match found {
+                Ok(found) => found,
+                Err(error) => {
+                    tracing::warn!(error = %error, "reading the entity's earlier transactions failed; the control worker will publish");
+                    return false;
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        let ordered: Vec<&OutgoingMessage> = earlier
+            .iter()
+            .flat_map(|earlier| &earlier.record().messages)
+            .filter(|message| publisher.keeps_order(&message.destination))
+            .collect();
+        if ordered.is_empty() {
+            return true;
+        }
+        let report = publish_all(publisher, self.ports.clock.as_ref(), &ordered, INLINE_RETRY).await;
+        if !report.failed.is_empty() {
+            tracing::warn!(
+                failed = report.failed.len(),
+                "an earlier transaction's messages could not be sent first; the control worker will publish"
+            );
+            return false;
+        }
+        tracing::info!(
+            earlier = earlier.len(),
+            messages = ordered.len(),
+            "sent the entity's earlier messages first"
+        );
+        true
+    }
+
+    /// Settles a transaction's entry committed into its entity (entity mode) whose
+    /// messages went out: one write that removes the entry and leaves the transaction's
+    /// sent mark in the item, its proof of commit (where a fence, the control worker and
+    /// `GET /transactions` find it).
+    async fn settle_entry_inline(&self, key: &ItemKey, entry: &OutboxRecord) -> InlineDispatch {
+        let settled = self
+            .ports
+            .store
+            .settle_entry(
+                key,
+                entry.txn_id,
+                entry.created_at,
+                self.ports.clock.now().plus(self.timing.retention),
+                self.sent_marks,
+            )
+            .await;
+        if let Err(error) = settled {
+            tracing::warn!(error = %error, "settling the entry failed; the control worker will");
+            return InlineDispatch::LeftToWorker;
+        }
+        if entry.messages.is_empty() {
+            InlineDispatch::NothingToPublish
+        } else {
+            InlineDispatch::Dispatched
+        }
+    }
+
+    /// Marks a committed record whose messages went out dispatched.
+    async fn mark_inline(&self, record: &OutboxRecord) -> InlineDispatch {
+        // Only after every message went out: a record marked first and a crash before
+        // publishing would lose them (I1).
+        let expires_at = self.ports.clock.now().plus(self.timing.retention);
+        match self
+            .ports
+            .store
+            .mark_dispatched(std::slice::from_ref(record), expires_at)
+            .await
+            .pop()
+        {
+            Some(Ok(())) => InlineDispatch::Dispatched,
+            other => {
+                tracing::warn!(error = ?other.and_then(Result::err).map(|e| e.to_string()), "marking the record dispatched failed; the control worker will");
+                InlineDispatch::LeftToWorker
+            }
+        }
     }
 
     /// Publishes `record`'s messages through `publisher`: whether every one went out.
@@ -194,54 +246,15 @@ impl Outbox {
             .count("InlineFailures", usize::from(outcome == InlineDispatch::LeftToWorker))
             .emit();
     }
-
-    /// Publishes a committed record's messages and marks it dispatched, within
-    /// `deadline`. Never fails: what it cannot do, the control worker does.
-    async fn dispatch_inline(&self, record: &OutboxRecord, deadline: Option<Timestamp>) -> InlineDispatch {
-        let Some(publisher) = &self.inline else {
-            return InlineDispatch::Off;
-        };
-        if record.state != OutboxState::Pending {
-            return InlineDispatch::NothingToPublish;
-        }
-        let clock = self.ports.clock.as_ref();
-        let settle = async {
-            if !self.publish_inline(publisher.as_ref(), record).await {
-                return InlineDispatch::LeftToWorker;
-            }
-            // Only after every message went out: a record marked first and a crash before
-            // publishing would lose them (I1).
-            let expires_at = clock.now().plus(self.timing.retention);
-            match self
-                .ports
-                .store
-                .mark_dispatched(std::slice::from_ref(record), expires_at)
-                .await
-                .pop()
-            {
-                Some(Ok(())) => InlineDispatch::Dispatched,
-                other => {
-                    tracing::warn!(error = ?other.and_then(Result::err).map(|e| e.to_string()), "marking the record dispatched failed; the control worker will");
-                    InlineDispatch::LeftToWorker
-                }
-            }
-        };
-        let outcome = within(clock, deadline, settle).await.unwrap_or_else(|| {
-            tracing::warn!("the deadline came during inline publishing; the control worker will publish");
-            InlineDispatch::LeftToWorker
-        });
-        self.count_inline(outcome);
-        outcome
-    }
 }
 
-/// The entity a transaction committed into (entity mode), with the entries of earlier
-/// transactions it held when the transaction read it: what goes out before the
-/// transaction's own messages.
+/// The entity a transaction's messages have their place in, with the entries of earlier
+/// transactions it held when the transaction read it: with the records their chains
+/// name, what goes out before the transaction's own messages.
 #[derive(Debug, Clone)]
-pub(super) struct InEntity {
+pub(super) struct Behind {
     /// The item.
     pub(super) key: ItemKey,
-    /// The entries of earlier transactions, in commit order.
-    pub(super) earlier: Vec<OutboxRecord>,
+    /// Its pending entries of earlier transactions, in commit order.
+    pub(super) entries: Vec<OutboxRecord>,
 }

@@ -26,7 +26,22 @@ fn timing() -> Timing {
 /// One transaction on `order`, begun in entity mode: it reads the order, writes `data` (a
 /// delete where `None`), and emits one message to each of `to`, in order.
 async fn change(outbox: &Outbox, order: &ItemKey, data: Option<serde_json::Value>, to: &[DestinationName]) -> TxnId {
-    let mut txn = outbox.begin_entity(order.clone()).await.expect("begin");
+    change_in(outbox, order, data, to, true).await
+}
+
+/// [`change`], begun in entity mode (its commit an entry in the item) or not (the
+/// transactional form: a record of its own beside the item).
+async fn change_in(
+    outbox: &Outbox,
+    order: &ItemKey,
+    data: Option<serde_json::Value>,
+    to: &[DestinationName],
+    entity_mode: bool,
+) -> TxnId {
+    let mut txn = match entity_mode {
+        true => outbox.begin_entity(order.clone()).await.expect("begin"),
+        false => outbox.begin().await.expect("begin"),
+    };
     let read = txn.get(order).await.expect("read");
     match (data, &read) {
         (Some(data), Some(item)) => txn.put(order.clone(), data, ExpectedVersion::Exactly(item.version)),
@@ -196,7 +211,16 @@ pub async fn messages_of_no_one_entity_carry_no_position(b: &Backend) {
 /// The control message of `txn_id`, begun in entity mode on `order`, as the control path
 /// receives it (not through the queue: the test picks which comes first).
 fn control_message(b: &Backend, txn_id: TxnId, order: &ItemKey) -> ControlDelivery {
-    let message = ControlMessage::first(txn_id, b.clock.now()).with_entity(order.clone());
+    control_message_in(b, txn_id, Some(order))
+}
+
+/// The control message of `txn_id`, begun in entity mode on `entity` where it is named.
+fn control_message_in(b: &Backend, txn_id: TxnId, entity: Option<&ItemKey>) -> ControlDelivery {
+    let first = ControlMessage::first(txn_id, b.clock.now());
+    let message = match entity {
+        Some(order) => first.with_entity(order.clone()),
+        None => first,
+    };
     ControlDelivery {
         message_id: format!("test-{txn_id}"),
         receipt: format!("test-{txn_id}"),
@@ -297,5 +321,74 @@ pub async fn a_publisher_sends_the_entitys_earlier_transactions_first(b: &Backen
         "{}: {report:?}",
         b.name
     );
+    assert!(b.drain(&audit()).await.is_empty(), "{}", b.name);
+}
+
+/// What a FIFO destination (audit) received: each message's transaction, in order.
+async fn audit_order(b: &Backend) -> Vec<Option<String>> {
+    b.drain(&audit())
+        .await
+        .into_iter()
+        .map(|delivered| delivered.txn_id)
+        .collect()
+}
+
+/// The order of publishing holds across the two forms a commit takes: a transaction
+/// committed in the transactional form (its record beside the item, not an entry in it)
+/// and still unsent goes out first on a destination that keeps order, found through the
+/// chain, which names each transaction's predecessor. Request path and control path,
+/// each with the earlier one in either form.
+pub async fn a_publisher_sends_an_earlier_commit_of_either_form_first(b: &Backend) {
+    let silent = b.outbox(timing());
+    let publishing = b.outbox(timing()).with_inline_publisher(b.publisher.clone());
+    let control = b.control(timing());
+    let order = key(&format!("ORDER#{}", TxnId::new_v7()));
+    let s = |txn: TxnId| Some(txn.to_string());
+    let dispatched = |report: &outbox::control::ItemReport| {
+        matches!(report.result, Ok(outbox::control::ControlOutcome::Dispatched { .. }))
+    };
+
+    // The request path, behind a record: the record's FIFO message goes first, the record
+    // stays for its own publisher.
+    let first = change_in(&silent, &order, Some(json!({"n": 1})), &[audit(), events()], false).await;
+    let second = change_in(&publishing, &order, Some(json!({"n": 2})), &[audit()], true).await;
+    assert_eq!(audit_order(b).await, [s(first), s(second)], "{}: request path, behind a record", b.name);
+    assert!(b.drain(&events()).await.is_empty(), "{}: nothing sent twice where order is not kept", b.name);
+    let report = control.handle(&control_message_in(b, first, None)).await;
+    assert!(dispatched(&report), "{}: {report:?}", b.name);
+    assert_eq!(b.drain(&events()).await.len(), 1, "{}", b.name);
+    let copies = audit_order(b).await;
+    assert!(copies.iter().all(|txn| txn == &s(first)), "{}: {copies:?}", b.name);
+
+    // The request path of a transactional commit, behind an entry.
+    let third = change_in(&silent, &order, Some(json!({"n": 3})), &[audit()], true).await;
+    let fourth = change_in(&publishing, &order, Some(json!({"n": 4})), &[audit()], false).await;
+    assert_eq!(audit_order(b).await, [s(third), s(fourth)], "{}: request path, behind an entry", b.name);
+
+    // The control path of a transactional commit, behind an entry and a record: handed the
+    // latest's control message first, it publishes them all in commit order, and settles
+    // the earlier ones.
+    let report = control.handle(&control_message(b, third, &order)).await;
+    assert!(dispatched(&report), "{}: {report:?}", b.name);
+    let _ = b.drain(&audit()).await;
+    let fifth = change_in(&silent, &order, Some(json!({"n": 5})), &[audit()], true).await;
+    let sixth = change_in(&silent, &order, Some(json!({"n": 6})), &[audit()], false).await;
+    let seventh = change_in(&silent, &order, Some(json!({"n": 7})), &[audit()], false).await;
+    let report = control.handle(&control_message_in(b, seventh, None)).await;
+    assert!(dispatched(&report), "{}: {report:?}", b.name);
+    assert_eq!(
+        audit_order(b).await,
+        [s(fifth), s(sixth), s(seventh)],
+        "{}: control path, behind an entry and a record",
+        b.name
+    );
+    for (earlier, entity) in [(fifth, Some(&order)), (sixth, None)] {
+        let report = control.handle(&control_message_in(b, earlier, entity)).await;
+        assert!(
+            matches!(report.result, Ok(outbox::control::ControlOutcome::AlreadyDone { .. })),
+            "{}: {earlier} was settled by the later one's publisher: {report:?}",
+            b.name
+        );
+    }
     assert!(b.drain(&audit()).await.is_empty(), "{}", b.name);
 }

@@ -60,7 +60,8 @@ macro_rules! conformance_suite {
             a_late_attempt_never_applies_to_a_later_life_of_its_item,
             messages_carry_their_place_in_their_entitys_history,
             messages_of_no_one_entity_carry_no_position,
-            a_publisher_sends_the_entitys_earlier_transactions_first
+            a_publisher_sends_the_entitys_earlier_transactions_first,
+            a_publisher_sends_an_earlier_commit_of_either_form_first
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {

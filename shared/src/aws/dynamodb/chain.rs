@@ -1,6 +1,7 @@
 //! The heads of an entity's chains ([`crate::protocol::Position`]) in its business item:
 //! one top-level attribute per destination, `chain:<destination>`, a map
-//! `{"seq": N, "version": N}`. Top-level, so that a commit sets one head with a plain
+//! `{"seq": N, "version": N, "txn": S}` (`txn`: the transaction that sent the head's
+//! message; absent in heads written before heads named it). Top-level, so that a commit sets one head with a plain
 //! `SET`, on any item (a nested `SET #chain.#d` fails where the item has no map yet, as
 //! every item written before the chains has not). Expressions always name them through
 //! expression attribute names (`:` has no place in a path).
@@ -31,10 +32,14 @@ fn attribute(destination: &DestinationName) -> String {
 
 /// A head as stored.
 fn head_value(head: ChainHead) -> AttributeValue {
-    AttributeValue::M(HashMap::from([
+    let mut fields = HashMap::from([
         ("seq".to_owned(), n(head.seq)),
         ("version".to_owned(), n(head.version)),
-    ]))
+    ]);
+    if let Some(txn) = head.txn {
+        fields.insert("txn".to_owned(), AttributeValue::S(txn.to_string()));
+    }
+    AttributeValue::M(fields)
 }
 
 /// The chain heads of an item as stored, read back (none on an item written before the
@@ -60,9 +65,20 @@ pub(crate) fn heads_of(layout: &TableLayout, item: &Item) -> Result<ChainHeads, 
                     .and_then(|text| text.parse::<u64>().ok())
                     .ok_or_else(|| reader.corrupt(format!("{name:?} has no whole number {field}")))
             };
+            let txn = match fields.get("txn") {
+                None => None,
+                Some(value) => Some(
+                    value
+                        .as_s()
+                        .ok()
+                        .and_then(|text| text.parse().ok())
+                        .ok_or_else(|| reader.corrupt(format!("{name:?} has a txn that is no transaction id")))?,
+                ),
+            };
             let head = ChainHead {
                 seq: number("seq")?,
                 version: number("version")?,
+                txn,
             };
             Ok((destination, head))
         })
@@ -143,6 +159,10 @@ mod tests {
             .collect()
     }
 
+    fn txn_of_first(messages: &[OutgoingMessage]) -> TxnId {
+        messages[0].id.as_str().rsplit_once(':').unwrap().0.parse().unwrap()
+    }
+
     /// The heads a commit sets are the highest position per destination in its item's
     /// history; other entities' messages set none; what it sets reads back.
     #[test]
@@ -151,8 +171,22 @@ mod tests {
         let order: ItemKey = "ORDER#1".parse().unwrap();
         let other: ItemKey = "ORDER#2".parse().unwrap();
         let read = ChainHeads::from([
-            ("events".parse().unwrap(), ChainHead { seq: 3, version: 5 }),
-            ("bus".parse().unwrap(), ChainHead { seq: 2, version: 4 }),
+            (
+                "events".parse().unwrap(),
+                ChainHead {
+                    seq: 3,
+                    version: 5,
+                    txn: None,
+                },
+            ),
+            (
+                "bus".parse().unwrap(),
+                ChainHead {
+                    seq: 2,
+                    version: 4,
+                    txn: Some(TxnId::new_v7()),
+                },
+            ),
         ]);
         let mut messages = emitted(&["events", "audit", "events"]);
         let after = stamp_chain(&mut messages, &order, 7, &read);
@@ -171,10 +205,20 @@ mod tests {
         }
         let heads = heads_of(&layout, &item).unwrap();
         assert_eq!(heads, after, "the heads stored are the ones the stamps end at");
-        assert_eq!(heads[&"events".parse().unwrap()], ChainHead { seq: 5, version: 7 });
+        assert_eq!(
+            heads[&"events".parse().unwrap()],
+            ChainHead {
+                seq: 5,
+                version: 7,
+                txn: Some(txn_of_first(&messages))
+            }
+        );
+        // Each head: its name, the map's 3 bytes, per field its name, 1 byte and its value
+        // (a number of one digit: 2 bytes; the transaction id: 36).
+        let head_bytes = 3 + (3 + 1 + 2) + (7 + 1 + 2) + (3 + 1 + 36);
         assert_eq!(
             sets.stored_bytes(),
-            ("chain:audit".len() + 3 + (3 + 2) + (7 + 2) + 2) + ("chain:events".len() + 3 + (3 + 2) + (7 + 2) + 2)
+            ("chain:audit".len() + head_bytes) + ("chain:events".len() + head_bytes)
         );
     }
 

@@ -48,6 +48,7 @@ fn placed(entity: &str, seq: u64) -> Delivery {
         seq,
         version: seq + 1,
         after: seq,
+        previous: None,
     };
     let mut attributes: BTreeMap<String, String> = position
         .attributes()
@@ -251,4 +252,52 @@ async fn the_position_item_is_no_entity_to_place_messages_in() {
         consumer.consume(&placed("ORDER#a", 1)).await.unwrap(),
         ConsumeOutcome::Duplicate
     );
+}
+
+/// Message `seq` of `entity`'s chain on `events`, sent by a transaction that took the
+/// entity to `version`, with an id of its own.
+fn placed_at(entity: &str, seq: u64, version: u64) -> Delivery {
+    let mut delivery = placed(entity, seq);
+    delivery.attributes.insert(
+        crate::protocol::POSITION_ATTRIBUTE.to_owned(),
+        format!("chain=events;seq={seq};version={version};after=0"),
+    );
+    delivery
+        .attributes
+        .insert(MESSAGE_ID_ATTRIBUTE.to_owned(), format!("{entity}:v{version}:{seq}"));
+    delivery.message_id = format!("q-{entity}-v{version}-{seq}");
+    delivery
+}
+
+/// A message at or below the chain's position from a later version of its entity than
+/// the one applied last is no copy of an earlier message: its chain restarted (the
+/// entity's heads lost, its table restored from an old backup). It fails, saying so,
+/// rather than being acknowledged as a duplicate; a real copy is still a duplicate.
+#[tokio::test]
+async fn a_restarted_chain_fails_instead_of_passing_for_a_duplicate() {
+    let (_clock, backend, consumer) = ordered_world(Arc::new(Recording));
+    consumer.consume(&placed_at("ORDER#a", 1, 2)).await.unwrap();
+    consumer.consume(&placed_at("ORDER#a", 2, 3)).await.unwrap();
+    // A copy of seq 1 whose dedup record is out of reach: its version is below.
+    let mut copy = placed_at("ORDER#a", 1, 2);
+    copy.attributes
+        .insert(MESSAGE_ID_ATTRIBUTE.to_owned(), "ORDER#a:another-id".to_owned());
+    assert_eq!(consumer.consume(&copy).await.unwrap(), ConsumeOutcome::Duplicate);
+    // The chain counted from 1 again, at later versions.
+    match consumer.consume(&placed_at("ORDER#a", 1, 9)).await {
+        Err(
+            error @ ConsumeError::ChainRestarted {
+                seq: 1,
+                version: 9,
+                applied: 2,
+                applied_version: 3,
+            },
+        ) => {
+            let said = error.to_string();
+            assert!(said.contains("chain restarted"), "{said}");
+            assert!(said.contains("not a duplicate"), "{said}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2], "nothing of it applied");
 }

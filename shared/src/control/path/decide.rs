@@ -11,7 +11,8 @@ use tracing::Instrument;
 use super::ControlPath;
 use crate::control::outcome::{ControlError, ControlOutcome};
 use crate::ports::{FenceOutcome, ItemKey, StoreError, TombstoneOutcome};
-use crate::protocol::{commit_order, sent_marks, ControlMessage, OutboxRecord, OutboxState, TxnId};
+use crate::earlier::{self, Earlier};
+use crate::protocol::{sent_marks, ControlMessage, DestinationName, OutboxRecord, OutboxState, TxnId};
 
 /// After this many checks a transaction is tombstoned even if the worker's clock says
 /// its window is still open: tombstoning is always safe (in entity mode too: the fence
@@ -21,30 +22,15 @@ pub const MAX_ATTEMPTS: u32 = 64;
 
 /// What the batch decided for one transaction before publishing.
 pub(super) enum Decision {
-    /// A pending record: publish, then mark it.
-    Publish(OutboxRecord),
+    /// A pending record: publish, then mark it. The entity's earlier transactions still
+    /// unsent go out first (and are settled the same way).
+    Publish(OutboxRecord, Vec<Earlier>),
     /// An entry committed into its entity (entity mode): publish, then put the
     /// transaction's record dispatched, then remove the entry. `true`: found beside the
-    /// transaction's tombstone record. The entries of earlier transactions the entity
-    /// holds go out first (and are settled the same way).
-    PublishEntry(ItemKey, OutboxRecord, bool, Vec<OutboxRecord>),
+    /// transaction's tombstone record. The entity's earlier transactions still unsent go
+    /// out first (and are settled the same way).
+    PublishEntry(ItemKey, OutboxRecord, bool, Vec<Earlier>),
     Done(Result<ControlOutcome, ControlError>),
-}
-
-/// The pending entries of `entries` that come before `entry` in commit order
-/// ([`commit_order`]), in that order: what goes out before it.
-fn earlier_entries(entries: Option<&BTreeMap<TxnId, OutboxRecord>>, entry: &OutboxRecord) -> Vec<OutboxRecord> {
-    let before = commit_order(entry);
-    let mut earlier: Vec<OutboxRecord> = entries
-        .into_iter()
-        .flat_map(BTreeMap::values)
-        // A consumer's entry (its attempt named) is the consumer's to publish and settle:
-        // its dedup record must come first.
-        .filter(|other| other.state == OutboxState::Pending && other.attempt.is_none() && commit_order(other) < before)
-        .cloned()
-        .collect();
-    earlier.sort_by_key(commit_order);
-    earlier
 }
 
 impl ControlPath {
@@ -62,7 +48,7 @@ impl ControlPath {
             return self.decide_in_entity(control, key).instrument(span).await;
         }
         match record {
-            Some(Ok(record)) => self.decide_on_record(record),
+            Some(Ok(record)) => self.decide_on_record(record).await,
             Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             None => {
                 let span =
@@ -72,10 +58,64 @@ impl ControlPath {
         }
     }
 
-    fn decide_on_record(&self, record: OutboxRecord) -> Decision {
+    async fn decide_on_record(&self, record: OutboxRecord) -> Decision {
         match record.state {
-            OutboxState::Pending => Decision::Publish(record),
+            OutboxState::Pending => {
+                // Its messages have their place in an entity's history on a destination
+                // that keeps order: the entity's earlier transactions still unsent go
+                // first (its entries are read from the item, the records from their ids).
+                let keeps_order = |destination: &DestinationName| self.ports.publisher.keeps_order(destination);
+                let entity = record
+                    .messages
+                    .iter()
+                    .find_map(|message| message.position.as_ref().map(|position| position.entity.clone()))
+                    .filter(|_| earlier::is_ordered(&record, &keeps_order));
+                let Some(key) = entity else {
+                    return Decision::Publish(record, Vec::new());
+                };
+                match self.ports.store.get_entity(&key).await {
+                    Ok(entity) => {
+                        let entries = entity.as_ref().map(|entity| &entity.entries);
+                        match self.earlier(&key, entries, &record).await {
+                            Ok(earlier) => Decision::Publish(record, earlier),
+                            Err(error) => error,
+                        }
+                    }
+                    Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
+                }
+            }
             state => Decision::Done(Ok(ControlOutcome::AlreadyDone { state })),
+        }
+    }
+
+    /// The transactions of entity `key` before `record` still unsent, in commit order:
+    /// its pending `entries` before it, and the records their chains name
+    /// ([`earlier::unsent_before`]).
+    async fn earlier(
+        &self,
+        key: &ItemKey,
+        entries: Option<&BTreeMap<TxnId, OutboxRecord>>,
+        record: &OutboxRecord,
+    ) -> Result<Vec<Earlier>, Decision> {
+        let entries = earlier::entries_before(entries.into_iter().flat_map(BTreeMap::values), record);
+        let keeps_order = |destination: &DestinationName| self.ports.publisher.keeps_order(destination);
+        earlier::unsent_before(self.ports.store.as_ref(), &keeps_order, key, entries, record)
+            .await
+            .map_err(|error| Decision::Done(Err(ControlError::Read(Arc::new(error)))))
+    }
+
+    /// Entry `entry` of `key` to publish, after the earlier transactions still unsent
+    /// (`entries`: the item's, as read).
+    async fn publish_entry(
+        &self,
+        key: &ItemKey,
+        entry: OutboxRecord,
+        beside_tombstone: bool,
+        entries: Option<&BTreeMap<TxnId, OutboxRecord>>,
+    ) -> Decision {
+        match self.earlier(key, entries, &entry).await {
+            Ok(earlier) => Decision::PublishEntry(key.clone(), entry, beside_tombstone, earlier),
+            Err(error) => error,
         }
     }
 
@@ -100,11 +140,11 @@ impl ControlPath {
                 Ok(Some(_)) => {
                     tracing::info!(txn_id = %control.txn_id, entity = %key, "removing an entry left in its entity");
                     match self.ports.store.remove_entry(key, control.txn_id).await {
-                        Ok(()) => self.decide_on_record(record),
+                        Ok(()) => self.decide_on_record(record).await,
                         Err(error) => Decision::Done(Err(ControlError::Mark(Arc::new(error)))),
                     }
                 }
-                Ok(_) => self.decide_on_record(record),
+                Ok(_) => self.decide_on_record(record).await,
                 Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             },
             OutboxState::Tombstone => match slot {
@@ -115,12 +155,14 @@ impl ControlPath {
                         committed_at = %entry.created_at,
                         "an entry beside its transaction's tombstone: the transaction committed; publishing it"
                     );
-                    Decision::PublishEntry(key.clone(), entry, true, Vec::new())
+                    let entity = self.ports.store.get_entity(key).await.ok().flatten();
+                    self.publish_entry(key, entry, true, entity.as_ref().map(|entity| &entity.entries))
+                        .await
                 }
-                Ok(None) => self.decide_on_record(record),
+                Ok(None) => self.decide_on_record(record).await,
                 Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             },
-            OutboxState::Pending => self.decide_on_record(record),
+            OutboxState::Pending => self.decide_on_record(record).await,
         }
     }
 
@@ -161,8 +203,8 @@ impl ControlPath {
             Some(Err(error)) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
             None => match entity.as_ref().and_then(|entity| entity.entries.get(&txn_id).cloned()) {
                 Some(entry) => {
-                    let earlier = earlier_entries(entity.as_ref().map(|entity| &entity.entries), &entry);
-                    Decision::PublishEntry(key.clone(), entry, false, earlier)
+                    self.publish_entry(key, entry, false, entity.as_ref().map(|entity| &entity.entries))
+                        .await
                 }
                 None => self.decide_on_absence(control).await,
             },
@@ -230,11 +272,9 @@ impl ControlPath {
                 Ok(FenceOutcome::Committed(entry)) => {
                     // Committed since the read above: the entity's earlier entries, as it
                     // holds them now, go out first.
-                    let earlier = match self.ports.store.get_entity(key).await {
-                        Ok(entity) => earlier_entries(entity.as_ref().map(|entity| &entity.entries), &entry),
-                        Err(_) => Vec::new(),
-                    };
-                    Decision::PublishEntry(key.clone(), entry, false, earlier)
+                    let entity = self.ports.store.get_entity(key).await.ok().flatten();
+                    self.publish_entry(key, entry, false, entity.as_ref().map(|entity| &entity.entries))
+                        .await
                 }
                 Ok(FenceOutcome::Dispatched) => Decision::Done(Ok(ControlOutcome::AlreadyDone {
                     state: OutboxState::Dispatched,
@@ -251,7 +291,7 @@ impl ControlPath {
             Ok(TombstoneOutcome::Written) => Decision::Done(Ok(ControlOutcome::Tombstoned)),
             // The transaction committed after our read (or a duplicate tombstoned it):
             // handle the record as it is now.
-            Ok(TombstoneOutcome::Exists(record)) => self.decide_on_record(record),
+            Ok(TombstoneOutcome::Exists(record)) => self.decide_on_record(record).await,
             Err(error) => Decision::Done(Err(ControlError::Tombstone(Arc::new(error)))),
         }
     }

@@ -9,6 +9,7 @@ use futures_util::future::join_all;
 use tracing::Instrument;
 
 use super::decide::Decision;
+use crate::earlier::Earlier;
 use super::ControlPath;
 use crate::control::outcome::{ControlError, ControlOutcome};
 use crate::ports::{ItemKey, StoreError};
@@ -97,20 +98,33 @@ impl ControlPath {
         let mut outcomes = BTreeMap::new();
         let mut pending = Vec::new();
         let mut entities: BTreeMap<TxnId, (ItemKey, bool)> = BTreeMap::new();
-        // Earlier entries of an entity, published first for a transaction of the batch:
-        // their own control messages report on them, not this batch.
+        // Earlier transactions of an entity, published first for a transaction of the
+        // batch: their own control messages report on them, not this batch.
         let mut earlier_only: BTreeMap<TxnId, OutboxRecord> = BTreeMap::new();
+        let mut take_earlier = |earlier: Vec<Earlier>, entities: &mut BTreeMap<TxnId, (ItemKey, bool)>| {
+            for earlier in earlier {
+                match earlier {
+                    Earlier::Entry(key, entry) => {
+                        entities.entry(entry.txn_id).or_insert_with(|| (key, false));
+                        earlier_only.insert(entry.txn_id, entry);
+                    }
+                    Earlier::Record(record) => {
+                        earlier_only.insert(record.txn_id, record);
+                    }
+                }
+            }
+        };
         for (txn_id, decision) in decisions {
             match decision {
                 Decision::Done(outcome) => {
                     outcomes.insert(txn_id, outcome);
                 }
-                Decision::Publish(record) => pending.push(record),
+                Decision::Publish(record, earlier) => {
+                    take_earlier(earlier, &mut entities);
+                    pending.push(record);
+                }
                 Decision::PublishEntry(key, entry, beside_tombstone, earlier) => {
-                    for earlier in earlier {
-                        entities.entry(earlier.txn_id).or_insert_with(|| (key.clone(), false));
-                        earlier_only.insert(earlier.txn_id, earlier);
-                    }
+                    take_earlier(earlier, &mut entities);
                     entities.insert(txn_id, (key, beside_tombstone));
                     pending.push(entry);
                 }
@@ -188,17 +202,26 @@ impl ControlPath {
             async move { (entry.txn_id, self.finish_entry(key, entry, *beside_tombstone).await) }.instrument(span)
         });
         outcomes.extend(join_all(finished).await);
+        if !to_mark.is_empty() {
+            self.mark(to_mark, &mut outcomes).await;
+        }
         for txn_id in &extra {
             if let Some(Err(error)) = outcomes.remove(txn_id) {
-                tracing::warn!(earlier = %txn_id, error = %error, "an earlier entry published first was not settled; its control message will");
+                tracing::warn!(earlier = %txn_id, error = %error, "an earlier transaction published first was not settled; its control message will");
             }
             if let Some(own) = own_decisions.get(txn_id) {
                 outcomes.insert(*txn_id, own.clone());
             }
         }
-        if to_mark.is_empty() {
-            return outcomes;
-        }
+        outcomes
+    }
+
+    /// Marks the records whose messages all went out dispatched, each with its outcome.
+    async fn mark(
+        &self,
+        to_mark: Vec<&OutboxRecord>,
+        outcomes: &mut BTreeMap<TxnId, Result<ControlOutcome, ControlError>>,
+    ) {
         let records: Vec<OutboxRecord> = to_mark.iter().map(|record| (*record).clone()).collect();
         let expires_at = self.ports.clock.now().plus(self.timing.retention);
         let results = self.ports.store.mark_dispatched(&records, expires_at).await;
@@ -219,6 +242,5 @@ impl ControlPath {
                 .map_err(|error| ControlError::Mark(Arc::new(error)));
             outcomes.insert(record.txn_id, outcome);
         }
-        outcomes
     }
 }

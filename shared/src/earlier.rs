@@ -1,0 +1,131 @@
+//! What goes out before a transaction's messages where a destination keeps order: the
+//! earlier committed transactions of its entity that are still unsent.
+//!
+//! They are found in two places. The entity's pending entries (entity mode) are in the
+//! item, which the transaction read. A transaction committed in the transactional form
+//! (an idempotency record, native actions, an entry too big for the item) has its record
+//! beside the item instead; the item's chain heads name it, so each positioned message
+//! names the transaction before it on its chain ([`Position::previous`]), and a publisher
+//! reads that record and, where it is still pending, the records it names in turn.
+//!
+//! [`Position::previous`]: crate::protocol::Position::previous
+
+use std::collections::BTreeSet;
+
+use crate::ports::{ItemKey, Store, StoreError};
+use crate::protocol::{commit_order, DestinationName, OutboxRecord, OutboxState, TxnId};
+
+/// The records one search reads at most: a longer run of unsent transactions of one
+/// entity is the control worker's to work through, a transaction at a time.
+pub(crate) const MAX_RECORDS_READ: usize = 16;
+
+/// An earlier transaction of the entity whose messages are still unsent.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Earlier {
+    /// Its entry in the entity (entity mode).
+    Entry(ItemKey, OutboxRecord),
+    /// Its record (the transactional form).
+    Record(OutboxRecord),
+}
+
+impl Earlier {
+    /// What it committed.
+    pub(crate) fn record(&self) -> &OutboxRecord {
+        match self {
+            Self::Entry(_, record) | Self::Record(record) => record,
+        }
+    }
+}
+
+/// The pending entries of `entries` that come before `record` in commit order
+/// ([`commit_order`]), in that order. A consumer's entry (its attempt named) is left out:
+/// it is the consumer's to publish and settle, after its dedup record.
+pub(crate) fn entries_before<'a>(
+    entries: impl IntoIterator<Item = &'a OutboxRecord>,
+    record: &OutboxRecord,
+) -> Vec<OutboxRecord> {
+    let before = commit_order(record);
+    let mut earlier: Vec<OutboxRecord> = entries
+        .into_iter()
+        .filter(|other| {
+            other.txn_id != record.txn_id
+                && other.state == OutboxState::Pending
+                && other.attempt.is_none()
+                && commit_order(other) < before
+        })
+        .cloned()
+        .collect();
+    earlier.sort_by_key(commit_order);
+    earlier
+}
+
+/// The transactions `record`'s messages to destinations that keep order name as their
+/// chains' previous ones.
+fn previous(record: &OutboxRecord, keeps_order: &(dyn Fn(&DestinationName) -> bool + Sync)) -> Vec<TxnId> {
+    record
+        .messages
+        .iter()
+        .filter(|message| keeps_order(&message.destination))
+        .filter_map(|message| message.position.as_ref().and_then(|position| position.previous))
+        .collect()
+}
+
+/// Whether any of `record`'s messages has its place in an entity's history on a
+/// destination that keeps order: only then can an earlier transaction have to go first.
+pub(crate) fn is_ordered(record: &OutboxRecord, keeps_order: &(dyn Fn(&DestinationName) -> bool + Sync)) -> bool {
+    record
+        .messages
+        .iter()
+        .any(|message| message.position.is_some() && keeps_order(&message.destination))
+}
+
+/// The entity `key`'s transactions before `record` that are still unsent, in commit
+/// order: its `entries` (pending entries of `key` before `record`, [`entries_before`])
+/// and the pending records their chains and `record`'s name before them, read from
+/// `store`. A record found dispatched, or gone, was sent (a pending record never
+/// expires); an error leaves the question open, and the caller leaves the publishing to
+/// a later try.
+pub(crate) async fn unsent_before(
+    store: &dyn Store,
+    keeps_order: &(dyn Fn(&DestinationName) -> bool + Sync),
+    key: &ItemKey,
+    entries: Vec<OutboxRecord>,
+    record: &OutboxRecord,
+) -> Result<Vec<Earlier>, StoreError> {
+    let mut known: BTreeSet<TxnId> = entries.iter().map(|entry| entry.txn_id).collect();
+    known.insert(record.txn_id);
+    let mut to_read: Vec<TxnId> = previous(record, keeps_order);
+    for entry in &entries {
+        to_read.extend(previous(entry, keeps_order));
+    }
+    let mut found: Vec<Earlier> = entries
+        .into_iter()
+        .map(|entry| Earlier::Entry(key.clone(), entry))
+        .collect();
+    let mut reads = 0;
+    while let Some(txn_id) = to_read.pop() {
+        if !known.insert(txn_id) {
+            continue;
+        }
+        if reads == MAX_RECORDS_READ {
+            tracing::warn!(
+                entity = %key,
+                read = reads,
+                "more earlier transactions of the entity unsent than one search reads; the control worker sends the rest"
+            );
+            break;
+        }
+        reads += 1;
+        let mut records = store.get_outboxes_each(&[txn_id]).await?;
+        match records.remove(&txn_id) {
+            Some(Ok(earlier)) if earlier.state == OutboxState::Pending && earlier.attempt.is_none() => {
+                to_read.extend(previous(&earlier, keeps_order));
+                found.push(Earlier::Record(earlier));
+            }
+            Some(Err(error)) => return Err(error),
+            _ => {}
+        }
+    }
+    found.sort_by_key(|earlier| commit_order(earlier.record()));
+    Ok(found)
+}
