@@ -175,6 +175,25 @@ pub enum ConsumeError {
     /// Its position attributes are there but cannot be read.
     #[error(transparent)]
     Position(#[from] crate::protocol::InvalidPosition),
+    /// In order: its `seq` is at or below the last applied of its chain, but it comes
+    /// from a later version of its entity than the message applied last, so it cannot be
+    /// a copy of an earlier message: its entity's chain restarted from 1 (its heads were
+    /// lost, or its table was restored from an old backup). Nothing of it was applied; it
+    /// fails, to reach the dead-letter queue, rather than being dropped as a duplicate.
+    #[error(
+        "seq {seq} of its chain, from version {version} of its entity, is at or below seq {applied} applied (from version {applied_version}): \
+         the entity's chain restarted (its heads lost, or its table restored from an old backup); not applied, and not a duplicate"
+    )]
+    ChainRestarted {
+        /// Its own `seq`.
+        seq: u64,
+        /// Its entity's version after the transaction that sent it.
+        version: u64,
+        /// The last `seq` of its chain applied.
+        applied: u64,
+        /// The entity's version of the message applied last.
+        applied_version: u64,
+    },
 }
 
 /// A consumer: one handler, its name, and what it needs. Build one per process and share
@@ -353,6 +372,16 @@ impl Consumer {
                         return Ok(ConsumeOutcome::Duplicate);
                     }
                     Gate::Wait { applied } => return self.wait(delivery, position, applied).await,
+                    Gate::Restarted { applied, version } => {
+                        let restarted = ConsumeError::ChainRestarted {
+                            seq: position.seq,
+                            version: position.version,
+                            applied,
+                            applied_version: version,
+                        };
+                        tracing::warn!(error = %restarted, "its chain restarted; failing the message");
+                        return Err(restarted);
+                    }
                 }
             }
             self.handler

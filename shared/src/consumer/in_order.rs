@@ -9,7 +9,9 @@
 //! or below it is a duplicate; one beyond the next waits: it is sent back to its queue
 //! to come again after a delay that grows with its waits ([`wait_delay`]), and the
 //! delivery in hand is acknowledged, so that waiting never counts toward the dead-letter
-//! queue. A message without a position is applied as it comes.
+//! queue. A message at or below it from a later version of its entity than the one
+//! applied last is no duplicate but a chain that restarted: it fails, visibly, instead of
+//! being dropped. A message without a position is applied as it comes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -51,6 +53,16 @@ pub enum Gate {
         /// The last `seq` applied.
         applied: u64,
     },
+    /// Its `seq` is at or below the position, but it comes from a later version of its
+    /// entity than the message applied last: it cannot be an earlier message of the same
+    /// chain. The chain restarted, counting from 1 again (the entity's heads were lost,
+    /// or its table was restored from an old backup), and the message is no duplicate.
+    Restarted {
+        /// The last `seq` applied.
+        applied: u64,
+        /// The entity's version of the message applied last.
+        version: u64,
+    },
 }
 
 /// Reads the chain's position through `staging` (so that the commit is conditioned on the
@@ -68,7 +80,13 @@ pub async fn gate(
         .and_then(|item| item.data["applied"].as_u64())
         .unwrap_or(0);
     if position.seq <= applied {
-        return Ok(Gate::Duplicate { applied });
+        // Every message of one chain at or below the last applied comes from a version
+        // at or below its version.
+        let version = read.as_ref().and_then(|item| item.data["version"].as_u64());
+        return Ok(match version {
+            Some(version) if position.version > version => Gate::Restarted { applied, version },
+            _ => Gate::Duplicate { applied },
+        });
     }
     if position.seq > applied + 1 {
         return Ok(Gate::Wait { applied });
