@@ -480,7 +480,10 @@ impl Consumer {
         };
         let delay = in_order::wait_delay(waits);
         let extra = in_order::wait_attributes(waits + 1, since);
-        match requeue.requeue(delivery, &extra, delay).await {
+        match requeue
+            .requeue(&in_order::without_earlier_wait(delivery), &extra, delay)
+            .await
+        {
             Ok(()) => {
                 tracing::info!(seq, applied, waits = waits + 1, delay_s = delay.as_secs(), chain = %position.chain, entity = %position.entity, "waiting for the message's predecessor; sent back to come again");
                 Ok(ConsumeOutcome::Waiting { applied, seq, delay })

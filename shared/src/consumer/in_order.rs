@@ -23,10 +23,16 @@ use crate::protocol::Position;
 use crate::staging::Staging;
 use crate::time::Timestamp;
 
-/// The attribute a waiting message's copy carries: how many times it waited.
+/// The attribute a waiting message's copy carries: how many times it waited and when it
+/// first waited (milliseconds since the epoch, for the oldest wait's metric), as
+/// `<waits>;<since>`. One attribute, as a message carries at most
+/// [`crate::protocol::MAX_MESSAGE_ATTRIBUTES`].
+pub const WAIT_ATTRIBUTE: &str = "outbox-wait";
+/// How many times a copy waited, as copies sent before [`WAIT_ATTRIBUTE`] carry it: read,
+/// never written.
 pub const WAITS_ATTRIBUTE: &str = "outbox-waits";
-/// The attribute a waiting message's copy carries: when it first waited (milliseconds
-/// since the epoch), for the oldest wait's metric.
+/// When a copy first waited, as copies sent before [`WAIT_ATTRIBUTE`] carry it: read,
+/// never written.
 pub const WAITING_SINCE_ATTRIBUTE: &str = "outbox-waiting-since";
 /// The longest delay of a waiting message's copy: SQS's longest `DelaySeconds`.
 pub const MAX_WAIT_DELAY: Duration = Duration::from_secs(900);
@@ -108,27 +114,46 @@ pub fn wait_delay(waits: u32) -> Duration {
     Duration::from_secs(1u64 << waits.min(10)).min(MAX_WAIT_DELAY)
 }
 
-/// How many times `delivery` waited already, and since when (`now` for its first wait).
+/// How many times `delivery` waited already, and since when (`now` for its first wait):
+/// read from [`WAIT_ATTRIBUTE`], else from the two attributes earlier copies carry. A part
+/// that cannot be read counts as missing (no wait yet, waiting from `now`).
 pub fn waited(delivery: &Delivery, now: Timestamp) -> (u32, Timestamp) {
-    let waits = delivery
-        .attributes
-        .get(WAITS_ATTRIBUTE)
-        .and_then(|waits| waits.parse().ok())
-        .unwrap_or(0);
-    let since = delivery
-        .attributes
-        .get(WAITING_SINCE_ATTRIBUTE)
-        .and_then(|since| since.parse().ok())
+    let attributes = &delivery.attributes;
+    let (waits, since) = match attributes.get(WAIT_ATTRIBUTE) {
+        Some(wait) => {
+            let mut parts = wait.splitn(2, ';');
+            (parts.next(), parts.next())
+        }
+        None => (
+            attributes.get(WAITS_ATTRIBUTE).map(String::as_str),
+            attributes.get(WAITING_SINCE_ATTRIBUTE).map(String::as_str),
+        ),
+    };
+    let waits = waits.and_then(|waits| waits.trim().parse().ok()).unwrap_or(0);
+    let since = since
+        .and_then(|since| since.trim().parse().ok())
         .map_or(now, Timestamp::from_millis);
     (waits, since)
 }
 
-/// The attributes a waiting message's copy carries beyond the delivery's own.
+/// The attributes a waiting message's copy carries beyond the delivery's own: one,
+/// [`WAIT_ATTRIBUTE`].
 pub fn wait_attributes(waits: u32, since: Timestamp) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (WAITS_ATTRIBUTE.to_owned(), waits.to_string()),
-        (WAITING_SINCE_ATTRIBUTE.to_owned(), since.as_millis().to_string()),
-    ])
+    BTreeMap::from([(WAIT_ATTRIBUTE.to_owned(), format!("{waits};{}", since.as_millis()))])
+}
+
+/// `delivery` as its waiting copy starts from: without the wait attributes of earlier
+/// copies, which [`wait_attributes`] replaces.
+pub fn without_earlier_wait(delivery: &Delivery) -> Delivery {
+    let mut copy = delivery.clone();
+    copy.attributes.remove(WAITS_ATTRIBUTE);
+    copy.attributes.remove(WAITING_SINCE_ATTRIBUTE);
+    copy
+}
+
+/// Whether `name` is one of the attributes a waiting message's copy carries of its own.
+pub fn is_wait_attribute(name: &str) -> bool {
+    [WAIT_ATTRIBUTE, WAITS_ATTRIBUTE, WAITING_SINCE_ATTRIBUTE].contains(&name)
 }
 
 #[cfg(test)]
@@ -155,6 +180,46 @@ mod tests {
         };
         assert_eq!(waited(&delivery, now), (0, now));
         delivery.attributes = wait_attributes(3, Timestamp::from_millis(1_000));
+        assert_eq!(
+            delivery.attributes,
+            BTreeMap::from([(WAIT_ATTRIBUTE.to_owned(), "3;1000".to_owned())]),
+            "one attribute"
+        );
         assert_eq!(waited(&delivery, now), (3, Timestamp::from_millis(1_000)));
+    }
+
+    #[test]
+    fn the_wait_is_read_leniently_and_from_the_two_attributes_of_earlier_copies() {
+        let now = Timestamp::from_millis(5_000);
+        let with = |attributes: &[(&str, &str)]| Delivery {
+            message_id: "m".into(),
+            receipt: String::new(),
+            body: "{}".into(),
+            attributes: attributes
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect(),
+            group_id: None,
+            receive_count: 1,
+            trace_header: None,
+        };
+        let at = Timestamp::from_millis;
+        assert_eq!(waited(&with(&[(WAIT_ATTRIBUTE, " 4 ; 2000 ")]), now), (4, at(2_000)));
+        assert_eq!(waited(&with(&[(WAIT_ATTRIBUTE, "4")]), now), (4, now));
+        assert_eq!(waited(&with(&[(WAIT_ATTRIBUTE, "x;2000")]), now), (0, at(2_000)));
+        assert_eq!(waited(&with(&[(WAIT_ATTRIBUTE, "4;soon;later")]), now), (4, now));
+        assert_eq!(waited(&with(&[(WAIT_ATTRIBUTE, "")]), now), (0, now));
+        let earlier = with(&[
+            (WAITS_ATTRIBUTE, "2"),
+            (WAITING_SINCE_ATTRIBUTE, "1000"),
+            ("own", "kept"),
+        ]);
+        assert_eq!(waited(&earlier, now), (2, at(1_000)));
+        // The new attribute wins over the earlier two.
+        let both = with(&[(WAIT_ATTRIBUTE, "5;3000"), (WAITS_ATTRIBUTE, "2")]);
+        assert_eq!(waited(&both, now), (5, at(3_000)));
+        // A copy of an earlier copy drops the two for the one.
+        let copy = without_earlier_wait(&earlier);
+        assert_eq!(copy.attributes, BTreeMap::from([("own".to_owned(), "kept".to_owned())]));
     }
 }

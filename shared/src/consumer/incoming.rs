@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use super::in_order::{WAITING_SINCE_ATTRIBUTE, WAITS_ATTRIBUTE};
+use super::in_order::is_wait_attribute;
 use crate::event_detail::{DATA_FIELD, METADATA_FIELD};
 use crate::ports::Delivery;
 use crate::protocol::{InvalidPosition, Position, TraceContext, MESSAGE_ID_ATTRIBUTE};
@@ -228,10 +228,7 @@ fn unwrap(delivery: &Delivery, parsed: Option<&Value>) -> (String, BTreeMap<Stri
     // a delivery that has some is its sender's own, whatever its body looks like. (The
     // attributes an in-order consumer adds to a waiting message's copy are its own, not
     // the sender's.)
-    let sent_with_attributes = delivery
-        .attributes
-        .keys()
-        .any(|name| name != WAITS_ATTRIBUTE && name != WAITING_SINCE_ATTRIBUTE);
+    let sent_with_attributes = delivery.attributes.keys().any(|name| !is_wait_attribute(name));
     let Some(Value::Object(object)) = parsed.filter(|_| !sent_with_attributes) else {
         return as_queue();
     };
@@ -284,6 +281,7 @@ fn unwrap(delivery: &Delivery, parsed: Option<&Value>) -> (String, BTreeMap<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consumer::in_order::{WAITING_SINCE_ATTRIBUTE, WAITS_ATTRIBUTE, WAIT_ATTRIBUTE};
     use serde_json::json;
 
     fn delivery(body: &str, attributes: &[(&str, &str)]) -> Delivery {
@@ -325,15 +323,17 @@ mod tests {
         assert!(matches!(read.source, Source::Topic { .. }));
         // A waiting message's copy, which carries the in-order consumer's own attributes,
         // is unwrapped all the same.
-        let copy = delivery(
-            &body.to_string(),
+        for wait in [
+            &[(WAIT_ATTRIBUTE, "2;1")][..],
             &[(WAITS_ATTRIBUTE, "2"), (WAITING_SINCE_ATTRIBUTE, "1")],
-        );
-        let read = MessageIds::Outbox.read(&copy).unwrap();
-        assert_eq!(
-            (read.id.as_str(), read.body.as_str()),
-            ("T:1", r#"{"type":"OrderPlaced"}"#)
-        );
+        ] {
+            let copy = delivery(&body.to_string(), wait);
+            let read = MessageIds::Outbox.read(&copy).unwrap();
+            assert_eq!(
+                (read.id.as_str(), read.body.as_str()),
+                ("T:1", r#"{"type":"OrderPlaced"}"#)
+            );
+        }
     }
 
     #[test]

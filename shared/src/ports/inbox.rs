@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::QueueError;
+use crate::protocol::MAX_MESSAGE_ATTRIBUTES;
 
 /// One message as a queue delivered it (an SQS record of a Lambda event, or a receive).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,8 +55,10 @@ pub trait Inbox: Send + Sync {
 }
 
 /// The attributes of `delivery`'s copy sent back to its queue: its own with `extra` over
-/// them; refused for a FIFO queue's delivery, which takes no per-message delay (what
-/// every [`Requeue`] checks first).
+/// them (what every [`Requeue`] checks first). Refused for a FIFO queue's delivery, which
+/// takes no per-message delay, and where the copy would carry more than
+/// [`MAX_MESSAGE_ATTRIBUTES`], which SQS refuses: the delivery then comes back with its
+/// queue's visibility timeout instead.
 pub fn requeued_attributes(
     delivery: &Delivery,
     extra: &BTreeMap<String, String>,
@@ -67,6 +70,11 @@ pub fn requeued_attributes(
     }
     let mut attributes = delivery.attributes.clone();
     attributes.extend(extra.clone());
+    if attributes.len() > MAX_MESSAGE_ATTRIBUTES {
+        return Err(QueueError::Rejected {
+            reason: "the copy would carry more than 10 message attributes, the most SQS takes on one message",
+        });
+    }
     Ok(attributes)
 }
 
@@ -85,4 +93,39 @@ pub trait Requeue: Send + Sync {
         extra: &BTreeMap<String, String>,
         delay: Duration,
     ) -> Result<(), QueueError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn carrying(count: usize) -> Delivery {
+        Delivery {
+            message_id: "m".into(),
+            receipt: String::new(),
+            body: "{}".into(),
+            attributes: (0..count)
+                .map(|index| (format!("own-{index}"), "x".to_owned()))
+                .collect(),
+            group_id: None,
+            receive_count: 1,
+            trace_header: None,
+        }
+    }
+
+    #[test]
+    fn a_copy_over_ten_attributes_is_refused_saying_so() {
+        let extra = BTreeMap::from([("outbox-wait".to_owned(), "1;0".to_owned())]);
+        assert_eq!(requeued_attributes(&carrying(9), &extra).unwrap().len(), 10);
+        match requeued_attributes(&carrying(10), &extra) {
+            Err(QueueError::Rejected { reason }) => {
+                assert!(reason.contains("more than 10 message attributes"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // An attribute the copy replaces takes no more room.
+        let mut waited = carrying(9);
+        waited.attributes.insert("outbox-wait".to_owned(), "0;0".to_owned());
+        assert_eq!(requeued_attributes(&waited, &extra).unwrap()["outbox-wait"], "1;0");
+    }
 }

@@ -301,3 +301,81 @@ async fn a_restarted_chain_fails_instead_of_passing_for_a_duplicate() {
     }
     assert_eq!(applied(&backend, "ORDER#a").await, [1, 2], "nothing of it applied");
 }
+
+/// A waiting message's copy adds one attribute: a message that carries 9 goes back (the
+/// copy carries SQS's most, 10), and so does a copy of an earlier copy that carried the
+/// wait in two attributes (they are replaced, its waits counted on); one that carries 10
+/// cannot, and fails, to come back with the queue's visibility timeout.
+#[tokio::test]
+async fn a_waiting_copy_keeps_within_ten_attributes() {
+    use crate::consumer::in_order::{WAITING_SINCE_ATTRIBUTE, WAITS_ATTRIBUTE, WAIT_ATTRIBUTE};
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
+    let queue = backend.publisher.queue(&"inbox".parse().unwrap()).unwrap().clone();
+    let inbox = EmbeddedInbox::new(queue.clone(), clock.clone());
+    let consumer = Consumer::new(
+        "ordered".parse().unwrap(),
+        backend.consumer_ports(clock.clone()),
+        Arc::new(Recording),
+        Duration::from_secs(3600),
+    )
+    .with_requeue(Arc::new(inbox.clone()));
+    let with_own = |seq: u64, own: usize| {
+        let mut delivery = placed("ORDER#a", seq);
+        for index in 0..own {
+            delivery.attributes.insert(format!("own-{index}"), "x".to_owned());
+        }
+        delivery
+    };
+    // Three of the protocol's and six of its own.
+    let nine = with_own(2, 6);
+    assert_eq!(nine.attributes.len(), 9);
+    assert!(matches!(
+        consumer.consume(&nine).await.unwrap(),
+        ConsumeOutcome::Waiting { .. }
+    ));
+    clock.advance(Duration::from_secs(10));
+    let copies = inbox
+        .receive(10, Duration::ZERO, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(copies.len(), 1);
+    assert_eq!(copies[0].attributes.len(), 10, "{:?}", copies[0].attributes);
+    assert_eq!(
+        copies[0].attributes[WAIT_ATTRIBUTE], "1;1700000000000",
+        "one wait, since the first"
+    );
+    inbox.ack(std::slice::from_ref(&copies[0].receipt)).await.unwrap();
+
+    // A copy sent before the wait took one attribute.
+    let mut earlier = with_own(3, 4);
+    earlier.attributes.insert(WAITS_ATTRIBUTE.to_owned(), "2".to_owned());
+    earlier
+        .attributes
+        .insert(WAITING_SINCE_ATTRIBUTE.to_owned(), "1600000000000".to_owned());
+    assert_eq!(earlier.attributes.len(), 9);
+    assert!(matches!(
+        consumer.consume(&earlier).await.unwrap(),
+        ConsumeOutcome::Waiting { .. }
+    ));
+    clock.advance(Duration::from_secs(10));
+    let copies = inbox
+        .receive(10, Duration::ZERO, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(copies.len(), 1);
+    assert_eq!(copies[0].attributes[WAIT_ATTRIBUTE], "3;1600000000000");
+    assert!(!copies[0].attributes.contains_key(WAITS_ATTRIBUTE));
+    assert!(!copies[0].attributes.contains_key(WAITING_SINCE_ATTRIBUTE));
+    assert_eq!(copies[0].attributes.len(), 8);
+    inbox.ack(std::slice::from_ref(&copies[0].receipt)).await.unwrap();
+
+    let ten = with_own(2, 7);
+    assert_eq!(ten.attributes.len(), 10);
+    match consumer.consume(&ten).await {
+        Err(ConsumeError::Waiting { applied: 0, seq: 2 }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(queue.is_empty(), "no copy went back");
+    assert!(applied(&backend, "ORDER#a").await.is_empty());
+}
