@@ -264,9 +264,15 @@ impl Staging {
         as_read.then(|| (change.key().clone(), read.version + 1, read.heads.clone()))
     }
 
-    /// Whether the messages keep within `limits`; if not, which limit they break.
+    /// Whether the messages keep within `limits`; if not, which limit they break. Their
+    /// bytes are counted as the commit carries them, positioned where they will be, so
+    /// that every attribute their sends add counts.
     pub(crate) fn check_limits(&self, limits: &TransactionLimits) -> Result<(), String> {
-        let bytes: usize = self.messages.iter().map(OutgoingMessage::payload_bytes).sum();
+        let bytes: usize = self
+            .messages_to_commit()
+            .iter()
+            .map(OutgoingMessage::payload_bytes)
+            .sum();
         if self.messages.len() > limits.max_messages {
             Err(format!(
                 "{} messages, at most {} allowed",
@@ -281,5 +287,35 @@ impl Staging {
         } else {
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embedded::{EmbeddedBackend, ManualClock};
+    use crate::time::Timestamp;
+
+    /// The transaction's message bytes count the attributes its sends add, its messages'
+    /// positions among them: a limit its messages fit only without them is broken.
+    #[test]
+    fn the_limit_counts_the_messages_as_positioned() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+        let backend = EmbeddedBackend::new(clock, [("events".parse().unwrap(), false)]);
+        let mut staging = Staging::new(TxnId::new_v7(), backend.store.clone());
+        let order: ItemKey = "ORDER#1".parse().unwrap();
+        // A create of a key made fresh: positioned without a read.
+        staging.put(order, serde_json::json!({}), ExpectedVersion::AbsentAt(0));
+        staging.emit(Message::json("events".parse().unwrap(), &serde_json::json!({"n": 1})).unwrap());
+        let as_emitted = staging.messages()[0].payload_bytes();
+        let positioned = staging.messages_to_commit()[0].payload_bytes();
+        assert!(positioned > as_emitted, "{positioned} > {as_emitted}");
+        let limits = |max_message_bytes| TransactionLimits {
+            max_messages: 10,
+            max_message_bytes,
+        };
+        assert_eq!(staging.check_limits(&limits(positioned)), Ok(()));
+        let broken = staging.check_limits(&limits(as_emitted)).unwrap_err();
+        assert!(broken.contains(&format!("{positioned} bytes of messages")), "{broken}");
     }
 }

@@ -50,8 +50,9 @@ pub trait Publisher: Send + Sync {
     ) -> Result<Vec<EntryFailure>, PublishError>;
 
     /// The bytes `message` counts against the destination's per-call size limit
-    /// ([`crate::publish::MAX_BATCH_BYTES`]): by default SQS's and SNS's measure (body,
-    /// attribute names and values); an EventBridge bus counts its entry instead.
+    /// ([`crate::publish::MAX_BATCH_BYTES`]): by default SQS's and SNS's measure (the
+    /// body and every attribute a send carries, [`OutgoingMessage::payload_bytes`]); an
+    /// EventBridge bus counts its entry instead.
     fn entry_bytes(&self, destination: &DestinationName, message: &OutgoingMessage) -> usize {
         let _ = destination;
         message.payload_bytes()

@@ -326,8 +326,6 @@ impl OutgoingMessage {
                 .contains(&name.as_str())
             })
             .collect();
-        // SQS counts each attribute's name, data type (`String`) and value.
-        let counted = |name: &str, value: &str| name.len() + "String".len() + value.len();
         let position = self.position.iter().flat_map(Position::attributes);
         let protocol: Vec<(&str, String)> = [
             (MESSAGE_ID_ATTRIBUTE, self.id.to_string()),
@@ -336,12 +334,17 @@ impl OutgoingMessage {
         .into_iter()
         .chain(position)
         .collect();
-        let ids: usize = protocol.iter().map(|(name, value)| counted(name, value)).sum();
-        let mut bytes = self.body.len() + ids + own.iter().map(|(name, value)| counted(name, value)).sum::<usize>();
+        let ids: usize = protocol.iter().map(|(name, value)| attribute_bytes(name, value)).sum();
+        let mut bytes = self.body.len()
+            + ids
+            + own
+                .iter()
+                .map(|(name, value)| attribute_bytes(name, value))
+                .sum::<usize>();
         let mut room = MAX_MESSAGE_ATTRIBUTES.saturating_sub(own.len() + protocol.len());
         let mut kept = Vec::new();
         for (name, value) in trace.attributes() {
-            bytes += counted(name, &value);
+            bytes += attribute_bytes(name, &value);
             if room == 0 || bytes > crate::publish::MAX_BATCH_BYTES {
                 break;
             }
@@ -368,25 +371,24 @@ impl OutgoingMessage {
         }
     }
 
-    /// Bytes this message adds to a queue send (body, attribute names and values), the
-    /// measure SQS applies to its size limits.
+    /// Bytes this message adds to a queue send, the measure SQS and SNS apply to their
+    /// size limits: its body and every attribute a send of it carries
+    /// ([`Self::send_attributes`]: the emitter's, its ids, its position, its trace
+    /// context), each attribute's name, data type and value.
     pub fn payload_bytes(&self) -> usize {
-        let attribute_bytes = |(name, value): (&str, &str)| name.len() + value.len();
-        let replaced =
-            |name: &str| self.trace.is_some() && (name == TRACEPARENT_ATTRIBUTE || name == TRACESTATE_ATTRIBUTE);
         self.body.len()
             + self
-                .attributes
+                .send_attributes()
                 .iter()
-                .filter(|(name, _)| !replaced(name))
-                .map(|(name, value)| attribute_bytes((name, value)))
-                .sum::<usize>()
-            + self
-                .trace_attributes()
-                .into_iter()
-                .map(|(name, value)| attribute_bytes((name, &value)))
+                .map(|(name, value)| attribute_bytes(name, value))
                 .sum::<usize>()
     }
+}
+
+/// The bytes SQS counts for one string message attribute: its name, its data type
+/// (`String`) and its value.
+fn attribute_bytes(name: &str, value: &str) -> usize {
+    name.len() + "String".len() + value.len()
 }
 
 #[cfg(test)]
@@ -455,12 +457,11 @@ mod tests {
         assert_eq!(names(7), (true, false), "tracestate goes first");
         assert_eq!(names(8), (false, false), "the emitter's eight and the two ids");
         assert_eq!(with(8).send_attributes().len(), MAX_MESSAGE_ATTRIBUTES);
-        // The size limits count what is sent.
+        // The size limits count what is sent, the ids included.
         let sent: usize = with(7)
             .send_attributes()
             .iter()
-            .filter(|(name, _)| !name.starts_with("outbox-"))
-            .map(|(name, value)| name.len() + value.len())
+            .map(|(name, value)| name.len() + "String".len() + value.len())
             .sum();
         assert_eq!(with(7).payload_bytes(), 2 + sent);
         let untraced = with(7).with_trace(None);
@@ -483,6 +484,39 @@ mod tests {
         assert!(!large.send_attributes().contains_key("traceparent"));
         large.body.truncate(crate::publish::MAX_BATCH_BYTES - 400);
         assert!(large.send_attributes().contains_key("traceparent"));
+    }
+
+    /// The size limits count every attribute a send adds to the emitter's: the two ids,
+    /// the position where the message has one, the trace context; each with its name,
+    /// data type and value, as SQS counts them.
+    #[test]
+    fn the_size_counts_the_attributes_every_send_adds() {
+        let txn = TxnId::from_parts(Timestamp::from_millis(1), [0; 10]);
+        let message = Message::json("events".parse().unwrap(), &serde_json::json!({"x": 1}))
+            .unwrap()
+            .with_attribute("own", "v");
+        let body = message.body.len();
+        let mut outgoing = [OutgoingMessage::new(txn, 0, message)];
+        let id = outgoing[0].id.to_string();
+        let ids = "outbox-message-id".len() + id.len() + "outbox-txn-id".len() + txn.to_string().len();
+        let typed = |count: usize| count * "String".len();
+        assert_eq!(outgoing[0].payload_bytes(), body + "own".len() + 1 + ids + typed(3));
+        let plain = outgoing[0].payload_bytes();
+        let order: ItemKey = "ORDER#1".parse().unwrap();
+        crate::protocol::stamp_chain(&mut outgoing, &order, 1, &Default::default());
+        let position = outgoing[0].position.clone().expect("stamped");
+        let placed: usize = position
+            .attributes()
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum();
+        assert_eq!(outgoing[0].payload_bytes(), plain + placed + typed(2));
+        let trace = TraceContext::from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+            .unwrap()
+            .with_tracestate(Some("congo=t61rcWkgMzE"));
+        let traced = outgoing[0].clone().with_trace(Some(trace.clone()));
+        let carried: usize = trace.attributes().map(|(name, value)| name.len() + value.len()).sum();
+        assert_eq!(traced.payload_bytes(), plain + placed + carried + typed(4));
     }
 
     #[test]
