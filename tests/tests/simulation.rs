@@ -668,13 +668,13 @@ fn split_records_stay_whole_under_concurrent_marks_and_partial_batches() {
 /// attempts the continued version refused.
 fn chains_line(name: &str, schedules: usize, chains: &ChainCounts) -> String {
     format!(
-        "chains, {name}: {schedules} schedules; {} committed transactions placed in their entity's history ({} in entity form, their FIFO first deliveries checked in seq order); predecessors sent first by a later transaction's publisher {}; first published by a control worker {}; attempts of committed transactions refused by the continued version {}; FIFO first deliveries out of seq order where a transactional-form commit is involved (no order promised, not checked) {}",
+        "chains, {name}: {schedules} schedules; {} committed transactions placed in their entity's history ({} in entity form, {} in the transactional form; their FIFO first deliveries checked in seq order); predecessors sent first by a later transaction's publisher {}; first published by a control worker {}; attempts of committed transactions refused by the continued version {}",
         chains.placed,
         chains.entity_form,
+        chains.placed - chains.entity_form,
         chains.predecessor_first,
         chains.first_by_worker,
         chains.refused_by_version,
-        chains.transactional_out_of_order,
     )
 }
 

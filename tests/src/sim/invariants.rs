@@ -77,10 +77,6 @@ pub struct Observed {
     /// transaction of the simulation that changes an item reads it through its staging
     /// first, so each of its messages must be placed): transaction and message id.
     pub unplaced: Vec<(TxnId, String)>,
-    /// First deliveries on a FIFO destination that came after a later message of their
-    /// entity's chain, where one of the two was committed in the transactional form: no
-    /// order is promised there (the publish-order check leaves them out), counted.
-    pub fifo_unordered_transactional: usize,
 }
 
 /// A committed message placed in its entity's history.
@@ -322,7 +318,6 @@ impl Observed {
                 *control_sent.entry(message.txn_id).or_default() += 1;
             }
         }
-        let fifo_unordered_transactional = unordered_transactional(&published, &placed);
         Self {
             commits,
             tombstones,
@@ -347,7 +342,6 @@ impl Observed {
             statuses,
             placed,
             unplaced,
-            fifo_unordered_transactional,
         }
     }
 
@@ -457,15 +451,13 @@ impl Observed {
     }
 
     /// Publish order: on a FIFO destination, the first delivery of each entity's messages
-    /// committed in entity form comes in seq order (later copies may follow, whether the
-    /// deduplication window dropped them or not: first deliveries only). A commit in the
-    /// transactional form holds no entry in its entity, so no later publisher of the
-    /// entity sends it first: no order is promised for it, and it is left out.
+    /// comes in seq order (later copies may follow, whether the deduplication window
+    /// dropped them or not: first deliveries only), whichever form each was committed in
+    /// (an entry in the entity, or a record beside it that the chain names).
     fn fifo_publish_order(&self) -> Result<(), Violation> {
         let by_id: BTreeMap<&str, &Placed> = self
             .placed
             .iter()
-            .filter(|placed| placed.entity_form)
             .map(|placed| (placed.id.as_str(), placed))
             .collect();
         for (destination, (fifo, sent)) in &self.published {
@@ -835,44 +827,6 @@ impl Observed {
         }
         Ok(())
     }
-}
-
-/// First deliveries on a FIFO destination after a later message of their entity's chain,
-/// where one of the two was committed in the transactional form.
-fn unordered_transactional(
-    published: &BTreeMap<DestinationName, (bool, Vec<SentMessage>)>,
-    placed: &[Placed],
-) -> usize {
-    let by_id: BTreeMap<&str, &Placed> = placed.iter().map(|placed| (placed.id.as_str(), placed)).collect();
-    let mut unordered = 0;
-    for (fifo, sent) in published.values() {
-        if !fifo {
-            continue;
-        }
-        let mut seen: BTreeSet<&str> = BTreeSet::new();
-        let mut latest: BTreeMap<&ItemKey, &Placed> = BTreeMap::new();
-        for copy in sent.iter().filter(|copy| !copy.deduplicated) {
-            let Some(placed) = copy
-                .request
-                .attributes
-                .get(MESSAGE_ID_ATTRIBUTE)
-                .filter(|id| seen.insert(id.as_str()))
-                .and_then(|id| by_id.get(id.as_str()))
-            else {
-                continue;
-            };
-            let entity = &placed.position.entity;
-            match latest.get(entity) {
-                Some(before) if before.position.seq > placed.position.seq => {
-                    unordered += usize::from(!(before.entity_form && placed.entity_form));
-                }
-                _ => {
-                    latest.insert(entity, placed);
-                }
-            }
-        }
-    }
-    unordered
 }
 
 /// The items a schedule's requests touch, for tests that want to read them.

@@ -209,8 +209,9 @@ pub struct Outcome {
 pub struct ChainCounts {
     /// Committed transactions whose messages are placed in their entity's history.
     pub placed: usize,
-    /// Of those, committed in entity form (their entry in the entity): those whose
-    /// first deliveries on a FIFO destination are checked in seq order.
+    /// Of those, committed in entity form (their entry in the entity); the others
+    /// committed in the transactional form (a record beside it). The first deliveries of
+    /// both on a FIFO destination are checked in seq order.
     pub entity_form: usize,
     /// Placed transactions first published by a later transaction's publisher (the
     /// request path or a control worker dispatching a later transaction of the entity
@@ -223,10 +224,6 @@ pub struct ChainCounts {
     /// Commit attempts of a transaction that had committed already, refused by the
     /// version its item continued at (late attempts, and retries after a lost reply).
     pub refused_by_version: usize,
-    /// First deliveries on a FIFO destination that came after a later message of their
-    /// entity's chain, one of the two committed in the transactional form (not checked:
-    /// no order is promised there).
-    pub transactional_out_of_order: usize,
 }
 
 impl ChainCounts {
@@ -237,7 +234,6 @@ impl ChainCounts {
         self.predecessor_first += other.predecessor_first;
         self.first_by_worker += other.first_by_worker;
         self.refused_by_version += other.refused_by_version;
-        self.transactional_out_of_order += other.transactional_out_of_order;
     }
 }
 
@@ -787,7 +783,6 @@ impl World {
             placed: placed.len(),
             entity_form: placed.values().filter(|entity_form| **entity_form).count(),
             refused_by_version: self.refusals.count.load(Ordering::Relaxed),
-            transactional_out_of_order: observed.fifo_unordered_transactional,
             ..ChainCounts::default()
         };
         for first in placed.keys().filter_map(|txn_id| firsts.get(txn_id)) {
