@@ -23,6 +23,7 @@ pub use aws_config::SdkConfig;
 
 pub use crate::settings::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
+    RESERVED_PREFIXES,
 };
 pub use backend::{AwsBackend, NotOnAws};
 pub use bootstrap::{

@@ -8,7 +8,8 @@
 //! portable form's business items (`ItemKey`s) are laid out the same way.
 //!
 //! Only string keys are supported (`S`), and the key and TTL attributes must not be named
-//! like the attributes the records carry ([`RESERVED_ATTRIBUTES`]).
+//! like the attributes the records and items carry ([`RESERVED_ATTRIBUTES`],
+//! [`RESERVED_PREFIXES`]).
 
 use std::fmt;
 
@@ -17,8 +18,9 @@ pub const DEFAULT_PARTITION_KEY: &str = "pk";
 /// The TTL attribute (unix seconds) by default.
 pub const DEFAULT_TTL_ATTRIBUTE: &str = "expires_at";
 
-/// Attribute names the protocol's records use for their content: key and TTL attributes
-/// must be named otherwise.
+/// Attribute names the protocol's records and the portable form's items use for their
+/// content (the entity mode's entries, sent marks and fence mark among them): key and TTL
+/// attributes must be named otherwise.
 pub const RESERVED_ATTRIBUTES: &[&str] = &[
     "version",
     "data",
@@ -27,13 +29,21 @@ pub const RESERVED_ATTRIBUTES: &[&str] = &[
     "created_at",
     "messages",
     "parts",
+    "attempt",
     "scope",
     "key_hash",
     "fingerprint",
     "status",
     "headers",
     "body",
+    "outbox",
+    "outbox_sent",
+    "outbox_fence",
 ];
+
+/// Prefixes of the attribute names an item keeps per destination (its chain heads,
+/// `chain:{destination}`): key and TTL attributes must not start with one.
+pub const RESERVED_PREFIXES: &[&str] = &["chain:"];
 
 /// What a protocol record writes in the table's sort key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +141,11 @@ impl TableLayout {
                     "the {what} must not be named {name:?}: the protocol's records use that attribute"
                 )));
             }
+            if let Some(prefix) = RESERVED_PREFIXES.iter().find(|prefix| name.starts_with(*prefix)) {
+                return Err(LayoutError(format!(
+                    "the {what} must not be named {name:?}: names starting with {prefix:?} are the protocol's (an item's chain heads)"
+                )));
+            }
         }
         for (index, (what, name)) in names.iter().enumerate() {
             if let Some((other, _)) = names[index + 1..].iter().find(|(_, other)| other == name) {
@@ -189,5 +204,34 @@ mod tests {
             .with_sort_key("sk", SortKeyValue::Constant(String::new()))
             .validate()
             .is_err());
+    }
+
+    /// No name the layout sets may be one the entity mode keeps in an item, nor start
+    /// like a chain head's: each is refused, saying why.
+    #[test]
+    fn names_the_items_keep_are_refused() {
+        for name in ["outbox", "outbox_sent", "outbox_fence", "attempt"] {
+            let error = TableLayout::dedicated("t")
+                .with_ttl_attribute(name)
+                .validate()
+                .unwrap_err();
+            assert!(error.0.contains("the protocol's records use that attribute"), "{error}");
+        }
+        for layout in [
+            TableLayout::dedicated("t").with_partition_key("chain:events"),
+            TableLayout::dedicated("t").with_ttl_attribute("chain:"),
+            TableLayout::dedicated("t").with_sort_key("chain:sk", SortKeyValue::SameAsPartitionKey),
+        ] {
+            let error = layout.validate().unwrap_err();
+            assert!(error.0.contains("starting with \"chain:\""), "{error}");
+        }
+        assert!(TableLayout::dedicated("t")
+            .with_ttl_attribute("chains")
+            .validate()
+            .is_ok());
+        assert!(TableLayout::dedicated("t")
+            .with_partition_key("PK_chain:")
+            .validate()
+            .is_ok());
     }
 }

@@ -15,6 +15,7 @@ pub(crate) mod reader;
 
 pub use layout::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
+    RESERVED_PREFIXES,
 };
 
 /// Whether and when the request path publishes a committed transaction's messages

@@ -113,3 +113,23 @@ impl DynamoStore {
         Ok(output.item)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aws::dynamodb::chain::CHAIN_PREFIX;
+    use crate::settings::{RESERVED_ATTRIBUTES, RESERVED_PREFIXES};
+
+    /// The layout refuses every name the items keep: the names here and the layout's
+    /// reserved names cannot drift apart.
+    #[test]
+    fn the_layout_reserves_what_items_keep() {
+        for name in [OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE, FENCE_ATTRIBUTE] {
+            assert!(RESERVED_ATTRIBUTES.contains(&name), "{name}");
+            assert!(TableLayout::dedicated("t").with_ttl_attribute(name).validate().is_err());
+        }
+        assert!(RESERVED_PREFIXES.contains(&CHAIN_PREFIX));
+        let head = format!("{CHAIN_PREFIX}events");
+        assert!(TableLayout::dedicated("t").with_partition_key(head).validate().is_err());
+    }
+}
