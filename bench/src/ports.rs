@@ -2,6 +2,8 @@
 //! stands for would take, then delegates to the embedded port, which does the real work
 //! (conditions, versions, queues) in microseconds.
 
+use outbox::ports::ExpectedVersion;
+use outbox::protocol::Applied;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -226,6 +228,18 @@ impl Store for SlowStore {
     async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
         self.call(StoreOp::GetEntity).await;
         self.inner.get_entity(key).await
+    }
+
+    async fn keep_applied(
+        &self,
+        key: &ItemKey,
+        expected: ExpectedVersion,
+        name: &str,
+        applied: Applied,
+    ) -> Result<(), CommitError> {
+        // One conditional UpdateItem, as an entity commit.
+        self.call(StoreOp::CommitEntity).await;
+        self.inner.keep_applied(key, expected, name, applied).await
     }
 
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {

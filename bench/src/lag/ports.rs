@@ -4,6 +4,8 @@
 //! when all of it has. The store also notes when each commit was acknowledged, and the
 //! control queue wakes idle workers when a message arrives.
 
+use outbox::ports::ExpectedVersion;
+use outbox::protocol::Applied;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -128,6 +130,18 @@ impl Store for SimStore {
 
     async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
         self.env.call(Call::Get, self.inner.get_entity(key)).await
+    }
+
+    async fn keep_applied(
+        &self,
+        key: &ItemKey,
+        expected: ExpectedVersion,
+        name: &str,
+        applied: Applied,
+    ) -> Result<(), CommitError> {
+        self.env
+            .call(Call::Update, self.inner.keep_applied(key, expected, name, applied))
+            .await
     }
 
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {

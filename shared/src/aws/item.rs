@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Map, Number, Value};
 
+use crate::aws::dynamodb::applied::applied_of;
 use crate::aws::dynamodb::chain::heads_of;
 use crate::aws::dynamodb::entity_attributes::entries_of;
 use crate::ports::{ItemKey, KeyRead, StoreError, VersionedItem};
@@ -201,12 +202,14 @@ pub(crate) fn key_from_item(layout: &TableLayout, key: &ItemKey, item: &Item) ->
             item: Some(live),
             heads,
             entries: entries_of(layout, item)?,
+            applied: applied_of(layout, item)?,
         }),
         None => Ok(KeyRead {
             item: None,
             version: Reader::new(layout, item).optional_number("version")?.unwrap_or(0),
             heads,
             entries: BTreeMap::new(),
+            applied: applied_of(layout, item)?,
         }),
     }
 }

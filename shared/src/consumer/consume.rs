@@ -301,14 +301,21 @@ impl Consumer {
         };
         let result = match (placed, self.handler.entity(&incoming).map_err(ConsumeError::Handler)) {
             (Err(error), _) => Err(error),
-            // In order, the chain's position is an item of its own: transactional.
+            // In order, in entity mode the chain's position is kept in the entity's key,
+            // moved by the entity's own write; otherwise it is an item of its own, moved
+            // in the transaction.
+            (Ok(Some(position)), Ok(Some(key))) => {
+                self.consume_entity(&incoming, txn_id, key, Some((&position, delivery)))
+                    .instrument(span.clone())
+                    .await
+            }
             (Ok(Some(position)), _) => {
                 self.consume_incoming(&incoming, txn_id, Some((&position, delivery)))
                     .instrument(span.clone())
                     .await
             }
             (Ok(None), Ok(Some(key))) => {
-                self.consume_entity(&incoming, txn_id, key)
+                self.consume_entity(&incoming, txn_id, key, None)
                     .instrument(span.clone())
                     .await
             }
@@ -358,30 +365,11 @@ impl Consumer {
             runs += 1;
             let mut staging = Staging::new(txn_id, Arc::clone(&self.ports.store));
             if let Some((position, delivery)) = in_order {
-                match in_order::gate(self.name.as_str(), position, &mut staging)
+                let gate = in_order::gate(self.name.as_str(), position, &mut staging)
                     .await
-                    .map_err(ConsumeError::Read)?
-                {
-                    Gate::Apply => {}
-                    Gate::Duplicate { applied } => {
-                        tracing::info!(
-                            seq = position.seq,
-                            applied,
-                            "at or below the position applied: a duplicate"
-                        );
-                        return Ok(ConsumeOutcome::Duplicate);
-                    }
-                    Gate::Wait { applied } => return self.wait(delivery, position, applied).await,
-                    Gate::Restarted { applied, version } => {
-                        let restarted = ConsumeError::ChainRestarted {
-                            seq: position.seq,
-                            version: position.version,
-                            applied,
-                            applied_version: version,
-                        };
-                        tracing::warn!(error = %restarted, "its chain restarted; failing the message");
-                        return Err(restarted);
-                    }
+                    .map_err(ConsumeError::Read)?;
+                if let Some(result) = self.not_applied(gate, position, delivery).await {
+                    return result;
                 }
             }
             self.handler
@@ -446,6 +434,39 @@ impl Consumer {
         Err(ConsumeError::Unsettled(last.unwrap_or_else(|| {
             CommitError::Contention("copies of the message kept winning and losing".into())
         })))
+    }
+
+    /// What an in-order message the gate did not let through comes to: a duplicate
+    /// (acknowledged), a wait ([`Self::wait`]), or a failure where its chain restarted.
+    /// `None`: the gate let it through.
+    pub(super) async fn not_applied(
+        &self,
+        gate: Gate,
+        position: &Position,
+        delivery: &Delivery,
+    ) -> Option<Result<ConsumeOutcome, ConsumeError>> {
+        Some(match gate {
+            Gate::Duplicate { applied } => {
+                tracing::info!(
+                    seq = position.seq,
+                    applied,
+                    "at or below the position applied: a duplicate"
+                );
+                Ok(ConsumeOutcome::Duplicate)
+            }
+            Gate::Wait { applied } => self.wait(delivery, position, applied).await,
+            Gate::Restarted { applied, version } => {
+                let restarted = ConsumeError::ChainRestarted {
+                    seq: position.seq,
+                    version: position.version,
+                    applied,
+                    applied_version: version,
+                };
+                tracing::warn!(error = %restarted, "its chain restarted; failing the message");
+                Err(restarted)
+            }
+            Gate::Apply => return None,
+        })
     }
 
     /// An in-order message whose predecessor was not applied: a copy goes back to its

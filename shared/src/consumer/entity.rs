@@ -25,11 +25,13 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 use super::consume::{Consumer, HANDLER_RUNS, ROUNDS, ROUND_DELAY};
+use super::in_order;
 use super::{ConsumeError, ConsumeOutcome, Incoming};
+use crate::ports::Delivery;
 use crate::ports::{
     BusinessWrite, CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, StoreError, VersionedItem,
 };
-use crate::protocol::{OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{Applied, AppliedPositions, OutboxRecord, OutboxState, Position, TxnId};
 use crate::staging::Staging;
 
 /// What one write of the entity carries: its new data and the version it expects.
@@ -104,7 +106,17 @@ impl Consumer {
         incoming: &Incoming,
         txn_id: TxnId,
         key: ItemKey,
+        in_order: Option<(&Position, &Delivery)>,
     ) -> Result<ConsumeOutcome, ConsumeError> {
+        // In order: the position of the message's chain the entity's key keeps, and the
+        // message's place, which a commit applying it sets there.
+        let applying = in_order.map(|(position, _)| {
+            let applied = Applied {
+                seq: position.seq,
+                version: position.version,
+            };
+            (in_order::applied_name(self.name().as_str(), position), applied)
+        });
         let store = &self.ports.store;
         let mut runs = 0;
         let mut lost_race = false;
@@ -194,11 +206,18 @@ impl Consumer {
             }
             // 2. The handler decides on the entity as just read.
             runs += 1;
-            let item = entity.map(|entity| entity.item);
+            let (item, mut positions) = match entity {
+                Some(entity) => (Some(entity.item), entity.applied),
+                None => (None, AppliedPositions::new()),
+            };
             let mut staging = Staging::new(txn_id, Arc::clone(store)).with_read(key.clone(), item.clone());
+            // What a write that finds no item expects: the version a delete left, where
+            // the key was read across its lives.
+            let mut missing = ExpectedVersion::Absent;
             // No entity: read the key across its lives too (one read more, for a create
             // only), so that a create expects the version a delete left and a late
-            // attempt of it can never apply to a later life of the entity.
+            // attempt of it can never apply to a later life of the entity; in order, it
+            // holds the positions the key keeps.
             if item.is_none() {
                 match store.get_keys(std::slice::from_ref(&key)).await {
                     Ok(mut keys) => {
@@ -206,11 +225,23 @@ impl Consumer {
                         // Created since the read above, the handler decides on that read
                         // all the same, and the commit's condition refuses it.
                         if read.item.is_none() {
+                            missing = ExpectedVersion::AbsentAt(read.version);
+                            positions = read.applied.clone();
                             staging.note_read(key.clone(), read);
                         }
                     }
                     Err(StoreError::Unsupported(_)) => {}
                     Err(error) => return Err(ConsumeError::Read(error)),
+                }
+            }
+            // In order, only once its predecessor in its chain was applied. (A position
+            // read stale is only ever behind: a message is never taken for a duplicate
+            // wrongly, and every write below is conditioned on the key as read.)
+            if let (Some((position, delivery)), Some((name, _))) = (in_order, &applying) {
+                let held = positions.get(name).map(|held| (held.seq, Some(held.version)));
+                let gate = in_order::judge(held, position);
+                if let Some(result) = self.not_applied(gate, position, delivery).await {
+                    return result;
                 }
             }
             self.handler
@@ -235,6 +266,31 @@ impl Consumer {
                         CommitError::Ambiguous("an attempt of unknown outcome may still create the entity".into())
                     })))
                 }
+                // In order, nothing to apply and nothing to send: the position the key
+                // keeps moves to the message, alone, then the decision is recorded.
+                (None, item) if applying.is_some() => {
+                    let (name, applied) = applying.clone().expect("in order");
+                    let expected = item
+                        .as_ref()
+                        .map_or(missing, |item| ExpectedVersion::Exactly(item.version));
+                    match store.keep_applied(&key, expected, &name, applied).await {
+                        Ok(()) => {
+                            store
+                                .put_dispatched(txn_id, now, now.plus(self.retention))
+                                .await
+                                .map_err(ConsumeError::Mark)?;
+                            return Ok(ConsumeOutcome::Processed { messages: 0 });
+                        }
+                        Err(error @ CommitError::VersionConflict { .. }) => {
+                            tracing::info!(error = %error, runs, "the entity changed; running the handler again");
+                            if runs >= HANDLER_RUNS {
+                                return Err(ConsumeError::Conflict { runs, source: error });
+                            }
+                            continue;
+                        }
+                        Err(error) => return Err(ConsumeError::Unsettled(error)),
+                    }
+                }
                 // Nothing to apply and nothing to send: only the decision is recorded.
                 (None, _) => {
                     store
@@ -256,6 +312,7 @@ impl Consumer {
                     .by_attempt(attempt),
                 // A consumer is never fenced, and its ids are not ordered.
                 checks_fence: false,
+                applied: applying.clone(),
             };
             let committed = store
                 .commit_entity(&commit)
@@ -312,6 +369,7 @@ impl Consumer {
             entry: OutboxRecord::committed(txn_id, vec![], now, now.plus(self.retention))
                 .by_attempt(self.ports.ids.next_txn_id(now)),
             checks_fence: false,
+            applied: None,
         };
         match store.commit_entity(&block).await {
             Ok(()) => {

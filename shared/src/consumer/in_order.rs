@@ -4,8 +4,12 @@
 //! A message placed in its entity's history ([`Position`]: the entity, the chain of the
 //! destination it was sent to, its `seq` on it) is applied only when the consumer has
 //! applied its predecessor: the consumer keeps, per chain and entity, the last `seq` it
-//! applied, in an item of its own ([`position_key`]) that the message's commit moves
-//! under a condition on its version, atomically with the handler's effects. A message at
+//! applied, atomically with the handler's effects. In entity mode it is kept in the
+//! handler's entity's key ([`applied_name`], [`crate::ports::KeyRead::applied`]), moved by
+//! the entity's own conditional write, or alone where the message changes nothing
+//! ([`crate::ports::Store::keep_applied`]); otherwise in an item of its own
+//! ([`position_key`]) that the message's commit moves under a condition on its version.
+//! A message at
 //! or below it is a duplicate; one beyond the next waits: it is sent back to its queue
 //! to come again after a delay that grows with its waits ([`wait_delay`]), and the
 //! delivery in hand is acknowledged, so that waiting never counts toward the dead-letter
@@ -41,6 +45,12 @@ pub const MAX_WAIT_DELAY: Duration = Duration::from_secs(900);
 /// `position`'s chain and entity.
 pub fn position_key(consumer: &str, position: &Position) -> ItemKey {
     ItemKey::protocol(format!("IN#AT#{consumer}#{}#{}", position.chain, position.entity))
+}
+
+/// The name under which consumer `consumer` keeps, in its entity's key (entity mode),
+/// the last message it applied of `position`'s chain and entity.
+pub fn applied_name(consumer: &str, position: &Position) -> String {
+    format!("{consumer}#{}#{}", position.chain, position.entity)
 }
 
 /// What the consumer does with a placed message, given what it applied of its chain.
@@ -81,21 +91,11 @@ pub async fn gate(
 ) -> Result<Gate, crate::ports::StoreError> {
     let key = position_key(consumer, position);
     let read = staging.get(&key).await?;
-    let applied = read
-        .as_ref()
-        .and_then(|item| item.data["applied"].as_u64())
-        .unwrap_or(0);
-    if position.seq <= applied {
-        // Every message of one chain at or below the last applied comes from a version
-        // at or below its version.
-        let version = read.as_ref().and_then(|item| item.data["version"].as_u64());
-        return Ok(match version {
-            Some(version) if position.version > version => Gate::Restarted { applied, version },
-            _ => Gate::Duplicate { applied },
-        });
-    }
-    if position.seq > applied + 1 {
-        return Ok(Gate::Wait { applied });
+    let applied = read.as_ref().and_then(|item| item.data["applied"].as_u64());
+    let version = read.as_ref().and_then(|item| item.data["version"].as_u64());
+    let gate = judge(applied.map(|seq| (seq, version)), position);
+    if gate != Gate::Apply {
+        return Ok(gate);
     }
     let expected = read.map_or(ExpectedVersion::Absent, |item| ExpectedVersion::Exactly(item.version));
     let data = json!({
@@ -106,6 +106,24 @@ pub async fn gate(
     });
     staging.put(key, data, expected);
     Ok(Gate::Apply)
+}
+
+/// What to do with a message at `position`, given the last message of its chain applied
+/// (`None`: none; its `seq`, and its version where known).
+pub fn judge(applied: Option<(u64, Option<u64>)>, position: &Position) -> Gate {
+    let (applied, version) = applied.unwrap_or((0, None));
+    if position.seq <= applied {
+        // Every message of one chain at or below the last applied comes from a version
+        // at or below its version.
+        return match version {
+            Some(version) if position.version > version => Gate::Restarted { applied, version },
+            _ => Gate::Duplicate { applied },
+        };
+    }
+    if position.seq > applied + 1 {
+        return Gate::Wait { applied };
+    }
+    Gate::Apply
 }
 
 /// How long a message that waited `waits` times before waits again: 1 s, doubling, at

@@ -100,8 +100,9 @@ pub trait Handler: Send + Sync {
     /// not applied yet waits (sent back to its queue to come again in seconds, growing),
     /// one at or below the last applied is a duplicate. `false`, the default, applies
     /// messages as they come. Messages without a position ([`Incoming::position`]) are
-    /// applied as they come either way. An in-order message commits in the transactional
-    /// mode (its chain's position is an item of its own), whatever [`Self::entity`] says.
+    /// applied as they come either way. With [`Self::entity`], the chain's position is kept
+    /// in that entity's key and moved by its own write (no write more); without, the
+    /// message commits in the transactional mode and the position is an item of its own.
     fn in_order(&self) -> bool {
         false
     }

@@ -80,6 +80,7 @@ impl World {
                 now.plus(Duration::from_secs(60)),
             ),
             checks_fence: true,
+            applied: None,
         }
     }
 

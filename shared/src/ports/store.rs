@@ -11,7 +11,9 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::Value;
 
 use super::BoxError;
-use crate::protocol::{ChainHeads, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{
+    Applied, AppliedPositions, ChainHeads, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId,
+};
 pub use crate::protocol::{InvalidItemKey, ItemKey};
 use crate::time::Timestamp;
 
@@ -81,6 +83,9 @@ pub struct KeyRead {
     /// The outbox entries the item holds (entity mode): committed transactions whose
     /// messages a publisher of a later one sends first.
     pub entries: BTreeMap<TxnId, OutboxRecord>,
+    /// The positions in-order consumers keep in the key (entity mode), which it keeps
+    /// across its lives.
+    pub applied: AppliedPositions,
 }
 
 /// One business action of a commit.
@@ -164,6 +169,8 @@ pub struct EntityItem {
     /// forgotten. A mark is the transaction's proof of commit while it is there (a delete
     /// of the item moves it to the transaction's record).
     pub sent: BTreeMap<TxnId, Timestamp>,
+    /// The positions in-order consumers keep in it ([`KeyRead::applied`]).
+    pub applied: AppliedPositions,
 }
 
 /// A commit of one item that carries its outbox entry: one conditional write, no
@@ -185,6 +192,9 @@ pub struct EntityCommit {
     /// transactions are fenced in their item. A consumer's (whose ids are not ordered,
     /// and which is never fenced) ignores the mark and keeps it.
     pub checks_fence: bool,
+    /// An in-order consumer's position that the commit sets (its name, and the message
+    /// applied): kept in the item, under the commit's condition on its version.
+    pub applied: Option<(String, Applied)>,
 }
 
 impl EntityCommit {
@@ -509,6 +519,25 @@ pub trait Store: Send + Sync {
     async fn forget_marks(&self, key: &ItemKey, forget: &[TxnId]) -> Result<(), StoreError> {
         let _ = (key, forget);
         Err(StoreError::Unsupported("the entity mode"))
+    }
+
+    /// Sets position `name` of key `key` to `applied` (an in-order consumer's, entity
+    /// mode), where the key is as `expected` (an item at a version, or none at a version)
+    /// and the position is below `applied` (or not there), in one conditional write that
+    /// touches nothing else (the version stays): how a consumer records a message it
+    /// applied without changing its entity. A position at or above `applied` already is
+    /// `Ok` (set by another copy); a key not as expected is
+    /// [`CommitError::VersionConflict`]. The default answers
+    /// [`CommitError::EntityUnsupported`]: a store that wraps another forwards it.
+    async fn keep_applied(
+        &self,
+        key: &ItemKey,
+        expected: ExpectedVersion,
+        name: &str,
+        applied: Applied,
+    ) -> Result<(), CommitError> {
+        let _ = (key, expected, name, applied);
+        Err(CommitError::EntityUnsupported)
     }
 
     /// Puts `txn_id`'s record `dispatched`, expiring at `expires_at`, whatever was there

@@ -21,8 +21,8 @@ pub use message::{
 };
 pub use outbox_record::{commit_order, OutboxRecord, OutboxState};
 pub use position::{
-    advance as advance_chain, stamp as stamp_chain, ChainHead, ChainHeads, InvalidPosition, Place, Position,
-    ENTITY_ATTRIBUTE, POSITION_ATTRIBUTE,
+    advance as advance_chain, stamp as stamp_chain, Applied, AppliedPositions, ChainHead, ChainHeads, InvalidPosition,
+    Place, Position, ENTITY_ATTRIBUTE, POSITION_ATTRIBUTE,
 };
 pub use trace_context::{InvalidTraceContext, TraceContext, TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE};
 pub use txn_id::{InvalidTxnId, TxnId};

@@ -67,6 +67,21 @@ pub struct ChainHead {
 /// An entity's chain heads, by destination.
 pub type ChainHeads = BTreeMap<DestinationName, ChainHead>;
 
+/// The last message of one chain an in-order consumer applied: its [`Position::seq`] and
+/// [`Position::version`]. In entity mode the consumer keeps it in its own entity's key,
+/// which keeps it across the entity's lives, as it keeps the chain heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Applied {
+    /// The `seq` of that message.
+    pub seq: u64,
+    /// The version of its entity after the transaction that sent it.
+    pub version: u64,
+}
+
+/// The positions a key keeps for in-order consumers, by name (the consumer, the chain
+/// and the source entity, as the consumer names them).
+pub type AppliedPositions = BTreeMap<String, Applied>;
+
 /// A [`POSITION_ATTRIBUTE`] value that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("a position reads chain=NAME;seq=N;version=N;after=N, not {input:?}")]
@@ -270,8 +285,16 @@ mod tests {
                 txn: first_txn
             }
         );
-        let previous: Vec<Option<TxnId>> = first.iter().chain(&third).map(|m| m.position.as_ref().unwrap().previous).collect();
-        assert_eq!(previous, [None, None, None, first_txn], "each names the chain's transaction before it");
+        let previous: Vec<Option<TxnId>> = first
+            .iter()
+            .chain(&third)
+            .map(|m| m.position.as_ref().unwrap().previous)
+            .collect();
+        assert_eq!(
+            previous,
+            [None, None, None, first_txn],
+            "each names the chain's transaction before it"
+        );
         let mut advanced = ChainHeads::new();
         advance(&mut advanced, &order, &first);
         advance(&mut advanced, &order, &third);

@@ -258,6 +258,7 @@ impl Transaction {
                 expected: *expected,
                 entry: sent.outbox.clone(),
                 checks_fence: true,
+                applied: None,
             }),
             _ => None,
         }

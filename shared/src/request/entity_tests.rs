@@ -261,6 +261,7 @@ async fn a_commit_of_unknown_outcome_is_settled_by_a_fence_in_its_item() {
         expected: ExpectedVersion::Exactly(1),
         entry: OutboxRecord::committed(txn_id, vec![], now, now),
         checks_fence: true,
+        applied: None,
     };
     assert!(matches!(
         world.backend.store.commit_entity(&late).await,
@@ -528,6 +529,7 @@ async fn a_commit_cut_off_midway_is_fenced_by_a_later_abandon() {
         expected: ExpectedVersion::Exactly(1),
         entry: OutboxRecord::committed(txn_id, vec![], now, now),
         checks_fence: true,
+        applied: None,
     };
     assert!(matches!(
         world.backend.store.commit_entity(&landing).await,

@@ -352,8 +352,17 @@ pub async fn a_publisher_sends_an_earlier_commit_of_either_form_first(b: &Backen
     // stays for its own publisher.
     let first = change_in(&silent, &order, Some(json!({"n": 1})), &[audit(), events()], false).await;
     let second = change_in(&publishing, &order, Some(json!({"n": 2})), &[audit()], true).await;
-    assert_eq!(audit_order(b).await, [s(first), s(second)], "{}: request path, behind a record", b.name);
-    assert!(b.drain(&events()).await.is_empty(), "{}: nothing sent twice where order is not kept", b.name);
+    assert_eq!(
+        audit_order(b).await,
+        [s(first), s(second)],
+        "{}: request path, behind a record",
+        b.name
+    );
+    assert!(
+        b.drain(&events()).await.is_empty(),
+        "{}: nothing sent twice where order is not kept",
+        b.name
+    );
     let report = control.handle(&control_message_in(b, first, None)).await;
     assert!(dispatched(&report), "{}: {report:?}", b.name);
     assert_eq!(b.drain(&events()).await.len(), 1, "{}", b.name);
@@ -363,7 +372,12 @@ pub async fn a_publisher_sends_an_earlier_commit_of_either_form_first(b: &Backen
     // The request path of a transactional commit, behind an entry.
     let third = change_in(&silent, &order, Some(json!({"n": 3})), &[audit()], true).await;
     let fourth = change_in(&publishing, &order, Some(json!({"n": 4})), &[audit()], false).await;
-    assert_eq!(audit_order(b).await, [s(third), s(fourth)], "{}: request path, behind an entry", b.name);
+    assert_eq!(
+        audit_order(b).await,
+        [s(third), s(fourth)],
+        "{}: request path, behind an entry",
+        b.name
+    );
 
     // The control path of a transactional commit, behind an entry and a record: handed the
     // latest's control message first, it publishes them all in commit order, and settles
@@ -391,4 +405,100 @@ pub async fn a_publisher_sends_an_earlier_commit_of_either_form_first(b: &Backen
         );
     }
     assert!(b.drain(&audit()).await.is_empty(), "{}", b.name);
+}
+
+/// An in-order consumer in entity mode keeps its chains' positions in its entity's key:
+/// a commit into the entity moves one under its condition on the version; a message that
+/// changes nothing moves one alone, where the key is as read (holding an item or not),
+/// never down, and without changing the version; the key keeps them across a delete and
+/// a re-create, as it keeps its chain heads.
+pub async fn positions_applied_live_in_the_key_across_its_lives(b: &Backend) {
+    use outbox::ports::{CommitError, EntityCommit};
+    use outbox::protocol::{Applied, OutboxRecord};
+    let outbox = b.outbox(timing());
+    let shipment = key(&format!("SHIPMENT#{}", TxnId::new_v7()));
+    let name = format!("shipping#events#ORDER#{}", TxnId::new_v7());
+    let at = |seq: u64| Applied { seq, version: seq + 1 };
+    let kept = |keys: std::collections::BTreeMap<ItemKey, outbox::ports::KeyRead>| {
+        let read = keys.get(&shipment).cloned().unwrap_or_default();
+        (
+            read.item.is_some(),
+            read.version,
+            read.applied.get(&name).map(|applied| applied.seq),
+        )
+    };
+    let read = || async { kept(b.store.get_keys(std::slice::from_ref(&shipment)).await.unwrap()) };
+
+    // A key never written: the position alone, the key still without an item.
+    b.store
+        .keep_applied(&shipment, ExpectedVersion::AbsentAt(0), &name, at(1))
+        .await
+        .unwrap_or_else(|error| panic!("{}: {error}", b.name));
+    assert_eq!(read().await, (false, 0, Some(1)), "{}", b.name);
+    // As far already (another copy): done; below: never moves down.
+    b.store
+        .keep_applied(&shipment, ExpectedVersion::AbsentAt(0), &name, at(1))
+        .await
+        .unwrap();
+    b.store
+        .keep_applied(&shipment, ExpectedVersion::AbsentAt(0), &name, at(2))
+        .await
+        .unwrap();
+    b.store
+        .keep_applied(&shipment, ExpectedVersion::AbsentAt(0), &name, at(1))
+        .await
+        .unwrap();
+    assert_eq!(read().await, (false, 0, Some(2)), "{}", b.name);
+    // Not as read: a conflict, nothing written.
+    let conflict = b
+        .store
+        .keep_applied(&shipment, ExpectedVersion::Exactly(1), &name, at(3))
+        .await;
+    assert!(
+        matches!(conflict, Err(CommitError::VersionConflict { .. })),
+        "{}: {conflict:?}",
+        b.name
+    );
+
+    // A create carrying the next position, in its one write.
+    let now = b.clock.now();
+    let txn = TxnId::consumed("conformance", &format!("{}:0", TxnId::new_v7()));
+    let create = EntityCommit {
+        key: shipment.clone(),
+        data: json!({"lines": 1}),
+        expected: ExpectedVersion::AbsentAt(0),
+        entry: OutboxRecord::committed(txn, Vec::new(), now, now.plus(super::cases::RETENTION))
+            .by_attempt(TxnId::new_v7()),
+        checks_fence: false,
+        applied: Some((name.clone(), at(3))),
+    };
+    b.store
+        .commit_entity(&create)
+        .await
+        .unwrap_or_else(|error| panic!("{}: {error}", b.name));
+    b.store.remove_entry(&shipment, txn).await.unwrap();
+    assert_eq!(read().await, (true, 1, Some(3)), "{}", b.name);
+    let entity = b.store.get_entity(&shipment).await.unwrap().expect("created");
+    assert_eq!(
+        entity.applied.get(&name).map(|applied| applied.seq),
+        Some(3),
+        "{}",
+        b.name
+    );
+    // Alone, on the live item at its version: the version stays.
+    b.store
+        .keep_applied(&shipment, ExpectedVersion::Exactly(1), &name, at(4))
+        .await
+        .unwrap();
+    assert_eq!(read().await, (true, 1, Some(4)), "{}", b.name);
+
+    // Deleted and created again: the position stays with the key.
+    change_in(&outbox, &shipment, None, &[], false).await;
+    assert_eq!(read().await, (false, 2, Some(4)), "{}: kept by the vacant key", b.name);
+    b.store
+        .keep_applied(&shipment, ExpectedVersion::AbsentAt(2), &name, at(5))
+        .await
+        .unwrap();
+    change_in(&outbox, &shipment, Some(json!({"lines": 0})), &[], false).await;
+    assert_eq!(read().await, (true, 3, Some(5)), "{}: continued by the create", b.name);
 }

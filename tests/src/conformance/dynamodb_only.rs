@@ -135,6 +135,7 @@ fn entity_commit(b: &Backend, name: &str, txn: TxnId, expected: ExpectedVersion)
             whole_second(now.plus(RETENTION)),
         ),
         checks_fence: true,
+        applied: None,
     }
 }
 

@@ -24,6 +24,7 @@ fn entity_commit(b: &Backend, item: &str, txn: TxnId, expected: ExpectedVersion,
         entry: OutboxRecord::committed(txn, messages(txn, &[data]), now, whole_second(now.plus(RETENTION)))
             .by_attempt(TxnId::new_v7()),
         checks_fence: false,
+        applied: None,
     }
 }
 

@@ -32,6 +32,7 @@
 //! and that M's entry is gone after recovery and no removed entry ever came back
 //! ([`super::entity`]).
 
+use outbox::protocol::Applied;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -414,6 +415,17 @@ impl Store for Probe {
     async fn get_keys(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, KeyRead>, StoreError> {
         self.ask("read");
         self.inner.get_keys(keys).await
+    }
+
+    async fn keep_applied(
+        &self,
+        key: &ItemKey,
+        expected: ExpectedVersion,
+        name: &str,
+        applied: Applied,
+    ) -> Result<(), CommitError> {
+        self.ask("position write");
+        self.inner.keep_applied(key, expected, name, applied).await
     }
 
     async fn get_outboxes(&self, txn_ids: &[TxnId]) -> Result<BTreeMap<TxnId, OutboxRecord>, StoreError> {

@@ -58,6 +58,7 @@ pub(super) fn writer(store: Arc<GatedStore>, clock: Arc<ManualClock>, ids: Arc<d
                 entry: OutboxRecord::committed(txn_id, vec![], now, now.plus(RETENTION))
                     .by_attempt(ids.next_txn_id(now)),
                 checks_fence: false,
+                applied: None,
             };
             if store.commit_entity(&commit).await.is_ok() {
                 break;

@@ -455,11 +455,7 @@ impl Observed {
     /// dropped them or not: first deliveries only), whichever form each was committed in
     /// (an entry in the entity, or a record beside it that the chain names).
     fn fifo_publish_order(&self) -> Result<(), Violation> {
-        let by_id: BTreeMap<&str, &Placed> = self
-            .placed
-            .iter()
-            .map(|placed| (placed.id.as_str(), placed))
-            .collect();
+        let by_id: BTreeMap<&str, &Placed> = self.placed.iter().map(|placed| (placed.id.as_str(), placed)).collect();
         for (destination, (fifo, sent)) in &self.published {
             if !fifo {
                 continue;

@@ -10,6 +10,8 @@
 //! ([`Op::Tombstone`], late: [`Op::LateTombstone`]), whether the request path settles with
 //! it or the control worker writes it past the window.
 
+use outbox::ports::ExpectedVersion;
+use outbox::protocol::Applied;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -523,6 +525,18 @@ impl Store for GatedStore {
         gated!(self.gate, Op::Read, self.inner.get_entity(key).await,
             failed => Err(StoreError::Unavailable(injected("entity read failed"))),
             lost => Err(StoreError::Unavailable(injected("entity read reply lost"))))
+    }
+
+    async fn keep_applied(
+        &self,
+        key: &ItemKey,
+        expected: ExpectedVersion,
+        name: &str,
+        applied: Applied,
+    ) -> Result<(), CommitError> {
+        gated!(self.gate, Op::Mark, self.inner.keep_applied(key, expected, name, applied).await,
+            failed => Err(CommitError::Unavailable(injected("position write failed"))),
+            lost => Err(CommitError::Ambiguous(injected("position write reply lost"))))
     }
 
     /// Meets what a transactional commit meets: its one conditional write is the commit.

@@ -32,10 +32,7 @@ fn attribute(destination: &DestinationName) -> String {
 
 /// A head as stored.
 fn head_value(head: ChainHead) -> AttributeValue {
-    let mut fields = HashMap::from([
-        ("seq".to_owned(), n(head.seq)),
-        ("version".to_owned(), n(head.version)),
-    ]);
+    let mut fields = HashMap::from([("seq".to_owned(), n(head.seq)), ("version".to_owned(), n(head.version))]);
     if let Some(txn) = head.txn {
         fields.insert("txn".to_owned(), AttributeValue::S(txn.to_string()));
     }

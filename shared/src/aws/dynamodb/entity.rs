@@ -28,11 +28,13 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::aws::item::{business_from_item, dispatched_item, n, s, to_attribute, Item, Reader};
+use crate::aws::size::value_bytes;
 use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, StoreError};
 use crate::protocol::{OutboxRecord, TxnId};
 use crate::settings::TableLayout;
 use crate::time::Timestamp;
 
+use super::applied::{self, applied_of};
 use super::branches::{reached, Branch};
 use super::chain::ChainSets;
 use super::entity_attributes::{
@@ -125,7 +127,7 @@ fn judge(layout: &TableLayout, commit: &EntityCommit, old: Option<&Item>) -> Ver
 }
 
 /// A failed write's error, as the commit reports it.
-fn commit_error<E, R>(error: SdkError<E, R>) -> CommitError
+pub(super) fn commit_error<E, R>(error: SdkError<E, R>) -> CommitError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
@@ -184,6 +186,7 @@ impl DynamoStore {
             entries: entries_of(&self.layout, &item)?,
             fence: fence_of(&self.layout, &item)?,
             sent: sent_of(&self.layout, &item)?,
+            applied: applied_of(&self.layout, &item)?,
         }))
     }
 
@@ -192,7 +195,11 @@ impl DynamoStore {
         let entry = entry_value(&commit.entry)?;
         let data = to_attribute(&commit.data);
         let chain = ChainSets::new(&commit.key, &commit.entry.messages);
-        let bytes = commit.data.to_string().len() + entry.as_s().map_or(0, String::len) + chain.stored_bytes();
+        let applied_bytes = commit.applied.as_ref().map_or(0, |(name, applied)| {
+            applied::attribute(name).len() + value_bytes(&applied::value(*applied))
+        });
+        let bytes =
+            commit.data.to_string().len() + entry.as_s().map_or(0, String::len) + chain.stored_bytes() + applied_bytes;
         if bytes > MAX_ITEM_BYTES {
             return Err(CommitError::TooLarge {
                 reason: format!(
@@ -258,6 +265,15 @@ impl DynamoStore {
         };
         names.extend(chain.names());
         values.extend(chain.values());
+        // An in-order consumer's position, moved in the same write.
+        let applied_set = match &commit.applied {
+            Some((name, applied)) => {
+                names.insert("#applied".to_owned(), applied::attribute(name));
+                values.insert(":applied".to_owned(), applied::value(*applied));
+                ", #applied = :applied"
+            }
+            None => "",
+        };
         let (update, mut condition) = match form {
             Form::IntoMap => {
                 names.insert("#txn".to_owned(), txn);
@@ -291,7 +307,7 @@ impl DynamoStore {
             .update_item()
             .table_name(&self.layout.table)
             .set_key(Some(self.key(commit.key.as_str())))
-            .update_expression(format!("{update}{}", chain.after_set()))
+            .update_expression(format!("{update}{}{applied_set}", chain.after_set()))
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))

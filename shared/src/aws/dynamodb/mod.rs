@@ -8,6 +8,7 @@
 //! consistent; items whose TTL has passed read as absent. Where the protocol's records
 //! live is the [`TableLayout`].
 
+pub(crate) mod applied;
 mod batch;
 pub mod branches;
 pub(crate) mod chain;
@@ -35,10 +36,10 @@ use crate::aws::item::{
     part_pk, split_messages, Item, Reader, PART_BYTES,
 };
 use crate::ports::{
-    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, FenceOutcome, ItemKey, KeyRead, NativeAction,
-    OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
+    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, KeyRead,
+    NativeAction, OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
-use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
+use crate::protocol::{Applied, IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::settings::TableLayout;
 use crate::time::Timestamp;
 
@@ -334,6 +335,16 @@ impl Store for DynamoStore {
 
     async fn get_entity(&self, key: &ItemKey) -> Result<Option<EntityItem>, StoreError> {
         self.read_entity(key).await
+    }
+
+    async fn keep_applied(
+        &self,
+        key: &ItemKey,
+        expected: ExpectedVersion,
+        name: &str,
+        applied: Applied,
+    ) -> Result<(), CommitError> {
+        self.set_applied(key, expected, name, applied).await
     }
 
     #[tracing::instrument(skip_all, fields(key = %commit.key, txn_id = %commit.entry.txn_id))]

@@ -1,6 +1,8 @@
 //! The consumer in entity mode on the embedded backend: one conditional write per
 //! message, each ordering rule of docs/PROTOCOL.md section 11 shown by the failure it prevents.
 
+use crate::ports::ExpectedVersion;
+use crate::protocol::Applied;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -108,6 +110,16 @@ impl Store for Hooked {
         self.after_read().await;
         read
     }
+    async fn keep_applied(
+        &self,
+        key: &ItemKey,
+        expected: ExpectedVersion,
+        name: &str,
+        applied: Applied,
+    ) -> Result<(), CommitError> {
+        self.inner.keep_applied(key, expected, name, applied).await
+    }
+
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
         if self.hold_next_commit.swap(false, Ordering::SeqCst) {
             *self.held.lock().unwrap() = Some(commit.clone());
@@ -425,6 +437,7 @@ async fn a_pending_entry_beside_a_dispatched_record_is_published_before_it_is_re
             expected: ExpectedVersion::Absent,
             entry: OutboxRecord::committed(TxnId::new_v7(), vec![], world.clock.now(), world.clock.now()),
             checks_fence: false,
+            applied: None,
         };
         world.backend.store.commit_entity(&other).await.unwrap();
         world

@@ -112,22 +112,42 @@ async fn applied(backend: &EmbeddedBackend, entity: &str) -> Vec<u64> {
     })
 }
 
-/// Every order of five deliveries (seq 1, 2, 3 of one entity, a second copy of seq 2,
-/// seq 1 of another), each delivered as the schedule says; a waiting one goes back to
-/// the queue and comes again after its delay: each entity's messages are applied once
-/// each, in seq order; nothing is left waiting; a wait is never a failure.
-#[tokio::test]
-async fn every_delivery_order_applies_each_message_once_in_chain_order() {
-    let deliveries = [
-        placed("ORDER#a", 1),
-        placed("ORDER#a", 2),
-        placed("ORDER#a", 3),
-        placed("ORDER#a", 2),
-        placed("ORDER#b", 1),
-    ];
-    let schedules = permutations(&deliveries);
+/// [`Recording`] in entity mode: `APPLIED#{entity}` is the handler's entity, which keeps
+/// the chain's position too. Seq 2 of `ORDER#a` and everything of `ORDER#b` write
+/// nothing: their positions move alone, in a live item and in a key never written.
+struct RecordingInEntity;
+
+#[async_trait]
+impl Handler for RecordingInEntity {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let position = message.position()?.ok_or("no position")?;
+        if position.seq == 2 || position.entity.as_str() == "ORDER#b" {
+            return Ok(());
+        }
+        Recording.handle(message, staging).await
+    }
+
+    fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        let position = message.position()?.ok_or("no position")?;
+        Ok(Some(format!("APPLIED#{}", position.entity).parse()?))
+    }
+
+    fn in_order(&self) -> bool {
+        true
+    }
+}
+
+/// Runs every order of `deliveries` through a fresh consumer of `handler` on a fresh
+/// backend, each waiting copy coming again after its delay until nothing is left; a wait
+/// is never a failure. Each schedule's deliveries (their queue ids) and backend, with the
+/// waits and duplicates met.
+async fn explore(
+    deliveries: &[Delivery],
+    handler: Arc<dyn Handler>,
+) -> (Vec<(Vec<String>, EmbeddedBackend)>, usize, usize) {
     let (mut waited, mut duplicates) = (0, 0);
-    for schedule in &schedules {
+    let mut explored = Vec::new();
+    for schedule in permutations(deliveries) {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
         let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
         let queue = backend.publisher.queue(&"inbox".parse().unwrap()).unwrap().clone();
@@ -135,16 +155,17 @@ async fn every_delivery_order_applies_each_message_once_in_chain_order() {
         let consumer = Consumer::new(
             "ordered".parse().unwrap(),
             backend.consumer_ports(clock.clone()),
-            Arc::new(Recording),
+            handler.clone(),
             Duration::from_secs(3600),
         )
         .with_requeue(Arc::new(inbox.clone()));
-        for delivery in schedule {
+        let order: Vec<String> = schedule.iter().map(|d| d.message_id.clone()).collect();
+        for delivery in &schedule {
             match consumer.consume(delivery).await {
                 Ok(ConsumeOutcome::Waiting { .. }) => waited += 1,
                 Ok(ConsumeOutcome::Duplicate) => duplicates += 1,
                 Ok(_) => {}
-                Err(error) => panic!("{schedule:?}: {error}"),
+                Err(error) => panic!("{order:?}: {error}"),
             }
         }
         // What waits comes again, after its delay, until nothing is left.
@@ -162,21 +183,82 @@ async fn every_delivery_order_applies_each_message_once_in_chain_order() {
                     Ok(ConsumeOutcome::Waiting { .. }) => waited += 1,
                     Ok(ConsumeOutcome::Duplicate) => duplicates += 1,
                     Ok(_) => {}
-                    Err(error) => panic!("{schedule:?}: {error}"),
+                    Err(error) => panic!("{order:?}: {error}"),
                 }
                 inbox.ack(std::slice::from_ref(&copy.receipt)).await.unwrap();
             }
         }
-        assert!(queue.is_empty(), "nothing left waiting");
-        let order = |schedule: &Vec<Delivery>| schedule.iter().map(|d| d.message_id.clone()).collect::<Vec<_>>();
-        assert_eq!(applied(&backend, "ORDER#a").await, [1, 2, 3], "{:?}", order(schedule));
-        assert_eq!(applied(&backend, "ORDER#b").await, [1], "{:?}", order(schedule));
+        assert!(queue.is_empty(), "{order:?}: nothing left waiting");
+        explored.push((order, backend));
+    }
+    (explored, waited, duplicates)
+}
+
+/// Seq 1, 2, 3 of one entity, a second copy of seq 2, seq 1 of another.
+fn five_deliveries() -> [Delivery; 5] {
+    [
+        placed("ORDER#a", 1),
+        placed("ORDER#a", 2),
+        placed("ORDER#a", 3),
+        placed("ORDER#a", 2),
+        placed("ORDER#b", 1),
+    ]
+}
+
+/// Every order of five deliveries ([`five_deliveries`]), each delivered as the schedule
+/// says; a waiting one goes back to the queue and comes again after its delay: each
+/// entity's messages are applied once each, in seq order; nothing is left waiting; a
+/// wait is never a failure.
+#[tokio::test]
+async fn every_delivery_order_applies_each_message_once_in_chain_order() {
+    let (explored, waited, duplicates) = explore(&five_deliveries(), Arc::new(Recording)).await;
+    for (order, backend) in &explored {
+        assert_eq!(applied(backend, "ORDER#a").await, [1, 2, 3], "{order:?}");
+        assert_eq!(applied(backend, "ORDER#b").await, [1], "{order:?}");
     }
     println!(
         "in order: {} delivery orders explored, {waited} waits, {duplicates} duplicates",
-        schedules.len()
+        explored.len()
     );
-    assert_eq!(schedules.len(), 120);
+    assert_eq!(explored.len(), 120);
+    assert!(waited > 0 && duplicates > 0, "both paths reached");
+}
+
+/// The same in entity mode ([`RecordingInEntity`]): the position lives in the handler's
+/// entity, moved by the entity's own write or, where a message writes nothing, alone;
+/// no position item of its own is ever written.
+#[tokio::test]
+async fn in_entity_mode_every_delivery_order_applies_each_message_once_in_chain_order() {
+    let (explored, waited, duplicates) = explore(&five_deliveries(), Arc::new(RecordingInEntity)).await;
+    for (order, backend) in &explored {
+        assert_eq!(
+            applied(backend, "ORDER#a").await,
+            [1, 3],
+            "{order:?}: seq 2 writes nothing"
+        );
+        assert!(applied(backend, "ORDER#b").await.is_empty(), "{order:?}");
+        for (entity, seq) in [("ORDER#a", 3), ("ORDER#b", 1)] {
+            let position = crate::protocol::Position::from_attributes(&placed(entity, seq).attributes)
+                .unwrap()
+                .unwrap();
+            let key: ItemKey = format!("APPLIED#{entity}").parse().unwrap();
+            let keys = crate::ports::Store::get_keys(backend.store.as_ref(), std::slice::from_ref(&key))
+                .await
+                .unwrap();
+            let kept = keys[&key].applied[&crate::consumer::in_order::applied_name("ordered", &position)];
+            assert_eq!(kept.seq, seq, "{order:?}: the position {entity}'s key keeps");
+            let own = crate::consumer::in_order::position_key("ordered", &position);
+            let items = crate::ports::Store::get_items(backend.store.as_ref(), std::slice::from_ref(&own))
+                .await
+                .unwrap();
+            assert!(items.is_empty(), "{order:?}: no position item of its own");
+        }
+    }
+    println!(
+        "in order, entity mode: {} delivery orders explored, {waited} waits, {duplicates} duplicates",
+        explored.len()
+    );
+    assert_eq!(explored.len(), 120);
     assert!(waited > 0 && duplicates > 0, "both paths reached");
 }
 

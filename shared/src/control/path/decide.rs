@@ -10,8 +10,8 @@ use tracing::Instrument;
 
 use super::ControlPath;
 use crate::control::outcome::{ControlError, ControlOutcome};
-use crate::ports::{FenceOutcome, ItemKey, StoreError, TombstoneOutcome};
 use crate::earlier::{self, Earlier};
+use crate::ports::{FenceOutcome, ItemKey, StoreError, TombstoneOutcome};
 use crate::protocol::{sent_marks, ControlMessage, DestinationName, OutboxRecord, OutboxState, TxnId};
 
 /// After this many checks a transaction is tombstoned even if the worker's clock says

@@ -9,9 +9,9 @@ use futures_util::future::join_all;
 use tracing::Instrument;
 
 use super::decide::Decision;
-use crate::earlier::Earlier;
 use super::ControlPath;
 use crate::control::outcome::{ControlError, ControlOutcome};
+use crate::earlier::Earlier;
 use crate::ports::{ItemKey, StoreError};
 use crate::protocol::{commit_order, OutboxRecord, TraceContext, TxnId};
 use crate::publish::{publish_all, PublishFailure};

@@ -8,7 +8,7 @@ use super::history::StoreEvent;
 use super::state::{idempotency_key, outbox_key, Item, State};
 use super::EmbeddedStore;
 use crate::ports::{BusinessWrite, CommitError, CommitRequest, ExpectedVersion};
-use crate::protocol::{advance_chain, ChainHeads, OutboxRecord, OutboxState};
+use crate::protocol::{advance_chain, AppliedPositions, ChainHeads, OutboxRecord, OutboxState};
 use crate::time::Timestamp;
 
 /// DynamoDB's limit of actions in one `TransactWriteItems`.
@@ -121,19 +121,30 @@ pub(super) fn apply(state: &mut State, request: &CommitRequest, now: Timestamp) 
                 // An update of an existing item keeps its entries and its fence mark; a
                 // create keeps the mark a vacant key held and continues its version. Both
                 // move the chain heads past the messages positioned in it.
-                let (version, entries, fence, sent, mut heads) = match state.items.remove(key.as_str()) {
+                let (version, entries, fence, sent, mut heads, applied) = match state.items.remove(key.as_str()) {
                     Some(Item::Business {
                         version,
                         entries,
                         fence,
                         sent,
                         heads,
+                        applied,
                         ..
-                    }) => (version, entries, fence, sent, heads),
-                    Some(Item::Vacant { fence, version, heads }) => {
-                        (version, BTreeMap::new(), fence, BTreeMap::new(), heads)
-                    }
-                    _ => (0, BTreeMap::new(), None, BTreeMap::new(), ChainHeads::new()),
+                    }) => (version, entries, fence, sent, heads, applied),
+                    Some(Item::Vacant {
+                        fence,
+                        version,
+                        heads,
+                        applied,
+                    }) => (version, BTreeMap::new(), fence, BTreeMap::new(), heads, applied),
+                    _ => (
+                        0,
+                        BTreeMap::new(),
+                        None,
+                        BTreeMap::new(),
+                        ChainHeads::new(),
+                        AppliedPositions::new(),
+                    ),
                 };
                 advance_chain(&mut heads, key, &request.outbox.messages);
                 let item = Item::Business {
@@ -143,6 +154,7 @@ pub(super) fn apply(state: &mut State, request: &CommitRequest, now: Timestamp) 
                     fence,
                     sent,
                     heads,
+                    applied,
                 };
                 versions.insert(key.clone(), version + 1);
                 state.insert(key.as_str().to_owned(), item);
@@ -159,6 +171,7 @@ pub(super) fn apply(state: &mut State, request: &CommitRequest, now: Timestamp) 
                     fence,
                     sent,
                     mut heads,
+                    applied,
                     ..
                 }) = state.items.remove(key.as_str())
                 {
@@ -167,6 +180,7 @@ pub(super) fn apply(state: &mut State, request: &CommitRequest, now: Timestamp) 
                         fence,
                         version: version + 1,
                         heads,
+                        applied,
                     };
                     versions.insert(key.clone(), version + 1);
                     state.insert(key.as_str().to_owned(), vacant);

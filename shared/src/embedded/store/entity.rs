@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use super::{EmbeddedStore, Item, State, StoreEvent};
-use crate::ports::{CommitError, EntityCommit, EntityItem, ItemKey, VersionedItem};
-use crate::protocol::{advance_chain, ChainHeads, OutboxRecord, TxnId};
+use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, VersionedItem};
+use crate::protocol::{advance_chain, Applied, AppliedPositions, ChainHeads, OutboxRecord, TxnId};
 use crate::time::Timestamp;
 
 /// DynamoDB's 400 KB item limit.
@@ -21,6 +21,7 @@ pub(super) fn read(state: &State, key: &ItemKey, now: Timestamp) -> Option<Entit
             entries,
             fence,
             sent,
+            applied,
             ..
         }) => Some(EntityItem {
             item: VersionedItem {
@@ -31,6 +32,7 @@ pub(super) fn read(state: &State, key: &ItemKey, now: Timestamp) -> Option<Entit
             entries: entries.clone(),
             fence: *fence,
             sent: sent.clone(),
+            applied: applied.clone(),
         }),
         _ => None,
     }
@@ -42,19 +44,47 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
     let key = commit.key.as_str();
     let txn_id = commit.entry.txn_id;
     commit.check_entry()?;
-    let (live, version, mut entries, fence, sent, mut heads) = match EmbeddedStore::live(state, key, now) {
+    let (live, version, mut entries, fence, sent, mut heads, mut applied) = match EmbeddedStore::live(state, key, now) {
         Some(Item::Business {
             version,
             entries,
             fence,
             sent,
             heads,
+            applied,
             ..
-        }) => (true, *version, entries.clone(), *fence, sent.clone(), heads.clone()),
-        Some(Item::Vacant { fence, version, heads }) => {
-            (false, *version, BTreeMap::new(), *fence, BTreeMap::new(), heads.clone())
-        }
-        _ => (false, 0, BTreeMap::new(), None, BTreeMap::new(), ChainHeads::new()),
+        }) => (
+            true,
+            *version,
+            entries.clone(),
+            *fence,
+            sent.clone(),
+            heads.clone(),
+            applied.clone(),
+        ),
+        Some(Item::Vacant {
+            fence,
+            version,
+            heads,
+            applied,
+        }) => (
+            false,
+            *version,
+            BTreeMap::new(),
+            *fence,
+            BTreeMap::new(),
+            heads.clone(),
+            applied.clone(),
+        ),
+        _ => (
+            false,
+            0,
+            BTreeMap::new(),
+            None,
+            BTreeMap::new(),
+            ChainHeads::new(),
+            AppliedPositions::new(),
+        ),
     };
     if let Some(found) = entries.get(&txn_id) {
         return if commit.entry.is_own(found) {
@@ -86,6 +116,9 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
         });
     }
     advance_chain(&mut heads, &commit.key, &commit.entry.messages);
+    if let Some((name, position)) = &commit.applied {
+        applied.insert(name.clone(), *position);
+    }
     let item = Item::Business {
         version: version + 1,
         json: json.into_boxed_str(),
@@ -93,6 +126,7 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
         fence,
         sent,
         heads,
+        applied,
     };
     state.insert(key.to_owned(), item);
     state.record(|| StoreEvent::EntityCommitted {
@@ -100,6 +134,47 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
         version: version + 1,
         at: now,
     });
+    Ok(())
+}
+
+/// Sets position `name` of key `key` to `applied` where the key is as `expected` and the
+/// position below it; nothing else changes (see [`crate::ports::Store::keep_applied`]).
+pub(super) fn keep_applied(
+    state: &mut State,
+    key: &ItemKey,
+    expected: ExpectedVersion,
+    name: &str,
+    applied: Applied,
+) -> Result<(), CommitError> {
+    let (live, version, positions) = match state.items.get_mut(key.as_str()) {
+        Some(Item::Business { version, applied, .. }) => (true, *version, Some(applied)),
+        Some(Item::Vacant { version, applied, .. }) => (false, *version, Some(applied)),
+        _ => (false, 0, None),
+    };
+    if positions
+        .as_ref()
+        .and_then(|positions| positions.get(name))
+        .is_some_and(|held| held.seq >= applied.seq)
+    {
+        return Ok(());
+    }
+    if !expected.holds(live, version) {
+        return Err(CommitError::VersionConflict { key: key.clone() });
+    }
+    match positions {
+        Some(positions) => {
+            positions.insert(name.to_owned(), applied);
+        }
+        None => {
+            let vacant = Item::Vacant {
+                fence: None,
+                version: 0,
+                heads: ChainHeads::new(),
+                applied: AppliedPositions::from([(name.to_owned(), applied)]),
+            };
+            state.insert(key.as_str().to_owned(), vacant);
+        }
+    }
     Ok(())
 }
 
@@ -139,6 +214,7 @@ pub(super) fn raise_fence(state: &mut State, key: &ItemKey, txn_id: TxnId) {
                 fence: Some(txn_id),
                 version: 0,
                 heads: ChainHeads::new(),
+                applied: AppliedPositions::new(),
             };
             state.insert(key.as_str().to_owned(), vacant);
         }

@@ -24,10 +24,12 @@ pub use history::StoreEvent;
 use state::{idempotency_key, outbox_key, Item, State};
 
 use crate::ports::{
-    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, FenceOutcome, ItemKey, KeyRead, Store, StoreError,
-    TombstoneOutcome, VersionedItem,
+    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, KeyRead,
+    Store, StoreError, TombstoneOutcome, VersionedItem,
 };
-use crate::protocol::{IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId};
+use crate::protocol::{
+    Applied, AppliedPositions, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId,
+};
 use crate::time::Timestamp;
 
 /// What an embedded table holds, by kind.
@@ -158,16 +160,20 @@ impl Store for EmbeddedStore {
             .filter_map(|key| {
                 let held = Self::live(&state, key.as_str(), now)?;
                 let (_, version, heads) = held.key_state()?;
-                let (item, entries) = match held {
-                    Item::Business { json, entries, .. } => (
+                let (item, entries, applied) = match held {
+                    Item::Business {
+                        json, entries, applied, ..
+                    } => (
                         Some(VersionedItem {
                             key: key.clone(),
                             version,
                             data: serde_json::from_str(json).expect("the store wrote this JSON itself"),
                         }),
                         entries.clone(),
+                        applied.clone(),
                     ),
-                    _ => (None, BTreeMap::new()),
+                    Item::Vacant { applied, .. } => (None, BTreeMap::new(), applied.clone()),
+                    _ => (None, BTreeMap::new(), AppliedPositions::new()),
                 };
                 let heads = heads.clone();
                 let read = KeyRead {
@@ -175,6 +181,7 @@ impl Store for EmbeddedStore {
                     version,
                     heads,
                     entries,
+                    applied,
                 };
                 Some((key.clone(), read))
             })
@@ -267,6 +274,19 @@ impl Store for EmbeddedStore {
         let mut state = self.lock();
         state.sweep(now);
         entity::commit(&mut state, commit, now)
+    }
+
+    async fn keep_applied(
+        &self,
+        key: &ItemKey,
+        expected: ExpectedVersion,
+        name: &str,
+        applied: Applied,
+    ) -> Result<(), CommitError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        state.sweep(now);
+        entity::keep_applied(&mut state, key, expected, name, applied)
     }
 
     async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {

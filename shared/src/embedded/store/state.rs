@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::history::StoreEvent;
-use crate::protocol::{ChainHeads, IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
+use crate::protocol::{AppliedPositions, ChainHeads, IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::time::Timestamp;
 
 /// An item as held: a business item's data as JSON text (a JSON value in memory takes
@@ -25,6 +25,8 @@ pub(super) enum Item {
         sent: BTreeMap<TxnId, Timestamp>,
         /// Its chains' heads ([`crate::protocol::Position`]), which its key keeps.
         heads: ChainHeads,
+        /// The positions in-order consumers keep in it, which its key keeps.
+        applied: AppliedPositions,
     },
     /// A business key without an item: the item was deleted (the key keeps its version,
     /// which a create continues), or a fence found no item (version 0). Read as absent; a
@@ -33,6 +35,7 @@ pub(super) enum Item {
         fence: Option<TxnId>,
         version: u64,
         heads: ChainHeads,
+        applied: AppliedPositions,
     },
     Outbox(Box<OutboxRecord>),
     Idempotency(Box<IdempotencyRecord>),
