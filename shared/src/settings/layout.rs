@@ -42,8 +42,9 @@ pub const RESERVED_ATTRIBUTES: &[&str] = &[
 ];
 
 /// Prefixes of the attribute names an item keeps per destination (its chain heads,
-/// `chain:{destination}`): key and TTL attributes must not start with one.
-pub const RESERVED_PREFIXES: &[&str] = &["chain:"];
+/// `chain:{destination}`) and per chain an in-order consumer applies (its positions,
+/// `in:{consumer}#{chain}#{entity}`): key and TTL attributes must not start with one.
+pub const RESERVED_PREFIXES: &[&str] = &["chain:", "in:"];
 
 /// What a protocol record writes in the table's sort key.
 #[derive(Debug, Clone, PartialEq, Eq)]

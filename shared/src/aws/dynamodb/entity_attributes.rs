@@ -129,6 +129,7 @@ mod tests {
             assert!(TableLayout::dedicated("t").with_ttl_attribute(name).validate().is_err());
         }
         assert!(RESERVED_PREFIXES.contains(&CHAIN_PREFIX));
+        assert!(RESERVED_PREFIXES.contains(&crate::aws::dynamodb::applied::APPLIED_PREFIX));
         let head = format!("{CHAIN_PREFIX}events");
         assert!(TableLayout::dedicated("t").with_partition_key(head).validate().is_err());
     }
