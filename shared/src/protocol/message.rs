@@ -279,7 +279,9 @@ impl OutgoingMessage {
 
     /// The attributes every send of it carries: the emitter's, its stable id and
     /// transaction id and its position where it has one, which win over an emitter's
-    /// attribute of the same name, and its
+    /// attribute of the same name (an emitter's position attributes on a message without
+    /// a position, say copied from a message it consumed, are dropped: they would claim a
+    /// place in a history the message does not have), and its
     /// trace context (`traceparent`, `tracestate`, replacing an emitter's of those names)
     /// as far as they fit: within [`MAX_MESSAGE_ATTRIBUTES`] beside the emitter's others
     /// and the ids, and within the bytes of one send ([`crate::publish::MAX_BATCH_BYTES`]).
@@ -289,6 +291,8 @@ impl OutgoingMessage {
             attributes.remove(TRACEPARENT_ATTRIBUTE);
             attributes.remove(TRACESTATE_ATTRIBUTE);
         }
+        attributes.remove(ENTITY_ATTRIBUTE);
+        attributes.remove(POSITION_ATTRIBUTE);
         attributes.insert(MESSAGE_ID_ATTRIBUTE.to_owned(), self.id.to_string());
         attributes.insert(TXN_ID_ATTRIBUTE.to_owned(), self.txn_id.to_string());
         for (name, value) in self.position.iter().flat_map(Position::attributes) {
@@ -405,6 +409,36 @@ mod tests {
             MessageId::new(txn, u32::MAX).as_str().len() <= 128,
             "fits an SQS deduplication id"
         );
+    }
+
+    /// An emitter's copy of a consumed message's position attributes never claims a
+    /// place for a message without one; a placed message's own position wins over them.
+    #[test]
+    fn only_a_placed_message_carries_a_position() {
+        let txn = TxnId::from_parts(Timestamp::from_millis(1), [2; 10]);
+        let message = Message::json("events".parse().unwrap(), &serde_json::json!({}))
+            .unwrap()
+            .with_attribute(ENTITY_ATTRIBUTE, "ORDER#1")
+            .with_attribute(POSITION_ATTRIBUTE, "chain=events;seq=7;version=9;after=8")
+            .with_attribute("colour", "blue");
+        let mut outgoing = OutgoingMessage::new(txn, 0, message);
+        let sent = outgoing.send_attributes();
+        assert!(
+            !sent.contains_key(ENTITY_ATTRIBUTE) && !sent.contains_key(POSITION_ATTRIBUTE),
+            "{sent:?}"
+        );
+        assert_eq!(sent["colour"], "blue");
+        let mut heads = crate::protocol::ChainHeads::new();
+        heads = crate::protocol::stamp_chain(
+            std::slice::from_mut(&mut outgoing),
+            &"SHIP#1".parse().unwrap(),
+            1,
+            &heads,
+        );
+        assert_eq!(heads.len(), 1);
+        let sent = outgoing.send_attributes();
+        assert_eq!(sent[ENTITY_ATTRIBUTE], "SHIP#1");
+        assert_eq!(sent[POSITION_ATTRIBUTE], "chain=events;seq=1;version=1;after=0");
     }
 
     #[test]
