@@ -82,6 +82,15 @@ pub struct Applied {
 /// and the source entity, as the consumer names them).
 pub type AppliedPositions = BTreeMap<String, Applied>;
 
+/// What the entity attribute escapes of an entity's key: `%` itself, and the control
+/// characters SQS refuses in an attribute (all but tab, line feed and carriage return);
+/// every character beyond ASCII is escaped too (SQS refuses some, such as U+FFFF).
+pub const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .remove(b'\t')
+    .remove(b'\n')
+    .remove(b'\r')
+    .add(b'%');
+
 /// A [`POSITION_ATTRIBUTE`] value that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("a position reads chain=NAME;seq=N;version=N;after=N, not {input:?}")]
@@ -140,10 +149,15 @@ impl Position {
         }
     }
 
-    /// The two attributes every send of a positioned message carries.
+    /// The two attributes every send of a positioned message carries. The entity's key
+    /// is percent-escaped where a message attribute could not carry it as it is
+    /// ([`ESCAPED`]); [`Self::from_attributes`] reads it back.
     pub fn attributes(&self) -> [(&'static str, String); 2] {
         [
-            (ENTITY_ATTRIBUTE, self.entity.to_string()),
+            (
+                ENTITY_ATTRIBUTE,
+                percent_encoding::utf8_percent_encode(self.entity.as_str(), ESCAPED).to_string(),
+            ),
             (POSITION_ATTRIBUTE, format!("chain={};{}", self.chain, self.place())),
         ]
     }
@@ -163,7 +177,11 @@ impl Position {
             .ok_or_else(|| invalid(place))?;
         let chain = chain.parse().map_err(|_| invalid(place))?;
         let place: Place = place.parse()?;
-        let entity = entity.parse().map_err(|_| invalid(entity))?;
+        let entity = percent_encoding::percent_decode_str(entity)
+            .decode_utf8()
+            .map_err(|_| invalid(entity))?
+            .parse()
+            .map_err(|_| invalid(entity))?;
         Ok(Some(Self {
             entity,
             chain,
@@ -341,6 +359,38 @@ mod tests {
             "version=2;seq=1;after=1",
         ] {
             assert!(bad.parse::<Place>().is_err(), "{bad:?}");
+        }
+    }
+
+    /// A key with characters SQS refuses in an attribute goes out escaped, only those,
+    /// and reads back as it was.
+    #[test]
+    fn an_entity_key_goes_out_as_an_attribute_can_carry_it() {
+        let position = |entity: &str| Position {
+            entity: entity.parse().unwrap(),
+            chain: "events".parse().unwrap(),
+            seq: 1,
+            version: 1,
+            after: 0,
+            previous: None,
+        };
+        for (key, sent) in [
+            ("ORDER#1;x=y z", "ORDER#1;x=y z"),
+            ("ORDER#\u{0}\u{1f}\tx", "ORDER#%00%1F\tx"),
+            ("50%#%41", "50%25#%2541"),
+            ("ORDER#é\u{ffff}", "ORDER#%C3%A9%EF%BF%BF"),
+        ] {
+            let position = position(key);
+            let attributes: BTreeMap<String, String> = position
+                .attributes()
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), value))
+                .collect();
+            assert_eq!(attributes[ENTITY_ATTRIBUTE], sent, "{key:?}");
+            let sqs_can_carry =
+                |c: char| matches!(c, '\t' | '\n' | '\r' | ' '..='\u{d7ff}' | '\u{e000}'..='\u{fffd}' | '\u{10000}'..);
+            assert!(attributes[ENTITY_ATTRIBUTE].chars().all(sqs_can_carry), "{key:?}");
+            assert_eq!(Position::from_attributes(&attributes), Ok(Some(position)), "{key:?}");
         }
     }
 }
