@@ -35,6 +35,7 @@ pub struct VersionedItem {
 /// version can only ever match the life of the item it read, and an attempt of a
 /// committed transaction that arrives late never applies to a later life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ExpectedVersion {
     /// No item at the key, whatever its past (never written, or deleted): a create that
     /// did not read the key. A transaction's staging turns it into [`Self::AbsentAt`]
