@@ -249,6 +249,16 @@ pub mod schema {
         ))
     );
     schema_type!(
+        /// The `Link` response header of an answer naming a transaction.
+        StatusLink => ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^<[^>]+>; rel=\"status\"$"))
+            .description(Some(
+                "Where to read what became of the transaction this answer names: \
+                 `</transactions/{id}>; rel=\"status\"`, with `?item=` and its `x-transaction-item` for a change of one order",
+            ))
+    );
+    schema_type!(
         /// A SKU, as a path parameter.
         Sku => sku()
     );

@@ -2076,3 +2076,125 @@ async fn after_the_middleware_answered_for_an_overrun_nothing_of_the_request_beg
         "a begin after the answer is refused: {late:?}"
     );
 }
+
+/// Every header an answer naming its transaction carries (its id, its item, the link to
+/// its status, and the others a route sends) is one the document lists for that route
+/// and status: a success, each refusal decided after the transaction began, and a 503.
+#[tokio::test(start_paused = true)]
+async fn every_header_an_answer_naming_its_transaction_carries_is_documented() {
+    let app = app();
+    let document = app.send(empty(Method::GET, "/openapi.json")).await.body;
+    let mut answers: Vec<(&str, &str, Reply)> = Vec::new();
+    let line = |sku: &str| json!({"sku": sku, "quantity": 1, "unit_price_cents": 500});
+    let created = app.create().await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let id = created.body["id"].as_str().unwrap().to_owned();
+    answers.push(("/orders", "post", created));
+    let items = format!("/orders/{id}/items");
+    let added = app.send(json_request(Method::POST, &items, &line("SKU-2"))).await;
+    answers.push(("/orders/{id}/items", "post", added));
+    let removed = app.send(empty(Method::DELETE, &format!("{items}/SKU-2"))).await;
+    answers.push(("/orders/{id}/items/{sku}", "delete", removed));
+    let mut stale = json_request(Method::POST, &items, &line("SKU-3"));
+    stale.headers_mut().insert("if-match", "\"7\"".parse().unwrap());
+    answers.push(("/orders/{id}/items", "post", app.send(stale).await));
+    let missing = "/orders/018bcfe5-6800-7000-8000-0000000000ff";
+    answers.push((
+        "/orders/{id}/items",
+        "post",
+        app.send(json_request(Method::POST, &format!("{missing}/items"), &line("SKU-3")))
+            .await,
+    ));
+    answers.push((
+        "/orders/{id}/items/{sku}",
+        "delete",
+        app.send(empty(Method::DELETE, &format!("{missing}/items/SKU-1"))).await,
+    ));
+    answers.push((
+        "/orders/{id}/cancel",
+        "post",
+        app.send(empty(Method::POST, &format!("{missing}/cancel"))).await,
+    ));
+    let full: Vec<Value> = (0..50).map(|n| line(&format!("SKU-{n}"))).collect();
+    let full = app
+        .send(json_request(
+            Method::POST,
+            "/orders",
+            &json!({"customer_id": "c-1", "items": full}),
+        ))
+        .await;
+    let full_id = full.body["id"].as_str().unwrap().to_owned();
+    answers.push((
+        "/orders/{id}/items",
+        "post",
+        app.send(json_request(
+            Method::POST,
+            &format!("/orders/{full_id}/items"),
+            &line("SKU-X"),
+        ))
+        .await,
+    ));
+    answers.push((
+        "/orders/{id}/cancel",
+        "post",
+        app.send(empty(Method::POST, &format!("/orders/{id}/cancel"))).await,
+    ));
+    answers.push((
+        "/orders/{id}/items",
+        "post",
+        app.send(json_request(Method::POST, &items, &line("SKU-4"))).await,
+    ));
+    // 503s naming the transaction: a create whose commit stalls, a change whose read does.
+    let stalled = app_with_odd_store(|odd| OddStore {
+        commit: CommitStall::Forever,
+        ..odd
+    });
+    answers.push(("/orders", "post", stalled.create().await));
+    let slow = app_with_odd_store(|odd| OddStore {
+        read_delay: Duration::from_secs(30),
+        ..odd
+    });
+    let slow_id = slow.create().await.body["id"].as_str().unwrap().to_owned();
+    answers.push((
+        "/orders/{id}/items",
+        "post",
+        slow.send(json_request(
+            Method::POST,
+            &format!("/orders/{slow_id}/items"),
+            &line("SKU-2"),
+        ))
+        .await,
+    ));
+
+    let statuses: Vec<u16> = answers.iter().map(|(_, _, reply)| reply.status.as_u16()).collect();
+    assert_eq!(
+        statuses,
+        [201, 200, 200, 412, 404, 404, 404, 422, 200, 409, 503, 503],
+        "the answers this test means"
+    );
+    let named = [
+        "x-transaction-id",
+        "x-transaction-item",
+        "link",
+        "location",
+        "etag",
+        "retry-after",
+    ];
+    for (path, method, reply) in &answers {
+        let status = reply.status.as_u16();
+        assert!(
+            header(reply, "x-transaction-id").is_some(),
+            "{method} {path} {status}: names its transaction"
+        );
+        let documented: Vec<String> = document["paths"][*path][*method]["responses"][status.to_string()]["headers"]
+            .as_object()
+            .map(|headers| headers.keys().map(|name| name.to_ascii_lowercase()).collect())
+            .unwrap_or_default();
+        for name in named.iter().filter(|name| reply.headers.contains_key(**name)) {
+            assert!(
+                documented.iter().any(|listed| listed == name),
+                "{method} {path} {status} sends {name}, which the document does not list ({documented:?})"
+            );
+        }
+    }
+}
