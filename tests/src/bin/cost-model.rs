@@ -15,10 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use outbox::consumer::in_order::{applied_name, position_key};
 use outbox::consumer::{ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming, Staging};
 use outbox::control::{ControlPath, MAX_ATTEMPTS};
 use outbox::ports::{ExpectedVersion, ItemKey, RandomIds};
-use outbox::protocol::{Message, TxnId, MESSAGE_ID_ATTRIBUTE};
+use outbox::protocol::{Message, Position, TxnId, MESSAGE_ID_ATTRIBUTE};
 use outbox::request::{Committed, InlineDispatch, Outbox, Settlement};
 use outbox::settings::Timing;
 use outbox_tests::calls::CallCounter;
@@ -79,6 +80,14 @@ const CONSUMER_MS_COPY: f64 = 10.7;
 const CONSUMER_MS_ENTITY: f64 = 47.7;
 /// A copy in entity mode: its two reads 5 + 5 + 5.7.
 const CONSUMER_MS_ENTITY_COPY: f64 = 15.7;
+/// In order (`Handler::in_order`), the transactional mode: [`CONSUMER_MS`] and the
+/// gate's read of the position item (5).
+const CONSUMER_MS_IN_ORDER: f64 = 61.7;
+/// In order in entity mode, a message that writes nothing: the entity's GetItem (5), the
+/// dedup record's read (5), the position's UpdateItem (8), the dedup record's PutItem (8),
+/// plus 5.7. (In order in entity mode, a message that writes makes the calls of
+/// [`CONSUMER_MS_ENTITY`].)
+const CONSUMER_MS_IN_ORDER_ALONE: f64 = 31.7;
 /// Powertools' idempotency record: its key hash, status, expiry and the stored result
 /// (an assumption, like NServiceBus's headers).
 const POWERTOOLS_RECORD_BYTES: usize = 300;
@@ -688,9 +697,10 @@ fn dynamodb_json(value: &AttributeValue) -> Value {
 }
 
 /// The handler of the consumer rows: one read of an absent item, its put, one message;
-/// in entity mode when `entity`, the shipment being its entity.
+/// in entity mode when `entity`, the shipment being its entity; in order when `in_order`.
 struct Ship {
     entity: bool,
+    in_order: bool,
 }
 
 fn shipment_of(message: &Incoming) -> Result<(String, outbox::ports::ItemKey), HandlerError> {
@@ -726,6 +736,74 @@ impl Handler for Ship {
             .transpose()?
             .map(|(_, key)| key))
     }
+
+    fn in_order(&self) -> bool {
+        self.in_order
+    }
+}
+
+/// The handler of the in-order row that writes nothing: in entity mode, in order, it
+/// reads its shipment, finds it requested already, and writes and sends nothing.
+struct AlreadyRequested;
+
+#[async_trait::async_trait]
+impl Handler for AlreadyRequested {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let (_, key) = shipment_of(message)?;
+        assert!(staging.get(&key).await?.is_some(), "the shipment requested already");
+        Ok(())
+    }
+
+    fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        Ok(Some(shipment_of(message)?.1))
+    }
+
+    fn in_order(&self) -> bool {
+        true
+    }
+}
+
+/// Message `seq` of `entity`'s chain on `events` with `body`, as the queue delivers it:
+/// with its id and the position attributes the producer stamps (each transaction of the
+/// entity sending one message to `events`: the entity at version `seq` after it, at
+/// `seq - 1` after the previous one).
+fn placed(entity: &ItemKey, seq: u64, body: &Value) -> (Position, Delivery) {
+    let position = Position {
+        entity: entity.clone(),
+        chain: "events".parse().unwrap(),
+        seq,
+        version: seq,
+        after: seq - 1,
+        previous: None,
+    };
+    let mut attributes: BTreeMap<String, String> = position
+        .attributes()
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+    attributes.insert(MESSAGE_ID_ATTRIBUTE.to_owned(), format!("{}:0", TxnId::new_v7()));
+    let delivery = Delivery {
+        message_id: format!("sqs-{entity}-{seq}"),
+        receipt: String::new(),
+        body: serde_json::to_string(body).unwrap(),
+        attributes,
+        group_id: None,
+        receive_count: 1,
+        trace_header: None,
+    };
+    (position, delivery)
+}
+
+/// What the in-order rows cost on the wire.
+struct InOrder {
+    /// Seq 1 of an order consumed: the handler of the consumer rows.
+    processed: Bill,
+    /// In entity mode, seq 2 of the same order consumed by [`AlreadyRequested`]: the
+    /// position moves alone.
+    alone: Option<Bill>,
+    /// In entity mode, the shipment's sizes (bytes, by DynamoDB's rules): with its entry
+    /// and the position, after the entry's removal, after seq 2's position.
+    shipment: Option<[usize; 3]>,
 }
 
 impl Rig {
@@ -740,7 +818,10 @@ impl Rig {
                 clock: self.backend.clock.clone(),
                 ids: Arc::new(RandomIds),
             },
-            Arc::new(Ship { entity }),
+            Arc::new(Ship {
+                entity,
+                in_order: false,
+            }),
             Duration::from_secs(19 * 24 * 3600),
         );
         let delivery = Delivery {
@@ -800,6 +881,158 @@ impl Rig {
             "published once"
         );
         (processed, duplicate)
+    }
+
+    /// The in-order consumer (`Handler::in_order`): seq 1 of an order's chain consumed by
+    /// the handler of the consumer rows, then a copy of it; in entity mode, then seq 2
+    /// of the same order, whose handler writes nothing. The calls and usage on the wire
+    /// of seq 1 and (entity mode) of seq 2.
+    async fn consume_in_order(&self, entity: bool) -> InOrder {
+        let n = if entity { 24 } else { 23 };
+        let consumer_of = |handler: Arc<dyn Handler>| {
+            Consumer::new(
+                "shipping".parse().unwrap(),
+                ConsumerPorts {
+                    store: self.backend.store.clone(),
+                    publisher: self.backend.publisher.clone(),
+                    clock: self.backend.clock.clone(),
+                    ids: Arc::new(RandomIds),
+                },
+                handler,
+                Duration::from_secs(19 * 24 * 3600),
+            )
+        };
+        let consumer = consumer_of(Arc::new(Ship { entity, in_order: true }));
+        let order: ItemKey = format!("ORDER#{n}").parse().unwrap();
+        let (position, delivery) = placed(&order, 1, &event(n, 0));
+        let shipment: ItemKey = format!("SHIPMENT#order-{n}").parse().unwrap();
+        self.reset();
+        let first = consumer.consume(&delivery).await.expect("consumed in order");
+        assert_eq!(first, ConsumeOutcome::Processed { messages: 1 });
+        let (calls, processed) = self.snapshot();
+        let store = &self.backend.store;
+        let mut sizes = [0; 3];
+        let position_item = store
+            .get_items(std::slice::from_ref(&position_key("shipping", &position)))
+            .await
+            .expect("a read of the position item");
+        if entity {
+            assert!(
+                !calls.contains_key("TransactWriteItems"),
+                "in order in entity mode: no transaction, got {calls:?}"
+            );
+            assert_eq!(
+                calls,
+                counts(&[
+                    ("BatchGetItem", 2),
+                    ("GetItem", 1),
+                    ("PutItem", 1),
+                    ("SendMessageBatch", 1),
+                    ("UpdateItem", 2)
+                ]),
+                "in order, entity mode: the calls of the entity-mode consumer (the position read with the \
+                 missing entity's key, moved by the entity's write)"
+            );
+            assert!(position_item.is_empty(), "in entity mode, no position item");
+            let kept = store
+                .get_entity(&shipment)
+                .await
+                .expect("a read of the shipment")
+                .expect("the shipment")
+                .applied;
+            assert_eq!(
+                kept.get(&applied_name("shipping", &position))
+                    .map(|applied| applied.seq),
+                Some(1),
+                "the position kept in the shipment's key"
+            );
+            // The meter charges each UpdateItem on a key it never saw written the
+            // minimum, 1 write unit: DynamoDB's figure too while the shipment with its
+            // entry and its position stays within 1 KB.
+            let settled = self.stored_size(&shipment).await;
+            let with_entry = settled + self.entry_bytes();
+            sizes = [with_entry, settled, 0];
+            assert!(
+                with_entry <= 1024,
+                "the shipment with its entry and position, {with_entry} B, within 1 KB"
+            );
+        } else {
+            assert_eq!(
+                calls,
+                counts(&[
+                    ("BatchGetItem", 3),
+                    ("BatchWriteItem", 1),
+                    ("SendMessageBatch", 1),
+                    ("TransactWriteItems", 1)
+                ]),
+                "in order: its record read, the gate's read of the position item, the handler's read, the \
+                 commit (the position moved in it), the send, the mark"
+            );
+            let applied = position_item
+                .values()
+                .next()
+                .and_then(|item| item.data["applied"].as_u64());
+            assert_eq!(applied, Some(1), "the position item moved by the commit");
+        }
+        self.reset();
+        assert_eq!(
+            consumer.consume(&delivery).await.expect("a copy"),
+            ConsumeOutcome::Duplicate
+        );
+        let (calls, _) = self.snapshot();
+        let copy_reads = if entity {
+            counts(&[("BatchGetItem", 1), ("GetItem", 1)])
+        } else {
+            counts(&[("BatchGetItem", 1)])
+        };
+        assert_eq!(
+            calls, copy_reads,
+            "in order, a copy: the reads of a copy out of order (its record before the gate)"
+        );
+        let alone = if entity {
+            let (second, delivery) = placed(&order, 2, &line_added(n, 1));
+            self.reset();
+            let outcome = consumer_of(Arc::new(AlreadyRequested))
+                .consume(&delivery)
+                .await
+                .expect("seq 2 consumed in order");
+            assert_eq!(outcome, ConsumeOutcome::Processed { messages: 0 });
+            let (calls, alone) = self.snapshot();
+            assert_eq!(
+                calls,
+                counts(&[("BatchGetItem", 1), ("GetItem", 1), ("PutItem", 1), ("UpdateItem", 1)]),
+                "in order, entity mode, nothing written: the entity's read, the dedup record's read, the position \
+                 moved alone (Store::keep_applied), the dedup record's put"
+            );
+            let kept = store
+                .get_entity(&shipment)
+                .await
+                .expect("a read of the shipment")
+                .expect("the shipment");
+            assert_eq!(
+                kept.applied
+                    .get(&applied_name("shipping", &second))
+                    .map(|applied| applied.seq),
+                Some(2),
+                "the position moved alone"
+            );
+            let size = self.stored_size(&shipment).await;
+            assert!(size <= 1024, "the shipment with its position, {size} B, within 1 KB");
+            sizes[2] = size;
+            Some(alone)
+        } else {
+            None
+        };
+        assert_eq!(
+            self.backend.drain(&"events".parse().unwrap()).await.len(),
+            1,
+            "published once"
+        );
+        InOrder {
+            processed,
+            alone,
+            shipment: entity.then_some(sizes),
+        }
     }
 }
 
@@ -1224,6 +1457,8 @@ async fn run(batch_size: f64) {
     );
     let (consumed, duplicate) = rig.consume(false).await;
     let (entity_consumed, entity_duplicate) = rig.consume(true).await;
+    let in_order = rig.consume_in_order(false).await;
+    let entity_in_order = rig.consume_in_order(true).await;
     let (responses, with_capacity, reported) = rig.meter.consumed_capacity_seen();
 
     // The order as its create stored it (an update now, which the meter cannot size),
@@ -1312,6 +1547,13 @@ async fn run(batch_size: f64) {
             } else {
                 "; the rule's figure is used"
             }
+        );
+    }
+    if let Some([with_entry, settled, moved]) = entity_in_order.shipment {
+        println!(
+            "in order, entity mode: the shipment {with_entry} B with its entry and position, {settled} B after the \
+             entry's removal, {moved} B once seq 2's position moved alone: each UpdateItem 1 WRU (the meter's \
+             minimum, the same)"
         );
     }
     println!(
@@ -1459,6 +1701,18 @@ async fn run(batch_size: f64) {
         ours_entity_copy
             .counted(&entity_duplicate)
             .consumer(batch, CONSUMER_MS_ENTITY_COPY);
+        let mut ours_in_order = Cost::default();
+        ours_in_order
+            .counted(&in_order.processed)
+            .consumer(batch, CONSUMER_MS_IN_ORDER);
+        let mut ours_entity_in_order = Cost::default();
+        ours_entity_in_order
+            .counted(&entity_in_order.processed)
+            .consumer(batch, CONSUMER_MS_ENTITY);
+        let mut ours_in_order_alone = Cost::default();
+        ours_in_order_alone
+            .counted(entity_in_order.alone.as_ref().expect("measured in entity mode"))
+            .consumer(batch, CONSUMER_MS_IN_ORDER_ALONE);
         out.push((
             "consumed messages (1 incoming event: 1 read, 1 write, 1 outgoing message)".to_owned(),
             vec![
@@ -1474,6 +1728,23 @@ async fn run(batch_size: f64) {
                 (
                     "this outbox's consumer in entity mode, a copy (duplicate)".to_owned(),
                     ours_entity_copy,
+                ),
+                (
+                    "this outbox's consumer, in order (its position item read, and moved in the transaction)"
+                        .to_owned(),
+                    ours_in_order,
+                ),
+                (
+                    "this outbox's consumer in entity mode, in order (its position in the entity's key: no \
+                     transaction)"
+                        .to_owned(),
+                    ours_entity_in_order,
+                ),
+                (
+                    "this outbox's consumer in entity mode, in order, a message that writes nothing (the position \
+                     moves alone)"
+                        .to_owned(),
+                    ours_in_order_alone,
                 ),
                 (
                     "NServiceBus Outbox, DynamoDB persistence".to_owned(),
