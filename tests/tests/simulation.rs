@@ -2021,19 +2021,9 @@ fn entity_mode_marks_past_their_time_make_room_after_the_retention() {
 
 use outbox_tests::sim::{produced, run_in_order_schedule, InOrderConfig, InOrderCounts};
 
-/// The in-order consumer (`Handler::in_order`): the placed messages the real request path
-/// published for two entities (`ORDER#a` seq 1 to 4, two of them from one transaction
-/// and a change that sent nothing between; `ORDER#b` seq 1), and a second copy of
-/// `ORDER#a`'s seq 2, delivered by a queue in any order: every order of delivery, one
-/// consumer at a time; every placement of one fault (crashes, a lost reply, a refusal, a
-/// commit applied late by a ghost, a requeue that crashes or fails) with two at once
-/// under seeded orders; and seeded random schedules of three at once with up to three
-/// faults and waiting copies coming back at any moment. After each, every placed message
-/// was applied once, in chain order, none skipped, and the queue is empty.
-#[test]
-fn in_order_consumer_applies_each_placed_message_once_in_chain_order() {
-    let started = Instant::now();
-    let chain: Vec<String> = produced()
+/// The producer's chain as the request path stamped it, one line per placed message.
+fn in_order_chain() -> Vec<String> {
+    produced()
         .iter()
         .filter_map(|request| {
             outbox::protocol::Position::from_attributes(&request.attributes)
@@ -2046,19 +2036,20 @@ fn in_order_consumer_applies_each_placed_message_once_in_chain_order() {
                 position.entity, position.seq, position.version, position.after
             )
         })
-        .collect();
-    // The producer's chain as the request path stamped it: two transactions' worth on
-    // ORDER#a, a change that sent nothing, then one more (its `after` skips it).
-    assert_eq!(
-        chain,
-        [
-            "ORDER#a seq 1 version 1 after 0",
-            "ORDER#a seq 2 version 2 after 1",
-            "ORDER#a seq 3 version 2 after 1",
-            "ORDER#b seq 1 version 1 after 0",
-            "ORDER#a seq 4 version 4 after 2",
-        ]
-    );
+        .collect()
+}
+
+/// The in-order sweeps, in the transactional mode or in entity mode (`entity`): every
+/// order of delivery, one consumer at a time; every placement of one fault, two at once,
+/// under seeded orders; seeded random schedules of three at once with up to three faults
+/// and waiting copies coming back at any moment. Panics on the first schedule that
+/// breaks the check; returns the counts summed, and one line per sweep.
+fn in_order_sweeps(entity: bool) -> (InOrderCounts, Vec<String>) {
+    let mode = if entity { " (entity mode)" } else { "" };
+    let config_for = |max_in_flight: usize, fault_budget: usize| match entity {
+        true => InOrderConfig::entity(max_in_flight, fault_budget),
+        false => InOrderConfig::new(max_in_flight, fault_budget),
+    };
     let mut total = InOrderCounts::default();
     let mut lines = Vec::new();
     let mut sweep = |name: &str, counts: InOrderCounts, lines: &mut Vec<String>| {
@@ -2073,27 +2064,27 @@ fn in_order_consumer_applies_each_placed_message_once_in_chain_order() {
     };
 
     // Every order of delivery, each consumed to its end before the next starts.
-    let config = InOrderConfig::new(1, 0);
+    let config = config_for(1, 0);
     let mut counts = InOrderCounts::default();
     let mut prefix = Some(Vec::new());
     while let Some(choices) = prefix {
         let mut chooser = DepthFirst::new(choices.clone());
         let outcome = run_in_order_schedule(&mut chooser, &config)
-            .unwrap_or_else(|error| panic!("in order, every order: schedule {choices:?}: {error}"));
+            .unwrap_or_else(|error| panic!("in order{mode}, every order: schedule {choices:?}: {error}"));
         counts.add(&outcome.counts);
         prefix = chooser.next_prefix();
     }
     sweep("every order of delivery", counts, &mut lines);
 
     // Every placement of one fault, two consumers at once, under seeded orders.
-    let config = InOrderConfig::new(2, 1);
+    let config = config_for(2, 1);
     let mut counts = InOrderCounts::default();
     for seed in 0..4 {
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {
             let mut chooser = FaultsDepthFirst::new(choices.clone(), Some(seed));
             let outcome = run_in_order_schedule(&mut chooser, &config)
-                .unwrap_or_else(|error| panic!("in order, one fault, seed {seed}: faults {choices:?}: {error}"));
+                .unwrap_or_else(|error| panic!("in order{mode}, one fault, seed {seed}: faults {choices:?}: {error}"));
             counts.add(&outcome.counts);
             prefix = chooser.next_prefix();
         }
@@ -2109,15 +2100,43 @@ fn in_order_consumer_applies_each_placed_message_once_in_chain_order() {
         let mut rng = fastrand::Rng::with_seed(seed ^ 0x0bde);
         let config = InOrderConfig {
             advance_early: true,
-            ..InOrderConfig::new(3, rng.usize(0..=3))
+            ..config_for(3, rng.usize(0..=3))
         };
         let mut chooser = Seeded::new(seed, 12);
         let outcome = run_in_order_schedule(&mut chooser, &config)
-            .unwrap_or_else(|error| panic!("in order, random, seed {seed}: {error}"));
+            .unwrap_or_else(|error| panic!("in order{mode}, random, seed {seed}: {error}"));
         counts.add(&outcome.counts);
     }
     sweep("seeded random, three at once, up to three faults", counts, &mut lines);
+    (total, lines)
+}
 
+/// The in-order consumer (`Handler::in_order`): the placed messages the real request path
+/// published for two entities (`ORDER#a` seq 1 to 4, two of them from one transaction
+/// and a change that sent nothing between; `ORDER#b` seq 1), and a second copy of
+/// `ORDER#a`'s seq 2, delivered by a queue in any order: every order of delivery, one
+/// consumer at a time; every placement of one fault (crashes, a lost reply, a refusal, a
+/// commit applied late by a ghost, a requeue that crashes or fails) with two at once
+/// under seeded orders; and seeded random schedules of three at once with up to three
+/// faults and waiting copies coming back at any moment. After each, every placed message
+/// was applied once, in chain order, none skipped, and the queue is empty.
+#[test]
+fn in_order_consumer_applies_each_placed_message_once_in_chain_order() {
+    let started = Instant::now();
+    let chain = in_order_chain();
+    // The producer's chain as the request path stamped it: two transactions' worth on
+    // ORDER#a, a change that sent nothing, then one more (its `after` skips it).
+    assert_eq!(
+        chain,
+        [
+            "ORDER#a seq 1 version 1 after 0",
+            "ORDER#a seq 2 version 2 after 1",
+            "ORDER#a seq 3 version 2 after 1",
+            "ORDER#b seq 1 version 1 after 0",
+            "ORDER#a seq 4 version 4 after 2",
+        ]
+    );
+    let (total, lines) = in_order_sweeps(false);
     println!(
         "in order: {} schedules in {:.2?} ({}); the chain delivered: {chain:?}; deliveries ended: {:?}; crashes: {:?}; late commits (sent, applied) {:?}; messages applied {}",
         total.schedules,
@@ -2131,6 +2150,41 @@ fn in_order_consumer_applies_each_placed_message_once_in_chain_order() {
     for outcome in ["processed", "duplicate", "waiting", "crashed", "failed: waiting"] {
         assert!(total.outcome(outcome) > 0, "no delivery ended {outcome:?}: {total:?}");
     }
+    assert!(total.late_commits.1 > 0, "no late commit reached the table: {total:?}");
+    assert!(total.redeliveries > 0, "nothing was delivered again: {total:?}");
+}
+
+/// The same sweeps in entity mode (`Handler::entity` names the item the handler appends
+/// to): the consumer keeps each chain's position in that item's key, moved by the item's
+/// own conditional write, or alone (`Store::keep_applied`) where the handler writes
+/// nothing: `ORDER#a`'s seq 2, on the live item, and `ORDER#b`'s seq 1, on a key never
+/// written. After each, per chain the positions moved 1 to n in the history's order, each
+/// once, each entity commit carrying the handler's effect and each message that writes
+/// nothing moved alone; the handler's items list exactly the seqs it wrote; no
+/// transaction and no position item; the queue is empty.
+#[test]
+fn in_order_consumer_in_entity_mode_applies_each_placed_message_once_in_chain_order() {
+    let started = Instant::now();
+    let (total, lines) = in_order_sweeps(true);
+    println!(
+        "in order, entity mode: {} schedules in {:.2?} ({}); deliveries ended: {:?}; crashes: {:?}; late commits (sent, applied) {:?}; messages applied {}; positions moved alone (on a live item, on a key without one) {:?}",
+        total.schedules,
+        started.elapsed(),
+        lines.join("; "),
+        total.outcomes,
+        total.crashes,
+        total.late_commits,
+        total.applied,
+        total.kept,
+    );
+    for outcome in ["processed", "duplicate", "waiting", "crashed", "failed: waiting"] {
+        assert!(total.outcome(outcome) > 0, "no delivery ended {outcome:?}: {total:?}");
+    }
+    assert!(total.waits > 0, "no delivery waited: {total:?}");
+    assert!(
+        total.kept.0 > 0 && total.kept.1 > 0,
+        "keep_applied did not move a position both on a live item and on a key without one: {total:?}"
+    );
     assert!(total.late_commits.1 > 0, "no late commit reached the table: {total:?}");
     assert!(total.redeliveries > 0, "nothing was delivered again: {total:?}");
 }

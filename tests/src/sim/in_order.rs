@@ -22,6 +22,17 @@
 //! commits moved, in the order the history committed them, are 1, 2, ..., n, each once
 //! (each placed message applied once, in chain order, none skipped), each commit carrying
 //! the handler's effect for that seq; and the handler's item lists 1 to n.
+//!
+//! In entity mode ([`InOrderConfig::entity`]) the handler names its item as its entity,
+//! and the consumer keeps each chain's position in that item's key: the item's own
+//! conditional write moves it, and where the handler writes nothing (`ORDER#a`'s seq 2,
+//! on the item seq 1 created, and every message of `ORDER#b`, whose item is never
+//! written) [`Store::keep_applied`](outbox::ports::Store::keep_applied) moves it alone.
+//! The check then follows the entity commits and the kept positions in the history
+//! ([`StoreEvent::AppliedKept`]): per chain 1 to n, each once, in commit order, each
+//! entity commit carrying the handler's effect for its seq and each message that writes
+//! nothing moved alone; the handler's item lists exactly the seqs it wrote; no
+//! transaction committed and no position item of the transactional mode was written.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -33,7 +44,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use outbox::consumer::in_order::position_key;
+use outbox::consumer::in_order::{applied_name, position_key};
 use outbox::consumer::{
     ConsumeError, ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming, Requeue,
 };
@@ -78,6 +89,10 @@ pub struct InOrderConfig {
     pub max_deliveries: u32,
     /// Steps after which the schedule counts as a livelock.
     pub max_steps: usize,
+    /// Entity mode: the handler names the item it appends to as its entity, and writes
+    /// nothing for `ORDER#a`'s seq 2 and for `ORDER#b` ([`writes_nothing`]), so that the
+    /// consumer keeps the positions in the item's key, moved by its write or alone.
+    pub entity: bool,
 }
 
 impl InOrderConfig {
@@ -90,6 +105,15 @@ impl InOrderConfig {
             advance_early: false,
             max_deliveries: 20,
             max_steps: 3_000,
+            entity: false,
+        }
+    }
+
+    /// As [`Self::new`], in entity mode ([`Self::entity`]).
+    pub fn entity(max_in_flight: usize, fault_budget: usize) -> Self {
+        Self {
+            entity: true,
+            ..Self::new(max_in_flight, fault_budget)
         }
     }
 }
@@ -131,6 +155,9 @@ pub struct InOrderCounts {
     pub late_commits: (usize, usize),
     /// Placed messages applied (positions moved), over all schedules.
     pub applied: usize,
+    /// Entity mode: positions moved alone ([`StoreEvent::AppliedKept`]), on a live item
+    /// and on a key that holds none.
+    pub kept: (usize, usize),
 }
 
 impl InOrderCounts {
@@ -148,6 +175,8 @@ impl InOrderCounts {
         self.late_commits.0 += other.late_commits.0;
         self.late_commits.1 += other.late_commits.1;
         self.applied += other.applied;
+        self.kept.0 += other.kept.0;
+        self.kept.1 += other.kept.1;
     }
 
     /// Deliveries that ended as `name`.
@@ -260,8 +289,22 @@ fn deliveries() -> Vec<SendRequest> {
 }
 
 /// The handler: appends the message's seq to `APPLIED#{chain}#{entity}` (not idempotent:
-/// a message applied twice shows twice); in order.
-struct Recording;
+/// a message applied twice shows twice); in order. In entity mode it names that item as
+/// its entity, and writes nothing for the messages of [`writes_nothing`].
+struct Recording {
+    entity: bool,
+}
+
+/// The messages the handler writes nothing for in entity mode: `ORDER#a`'s seq 2 (its
+/// item exists: seq 1 created it) and every message of `ORDER#b` (its item is never
+/// written). The consumer moves their positions alone.
+fn writes_nothing(position: &Position, seq: u64) -> bool {
+    match position.entity.as_str() {
+        "ORDER#a" => seq == 2,
+        "ORDER#b" => true,
+        _ => false,
+    }
+}
 
 /// The item where [`Recording`] keeps the seqs it applied of `position`'s chain.
 fn applied_key(position: &Position) -> ItemKey {
@@ -274,6 +317,9 @@ fn applied_key(position: &Position) -> ItemKey {
 impl Handler for Recording {
     async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
         let position = message.position()?.ok_or("an unplaced message")?;
+        if self.entity && writes_nothing(&position, position.seq) {
+            return Ok(());
+        }
         let key = applied_key(&position);
         let read = staging.get(&key).await?;
         let mut seqs: Vec<Value> = read
@@ -284,6 +330,14 @@ impl Handler for Recording {
         let expected = read.map_or(ExpectedVersion::Absent, |item| ExpectedVersion::Exactly(item.version));
         staging.put(key, json!({ "seqs": seqs }), expected);
         Ok(())
+    }
+
+    fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        if !self.entity {
+            return Ok(None);
+        }
+        let position = message.position()?.ok_or("an unplaced message")?;
+        Ok(Some(applied_key(&position)))
     }
 
     fn in_order(&self) -> bool {
@@ -357,10 +411,12 @@ struct World {
     in_flight: InFlight,
     ids: Arc<Ids>,
     next_actor: ActorId,
+    /// Entity mode ([`InOrderConfig::entity`]).
+    entity: bool,
 }
 
 impl World {
-    fn new() -> Self {
+    fn new(entity: bool) -> Self {
         let clock = start_clock();
         let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
         backend.record();
@@ -378,6 +434,7 @@ impl World {
             in_flight: InFlight::default(),
             ids: Arc::new(Ids(AtomicU64::new(1))),
             next_actor: 0,
+            entity,
         }
     }
 
@@ -437,8 +494,8 @@ impl World {
             inner: self.inbox.clone(),
             gate,
         });
-        let consumer = Consumer::new(CONSUMER.parse().expect("valid"), ports, Arc::new(Recording), RETENTION)
-            .with_requeue(requeue);
+        let handler = Arc::new(Recording { entity: self.entity });
+        let consumer = Consumer::new(CONSUMER.parse().expect("valid"), ports, handler, RETENTION).with_requeue(requeue);
         let place = Position::from_attributes(&delivery.attributes)
             .ok()
             .flatten()
@@ -485,6 +542,8 @@ fn outcome_name(result: &Result<ConsumeOutcome, ConsumeError>) -> &'static str {
         Err(ConsumeError::Unsettled(_)) => "failed: unsettled",
         Err(ConsumeError::Mark(_)) => "failed: mark",
         Err(ConsumeError::Refused(_)) => "failed: refused",
+        // Entity mode: the entry's removal after the dedup record failed.
+        Err(ConsumeError::RemoveEntry(_)) => "failed: remove entry",
         Err(_) => "failed: other",
     }
 }
@@ -503,7 +562,7 @@ enum Action {
 /// that each placed message was applied once, in chain order, none skipped; an `Err`
 /// names what broke (or the livelock) and the schedule.
 pub fn run_in_order_schedule(chooser: &mut dyn Chooser, config: &InOrderConfig) -> Result<InOrderOutcome, String> {
-    let mut world = World::new();
+    let mut world = World::new(config.entity);
     let mut counts = InOrderCounts {
         schedules: 1,
         ..InOrderCounts::default()
@@ -673,7 +732,13 @@ pub fn run_in_order_schedule(chooser: &mut dyn Chooser, config: &InOrderConfig) 
             }
         }
     }
-    counts.applied = check(&world).map_err(|violation| fail(&trace, violation))?;
+    if config.entity {
+        let (applied, kept) = check_entity(&world).map_err(|violation| fail(&trace, violation))?;
+        counts.applied = applied;
+        counts.kept = kept;
+    } else {
+        counts.applied = check(&world).map_err(|violation| fail(&trace, violation))?;
+    }
     Ok(InOrderOutcome {
         steps,
         faults,
@@ -760,4 +825,190 @@ fn check(world: &World) -> Result<usize, String> {
         ));
     }
     Ok(applied)
+}
+
+/// How a chain's position moved in entity mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moved {
+    /// By the entity's own conditional write ([`StoreEvent::EntityCommitted`]).
+    Commit,
+    /// Alone ([`StoreEvent::AppliedKept`]).
+    Kept,
+}
+
+/// The in-order consumer's invariant in entity mode, from the history: per chain and
+/// entity, the positions kept in the entity's key moved, in the order the history made
+/// the moves, to 1, 2, ..., n, each once; each entity commit that moved one to `s`
+/// carries the handler's effect for `s`, and the messages the handler writes nothing for
+/// ([`writes_nothing`]) moved it alone; the handler's item lists exactly the seqs it
+/// wrote, the key keeps the position at n, no transaction committed and no position item
+/// of the transactional mode was written; the queue is empty. Returns how many messages
+/// were applied, and how many moved alone on a live item and on a key holding none.
+fn check_entity(world: &World) -> Result<(usize, (usize, usize)), String> {
+    let violated = |detail: String| format!("in-order consumer in entity mode violated: {detail}");
+    let fail = |detail: String| Err(violated(detail));
+    // Per chain, by the name its position is kept under: a message of it, and its length.
+    let mut chains: BTreeMap<String, (Position, u64)> = BTreeMap::new();
+    for request in produced() {
+        let position = Position::from_attributes(&request.attributes)
+            .map_err(|error| error.to_string())?
+            .ok_or("the producer published an unplaced message")?;
+        let length = chains
+            .entry(applied_name(CONSUMER, &position))
+            .or_insert((position.clone(), 0));
+        length.1 = length.1.max(position.seq);
+    }
+    let position_items: Vec<ItemKey> = chains
+        .values()
+        .map(|(position, _)| position_key(CONSUMER, position))
+        .collect();
+    let chain_of = |name: &str, key: &ItemKey| -> Result<&Position, String> {
+        let (position, _) = chains
+            .get(name)
+            .ok_or_else(|| format!("a position {name:?} that names no chain of the producer's moved"))?;
+        if *key != applied_key(position) {
+            return Err(format!(
+                "the position of {} on {} moved in {key}, not in the handler's entity {}",
+                position.entity,
+                position.chain,
+                applied_key(position)
+            ));
+        }
+        Ok(position)
+    };
+    let mut moves: BTreeMap<String, Vec<(u64, Moved)>> = BTreeMap::new();
+    // The keys an entity commit wrote so far (no item is ever deleted here): a position
+    // kept on one of them was kept on a live item.
+    let mut written: Vec<ItemKey> = Vec::new();
+    let mut kept = (0, 0);
+    for event in world.backend.store.history() {
+        match event {
+            StoreEvent::Committed { request, .. } => {
+                let position_item = request
+                    .writes
+                    .iter()
+                    .find(|write| position_items.contains(write.key()))
+                    .map(|write| write.key().to_string());
+                return fail(match position_item {
+                    Some(key) => format!(
+                        "transaction {} wrote the transactional mode's position item {key}",
+                        request.txn_id
+                    ),
+                    None => format!(
+                        "transaction {} committed: in entity mode the consumer commits none",
+                        request.txn_id
+                    ),
+                });
+            }
+            StoreEvent::EntityCommitted { commit, .. } => {
+                written.push(commit.key.clone());
+                let Some((name, applied)) = &commit.applied else {
+                    continue;
+                };
+                let position = chain_of(name, &commit.key).map_err(violated)?;
+                let seq = applied.seq;
+                if writes_nothing(position, seq) {
+                    return fail(format!(
+                        "{} on {}: an entity commit moved the position to {seq}, a message the handler writes nothing for (it moves alone)",
+                        position.entity, position.chain
+                    ));
+                }
+                let effect = commit.data["seqs"].as_array().and_then(|seqs| seqs.last()?.as_u64());
+                if effect != Some(seq) {
+                    return fail(format!(
+                        "{} on {}: the entity commit that moved the position to {seq} carries the handler's effect for {effect:?}",
+                        position.entity, position.chain
+                    ));
+                }
+                moves.entry(name.clone()).or_default().push((seq, Moved::Commit));
+            }
+            StoreEvent::AppliedKept { key, name, applied } => {
+                let position = chain_of(&name, &key).map_err(violated)?;
+                let seq = applied.seq;
+                if !writes_nothing(position, seq) {
+                    return fail(format!(
+                        "{} on {}: the position moved alone to {seq}, a message whose effect the handler writes",
+                        position.entity, position.chain
+                    ));
+                }
+                if written.contains(&key) {
+                    kept.0 += 1;
+                } else {
+                    kept.1 += 1;
+                }
+                moves.entry(name).or_default().push((seq, Moved::Kept));
+            }
+            _ => {}
+        }
+    }
+    let store = world.backend.store.as_ref();
+    let mut applied = 0;
+    for (name, (position, length)) in &chains {
+        let expected: Vec<u64> = (1..=*length).collect();
+        let moved: Vec<u64> = moves
+            .get(name)
+            .map(|moved| moved.iter().map(|(seq, _)| *seq).collect())
+            .unwrap_or_default();
+        if moved != expected {
+            return fail(format!(
+                "{} on {}: the positions moved, in the order the history made the moves, to {moved:?}, not {expected:?} (each once, in chain order, none skipped); the moves, by whom: {:?}",
+                position.entity,
+                position.chain,
+                moves.get(name).cloned().unwrap_or_default()
+            ));
+        }
+        let key = applied_key(position);
+        let read = outbox::ports::Store::get_keys(store, std::slice::from_ref(&key))
+            .now_or_never()
+            .expect("the embedded store answers at once")
+            .map_err(|error| error.to_string())?
+            .remove(&key)
+            .unwrap_or_default();
+        let written: Vec<u64> = expected
+            .iter()
+            .copied()
+            .filter(|seq| !writes_nothing(position, *seq))
+            .collect();
+        let seqs: Vec<u64> = read
+            .item
+            .as_ref()
+            .and_then(|item| item.data["seqs"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect();
+        if seqs != written || (written.is_empty() && read.item.is_some()) {
+            return fail(format!(
+                "{} on {}: the handler's item {key} is {:?}, not the seqs it writes for, {written:?}",
+                position.entity,
+                position.chain,
+                read.item.map(|item| item.data)
+            ));
+        }
+        let held = read.applied.get(name).map(|held| held.seq);
+        if held != Some(*length) {
+            return fail(format!(
+                "{} on {}: {key} keeps the position at {held:?}, not {length}",
+                position.entity, position.chain
+            ));
+        }
+        applied += moved.len();
+    }
+    let items = outbox::ports::Store::get_items(store, &position_items)
+        .now_or_never()
+        .expect("the embedded store answers at once")
+        .map_err(|error| error.to_string())?;
+    if !items.is_empty() {
+        return fail(format!(
+            "the transactional mode's position items {:?} exist",
+            items.keys().collect::<Vec<_>>()
+        ));
+    }
+    if !world.queue.is_empty() {
+        return fail(format!(
+            "liveness: {} messages left in the queue (waiting, or never acknowledged)",
+            world.queue.len()
+        ));
+    }
+    Ok((applied, kept))
 }

@@ -271,6 +271,8 @@ impl Observed {
                             .map(|(txn_id, _)| txn_id),
                     );
                 }
+                // A consumer's position kept alone: no record, entry or business change.
+                StoreEvent::AppliedKept { .. } => {}
                 StoreEvent::EntryRemoved { txn_id, .. } => {
                     if dispatched.contains(&txn_id) {
                         entries_removed += 1;

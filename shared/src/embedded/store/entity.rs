@@ -175,6 +175,11 @@ pub(super) fn keep_applied(
             state.insert(key.as_str().to_owned(), vacant);
         }
     }
+    state.record(|| StoreEvent::AppliedKept {
+        key: key.clone(),
+        name: name.to_owned(),
+        applied,
+    });
     Ok(())
 }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::ports::{CommitRequest, EntityCommit, ItemKey};
-use crate::protocol::TxnId;
+use crate::protocol::{Applied, TxnId};
 use crate::time::Timestamp;
 
 /// Something the store did, for tests that check invariants against what really
@@ -53,6 +53,17 @@ pub enum StoreEvent {
         version: u64,
         /// When.
         at: Timestamp,
+    },
+    /// A position an in-order consumer keeps in a key was moved alone, the key's version
+    /// left ([`Store::keep_applied`](crate::ports::Store::keep_applied)); only where it
+    /// moved: a call that found the position at or above it wrote nothing.
+    AppliedKept {
+        /// The key.
+        key: ItemKey,
+        /// The position's name ([`crate::consumer::in_order::applied_name`]).
+        name: String,
+        /// Where it moved to.
+        applied: Applied,
     },
     /// An entry left its item with its messages sent, the item keeping its sent mark
     /// ([`Store::settle_entry`](crate::ports::Store::settle_entry)).
