@@ -15,9 +15,24 @@ use std::collections::BTreeSet;
 use crate::ports::{ItemKey, Store, StoreError};
 use crate::protocol::{commit_order, DestinationName, OutboxRecord, OutboxState, TxnId};
 
-/// The records one search reads at most: a longer run of unsent transactions of one
-/// entity is the control worker's to work through, a transaction at a time.
+/// The records one search reads at most. Beyond, the transaction is not published now
+/// ([`EarlierError::TooMany`]): the oldest of the run go first, through their own control
+/// messages, and the run drains in order.
 pub(crate) const MAX_RECORDS_READ: usize = 16;
+
+/// Why the earlier transactions still unsent could not all be found.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EarlierError {
+    /// A read failed: whether an earlier transaction is unsent is unknown.
+    #[error("reading the entity's earlier transactions failed")]
+    Read(#[source] StoreError),
+    /// More earlier transactions are unsent than one search reads.
+    #[error("more than {MAX_RECORDS_READ} earlier transactions of entity {entity} are unsent")]
+    TooMany {
+        /// The entity.
+        entity: ItemKey,
+    },
+}
 
 /// An earlier transaction of the entity whose messages are still unsent.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,15 +98,15 @@ pub(crate) fn is_ordered(record: &OutboxRecord, keeps_order: &(dyn Fn(&Destinati
 /// order: its `entries` (pending entries of `key` before `record`, [`entries_before`])
 /// and the pending records their chains and `record`'s name before them, read from
 /// `store`. A record found dispatched, or gone, was sent (a pending record never
-/// expires); an error leaves the question open, and the caller leaves the publishing to
-/// a later try.
+/// expires). An error leaves the question open: the caller publishes nothing of
+/// `record` now and leaves it to a later try.
 pub(crate) async fn unsent_before(
     store: &dyn Store,
     keeps_order: &(dyn Fn(&DestinationName) -> bool + Sync),
     key: &ItemKey,
     entries: Vec<OutboxRecord>,
     record: &OutboxRecord,
-) -> Result<Vec<Earlier>, StoreError> {
+) -> Result<Vec<Earlier>, EarlierError> {
     let mut known: BTreeSet<TxnId> = entries.iter().map(|entry| entry.txn_id).collect();
     known.insert(record.txn_id);
     let mut to_read: Vec<TxnId> = previous(record, keeps_order);
@@ -108,21 +123,16 @@ pub(crate) async fn unsent_before(
             continue;
         }
         if reads == MAX_RECORDS_READ {
-            tracing::warn!(
-                entity = %key,
-                read = reads,
-                "more earlier transactions of the entity unsent than one search reads; the control worker sends the rest"
-            );
-            break;
+            return Err(EarlierError::TooMany { entity: key.clone() });
         }
         reads += 1;
-        let mut records = store.get_outboxes_each(&[txn_id]).await?;
+        let mut records = store.get_outboxes_each(&[txn_id]).await.map_err(EarlierError::Read)?;
         match records.remove(&txn_id) {
             Some(Ok(earlier)) if earlier.state == OutboxState::Pending && earlier.attempt.is_none() => {
                 to_read.extend(previous(&earlier, keeps_order));
                 found.push(Earlier::Record(earlier));
             }
-            Some(Err(error)) => return Err(error),
+            Some(Err(error)) => return Err(EarlierError::Read(error)),
             _ => {}
         }
     }

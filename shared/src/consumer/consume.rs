@@ -300,7 +300,7 @@ impl Consumer {
             false => Ok(None),
         };
         let result = match (placed, self.handler.entity(&incoming).map_err(ConsumeError::Handler)) {
-            (Err(error), _) => Err(error),
+            (Err(error), _) | (Ok(Some(_)), Err(error)) => Err(error),
             // In order, in entity mode the chain's position is kept in the entity's key,
             // moved by the entity's own write; otherwise it is an item of its own, moved
             // in the transaction.

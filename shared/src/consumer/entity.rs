@@ -238,7 +238,15 @@ impl Consumer {
             // read stale is only ever behind: a message is never taken for a duplicate
             // wrongly, and every write below is conditioned on the key as read.)
             if let (Some((position, delivery)), Some((name, _))) = (in_order, &applying) {
-                let held = positions.get(name).map(|held| (held.seq, Some(held.version)));
+                let held = match positions.get(name) {
+                    Some(held) => Some((held.seq, Some(held.version))),
+                    // None in the key: a chain this consumer may have applied in the
+                    // transactional mode (its position an item of its own) continues
+                    // from there; from its next commit on, the key keeps it.
+                    None => in_order::read_position_item(self.name().as_str(), position, store.as_ref())
+                        .await
+                        .map_err(ConsumeError::Read)?,
+                };
                 let gate = in_order::judge(held, position);
                 if let Some(result) = self.not_applied(gate, position, delivery).await {
                     return result;

@@ -55,6 +55,7 @@ pub fn applied_name(consumer: &str, position: &Position) -> String {
 
 /// What the consumer does with a placed message, given what it applied of its chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Gate {
     /// Its predecessor was applied: run the handler, and move the position to it in the
     /// same commit.
@@ -70,9 +71,11 @@ pub enum Gate {
         applied: u64,
     },
     /// Its `seq` is at or below the position, but it comes from a later version of its
-    /// entity than the message applied last: it cannot be an earlier message of the same
-    /// chain. The chain restarted, counting from 1 again (the entity's heads were lost,
-    /// or its table was restored from an old backup), and the message is no duplicate.
+    /// entity than the message applied last (it cannot be an earlier message of the same
+    /// chain), or it is the next `seq` but does not follow the message applied last (its
+    /// `after` and its version are not that one's version). The chain restarted, counting
+    /// from 1 again (the entity's heads were lost, or its table was restored from an old
+    /// backup), and the message is neither a duplicate nor the next.
     Restarted {
         /// The last `seq` applied.
         applied: u64,
@@ -108,6 +111,21 @@ pub async fn gate(
     Ok(Gate::Apply)
 }
 
+/// The position consumer `consumer` keeps of `position`'s chain in an item of its own
+/// ([`position_key`]): its `seq` and version, where there is one.
+pub async fn read_position_item(
+    consumer: &str,
+    position: &Position,
+    store: &dyn crate::ports::Store,
+) -> Result<Option<(u64, Option<u64>)>, crate::ports::StoreError> {
+    let key = position_key(consumer, position);
+    let items = store.get_items(std::slice::from_ref(&key)).await?;
+    Ok(items.get(&key).and_then(|item| {
+        let applied = item.data["applied"].as_u64()?;
+        Some((applied, item.data["version"].as_u64()))
+    }))
+}
+
 /// What to do with a message at `position`, given the last message of its chain applied
 /// (`None`: none; its `seq`, and its version where known).
 pub fn judge(applied: Option<(u64, Option<u64>)>, position: &Position) -> Gate {
@@ -123,7 +141,16 @@ pub fn judge(applied: Option<(u64, Option<u64>)>, position: &Position) -> Gate {
     if position.seq > applied + 1 {
         return Gate::Wait { applied };
     }
-    Gate::Apply
+    // The next `seq`, but of the same chain only: it follows the message applied last,
+    // from the transaction after it (`after` is that one's version) or from the same
+    // transaction (the same version). Otherwise its chain restarted and counted up to
+    // here again.
+    match version {
+        Some(version) if position.after != version && position.version != version => {
+            Gate::Restarted { applied, version }
+        }
+        _ => Gate::Apply,
+    }
 }
 
 /// How long a message that waited `waits` times before waits again: 1 s, doubling, at

@@ -106,6 +106,16 @@ pub enum ControlError {
     /// Writing the tombstone failed.
     #[error("writing the tombstone failed")]
     Tombstone(#[source] Arc<StoreError>),
+    /// More earlier transactions of the entity are still unsent than one search reads
+    /// (on a destination that keeps order, they go first): this one waits for a later
+    /// try, while the oldest go out through their own control messages.
+    #[error("more than {max} earlier transactions of entity {entity} are still unsent")]
+    EarlierUnsent {
+        /// The entity.
+        entity: crate::ports::ItemKey,
+        /// How many one search reads.
+        max: usize,
+    },
 }
 
 /// The result for one control message of a batch.

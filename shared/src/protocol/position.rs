@@ -85,7 +85,7 @@ pub type AppliedPositions = BTreeMap<String, Applied>;
 /// What the entity attribute escapes of an entity's key: `%` itself, and the control
 /// characters SQS refuses in an attribute (all but tab, line feed and carriage return);
 /// every character beyond ASCII is escaped too (SQS refuses some, such as U+FFFF).
-pub const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
     .remove(b'\t')
     .remove(b'\n')
     .remove(b'\r')
@@ -150,8 +150,9 @@ impl Position {
     }
 
     /// The two attributes every send of a positioned message carries. The entity's key
-    /// is percent-escaped where a message attribute could not carry it as it is
-    /// ([`ESCAPED`]); [`Self::from_attributes`] reads it back.
+    /// is percent-escaped where a message attribute could not carry it as it is (`%`,
+    /// control characters, anything beyond ASCII); [`Self::from_attributes`] reads it
+    /// back.
     pub fn attributes(&self) -> [(&'static str, String); 2] {
         [
             (

@@ -148,7 +148,7 @@ impl Outbox {
             match found {
                 Ok(found) => found,
                 Err(error) => {
-                    tracing::warn!(error = %error, "reading the entity's earlier transactions failed; the control worker will publish");
+                    tracing::warn!(error = %error, "the entity's earlier transactions could not all be found; the control worker will publish");
                     return false;
                 }
             }

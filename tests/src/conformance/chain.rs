@@ -449,6 +449,12 @@ pub async fn positions_applied_live_in_the_key_across_its_lives(b: &Backend) {
         .await
         .unwrap();
     assert_eq!(read().await, (false, 0, Some(2)), "{}", b.name);
+    // Blind (no item, whatever the version), as a consumer whose read of the key failed
+    // would: as far already, done.
+    b.store
+        .keep_applied(&shipment, ExpectedVersion::Absent, &name, at(2))
+        .await
+        .unwrap_or_else(|error| panic!("{}: {error}", b.name));
     // Not as read: a conflict, nothing written.
     let conflict = b
         .store
@@ -491,6 +497,22 @@ pub async fn positions_applied_live_in_the_key_across_its_lives(b: &Backend) {
         .await
         .unwrap();
     assert_eq!(read().await, (true, 1, Some(4)), "{}", b.name);
+    // A commit of another copy of that message, at the version it read: the position
+    // moved meanwhile, without the version, and only moves up: refused.
+    let late = EntityCommit {
+        expected: ExpectedVersion::Exactly(1),
+        entry: OutboxRecord::committed(txn, Vec::new(), now, now.plus(super::cases::RETENTION))
+            .by_attempt(TxnId::new_v7()),
+        applied: Some((name.clone(), at(4))),
+        ..create.clone()
+    };
+    let refused = b.store.commit_entity(&late).await;
+    assert!(
+        matches!(refused, Err(CommitError::VersionConflict { .. })),
+        "{}: {refused:?}",
+        b.name
+    );
+    assert_eq!(read().await, (true, 1, Some(4)), "{}", b.name);
 
     // Deleted and created again: the position stays with the key.
     change_in(&outbox, &shipment, None, &[], false).await;
@@ -501,4 +523,50 @@ pub async fn positions_applied_live_in_the_key_across_its_lives(b: &Backend) {
         .unwrap();
     change_in(&outbox, &shipment, Some(json!({"lines": 0})), &[], false).await;
     assert_eq!(read().await, (true, 3, Some(5)), "{}: continued by the create", b.name);
+}
+
+/// More earlier transactions of an entity still unsent than one search reads (17 records,
+/// its publishers crashed): a later transaction is not published ahead of them, by the
+/// request path or the control path, whose try fails, to come again; the oldest one's
+/// own control message publishes it, and the run drains in commit order.
+pub async fn a_run_of_unsent_transactions_longer_than_a_search_drains_oldest_first(b: &Backend) {
+    let silent = b.outbox(timing());
+    let publishing = b.outbox(timing()).with_inline_publisher(b.publisher.clone());
+    let control = b.control(timing());
+    let order = key(&format!("ORDER#{}", TxnId::new_v7()));
+    let mut unsent = Vec::new();
+    for n in 0..17 {
+        unsent.push(change_in(&silent, &order, Some(json!({ "n": n })), &[audit()], false).await);
+    }
+    let last = change_in(&publishing, &order, Some(json!({ "n": 17 })), &[audit()], true).await;
+    assert!(
+        audit_order(b).await.is_empty(),
+        "{}: nothing sent ahead of 17 unsent",
+        b.name
+    );
+    let report = control.handle(&control_message(b, last, &order)).await;
+    assert!(
+        matches!(report.result, Err(outbox::control::ControlError::EarlierUnsent { .. })),
+        "{}: {report:?}",
+        b.name
+    );
+    assert!(audit_order(b).await.is_empty(), "{}", b.name);
+    // The oldest go first, each through its own control message; then the latest finds
+    // its earlier ones within a search (15 unsent, and the 16th record read was sent).
+    for oldest in &unsent[..2] {
+        let report = control.handle(&control_message_in(b, *oldest, None)).await;
+        assert!(
+            matches!(report.result, Ok(outbox::control::ControlOutcome::Dispatched { .. })),
+            "{}: {report:?}",
+            b.name
+        );
+    }
+    let report = control.handle(&control_message(b, last, &order)).await;
+    assert!(
+        matches!(report.result, Ok(outbox::control::ControlOutcome::Dispatched { .. })),
+        "{}: {report:?}",
+        b.name
+    );
+    let expected: Vec<Option<String>> = unsent.iter().chain([&last]).map(|txn| Some(txn.to_string())).collect();
+    assert_eq!(audit_order(b).await, expected, "{}: in commit order", b.name);
 }

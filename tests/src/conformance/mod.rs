@@ -62,7 +62,8 @@ macro_rules! conformance_suite {
             messages_of_no_one_entity_carry_no_position,
             a_publisher_sends_the_entitys_earlier_transactions_first,
             a_publisher_sends_an_earlier_commit_of_either_form_first,
-            positions_applied_live_in_the_key_across_its_lives
+            positions_applied_live_in_the_key_across_its_lives,
+            a_run_of_unsent_transactions_longer_than_a_search_drains_oldest_first
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {

@@ -80,12 +80,15 @@ impl DynamoStore {
         name: &str,
         applied: Applied,
     ) -> Result<(), CommitError> {
-        let names = HashMap::from([
+        let mut names = HashMap::from([
             ("#data".to_owned(), "data".to_owned()),
-            ("#version".to_owned(), "version".to_owned()),
             ("#applied".to_owned(), attribute(name)),
             ("#seq".to_owned(), "seq".to_owned()),
         ]);
+        // DynamoDB refuses a name the expressions do not use.
+        if !matches!(expected, ExpectedVersion::Absent) {
+            names.insert("#version".to_owned(), "version".to_owned());
+        }
         let mut values = HashMap::from([
             (":applied".to_owned(), value(applied)),
             (":seq".to_owned(), n(applied.seq)),

@@ -265,14 +265,20 @@ impl DynamoStore {
         };
         names.extend(chain.names());
         values.extend(chain.values());
-        // An in-order consumer's position, moved in the same write.
-        let applied_set = match &commit.applied {
+        // An in-order consumer's position, moved in the same write, and only up (one
+        // moved alone by another copy leaves the version as it was).
+        let (applied_set, applied_condition) = match &commit.applied {
             Some((name, applied)) => {
                 names.insert("#applied".to_owned(), applied::attribute(name));
+                names.insert("#seq".to_owned(), "seq".to_owned());
                 values.insert(":applied".to_owned(), applied::value(*applied));
-                ", #applied = :applied"
+                values.insert(":seq".to_owned(), n(applied.seq));
+                (
+                    ", #applied = :applied",
+                    " AND (attribute_not_exists(#applied) OR #applied.#seq < :seq)",
+                )
             }
-            None => "",
+            None => ("", ""),
         };
         let (update, mut condition) = match form {
             Form::IntoMap => {
@@ -298,6 +304,7 @@ impl DynamoStore {
                 )
             }
         };
+        condition.push_str(applied_condition);
         if commit.checks_fence {
             condition.push_str(" AND (attribute_not_exists(#fence) OR #fence < :txnid)");
             values.insert(":txnid".to_owned(), s(commit.entry.txn_id.to_string()));

@@ -342,7 +342,7 @@ fn placed_at(entity: &str, seq: u64, version: u64) -> Delivery {
     let mut delivery = placed(entity, seq);
     delivery.attributes.insert(
         crate::protocol::POSITION_ATTRIBUTE.to_owned(),
-        format!("chain=events;seq={seq};version={version};after=0"),
+        format!("chain=events;seq={seq};version={version};after={}", version - 1),
     );
     delivery
         .attributes
@@ -381,7 +381,58 @@ async fn a_restarted_chain_fails_instead_of_passing_for_a_duplicate() {
         }
         other => panic!("{other:?}"),
     }
+    // The next seq of the restarted chain does not follow the message applied last (its
+    // `after` is not that one's version): restarted too, not applied after it.
+    match consumer.consume(&placed_at("ORDER#a", 3, 10)).await {
+        Err(ConsumeError::ChainRestarted {
+            seq: 3,
+            applied: 2,
+            applied_version: 3,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
     assert_eq!(applied(&backend, "ORDER#a").await, [1, 2], "nothing of it applied");
+    // The chain's own next message still applies.
+    consumer.consume(&placed_at("ORDER#a", 3, 4)).await.unwrap();
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2, 3]);
+}
+
+/// A consumer that applied a chain in the transactional mode (its position an item of its
+/// own) and now runs in entity mode continues the chain from that item: its next message
+/// applies, an earlier one is a duplicate, and from then on the entity's key keeps the
+/// position.
+#[tokio::test]
+async fn in_entity_mode_a_chain_continues_from_its_position_item() {
+    let (clock, backend, consumer) = ordered_world(Arc::new(Recording));
+    consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
+    consumer.consume(&placed("ORDER#a", 2)).await.unwrap();
+    let in_entity = Consumer::new(
+        "ordered".parse().unwrap(),
+        backend.consumer_ports(clock.clone()),
+        Arc::new(RecordingInEntity),
+        Duration::from_secs(3600),
+    );
+    assert!(matches!(
+        in_entity.consume(&placed("ORDER#a", 3)).await.unwrap(),
+        ConsumeOutcome::Processed { .. }
+    ));
+    let mut copy = placed("ORDER#a", 1);
+    copy.attributes
+        .insert(MESSAGE_ID_ATTRIBUTE.to_owned(), "ORDER#a:another-id".to_owned());
+    assert_eq!(in_entity.consume(&copy).await.unwrap(), ConsumeOutcome::Duplicate);
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2, 3]);
+    let key: ItemKey = "APPLIED#ORDER#a".parse().unwrap();
+    let keys = crate::ports::Store::get_keys(backend.store.as_ref(), std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    let position = Position::from_attributes(&placed("ORDER#a", 3).attributes)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        keys[&key].applied[&crate::consumer::in_order::applied_name("ordered", &position)].seq,
+        3
+    );
 }
 
 /// A waiting message's copy adds one attribute: a message that carries 9 goes back (the

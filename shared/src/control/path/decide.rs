@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::ControlPath;
 use crate::control::outcome::{ControlError, ControlOutcome};
-use crate::earlier::{self, Earlier};
+use crate::earlier::{self, Earlier, EarlierError};
 use crate::ports::{FenceOutcome, ItemKey, StoreError, TombstoneOutcome};
 use crate::protocol::{sent_marks, ControlMessage, DestinationName, OutboxRecord, OutboxState, TxnId};
 
@@ -101,7 +101,15 @@ impl ControlPath {
         let keeps_order = |destination: &DestinationName| self.ports.publisher.keeps_order(destination);
         earlier::unsent_before(self.ports.store.as_ref(), &keeps_order, key, entries, record)
             .await
-            .map_err(|error| Decision::Done(Err(ControlError::Read(Arc::new(error)))))
+            .map_err(|error| {
+                Decision::Done(Err(match error {
+                    EarlierError::Read(error) => ControlError::Read(Arc::new(error)),
+                    EarlierError::TooMany { entity } => ControlError::EarlierUnsent {
+                        entity,
+                        max: earlier::MAX_RECORDS_READ,
+                    },
+                }))
+            })
     }
 
     /// Entry `entry` of `key` to publish, after the earlier transactions still unsent
@@ -155,9 +163,13 @@ impl ControlPath {
                         committed_at = %entry.created_at,
                         "an entry beside its transaction's tombstone: the transaction committed; publishing it"
                     );
-                    let entity = self.ports.store.get_entity(key).await.ok().flatten();
-                    self.publish_entry(key, entry, true, entity.as_ref().map(|entity| &entity.entries))
-                        .await
+                    match self.ports.store.get_entity(key).await {
+                        Ok(entity) => {
+                            self.publish_entry(key, entry, true, entity.as_ref().map(|entity| &entity.entries))
+                                .await
+                        }
+                        Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
+                    }
                 }
                 Ok(None) => self.decide_on_record(record).await,
                 Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
@@ -272,9 +284,13 @@ impl ControlPath {
                 Ok(FenceOutcome::Committed(entry)) => {
                     // Committed since the read above: the entity's earlier entries, as it
                     // holds them now, go out first.
-                    let entity = self.ports.store.get_entity(key).await.ok().flatten();
-                    self.publish_entry(key, entry, false, entity.as_ref().map(|entity| &entity.entries))
-                        .await
+                    match self.ports.store.get_entity(key).await {
+                        Ok(entity) => {
+                            self.publish_entry(key, entry, false, entity.as_ref().map(|entity| &entity.entries))
+                                .await
+                        }
+                        Err(error) => Decision::Done(Err(ControlError::Read(Arc::new(error)))),
+                    }
                 }
                 Ok(FenceOutcome::Dispatched) => Decision::Done(Ok(ControlOutcome::AlreadyDone {
                     state: OutboxState::Dispatched,

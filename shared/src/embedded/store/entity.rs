@@ -101,6 +101,15 @@ pub(super) fn commit(state: &mut State, commit: &EntityCommit, now: Timestamp) -
             key: commit.key.clone(),
         });
     }
+    // A position only moves up: one at or above the commit's was moved by another copy
+    // meanwhile (without changing the version), and the message was applied.
+    if let Some((name, position)) = &commit.applied {
+        if applied.get(name).is_some_and(|held| held.seq >= position.seq) {
+            return Err(CommitError::VersionConflict {
+                key: commit.key.clone(),
+            });
+        }
+    }
     entries.insert(txn_id, commit.entry.clone());
     let json = commit.data.to_string();
     let bytes = json.len()
