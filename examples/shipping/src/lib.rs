@@ -97,7 +97,8 @@ impl Handler for Shipping {
     }
 
     /// Every event of an order is about that order's shipment: the one item this handler
-    /// may write (entity mode for events that carry no place in the order's history).
+    /// may write (entity mode), which also keeps the place of the order's last event it
+    /// applied.
     fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
         let event: Value = message.json()?;
         Ok(match event["order_id"].as_str() {

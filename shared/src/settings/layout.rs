@@ -144,7 +144,7 @@ impl TableLayout {
             }
             if let Some(prefix) = RESERVED_PREFIXES.iter().find(|prefix| name.starts_with(*prefix)) {
                 return Err(LayoutError(format!(
-                    "the {what} must not be named {name:?}: names starting with {prefix:?} are the protocol's (an item's chain heads)"
+                    "the {what} must not be named {name:?}: names starting with {prefix:?} are the protocol's (an item's chain heads, an in-order consumer's positions)"
                 )));
             }
         }
