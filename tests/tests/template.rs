@@ -857,6 +857,79 @@ fn the_queues_and_the_event_source_follow_the_rules() {
     assert!(min("RetentionSeconds") > max("MaxCommitDurationSeconds"));
 }
 
+/// What a platform team asks of the stack: the HTTP API logs each request as one JSON
+/// line into a log group with a retention; the API function's reserved concurrency and
+/// both SQS event sources' concurrency are bounded by parameters within Lambda's ranges;
+/// each finding of checkov the template skips says why, next to its resource.
+#[test]
+fn the_api_logs_each_request_the_concurrency_is_bounded_and_each_skip_says_why() {
+    let template = template();
+    let resources = &template["Resources"];
+    let parameters = &template["Parameters"];
+    let access = &resources["HttpApi"]["Properties"]["AccessLogSettings"];
+    assert_eq!(access["DestinationArn"].as_str(), Some("ApiAccessLogGroup.Arn"));
+    let group = &resources["ApiAccessLogGroup"];
+    assert_eq!(group["Type"].as_str(), Some("AWS::Logs::LogGroup"));
+    assert_eq!(
+        group["Properties"]["RetentionInDays"].as_str(),
+        Some("ApiAccessLogRetentionDays")
+    );
+    let format: serde_json::Value =
+        serde_json::from_str(access["Format"].as_str().expect("a format")).expect("the access log's lines are JSON");
+    for field in [
+        "requestId",
+        "ip",
+        "requestTime",
+        "httpMethod",
+        "routeKey",
+        "status",
+        "protocol",
+        "responseLength",
+        "integrationError",
+    ] {
+        assert!(format.get(field).is_some(), "the access log lacks {field}");
+    }
+    assert_eq!(
+        strings(&resources["ApiFunction"]["Properties"]["ReservedConcurrentExecutions"]),
+        ["ReservesApiConcurrency", "ApiReservedConcurrency", "AWS::NoValue"],
+        "the parameter's reserved concurrency, none when it is empty"
+    );
+    for (function, event, parameter) in [
+        ("ControlWorkerFunction", "ControlQueue", "ControlWorkerMaxConcurrency"),
+        ("ShippingFunction", "EventsQueue", "ShippingMaxConcurrency"),
+    ] {
+        let bound = &resources[function]["Properties"]["Events"][event]["Properties"]["ScalingConfig"];
+        assert_eq!(bound["MaximumConcurrency"].as_str(), Some(parameter), "{function}");
+        // Lambda's range for an SQS event source's MaximumConcurrency.
+        let (min, default, max) = (
+            parameters[parameter]["MinValue"].as_i64().unwrap(),
+            parameters[parameter]["Default"].as_i64().unwrap(),
+            parameters[parameter]["MaxValue"].as_i64().unwrap(),
+        );
+        assert!(
+            2 <= min && min <= default && default <= max && max <= 1000,
+            "{parameter}"
+        );
+    }
+    let mut skips = 0;
+    for (name, resource) in resources.as_hash().expect("resources") {
+        for skip in resource["Metadata"]["checkov"]["skip"].as_vec().into_iter().flatten() {
+            let id = skip["id"].as_str().unwrap_or_default();
+            assert!(
+                id.starts_with("CKV_"),
+                "{name:?}: a checkov skip without its check {skip:?}"
+            );
+            let comment = skip["comment"].as_str().unwrap_or_default();
+            assert!(comment.len() > 40, "{name:?}: {id} is skipped without its reason");
+            skips += 1;
+        }
+    }
+    assert!(
+        skips > 0,
+        "the template's checkov skips are where the test looks for them"
+    );
+}
+
 /// The alarms on the control worker's metrics watch what it emits: the same namespace,
 /// name and service dimension as its EMF records (a failed control message; an entry
 /// found beside its tombstone, entity mode).
