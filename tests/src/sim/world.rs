@@ -125,6 +125,16 @@ pub struct SimConfig {
     /// AWS's signature check modelled ([`Self::aws_signatures`]), which refuses a request
     /// sent before the jump.
     pub retention_jump: bool,
+    /// Entity mode: the requests (by index) that keep an idempotency key, so that they
+    /// commit in the transactional form, chosen deterministically (the random extras
+    /// choose some at random); empty for none.
+    pub keyed: &'static [usize],
+    /// Bounds the interleavings, as a preemption-bounded search does: the actor that
+    /// moved last, while it can move on, is the first option, and at most this many times
+    /// per schedule is another option (another actor, the clock) taken instead; once they
+    /// are used up it moves on alone. Where it cannot move on (it finished, crashed, or
+    /// waits for the queue), any option is free. `None` for every interleaving.
+    pub preemption_bound: Option<usize>,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -1105,7 +1115,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         // A client retrying with the key of the request before it.
         let slot = if extras && index > 0 && chooser.chance(25) {
             slots[index - 1].clone()
-        } else if config.entity && !(extras && chooser.chance(25)) {
+        } else if config.entity && !config.keyed.contains(&index) && !(extras && chooser.chance(25)) {
             // Entity mode's one-write commit takes no idempotency record; a quarter of
             // the random schedules' requests keep theirs and commit in the
             // transactional form, fenced alike.
@@ -1185,6 +1195,9 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     let mut after_answer = AfterAnswerRuns::default();
     // Dispatches after the answer that got past their first publish's gate.
     let mut published_after: std::collections::BTreeSet<ActorId> = std::collections::BTreeSet::new();
+    // The actor that moved last, and the preemptions taken ([`SimConfig::preemption_bound`]).
+    let mut last_moved: Option<ActorId> = None;
+    let mut preemptions = 0;
     loop {
         steps += 1;
         if steps > config.max_steps {
@@ -1263,15 +1276,37 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                 .advance(config.timing.retention + FORGET_MARGIN + Duration::from_secs(1));
             continue;
         }
+        // With a preemption bound, the actor that moved last goes first while it can move
+        // on; once the bound is used up, it alone does.
+        let mut can_continue = false;
+        if let Some(bound) = config.preemption_bound {
+            let continues = options.iter().position(|action| match action {
+                Action::Step(position) | Action::Wake(position) => Some(actors[*position].id) == last_moved,
+                Action::Advance(_) => false,
+            });
+            if let Some(continues) = continues {
+                let own = options.remove(continues);
+                options.insert(0, own);
+                if preemptions >= bound {
+                    options.truncate(1);
+                }
+                can_continue = true;
+            }
+        }
         let choice = if options.len() == 1 {
             0
         } else {
             chooser.pick(options.len())
         };
+        if can_continue && choice != 0 {
+            preemptions += 1;
+        }
+        last_moved = None;
         match options.swap_remove(choice) {
             Action::Advance(at) => world.clock.set(at),
             action @ (Action::Step(position) | Action::Wake(position)) => {
                 let actor_id = actors[position].id;
+                last_moved = Some(actor_id);
                 // A woken actor moves on from its timer; a stepped one through its gate.
                 if let Action::Step(_) = action {
                     let op = world.gates.lock().waiting.remove(&actor_id).expect("waiting");
