@@ -530,6 +530,11 @@ impl Consumer {
     /// Publishes a committed record's (or entry's) messages, every one or fails (C5);
     /// returns how many went out.
     pub(super) async fn publish(&self, record: &OutboxRecord) -> Result<usize, ConsumeError> {
+        // Nothing to send (an entry whose handler changed its entity and emitted nothing):
+        // no publish at all, nor its span.
+        if record.messages.is_empty() {
+            return Ok(0);
+        }
         let messages: Vec<&OutgoingMessage> = record.messages.iter().collect();
         let clock = self.ports.clock.as_ref();
         let report = publish_all(self.ports.publisher.as_ref(), clock, &messages, self.retry).await;
