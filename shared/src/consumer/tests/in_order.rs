@@ -512,3 +512,59 @@ async fn a_waiting_copy_keeps_within_ten_attributes() {
     assert!(queue.is_empty(), "no copy went back");
     assert!(applied(&backend, "ORDER#a").await.is_empty());
 }
+
+/// A consumer that never sees one message of a chain (a filter policy dropped it) waits
+/// for it for good, visibly: the later message comes back again and again, its delay
+/// growing to the longest, its copy counting its waits from the first, and it is never
+/// applied nor failed (so never in the dead-letter queue): what the wait-age alarm shows.
+#[tokio::test]
+async fn a_message_behind_one_the_consumer_never_sees_waits_for_good_and_says_so() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
+    let queue = backend.publisher.queue(&"inbox".parse().unwrap()).unwrap().clone();
+    let inbox = EmbeddedInbox::new(queue.clone(), clock.clone());
+    let consumer = Consumer::new(
+        "ordered".parse().unwrap(),
+        backend.consumer_ports(clock.clone()),
+        Arc::new(Recording),
+        Duration::from_secs(3600),
+    )
+    .with_requeue(Arc::new(inbox.clone()));
+    let first_wait = crate::ports::Clock::now(clock.as_ref());
+    consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
+    // Seq 2 was filtered away; seq 3 comes.
+    let mut delays = Vec::new();
+    match consumer.consume(&placed("ORDER#a", 3)).await.unwrap() {
+        ConsumeOutcome::Waiting {
+            applied: 1,
+            seq: 3,
+            delay,
+        } => delays.push(delay.as_secs()),
+        other => panic!("{other:?}"),
+    }
+    for _ in 0..12 {
+        clock.advance(Duration::from_secs(901));
+        let copies = inbox
+            .receive(10, Duration::ZERO, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(copies.len(), 1, "the waiting message comes back");
+        let (waits, since) = crate::consumer::in_order::waited(&copies[0], crate::ports::Clock::now(clock.as_ref()));
+        assert_eq!(
+            (waits as usize, since),
+            (delays.len(), first_wait),
+            "it counts its waits from the first"
+        );
+        match consumer.consume(&copies[0]).await.unwrap() {
+            ConsumeOutcome::Waiting {
+                applied: 1,
+                seq: 3,
+                delay,
+            } => delays.push(delay.as_secs()),
+            other => panic!("{other:?}"),
+        }
+        inbox.ack(std::slice::from_ref(&copies[0].receipt)).await.unwrap();
+    }
+    assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 900, 900, 900]);
+    assert_eq!(applied(&backend, "ORDER#a").await, [1], "never applied past the gap");
+}
