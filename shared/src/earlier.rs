@@ -52,25 +52,30 @@ impl Earlier {
     }
 }
 
-/// The pending entries of `entries` that come before `record` in commit order
-/// ([`commit_order`]), in that order. A consumer's entry (its attempt named) is left out:
-/// it is the consumer's to publish and settle, after its dedup record.
+/// The pending entries of `entries` of transactions other than `txn_id`, in commit order
+/// ([`commit_order`]). A consumer's entry (its attempt named) is left out: it is the
+/// consumer's to publish and settle, after its dedup record.
+pub(crate) fn pending_entries<'a>(
+    entries: impl IntoIterator<Item = &'a OutboxRecord>,
+    txn_id: TxnId,
+) -> Vec<OutboxRecord> {
+    let mut pending: Vec<OutboxRecord> = entries
+        .into_iter()
+        .filter(|entry| entry.txn_id != txn_id && entry.state == OutboxState::Pending && entry.attempt.is_none())
+        .cloned()
+        .collect();
+    pending.sort_by_key(commit_order);
+    pending
+}
+
+/// The [`pending_entries`] of `entries` that come before `record` in commit order.
 pub(crate) fn entries_before<'a>(
     entries: impl IntoIterator<Item = &'a OutboxRecord>,
     record: &OutboxRecord,
 ) -> Vec<OutboxRecord> {
     let before = commit_order(record);
-    let mut earlier: Vec<OutboxRecord> = entries
-        .into_iter()
-        .filter(|other| {
-            other.txn_id != record.txn_id
-                && other.state == OutboxState::Pending
-                && other.attempt.is_none()
-                && commit_order(other) < before
-        })
-        .cloned()
-        .collect();
-    earlier.sort_by_key(commit_order);
+    let mut earlier = pending_entries(entries, record.txn_id);
+    earlier.retain(|entry| commit_order(entry) < before);
     earlier
 }
 

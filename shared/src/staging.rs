@@ -196,28 +196,14 @@ impl Staging {
         messages
     }
 
-    /// The entries of transactions other than `txn_id` that item `key` held as read, in
-    /// commit order (their place in its history, else their commit time).
+    /// The pending entries of transactions other than `txn_id` that item `key` held as read,
+    /// in commit order (their place in its history, else their commit time)
+    /// ([`crate::earlier::pending_entries`]).
     pub(crate) fn entries_read(&self, key: &ItemKey, txn_id: TxnId) -> Vec<crate::protocol::OutboxRecord> {
         let keys = self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut earlier: Vec<_> = keys
-            .get(key)
-            .map(|read| {
-                read.entries
-                    .values()
-                    // A consumer's entry (its attempt named) is the consumer's to publish
-                    // and settle: its dedup record must come first.
-                    .filter(|entry| {
-                        entry.txn_id != txn_id
-                            && entry.state == crate::protocol::OutboxState::Pending
-                            && entry.attempt.is_none()
-                    })
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
-        earlier.sort_by_key(crate::protocol::commit_order);
-        earlier
+        keys.get(key)
+            .map(|read| crate::earlier::pending_entries(read.entries.values(), txn_id))
+            .unwrap_or_default()
     }
 
     /// The entity the commit's messages are positioned in, the version it takes it to,

@@ -12,10 +12,10 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::error::SdkError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
+use super::chain::{map_of, whole_number};
+use super::entity::{commit_error, condition_failed};
 use super::DynamoStore;
 use crate::aws::item::{n, Item, Reader};
 use crate::ports::{CommitError, ExpectedVersion, ItemKey, StoreError};
@@ -49,16 +49,8 @@ pub(crate) fn applied_of(layout: &TableLayout, item: &Item) -> Result<AppliedPos
                 .map(|name| (attribute, name, value))
         })
         .map(|(attribute, name, value)| {
-            let fields = value
-                .as_m()
-                .map_err(|_| reader.corrupt(format!("{attribute:?} is not a map")))?;
-            let number = |field: &str| {
-                fields
-                    .get(field)
-                    .and_then(|value| value.as_n().ok())
-                    .and_then(|text| text.parse::<u64>().ok())
-                    .ok_or_else(|| reader.corrupt(format!("{attribute:?} has no whole number {field}")))
-            };
+            let fields = map_of(&reader, attribute, value)?;
+            let number = |field: &str| whole_number(&reader, attribute, fields, field);
             let applied = Applied {
                 seq: number("seq")?,
                 version: number("version")?,
@@ -121,12 +113,9 @@ impl DynamoStore {
             .await;
         match result {
             Ok(_) => Ok(()),
-            Err(SdkError::ServiceError(service))
-                if matches!(service.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
-            {
-                let old = match service.err() {
-                    UpdateItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
-                    _ => None,
+            Err(error) => {
+                let Some(old) = condition_failed(&error) else {
+                    return Err(commit_error(error));
                 };
                 // Set as far by another copy already: done. Otherwise the key changed.
                 let held = old
@@ -140,7 +129,6 @@ impl DynamoStore {
                     _ => Err(CommitError::VersionConflict { key: key.clone() }),
                 }
             }
-            Err(error) => Err(super::entity::commit_error(error)),
         }
     }
 }

@@ -52,16 +52,8 @@ pub(crate) fn heads_of(layout: &TableLayout, item: &Item) -> Result<ChainHeads, 
             let destination: DestinationName = destination
                 .parse()
                 .map_err(|_| reader.corrupt(format!("{name:?} names no destination")))?;
-            let fields = value
-                .as_m()
-                .map_err(|_| reader.corrupt(format!("{name:?} is not a map")))?;
-            let number = |field: &str| {
-                fields
-                    .get(field)
-                    .and_then(|value| value.as_n().ok())
-                    .and_then(|text| text.parse::<u64>().ok())
-                    .ok_or_else(|| reader.corrupt(format!("{name:?} has no whole number {field}")))
-            };
+            let fields = map_of(&reader, name, value)?;
+            let number = |field: &str| whole_number(&reader, name, fields, field);
             let txn = match fields.get("txn") {
                 None => None,
                 Some(value) => Some(
@@ -80,6 +72,31 @@ pub(crate) fn heads_of(layout: &TableLayout, item: &Item) -> Result<ChainHeads, 
             Ok((destination, head))
         })
         .collect()
+}
+
+/// Map attribute `name` of the item `reader` reads, or the item's corruption.
+pub(super) fn map_of<'v>(
+    reader: &Reader<'_>,
+    name: &str,
+    value: &'v AttributeValue,
+) -> Result<&'v HashMap<String, AttributeValue>, StoreError> {
+    value
+        .as_m()
+        .map_err(|_| reader.corrupt(format!("{name:?} is not a map")))
+}
+
+/// Whole number `field` of map attribute `name` (`fields`), or the item's corruption.
+pub(super) fn whole_number(
+    reader: &Reader<'_>,
+    name: &str,
+    fields: &HashMap<String, AttributeValue>,
+    field: &str,
+) -> Result<u64, StoreError> {
+    fields
+        .get(field)
+        .and_then(|value| value.as_n().ok())
+        .and_then(|text| text.parse::<u64>().ok())
+        .ok_or_else(|| reader.corrupt(format!("{name:?} has no whole number {field}")))
 }
 
 /// The heads a commit of one item sets: those its messages positioned in the item move,

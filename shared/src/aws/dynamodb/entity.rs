@@ -126,6 +126,18 @@ fn judge(layout: &TableLayout, commit: &EntityCommit, old: Option<&Item>) -> Ver
     }
 }
 
+/// The old item an `UpdateItem` whose condition failed returned (`Some(None)`: the engine
+/// left it out, or there was none); `None` for any other error.
+pub(super) fn condition_failed<R>(error: &SdkError<UpdateItemError, R>) -> Option<Option<Item>> {
+    match error {
+        SdkError::ServiceError(service) => match service.err() {
+            UpdateItemError::ConditionalCheckFailedException(failed) => Some(failed.item().cloned()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// A failed write's error, as the commit reports it.
 pub(super) fn commit_error<E, R>(error: SdkError<E, R>) -> CommitError
 where
@@ -325,16 +337,10 @@ impl DynamoStore {
             .await;
         match result {
             Ok(_) => Ok(Verdict::Decided(Ok(()))),
-            Err(SdkError::ServiceError(service))
-                if matches!(service.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
-            {
-                let old = match service.err() {
-                    UpdateItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
-                    _ => None,
-                };
-                self.judge_old(commit, old).await
-            }
-            Err(error) => Err(commit_error(error)),
+            Err(error) => match condition_failed(&error) {
+                Some(old) => self.judge_old(commit, old).await,
+                None => Err(commit_error(error)),
+            },
         }
     }
 
@@ -421,12 +427,9 @@ impl DynamoStore {
             .await;
         match result {
             Ok(_) => Ok(()),
-            Err(SdkError::ServiceError(service))
-                if matches!(service.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
-            {
-                let old = match service.err() {
-                    UpdateItemError::ConditionalCheckFailedException(failed) => failed.item().cloned(),
-                    _ => None,
+            Err(error) => {
+                let Some(old) = condition_failed(&error) else {
+                    return Err(unavailable(error));
                 };
                 // From an engine that leaves the old item out: read it.
                 let old = match old {
@@ -447,7 +450,6 @@ impl DynamoStore {
                 }
                 Ok(())
             }
-            Err(error) => Err(unavailable(error)),
         }
     }
 

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 
 use super::super::*;
-use crate::embedded::{EmbeddedBackend, EmbeddedInbox, ManualClock};
+use crate::embedded::{EmbeddedBackend, EmbeddedInbox, EmbeddedQueue, ManualClock};
 use crate::ports::{ExpectedVersion, Inbox, ItemKey};
 use crate::protocol::{Position, MESSAGE_ID_ATTRIBUTE};
 use crate::time::Timestamp;
@@ -81,6 +81,24 @@ fn ordered_world(handler: Arc<dyn Handler>) -> (Arc<ManualClock>, EmbeddedBacken
     (clock, backend, consumer)
 }
 
+/// [`ordered_world`] with a way back for a waiting message: the embedded inbox of
+/// `inbox`, whose queue it returns too.
+fn requeueing_world(
+    handler: Arc<dyn Handler>,
+) -> (
+    Arc<ManualClock>,
+    EmbeddedBackend,
+    Arc<EmbeddedQueue>,
+    EmbeddedInbox,
+    Consumer,
+) {
+    let (clock, backend, consumer) = ordered_world(handler);
+    let queue = backend.publisher.queue(&"inbox".parse().unwrap()).unwrap().clone();
+    let inbox = EmbeddedInbox::new(queue.clone(), clock.clone());
+    let consumer = consumer.with_requeue(Arc::new(inbox.clone()));
+    (clock, backend, queue, inbox, consumer)
+}
+
 fn permutations(items: &[Delivery]) -> Vec<Vec<Delivery>> {
     if items.len() <= 1 {
         return vec![items.to_vec()];
@@ -148,17 +166,7 @@ async fn explore(
     let (mut waited, mut duplicates) = (0, 0);
     let mut explored = Vec::new();
     for schedule in permutations(deliveries) {
-        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
-        let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
-        let queue = backend.publisher.queue(&"inbox".parse().unwrap()).unwrap().clone();
-        let inbox = EmbeddedInbox::new(queue.clone(), clock.clone());
-        let consumer = Consumer::new(
-            "ordered".parse().unwrap(),
-            backend.consumer_ports(clock.clone()),
-            handler.clone(),
-            Duration::from_secs(3600),
-        )
-        .with_requeue(Arc::new(inbox.clone()));
+        let (clock, backend, queue, inbox, consumer) = requeueing_world(handler.clone());
         let order: Vec<String> = schedule.iter().map(|d| d.message_id.clone()).collect();
         for delivery in &schedule {
             match consumer.consume(delivery).await {
@@ -442,17 +450,7 @@ async fn in_entity_mode_a_chain_continues_from_its_position_item() {
 #[tokio::test]
 async fn a_waiting_copy_keeps_within_ten_attributes() {
     use crate::consumer::in_order::{WAITING_SINCE_ATTRIBUTE, WAITS_ATTRIBUTE, WAIT_ATTRIBUTE};
-    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
-    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
-    let queue = backend.publisher.queue(&"inbox".parse().unwrap()).unwrap().clone();
-    let inbox = EmbeddedInbox::new(queue.clone(), clock.clone());
-    let consumer = Consumer::new(
-        "ordered".parse().unwrap(),
-        backend.consumer_ports(clock.clone()),
-        Arc::new(Recording),
-        Duration::from_secs(3600),
-    )
-    .with_requeue(Arc::new(inbox.clone()));
+    let (clock, backend, queue, inbox, consumer) = requeueing_world(Arc::new(Recording));
     let with_own = |seq: u64, own: usize| {
         let mut delivery = placed("ORDER#a", seq);
         for index in 0..own {
@@ -519,17 +517,7 @@ async fn a_waiting_copy_keeps_within_ten_attributes() {
 /// applied nor failed (so never in the dead-letter queue): what the wait-age alarm shows.
 #[tokio::test]
 async fn a_message_behind_one_the_consumer_never_sees_waits_for_good_and_says_so() {
-    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
-    let backend = EmbeddedBackend::new(clock.clone(), [("inbox".parse().unwrap(), false)]);
-    let queue = backend.publisher.queue(&"inbox".parse().unwrap()).unwrap().clone();
-    let inbox = EmbeddedInbox::new(queue.clone(), clock.clone());
-    let consumer = Consumer::new(
-        "ordered".parse().unwrap(),
-        backend.consumer_ports(clock.clone()),
-        Arc::new(Recording),
-        Duration::from_secs(3600),
-    )
-    .with_requeue(Arc::new(inbox.clone()));
+    let (clock, backend, _queue, inbox, consumer) = requeueing_world(Arc::new(Recording));
     let first_wait = crate::ports::Clock::now(clock.as_ref());
     consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
     // Seq 2 was filtered away; seq 3 comes.
