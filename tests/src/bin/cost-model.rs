@@ -97,6 +97,16 @@ const POWERTOOLS_RECORD_BYTES: usize = 300;
 const NSERVICEBUS_HEADER_BYTES: usize = 700;
 
 /// Calls by operation, as the counter reports them (operations not called left out).
+/// What a copy of a consumed message reads: its dedup record, and in entity mode its
+/// entity first.
+fn copy_reads(entity: bool) -> BTreeMap<String, usize> {
+    if entity {
+        counts(&[("BatchGetItem", 1), ("GetItem", 1)])
+    } else {
+        counts(&[("BatchGetItem", 1)])
+    }
+}
+
 fn counts(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
     pairs
         .iter()
@@ -869,11 +879,7 @@ impl Rig {
             ConsumeOutcome::Duplicate
         );
         let (calls, duplicate) = self.snapshot();
-        let copy_reads = if entity {
-            counts(&[("BatchGetItem", 1), ("GetItem", 1)])
-        } else {
-            counts(&[("BatchGetItem", 1)])
-        };
+        let copy_reads = copy_reads(entity);
         assert_eq!(calls, copy_reads, "a copy: its reads");
         assert_eq!(
             self.backend.drain(&"events".parse().unwrap()).await.len(),
@@ -980,11 +986,7 @@ impl Rig {
             ConsumeOutcome::Duplicate
         );
         let (calls, _) = self.snapshot();
-        let copy_reads = if entity {
-            counts(&[("BatchGetItem", 1), ("GetItem", 1)])
-        } else {
-            counts(&[("BatchGetItem", 1)])
-        };
+        let copy_reads = copy_reads(entity);
         assert_eq!(
             calls, copy_reads,
             "in order, a copy: the reads of a copy out of order (its record before the gate)"
