@@ -930,14 +930,15 @@ impl Rig {
             assert_eq!(
                 calls,
                 counts(&[
-                    ("BatchGetItem", 2),
+                    ("BatchGetItem", 3),
                     ("GetItem", 1),
                     ("PutItem", 1),
                     ("SendMessageBatch", 1),
                     ("UpdateItem", 2)
                 ]),
                 "in order, entity mode: the calls of the entity-mode consumer (the position read with the \
-                 missing entity's key, moved by the entity's write)"
+                 missing entity's key, moved by the entity's write), and for a chain's first message in \
+                 the key the position item a chain of the transactional mode continues from"
             );
             assert!(position_item.is_empty(), "in entity mode, no position item");
             let kept = store
