@@ -13,7 +13,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-use outbox::http::{enforce_deadline, Deadlines, UncompressedThroughRestApiLayer};
+use outbox::http::{enforce_deadline, Authentication, Deadlines, UncompressedThroughRestApiLayer};
 
 use crate::error::ApiError;
 use crate::orders::handlers;
@@ -30,6 +30,9 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// Origins allowed by CORS; `*` allows any; empty allows none.
     pub cors_origins: Vec<String>,
+    /// What a request without a caller verified by API Gateway's authorizer gets: 401,
+    /// or the development caller ([`outbox::http::caller`]).
+    pub authentication: Authentication,
 }
 
 impl Default for HttpConfig {
@@ -38,6 +41,7 @@ impl Default for HttpConfig {
             timeout: Duration::from_secs(10),
             max_body_bytes: 64 * 1024,
             cors_origins: Vec::new(),
+            authentication: Authentication::Off,
         }
     }
 }
@@ -56,6 +60,7 @@ fn cors(origins: &[String]) -> CorsLayer {
     let layer = CorsLayer::new()
         .allow_methods([Method::GET, Method::POST, Method::DELETE])
         .allow_headers([
+            axum::http::header::AUTHORIZATION,
             axum::http::header::CONTENT_TYPE,
             axum::http::header::IF_MATCH,
             HeaderName::from_static("idempotency-key"),
@@ -106,6 +111,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             enforce_deadline,
         ))
         .route_layer(axum::middleware::from_fn(record_route))
+        .layer(axum::Extension(config.authentication))
         .with_state(state);
     let routes = outbox::http::serve_under_stage(routes);
     routes.layer(
@@ -115,7 +121,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             // (`outbox::http::problem::respond`): not again here.
             .layer(TraceLayer::new_for_http().on_failure(()).make_span_with(|request: &Request<_>| {
                 let request_id = request.extensions().get::<RequestId>().and_then(|id| id.header_value().to_str().ok()).unwrap_or("");
-                let span = tracing::info_span!("request", request_id = %request_id, method = %request.method(), path = %request.uri().path(), route = tracing::field::Empty);
+                let span = tracing::info_span!("request", request_id = %request_id, method = %request.method(), path = %request.uri().path(), route = tracing::field::Empty, caller = tracing::field::Empty);
                 // The caller's trace (traceparent, or X-Ray's header), which the
                 // transaction and every message it commits carry on.
                 outbox::http::trace::continue_request(&span, request);

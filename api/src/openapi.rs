@@ -6,7 +6,10 @@
 use std::sync::OnceLock;
 
 use axum::Json;
-use utoipa::OpenApi;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement};
+use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, ResponseBuilder, Type};
+use utoipa::{Modify, OpenApi};
 
 use crate::error::{FieldError, Problem};
 use crate::orders::handlers;
@@ -37,9 +40,107 @@ use crate::transactions::{self, TransactionState, TransactionStatus};
         TransactionState,
         Problem,
         FieldError
-    ))
+    )),
+    modifiers(&SignIn)
 )]
 pub struct ApiDoc;
+
+/// The name of the security scheme: a bearer JWT that API Gateway's authorizer verifies.
+pub const SECURITY_SCHEME: &str = "bearer";
+
+/// The scope a token needs to read (`GET`).
+pub const READ_SCOPE: &str = "orders/read";
+
+/// The scope a token needs to change anything (every other method).
+pub const WRITE_SCOPE: &str = "orders/write";
+
+/// The scope each route needs: reading for `GET`, writing for the rest.
+pub fn scope_for(method: &axum::http::Method) -> &'static str {
+    if method == axum::http::Method::GET {
+        READ_SCOPE
+    } else {
+        WRITE_SCOPE
+    }
+}
+
+/// Sign-in, stated in the document: the bearer scheme, each operation's scope, and the
+/// answers API Gateway gives before the API runs (401 without a valid token, 403 without
+/// the route's scope, 429 over the stage's throttling), besides the API's own 401 when a
+/// request reaches it without a verified caller.
+struct SignIn;
+
+impl Modify for SignIn {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            SECURITY_SCHEME,
+            utoipa::openapi::security::SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "An access token of the stack's user pool (or the configured issuer), verified by API Gateway",
+                    ))
+                    .build(),
+            ),
+        );
+        for item in openapi.paths.paths.values_mut() {
+            let operations: [(axum::http::Method, &mut Option<Operation>); 4] = [
+                (axum::http::Method::GET, &mut item.get),
+                (axum::http::Method::POST, &mut item.post),
+                (axum::http::Method::PUT, &mut item.put),
+                (axum::http::Method::DELETE, &mut item.delete),
+            ];
+            for (method, operation) in operations {
+                let Some(operation) = operation.as_mut() else { continue };
+                operation.security = Some(vec![SecurityRequirement::new(SECURITY_SCHEME, [scope_for(&method)])]);
+                let responses = &mut operation.responses.responses;
+                responses.insert(
+                    "401".into(),
+                    ResponseBuilder::new()
+                        .description("No valid token: API Gateway's answer, or the API's own (problem+json) when a request reaches it without a verified caller")
+                        .content("application/json", gateway_message())
+                        .content(
+                            "application/problem+json",
+                            ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build(),
+                        )
+                        .build()
+                        .into(),
+                );
+                responses.insert(
+                    "403".into(),
+                    ResponseBuilder::new()
+                        .description(format!(
+                            "The token lacks the scope {} (API Gateway's answer)",
+                            scope_for(&method)
+                        ))
+                        .content("application/json", gateway_message())
+                        .build()
+                        .into(),
+                );
+                responses.insert(
+                    "429".into(),
+                    ResponseBuilder::new()
+                        .description("Over the stage's throttling limits (API Gateway's answer): nothing was written; retry later")
+                        .content("application/json", gateway_message())
+                        .build()
+                        .into(),
+                );
+            }
+        }
+    }
+}
+
+/// API Gateway's own answers: `{"message": "Unauthorized"}` and the like.
+fn gateway_message() -> utoipa::openapi::Content {
+    ContentBuilder::new()
+        .schema(Some(
+            ObjectBuilder::new()
+                .property("message", ObjectBuilder::new().schema_type(Type::String))
+                .required("message"),
+        ))
+        .build()
+}
 
 /// The document, built once.
 pub fn document() -> &'static utoipa::openapi::OpenApi {

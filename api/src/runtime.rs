@@ -89,6 +89,7 @@ pub fn http_config(settings: &Settings) -> HttpConfig {
         timeout: settings.api_timeout,
         max_body_bytes: settings.max_request_bytes,
         cors_origins: settings.cors_allowed_origins.clone(),
+        authentication: settings.authentication,
     }
 }
 

@@ -73,6 +73,9 @@ pub struct StatusQuery {
     ))]
 pub async fn transactions_get(
     State(state): State<AppState>,
+    // Any caller may ask: the id is unguessable, and the status tells nothing of what
+    // the transaction changed.
+    _caller: outbox::http::Caller,
     Path(id): Path<String>,
     query: Result<Query<StatusQuery>, QueryRejection>,
 ) -> Result<Json<TransactionStatus>, ApiError> {

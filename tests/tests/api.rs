@@ -16,6 +16,7 @@ use http_body_util::BodyExt;
 use outbox::control::poller::poll_once;
 use outbox::control::ControlPath;
 use outbox::embedded::{EmbeddedBackend, ManualClock};
+use outbox::http::Authentication;
 use outbox::ports::{Clock, ControlQueue, QueueError, Store};
 use outbox::protocol::{ControlMessage, DestinationName};
 use outbox::request::{Outbox, RequestPorts};
@@ -47,6 +48,7 @@ fn config() -> HttpConfig {
         timeout: Duration::from_secs(5),
         max_body_bytes: 4096,
         cors_origins: vec!["https://shop.example".into()],
+        authentication: Authentication::Off,
     }
 }
 
@@ -2197,4 +2199,177 @@ async fn every_header_an_answer_naming_its_transaction_carries_is_documented() {
             );
         }
     }
+}
+
+/// A request as API Gateway's HTTP API hands it over once its JWT authorizer verified the
+/// caller's token: SAM's HTTP API event (tests/fixtures/generate) on `method` and `path`
+/// with `body`, its claims with `sub` set to `subject` (SAM's event has none), read by
+/// `lambda_http` as on Lambda.
+fn signed_in(subject: Option<&str>, method: Method, path: &str, body: Option<&Value>) -> Request<Body> {
+    let mut event: Value = serde_json::from_str(include_str!("../fixtures/sam_http_api_create_order.json")).unwrap();
+    event["rawPath"] = json!(path);
+    event["rawQueryString"] = json!("");
+    event["queryStringParameters"] = json!({});
+    event["requestContext"]["http"]["method"] = json!(method.as_str());
+    event["requestContext"]["http"]["path"] = json!(path);
+    event["isBase64Encoded"] = json!(false);
+    event["body"] = body.map_or(Value::Null, |body| json!(body.to_string()));
+    if let Some(subject) = subject {
+        event["requestContext"]["authorizer"]["jwt"]["claims"]["sub"] = json!(subject);
+    }
+    let request = lambda_http::request::from_str(&event.to_string()).expect("an HTTP API event");
+    request.map(|body| Body::from(body.to_vec()))
+}
+
+/// An order belongs to the caller who placed it (the subject of their token): another
+/// caller reads it, changes it and cancels it as if it did not exist (404, the change's
+/// answer naming its transaction, nothing written), while its owner does all three; the
+/// same `Idempotency-Key` from two callers makes two orders, never one's replay for the
+/// other.
+#[tokio::test]
+async fn an_order_is_its_callers_and_another_caller_finds_nothing() {
+    let app = app();
+    let placed = app
+        .send(signed_in(Some("alice"), Method::POST, "/orders", Some(&new_order())))
+        .await;
+    assert_eq!(placed.status, StatusCode::CREATED, "{}", placed.body);
+    let id = placed.body["id"].as_str().unwrap().to_owned();
+    let path = format!("/orders/{id}");
+    let item = json!({"sku": "SKU-2", "quantity": 1, "unit_price_cents": 100});
+
+    let read = app.send(signed_in(Some("bob"), Method::GET, &path, None)).await;
+    assert_eq!(read.status, StatusCode::NOT_FOUND, "{}", read.body);
+    assert_eq!(
+        read.body["detail"],
+        json!(format!("no order {id}")),
+        "as for no order at all"
+    );
+    let items = format!("{path}/items");
+    let cancel = format!("{path}/cancel");
+    for (method, target, body) in [
+        (Method::POST, items.as_str(), Some(&item)),
+        (Method::DELETE, &format!("{path}/items/SKU-1"), None),
+        (Method::POST, cancel.as_str(), None),
+    ] {
+        let changed = app.send(signed_in(Some("bob"), method.clone(), target, body)).await;
+        assert_eq!(
+            changed.status,
+            StatusCode::NOT_FOUND,
+            "{method} {target}: {}",
+            changed.body
+        );
+        assert!(
+            changed.headers.contains_key("x-transaction-id"),
+            "{method} {target}: the answer names the transaction it began"
+        );
+    }
+    app.settle().await;
+    let mine = app.send(signed_in(Some("alice"), Method::GET, &path, None)).await;
+    assert_eq!(
+        (mine.status, mine.body["version"].clone(), mine.body["status"].clone()),
+        (StatusCode::OK, json!(1), json!("placed")),
+        "nothing another caller sent changed it: {}",
+        mine.body
+    );
+    assert_eq!(
+        app.published().len(),
+        1,
+        "one event: the placing; another caller's tries emitted nothing"
+    );
+    let added = app
+        .send(signed_in(Some("alice"), Method::POST, &items, Some(&item)))
+        .await;
+    assert_eq!(
+        (added.status, added.body["version"].clone()),
+        (StatusCode::OK, json!(2))
+    );
+    let development = app.send(empty(Method::GET, &path)).await;
+    assert_eq!(
+        development.status,
+        StatusCode::NOT_FOUND,
+        "with sign-in off, a request without a token is the development caller, not Alice"
+    );
+
+    let keyed = |subject: &'static str, customer: &str| {
+        let mut request = signed_in(
+            Some(subject),
+            Method::POST,
+            "/orders",
+            Some(&json!({"customer_id": customer, "items": [{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 1}]})),
+        );
+        request
+            .headers_mut()
+            .insert("idempotency-key", "\"one-key\"".parse().unwrap());
+        request
+    };
+    let alices = app.send(keyed("alice", "c-alice")).await;
+    let bobs = app.send(keyed("bob", "c-bob")).await;
+    assert_eq!(
+        (alices.status, bobs.status),
+        (StatusCode::CREATED, StatusCode::CREATED),
+        "one key, two callers, two different requests: neither is refused as a reuse ({})",
+        bobs.body
+    );
+    assert_ne!(alices.body["id"], bobs.body["id"], "two orders");
+    assert!(
+        !bobs.headers.contains_key("idempotent-replayed"),
+        "Bob never gets Alice's answer"
+    );
+    let again = app.send(keyed("bob", "c-bob")).await;
+    assert_eq!(
+        (
+            again.status,
+            again.body["id"].clone(),
+            again.headers.get("idempotent-replayed").cloned()
+        ),
+        (
+            StatusCode::CREATED,
+            bobs.body["id"].clone(),
+            Some("true".parse().unwrap())
+        ),
+        "Bob's own repeat replays Bob's answer"
+    );
+}
+
+/// With sign-in required (`OUTBOX_AUTH=jwt`, the default on Lambda), a request that
+/// reaches the API without a caller verified by API Gateway (SAM's event, whose claims
+/// have no subject, or none at all) is a 401 problem before anything begins: no
+/// transaction, no control message; the OpenAPI document stays open, and a verified
+/// caller is served.
+#[tokio::test]
+async fn without_a_verified_caller_a_signed_in_api_answers_401_and_writes_nothing() {
+    let config = HttpConfig {
+        authentication: Authentication::Jwt,
+        ..config()
+    };
+    let app = app_with_config(|backend, clock| backend.request_ports(clock), config);
+    let unsigned = [
+        signed_in(None, Method::POST, "/orders", Some(&new_order())),
+        json_request(Method::POST, "/orders", &new_order()),
+        empty(Method::GET, "/orders/018bcfe5-6800-7000-8000-000000000000"),
+        empty(Method::POST, "/orders/018bcfe5-6800-7000-8000-000000000000/cancel"),
+        empty(Method::GET, "/transactions/018bcfe5-6800-7000-8000-000000000000"),
+    ];
+    for request in unsigned {
+        let target = format!("{} {}", request.method(), request.uri());
+        let reply = app.send(request).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{target}: {}", reply.body);
+        assert_eq!(reply.headers["content-type"], "application/problem+json", "{target}");
+        assert_eq!(reply.headers["www-authenticate"], "Bearer", "{target}");
+        assert_eq!(reply.body["type"], "/problems/unauthenticated", "{target}");
+        assert!(
+            !reply.headers.contains_key("x-transaction-id"),
+            "{target}: nothing began"
+        );
+    }
+    assert!(
+        app.backend.control_queue.queue().is_empty(),
+        "no control message went out"
+    );
+    let document = app.send(empty(Method::GET, "/openapi.json")).await;
+    assert_eq!(document.status, StatusCode::OK, "the document needs no token");
+    let placed = app
+        .send(signed_in(Some("alice"), Method::POST, "/orders", Some(&new_order())))
+        .await;
+    assert_eq!(placed.status, StatusCode::CREATED, "{}", placed.body);
 }

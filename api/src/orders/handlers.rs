@@ -15,7 +15,7 @@ use outbox::protocol::Message;
 use outbox::request::{Transaction, TxnError};
 use uuid::Uuid;
 
-use outbox::http::{etag, Answer, Begun, Idempotency, Idempotent, IfMatch, RequestScope};
+use outbox::http::{etag, Answer, Begun, Caller, Idempotency, Idempotent, IfMatch, RequestScope};
 
 use super::model::{self, CreateOrder, Event, LineItem, Order, OrderView};
 use crate::error::{ApiError, FieldError, Problem, TRANSACTION_ID_HEADER};
@@ -38,8 +38,10 @@ fn parse_id(text: &str) -> Result<Uuid, ApiError> {
     Uuid::try_parse(text).map_err(|_| invalid())
 }
 
-async fn load(state: &AppState, id: Uuid) -> Result<Option<(Order, u64)>, ApiError> {
-    Ok(read(state, id).await?.0)
+/// Order `id` as `caller` may see it: none when it is another caller's, exactly as when
+/// there is no such order, so that nobody learns which ids other callers hold.
+fn owned_by(order: Option<(Order, u64)>, caller: &Caller) -> Option<(Order, u64)> {
+    order.filter(|(order, _)| order.owner == caller.id())
 }
 
 /// Order `id` as read, with what its key keeps across its lives (its version and its
@@ -178,6 +180,7 @@ async fn begin(
     ))]
 pub async fn orders_create(
     State(state): State<AppState>,
+    caller: Caller,
     scope: RequestScope,
     Idempotent { idempotency, body }: Idempotent<JsonBody<CreateOrder>>,
 ) -> Result<Response, ApiError> {
@@ -190,7 +193,7 @@ pub async fn orders_create(
         Begun::Replay(replay) => return Ok(replay),
         Begun::Started(txn) => txn,
     };
-    let (order, event) = model::place(id, body.value);
+    let (order, event) = model::place(id, &caller, body.value);
     let change = Change {
         status: StatusCode::CREATED,
         view: order.view(1),
@@ -211,11 +214,14 @@ pub async fn orders_create(
         (status = 503, description = "The order cannot be read now, or the request timed out", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = inline(schema::RetryAfter)))),
     ))]
-pub async fn orders_get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn orders_get(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let (order, version) = load(&state, id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no order {id}")))?;
+    let (order, version) =
+        owned_by(read(&state, id).await?.0, &caller).ok_or_else(|| ApiError::NotFound(format!("no order {id}")))?;
     Ok(order_response(StatusCode::OK, &order.view(version), false).into_response())
 }
 
@@ -223,6 +229,7 @@ pub async fn orders_get(State(state): State<AppState>, Path(id): Path<String>) -
 async fn change_order(
     state: &AppState,
     scope: &RequestScope,
+    caller: &Caller,
     id: Uuid,
     if_match: IfMatch,
     idempotency: Option<Idempotency>,
@@ -245,7 +252,8 @@ async fn change_order(
         None => error,
     };
     let (loaded, key_read) = loaded.map_err(named)?;
-    let (order, version) = loaded.ok_or_else(|| named(ApiError::NotFound(format!("no order {id}"))))?;
+    let (order, version) =
+        owned_by(loaded, caller).ok_or_else(|| named(ApiError::NotFound(format!("no order {id}"))))?;
     if !if_match.allows(version) {
         return Err(named(ApiError::PreconditionFailed));
     }
@@ -322,6 +330,7 @@ async fn change_order(
     ))]
 pub async fn orders_add_item(
     State(state): State<AppState>,
+    caller: Caller,
     scope: RequestScope,
     Path(id): Path<String>,
     if_match: IfMatch,
@@ -330,7 +339,7 @@ pub async fn orders_add_item(
     let id = parse_id(&id)?;
     body.value.validate()?;
     let item = body.value;
-    change_order(&state, &scope, id, if_match, idempotency, move |order| {
+    change_order(&state, &scope, &caller, id, if_match, idempotency, move |order| {
         model::add_item(order, item)
     })
     .await
@@ -367,6 +376,7 @@ pub async fn orders_add_item(
     ))]
 pub async fn orders_remove_item(
     State(state): State<AppState>,
+    caller: Caller,
     scope: RequestScope,
     Path((id, sku)): Path<(String, String)>,
     if_match: IfMatch,
@@ -374,7 +384,7 @@ pub async fn orders_remove_item(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     model::check_sku(&sku, "sku").map_err(|error| ApiError::Validation(vec![error]))?;
-    change_order(&state, &scope, id, if_match, idempotency, move |order| {
+    change_order(&state, &scope, &caller, id, if_match, idempotency, move |order| {
         model::remove_item(order, &sku)
     })
     .await
@@ -410,13 +420,14 @@ pub async fn orders_remove_item(
     ))]
 pub async fn orders_cancel(
     State(state): State<AppState>,
+    caller: Caller,
     scope: RequestScope,
     Path(id): Path<String>,
     if_match: IfMatch,
     Idempotent { idempotency, .. }: Idempotent<Bytes>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    change_order(&state, &scope, id, if_match, idempotency, |order| {
+    change_order(&state, &scope, &caller, id, if_match, idempotency, |order| {
         Ok(model::cancel(order))
     })
     .await

@@ -11,6 +11,8 @@ use utoipa::openapi::Ref;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use outbox::http::Caller;
+
 use crate::error::{ApiError, FieldError};
 use crate::rules::{self, schema};
 use crate::strict;
@@ -56,6 +58,14 @@ pub struct Order {
     pub items: Vec<LineItem>,
     /// Its status.
     pub status: OrderStatus,
+    /// The caller who placed it (the subject of their token): only they read or change
+    /// it. An order stored before callers were known is the development caller's.
+    #[serde(default = "development_caller")]
+    pub owner: String,
+}
+
+fn development_caller() -> String {
+    outbox::http::Caller::DEVELOPMENT.to_owned()
 }
 
 /// An order as the API shows it.
@@ -212,12 +222,13 @@ impl LineItem {
 }
 
 /// Places a new order.
-pub fn place(id: Uuid, request: CreateOrder) -> (Order, Event) {
+pub fn place(id: Uuid, owner: &Caller, request: CreateOrder) -> (Order, Event) {
     let order = Order {
         id,
         customer_id: request.customer_id,
         items: request.items,
         status: OrderStatus::Placed,
+        owner: owner.id().to_owned(),
     };
     let event = Event {
         name: "OrderPlaced",
@@ -313,6 +324,7 @@ mod tests {
     fn order() -> Order {
         place(
             Uuid::nil(),
+            &Caller::development(),
             CreateOrder {
                 customer_id: "c-1".into(),
                 items: vec![item("SKU-1", 2)],
@@ -361,6 +373,7 @@ mod tests {
     fn totals_sum_quantity_times_price() {
         let order = place(
             Uuid::nil(),
+            &Caller::development(),
             CreateOrder {
                 customer_id: "c".into(),
                 items: vec![item("A", 2), item("B", 3)],

@@ -29,6 +29,10 @@ pub enum HttpError {
         /// What is wrong.
         detail: String,
     },
+    /// The request carries no verified caller, and the service requires one (401,
+    /// [`super::caller::Authentication::Jwt`]).
+    #[error("no verified caller")]
+    Unauthenticated,
     /// The idempotency key was used for a different request (422).
     #[error("idempotency key reused for a different request")]
     IdempotencyKeyReused,
@@ -116,6 +120,8 @@ impl HttpError {
             Self::Precondition(error) => transaction_problem(error, true),
             Self::InvalidHeader { header, detail } => Problem::new(S::BAD_REQUEST, "invalid-header", "Invalid header")
                 .with_detail(format!("{header}: {detail}")),
+            Self::Unauthenticated => Problem::new(S::UNAUTHORIZED, "unauthenticated", "Unauthenticated")
+                .with_detail("this request carries no verified token; sign in and send it as Authorization: Bearer"),
             Self::IdempotencyKeyReused => Problem::new(
                 S::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",
@@ -177,7 +183,14 @@ pub fn timeout_problem(progress: Progress) -> Problem {
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        respond(&self, self.problem())
+        let mut response = respond(&self, self.problem());
+        if matches!(self, Self::Unauthenticated) {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
     }
 }
 

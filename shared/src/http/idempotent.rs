@@ -5,6 +5,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, FromRequestParts, OriginalUri, Request};
 use axum::response::{IntoResponse, Response};
 
+use super::caller::Caller;
 use super::error::HttpError;
 use super::headers::IdempotencyKeyHeader;
 use super::idempotency::Idempotency;
@@ -16,8 +17,9 @@ use super::scope::RequestScope;
 /// [`RequestScope::begin`]: it replays a repeat, and stores the answer of a new request.
 ///
 /// The key's record is kept under the service's name (the request path's
-/// [`crate::request::Outbox::service_name`]), so that services sharing a table never
-/// share keys; the fingerprint is the method, the path as the client sent it and the
+/// [`crate::request::Outbox::service_name`]) and the [`Caller`], so that neither services
+/// sharing a table nor two callers ever share keys (a request with a key and no caller
+/// the service accepts is refused, 401); the fingerprint is the method, the path as the client sent it and the
 /// body's bytes. Without a key the body is not buffered here.
 #[derive(Debug)]
 pub struct Idempotent<T> {
@@ -48,6 +50,9 @@ where
                 body,
             });
         };
+        let caller = Caller::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
         let scope = RequestScope::from_request_parts(&mut parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
@@ -65,7 +70,13 @@ where
         let bytes = Bytes::from_request(copy, state)
             .await
             .map_err(|rejection| HttpError::unreadable_body(&rejection).into_response())?;
-        let idempotency = Idempotency::new(scope.outbox().service_name(), &key, &parts.method, &path, &bytes);
+        let idempotency = Idempotency::new(
+            &caller.key_scope(scope.outbox().service_name()),
+            &key,
+            &parts.method,
+            &path,
+            &bytes,
+        );
         let body = T::from_request(Request::from_parts(parts, Body::from(bytes)), state)
             .await
             .map_err(IntoResponse::into_response)?;

@@ -4,6 +4,8 @@
 //! - [`problem`]: RFC 9457 `application/problem+json` answers, and the one mapping from a
 //!   [`TxnError`](crate::request::TxnError) to its status (409, 412, 422, 503 with
 //!   `Retry-After`), always naming the transaction once one began.
+//! - [`caller`]: who calls ([`Caller`]): the subject of the token API Gateway's JWT
+//!   authorizer verified, or the development caller where sign-in is off.
 //! - [`headers`]: the `Idempotency-Key` and `If-Match` extractors, and ETags.
 //! - [`idempotency`] and `idempotent`: the [`Idempotent`] extractor (a request's key and fingerprint, from
 //!   its method, path and body), the stored answer's replay.
@@ -53,6 +55,7 @@
 //! ```
 
 mod answer;
+pub mod caller;
 #[cfg(feature = "lambda")]
 pub mod compression;
 mod error;
@@ -73,6 +76,7 @@ pub mod trace;
 
 #[cfg(feature = "lambda")]
 pub use compression::UncompressedThroughRestApiLayer;
+pub use caller::{Authentication, Caller};
 pub use error::HttpError;
 pub use headers::{etag, IdempotencyKeyHeader, IfMatch};
 pub use idempotency::Idempotency;

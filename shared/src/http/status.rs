@@ -49,8 +49,12 @@ pub struct StatusQuery {
     pub item: Option<String>,
 }
 
-/// `GET /transactions/{id}[?item=...]`.
+/// `GET /transactions/{id}[?item=...]`, for any caller the service accepts
+/// ([`super::Caller`]): a transaction's id is not guessable (a UUID v7 whose 32 last
+/// bits are random, besides its time and a counter, each guess a throttled request),
+/// and its status says only how far the transaction got, nothing of what it changed.
 pub async fn transaction_status(
+    _caller: super::Caller,
     scope: RequestScope,
     id: Result<Path<String>, PathRejection>,
     query: Result<Query<StatusQuery>, QueryRejection>,

@@ -230,7 +230,8 @@ impl Running {
     /// deadline (the Lambda invocation's, or `OUTBOX_API_TIMEOUT_SECONDS`), which the
     /// [`crate::http::RequestScope`] extractor needs, every answer that names a
     /// transaction linking its status (`Link: <…>; rel="status"`), and bodies over
-    /// `OUTBOX_MAX_REQUEST_BYTES` refused. `app` must not route `/transactions/{id}`
+    /// `OUTBOX_MAX_REQUEST_BYTES` refused, and requests without a verified caller
+    /// answered as `OUTBOX_AUTH` says ([`crate::http::caller`]). `app` must not route `/transactions/{id}`
     /// itself (axum refuses two routes of one path), and a fallback of its own does not run
     /// under the deadline (it gets no [`crate::http::RequestScope`]).
     pub fn router(&self, app: Router) -> Router {
@@ -239,6 +240,7 @@ impl Running {
         app.merge(crate::http::status::routes())
             .route_layer(axum::middleware::from_fn_with_state(deadlines, enforce_deadline))
             .layer(DefaultBodyLimit::max(self.settings.max_request_bytes))
+            .layer(axum::Extension(self.settings.authentication))
     }
 
     /// Serves `app` ([`Self::router`]): on Lambda (the runtime API is in the
@@ -250,6 +252,7 @@ impl Running {
     pub async fn serve(self, app: Router) -> Result<(), ServiceError> {
         let app = self.router(app);
         if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
+            crate::http::caller::announce(self.settings.authentication);
             let after_answer = self.outbox.after_answer().cloned();
             // Behind API Gateway's stage (a REST API, an HTTP API's named stage), the
             // routes match without it and the status links keep it.

@@ -35,6 +35,41 @@ pub enum InlinePublish {
     Off,
 }
 
+/// What a request to the service's API gets when it carries no verified caller (the
+/// subject of a token API Gateway's authorizer verified): `OUTBOX_AUTH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Authentication {
+    /// Every caller must come with a verified token: without one, 401 (`jwt`, the default
+    /// on Lambda).
+    Jwt,
+    /// Nobody signs in: a request without a verified token is the development caller
+    /// (`off`, the default elsewhere). Anyone who can reach the service is that caller.
+    Off,
+}
+
+impl Authentication {
+    /// The value of `OUTBOX_AUTH` that names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Jwt => "jwt",
+            Self::Off => "off",
+        }
+    }
+}
+
+impl std::str::FromStr for Authentication {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "jwt" => Ok(Self::Jwt),
+            "off" => Ok(Self::Off),
+            other => Err(format!("must be jwt or off, not {other:?}")),
+        }
+    }
+}
+
 /// Which adapters the process uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
@@ -127,6 +162,9 @@ pub struct Settings {
     /// The `Service` dimension of the request path's metrics: this service's name, so
     /// that each service committing through the outbox counts its own.
     pub service_name: String,
+    /// What an API request without a verified caller gets: 401 on Lambda by default, the
+    /// development caller elsewhere.
+    pub authentication: Authentication,
 }
 
 /// The variables, by the names `template.yaml` uses.
@@ -179,6 +217,10 @@ pub mod vars {
     /// The `Service` dimension of the request path's metrics; by default the
     /// executable's name (`api`, `shop`), or `outbox`.
     pub const SERVICE_NAME: &str = "OUTBOX_SERVICE_NAME";
+    /// `jwt` or `off`: whether an API request must carry a caller verified by API
+    /// Gateway's authorizer (401 without one), or is served as the development caller;
+    /// by default `jwt` on Lambda, `off` elsewhere.
+    pub const AUTH: &str = "OUTBOX_AUTH";
 }
 
 /// One setting that is wrong.
@@ -313,6 +355,14 @@ impl Settings {
                 FifoGrouping::Entity
             }
         };
+        let authentication = match reader.text(vars::AUTH) {
+            None if lookup(LAMBDA_RUNTIME_API).is_some() => Authentication::Jwt,
+            None => Authentication::Off,
+            Some(text) => text.parse().unwrap_or_else(|problem| {
+                reader.fail(vars::AUTH, problem);
+                Authentication::Jwt
+            }),
+        };
         let service_name = lookup(vars::SERVICE_NAME)
             .filter(|name| !name.trim().is_empty())
             .or_else(|| {
@@ -380,6 +430,7 @@ impl Settings {
                 inline_publish,
                 fifo_groups,
                 service_name,
+                authentication,
             }),
             _ => Err(SettingsError { errors: reader.errors }),
         }

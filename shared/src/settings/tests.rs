@@ -45,6 +45,36 @@ fn fifo_groups_are_by_entity_unless_chosen_otherwise() {
 }
 
 #[test]
+fn callers_must_sign_in_on_lambda_unless_chosen_otherwise() {
+    assert_eq!(settings(&[]).unwrap().authentication, Authentication::Off, "locally");
+    let lambda = [
+        ("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"),
+        (vars::BACKEND, "aws"),
+        (vars::TABLE_NAME, "t"),
+        (vars::CONTROL_QUEUE_URL, "https://sqs.us-east-1.amazonaws.com/1/c"),
+    ];
+    assert_eq!(
+        settings(&lambda).unwrap().authentication,
+        Authentication::Jwt,
+        "on Lambda"
+    );
+    for (value, chosen) in [("jwt", Authentication::Jwt), ("off", Authentication::Off)] {
+        let mut pairs = lambda.to_vec();
+        pairs.push((vars::AUTH, value));
+        assert_eq!(settings(&pairs).unwrap().authentication, chosen, "{value}");
+        assert_eq!(
+            settings(&[(vars::AUTH, value)]).unwrap().authentication,
+            chosen,
+            "{value}"
+        );
+        assert_eq!(chosen.as_str(), value);
+    }
+    let error = only_error(&[(vars::AUTH, "none")]);
+    assert_eq!(error.variable, vars::AUTH);
+    assert!(error.problem.contains("jwt or off"), "{error}");
+}
+
+#[test]
 fn inline_publishing_is_after_the_answer_unless_chosen_otherwise() {
     assert_eq!(settings(&[]).unwrap().inline_publish, InlinePublish::AfterAnswer);
     for (value, chosen) in [
