@@ -1213,7 +1213,18 @@ async fn the_openapi_document_states_the_contract_the_code_enforces() {
                 "{method} {path} lists {listed:?}, not {status}"
             );
         }
-        for status in listed.iter().filter(|status| **status >= 400) {
+        // API Gateway answers these before the API runs, with its own JSON; every other
+        // error is the API's problem+json (a 401 can be either).
+        for status in [401, 403, 429] {
+            assert!(listed.contains(&status), "{method} {path} lists {listed:?}, not {status}");
+            let content = &responses[status.to_string()]["content"];
+            assert_eq!(
+                content["application/json"]["schema"]["required"],
+                json!(["message"]),
+                "{method} {path} {status}: API Gateway's answer"
+            );
+        }
+        for status in listed.iter().filter(|status| **status >= 400 && ![403, 429].contains(*status)) {
             let content = &responses[status.to_string()]["content"];
             assert!(
                 content["application/problem+json"]["schema"]["$ref"]
@@ -1222,6 +1233,12 @@ async fn the_openapi_document_states_the_contract_the_code_enforces() {
                 "{method} {path} {status}: {content}"
             );
         }
+        let scope = if method == "get" { "orders/read" } else { "orders/write" };
+        assert_eq!(
+            operation(path, method)["security"],
+            json!([{"bearer": [scope]}]),
+            "{method} {path}: a bearer token with its scope"
+        );
         assert!(
             responses["503"]["headers"]["Retry-After"].is_object(),
             "{method} {path}: 503 without Retry-After"

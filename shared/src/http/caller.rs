@@ -13,7 +13,8 @@
 //!
 //! The service says which by an [`axum::Extension`] on its router
 //! (`router.layer(Extension(Authentication::Off))`; `outbox::service` adds it from
-//! `OUTBOX_AUTH`). A router without one answers 401 to a request that carries no caller.
+//! `OUTBOX_AUTH`). A router without one answers 401 to a request that carries no caller
+//! where a handler asks for one.
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;

@@ -5,7 +5,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, FromRequestParts, OriginalUri, Request};
 use axum::response::{IntoResponse, Response};
 
-use super::caller::Caller;
+use super::caller::{Authentication, Caller};
 use super::error::HttpError;
 use super::headers::IdempotencyKeyHeader;
 use super::idempotency::Idempotency;
@@ -19,7 +19,8 @@ use super::scope::RequestScope;
 /// The key's record is kept under the service's name (the request path's
 /// [`crate::request::Outbox::service_name`]) and the [`Caller`], so that neither services
 /// sharing a table nor two callers ever share keys (a request with a key and no caller
-/// the service accepts is refused, 401); the fingerprint is the method, the path as the client sent it and the
+/// the service accepts is refused, 401; a router that says nothing of callers, with no
+/// [`Authentication`] extension, keeps keys by service only); the fingerprint is the method, the path as the client sent it and the
 /// body's bytes. Without a key the body is not buffered here.
 #[derive(Debug)]
 pub struct Idempotent<T> {
@@ -50,9 +51,19 @@ where
                 body,
             });
         };
-        let caller = Caller::from_request_parts(&mut parts, state)
-            .await
-            .map_err(IntoResponse::into_response)?;
+        // A router that says nothing of callers (no `Authentication`, no caller) keeps its
+        // keys by service only; otherwise they are the caller's, and a request without the
+        // caller the service requires is refused.
+        let knows_callers = parts.extensions.get::<Authentication>().is_some() || Caller::of(&parts).is_some();
+        let caller = if knows_callers {
+            Some(
+                Caller::from_request_parts(&mut parts, state)
+                    .await
+                    .map_err(IntoResponse::into_response)?,
+            )
+        } else {
+            None
+        };
         let scope = RequestScope::from_request_parts(&mut parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
@@ -71,7 +82,7 @@ where
             .await
             .map_err(|rejection| HttpError::unreadable_body(&rejection).into_response())?;
         let idempotency = Idempotency::new(
-            &caller.key_scope(scope.outbox().service_name()),
+            &key_scope(caller.as_ref(), scope.outbox().service_name()),
             &key,
             &parts.method,
             &path,
@@ -85,4 +96,9 @@ where
             body,
         })
     }
+}
+
+/// Where a key's record lives: the service's keys, the caller's among them when known.
+fn key_scope(caller: Option<&Caller>, service: &str) -> String {
+    caller.map_or_else(|| service.to_owned(), |caller| caller.key_scope(service))
 }
