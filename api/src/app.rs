@@ -116,6 +116,12 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
     let routes = outbox::http::serve_under_stage(routes);
     routes.layer(
         ServiceBuilder::new()
+            // Behind API Gateway, its request id (the access log's), whatever the client
+            // sent; elsewhere the client's, or a new one.
+            .map_request(|mut request: Request<axum::body::Body>| {
+                outbox::http::request_id::prefer_front_door(&REQUEST_ID, &mut request);
+                request
+            })
             .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
             // A 5xx is logged once, with its cause, where it is answered
             // (`outbox::http::problem::respond`): not again here.

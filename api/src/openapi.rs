@@ -5,7 +5,8 @@
 
 use std::sync::OnceLock;
 
-use axum::Json;
+use axum::{Extension, Json};
+use outbox::http::Authentication;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement};
 use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, ResponseBuilder, Type};
@@ -142,13 +143,42 @@ fn gateway_message() -> utoipa::openapi::Content {
         .build()
 }
 
-/// The document, built once.
+/// The document of the API as deployed with sign-in (`OUTBOX_AUTH=jwt`), built once.
 pub fn document() -> &'static utoipa::openapi::OpenApi {
-    static DOCUMENT: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
-    DOCUMENT.get_or_init(ApiDoc::openapi)
+    document_for(Authentication::Jwt)
 }
 
-/// `GET /openapi.json`.
-pub async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
-    Json(document())
+/// The document of the API as `authentication` serves it: with sign-in off nobody needs
+/// a token, so it states no security scheme and no 401 or 403 (API Gateway's 429 stays:
+/// a stage throttles either way).
+pub fn document_for(authentication: Authentication) -> &'static utoipa::openapi::OpenApi {
+    static SIGNED_IN: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
+    static OPEN: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
+    match authentication {
+        Authentication::Off => OPEN.get_or_init(|| {
+            let mut document = ApiDoc::openapi();
+            if let Some(components) = document.components.as_mut() {
+                components.security_schemes.clear();
+            }
+            for item in document.paths.paths.values_mut() {
+                for operation in [&mut item.get, &mut item.post, &mut item.put, &mut item.delete] {
+                    if let Some(operation) = operation.as_mut() {
+                        operation.security = None;
+                        operation.responses.responses.remove("401");
+                        operation.responses.responses.remove("403");
+                    }
+                }
+            }
+            document
+        }),
+        _ => SIGNED_IN.get_or_init(ApiDoc::openapi),
+    }
+}
+
+/// `GET /openapi.json`: the document as this service serves requests.
+pub async fn openapi_json(
+    authentication: Option<Extension<Authentication>>,
+) -> Json<&'static utoipa::openapi::OpenApi> {
+    let authentication = authentication.map_or(Authentication::Jwt, |Extension(authentication)| authentication);
+    Json(document_for(authentication))
 }

@@ -1180,8 +1180,34 @@ fn resolved<'a>(document: &'a Value, schema: &'a Value) -> &'a Value {
 #[tokio::test]
 async fn the_openapi_document_states_the_contract_the_code_enforces() {
     use api::rules;
-    let app = app();
+    let signed_in = HttpConfig {
+        authentication: Authentication::Jwt,
+        ..config()
+    };
+    let app = app_with_config(|backend, clock| backend.request_ports(clock), signed_in);
     let document = app.send(empty(Method::GET, "/openapi.json")).await.body;
+    // With sign-in off, nobody needs a token: the document says so, and keeps the rest.
+    let open = self::app().send(empty(Method::GET, "/openapi.json")).await.body;
+    assert_eq!(
+        open["components"].get("securitySchemes"),
+        None,
+        "{}",
+        open["components"]
+    );
+    for (path, item) in open["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let responses = operation["responses"].as_object().unwrap();
+            assert!(operation.get("security").is_none(), "{method} {path}");
+            assert!(
+                !responses.contains_key("401") && !responses.contains_key("403"),
+                "{method} {path}"
+            );
+            assert!(
+                responses.contains_key("429"),
+                "{method} {path}: a stage throttles either way"
+            );
+        }
+    }
     let operation = |path: &str, method: &str| document["paths"][path][method].clone();
     let operations = [
         ("/orders", "post", &[201, 400, 413, 415, 422, 503][..]),
@@ -1216,7 +1242,10 @@ async fn the_openapi_document_states_the_contract_the_code_enforces() {
         // API Gateway answers these before the API runs, with its own JSON; every other
         // error is the API's problem+json (a 401 can be either).
         for status in [401, 403, 429] {
-            assert!(listed.contains(&status), "{method} {path} lists {listed:?}, not {status}");
+            assert!(
+                listed.contains(&status),
+                "{method} {path} lists {listed:?}, not {status}"
+            );
             let content = &responses[status.to_string()]["content"];
             assert_eq!(
                 content["application/json"]["schema"]["required"],
@@ -1224,7 +1253,10 @@ async fn the_openapi_document_states_the_contract_the_code_enforces() {
                 "{method} {path} {status}: API Gateway's answer"
             );
         }
-        for status in listed.iter().filter(|status| **status >= 400 && ![403, 429].contains(*status)) {
+        for status in listed
+            .iter()
+            .filter(|status| **status >= 400 && ![403, 429].contains(*status))
+        {
             let content = &responses[status.to_string()]["content"];
             assert!(
                 content["application/problem+json"]["schema"]["$ref"]
@@ -2389,4 +2421,27 @@ async fn without_a_verified_caller_a_signed_in_api_answers_401_and_writes_nothin
         .send(signed_in(Some("alice"), Method::POST, "/orders", Some(&new_order())))
         .await;
     assert_eq!(placed.status, StatusCode::CREATED, "{}", placed.body);
+}
+
+/// Behind API Gateway, the request's id is the one its access log carries (the event's
+/// `requestContext.requestId`), even when the client sent its own `x-request-id`; a
+/// request from elsewhere keeps the client's id.
+#[tokio::test]
+async fn behind_api_gateway_the_request_id_is_the_access_logs() {
+    let app = app();
+    let mut request = signed_in(Some("alice"), Method::POST, "/orders", Some(&new_order()));
+    request
+        .headers_mut()
+        .insert("x-request-id", "chosen-by-the-client".parse().unwrap());
+    let placed = app.send(request).await;
+    assert_eq!(placed.status, StatusCode::CREATED, "{}", placed.body);
+    assert_eq!(
+        placed.headers["x-request-id"], "id",
+        "SAM's event's requestContext.requestId"
+    );
+    let mut local = json_request(Method::POST, "/orders", &new_order());
+    local
+        .headers_mut()
+        .insert("x-request-id", "chosen-by-the-client".parse().unwrap());
+    assert_eq!(app.send(local).await.headers["x-request-id"], "chosen-by-the-client");
 }

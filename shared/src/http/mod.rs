@@ -21,6 +21,8 @@
 //! - [`status`]: the ready `GET /transactions/{id}` route, for clients answered a 503.
 //! - `retry`: [`RequestScope::retry_conflicts`], a handler's step run again on a version
 //!   conflict.
+//! - [`request_id`]: the request's id as API Gateway gave it, so that the service's log
+//!   and the access log name a request alike.
 //! - [`trace`]: the trace a request continues (`traceparent`, or X-Ray's header), which
 //!   its span takes as parent.
 //! - [`HttpError`]: what these pieces fail with, answered as problem+json.
@@ -67,6 +69,7 @@ mod json;
 pub mod lambda;
 pub mod problem;
 mod progress;
+pub mod request_id;
 mod retry;
 pub mod scope;
 #[cfg(feature = "lambda")]
