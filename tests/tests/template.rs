@@ -866,7 +866,7 @@ fn the_api_logs_each_request_the_concurrency_is_bounded_and_each_skip_says_why()
     let template = template();
     let resources = &template["Resources"];
     let parameters = &template["Parameters"];
-    let access = &resources["HttpApi"]["Properties"]["AccessLogSettings"];
+    let access = &resources["HttpApiStage"]["Properties"]["AccessLogSettings"];
     assert_eq!(access["DestinationArn"].as_str(), Some("ApiAccessLogGroup.Arn"));
     let group = &resources["ApiAccessLogGroup"];
     assert_eq!(group["Type"].as_str(), Some("AWS::Logs::LogGroup"));
@@ -878,6 +878,7 @@ fn the_api_logs_each_request_the_concurrency_is_bounded_and_each_skip_says_why()
         serde_json::from_str(access["Format"].as_str().expect("a format")).expect("the access log's lines are JSON");
     for field in [
         "requestId",
+        "caller",
         "ip",
         "requestTime",
         "httpMethod",
@@ -886,6 +887,7 @@ fn the_api_logs_each_request_the_concurrency_is_bounded_and_each_skip_says_why()
         "protocol",
         "responseLength",
         "integrationError",
+        "authorizerError",
     ] {
         assert!(format.get(field).is_some(), "the access log lacks {field}");
     }
@@ -1217,4 +1219,608 @@ fn the_readmes_dependencies_are_the_inventory_examples() {
             "{name}: {spec} against {declared}"
         );
     }
+}
+
+// ----------------------------------------------------------------------------------------
+// The template as CloudFormation reads it, and what a deployment with given parameters
+// holds: the tests below look at the stack a parameter builds, not only at its text.
+
+/// Builds JSON from the YAML parser's events, keeping each short-form intrinsic
+/// function (`!Ref`, `!If`, `!Sub`...) as CloudFormation's long form, which
+/// [`template`] (plain YAML) drops.
+#[derive(Default)]
+struct CloudFormationJson {
+    open: Vec<(Open, Option<yaml_rust2::parser::Tag>)>,
+    done: Option<serde_json::Value>,
+}
+
+enum Open {
+    Sequence(Vec<serde_json::Value>),
+    Mapping(serde_json::Map<String, serde_json::Value>, Option<String>),
+}
+
+impl CloudFormationJson {
+    fn add(&mut self, value: serde_json::Value) {
+        match self.open.last_mut() {
+            None => self.done = Some(value),
+            Some((Open::Sequence(items), _)) => items.push(value),
+            Some((Open::Mapping(map, key), _)) => match key.take() {
+                None => *key = Some(value.as_str().expect("string keys").to_owned()),
+                Some(key) => {
+                    map.insert(key, value);
+                }
+            },
+        }
+    }
+}
+
+/// `value` under its tag: `!Ref X` is `{"Ref": "X"}`, `!GetAtt A.B` is
+/// `{"Fn::GetAtt": ["A", "B"]}`, `!Name v` is `{"Fn::Name": v}`.
+fn long_form(tag: Option<yaml_rust2::parser::Tag>, value: serde_json::Value) -> serde_json::Value {
+    let Some(tag) = tag.filter(|tag| tag.handle == "!") else {
+        return value;
+    };
+    match tag.suffix.as_str() {
+        "Ref" | "Condition" => json!({ tag.suffix.clone(): value }),
+        "GetAtt" => match value.as_str().and_then(|text| text.split_once('.')) {
+            Some((resource, attribute)) => json!({"Fn::GetAtt": [resource, attribute]}),
+            None => json!({"Fn::GetAtt": value}),
+        },
+        other => json!({ format!("Fn::{other}"): value }),
+    }
+}
+
+impl yaml_rust2::parser::MarkedEventReceiver for CloudFormationJson {
+    fn on_event(&mut self, event: yaml_rust2::Event, _: yaml_rust2::scanner::Marker) {
+        use yaml_rust2::scanner::TScalarStyle;
+        use yaml_rust2::Event;
+        match event {
+            Event::Scalar(text, style, _, tag) => {
+                let value = if style != TScalarStyle::Plain || tag.is_some() {
+                    json!(text)
+                } else if let Ok(number) = text.parse::<i64>() {
+                    json!(number)
+                } else if let Ok(number) = text.parse::<f64>() {
+                    json!(number)
+                } else {
+                    match text.as_str() {
+                        "true" => json!(true),
+                        "false" => json!(false),
+                        "" | "~" | "null" => serde_json::Value::Null,
+                        _ => json!(text),
+                    }
+                };
+                self.add(long_form(tag, value));
+            }
+            Event::SequenceStart(_, tag) => self.open.push((Open::Sequence(Vec::new()), tag)),
+            Event::MappingStart(_, tag) => self.open.push((Open::Mapping(serde_json::Map::new(), None), tag)),
+            Event::SequenceEnd | Event::MappingEnd => {
+                let (open, tag) = self.open.pop().expect("an open collection");
+                let value = match open {
+                    Open::Sequence(items) => serde_json::Value::Array(items),
+                    Open::Mapping(map, _) => serde_json::Value::Object(map),
+                };
+                self.add(long_form(tag, value));
+            }
+            Event::Alias(_) => panic!("the template uses no YAML aliases"),
+            _ => {}
+        }
+    }
+}
+
+fn cloudformation() -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).expect("template.yaml");
+    let mut builder = CloudFormationJson::default();
+    yaml_rust2::parser::Parser::new_from_str(&text)
+        .load(&mut builder, false)
+        .expect("valid YAML");
+    builder.done.expect("a document")
+}
+
+/// The stack a deployment of the template makes with `parameters` (the others at their
+/// defaults): which conditions hold, which resources and outputs exist, and their
+/// properties with every `Fn::If` decided and every parameter filled in.
+struct Deployment {
+    template: serde_json::Value,
+    parameters: BTreeMap<String, serde_json::Value>,
+}
+
+impl Deployment {
+    fn with(parameters: &[(&str, &str)]) -> Self {
+        let template = cloudformation();
+        let mut values = BTreeMap::new();
+        for (name, declared) in template["Parameters"].as_object().expect("parameters") {
+            let given = parameters
+                .iter()
+                .find(|(parameter, _)| parameter == name)
+                .map(|(_, value)| json!(value));
+            let value = given.unwrap_or_else(|| declared["Default"].clone());
+            let value = if declared["Type"] == "CommaDelimitedList" {
+                let text = value.as_str().map(str::to_owned).unwrap_or_default();
+                json!(text.split(',').map(str::trim).collect::<Vec<_>>())
+            } else {
+                value
+            };
+            values.insert(name.clone(), value);
+        }
+        for (name, _) in parameters {
+            assert!(values.contains_key(*name), "the template has no parameter {name}");
+        }
+        Self {
+            template,
+            parameters: values,
+        }
+    }
+
+    fn holds(&self, condition: &str) -> bool {
+        let definition = &self.template["Conditions"][condition];
+        assert!(!definition.is_null(), "no condition {condition}");
+        self.truth(definition)
+    }
+
+    fn truth(&self, expression: &serde_json::Value) -> bool {
+        let text = |value: &serde_json::Value| match self.resolve(value) {
+            Some(serde_json::Value::String(text)) => text,
+            Some(other) => other.to_string(),
+            None => String::new(),
+        };
+        let (function, arguments) = expression
+            .as_object()
+            .and_then(|object| object.iter().next())
+            .unwrap_or_else(|| panic!("a condition: {expression}"));
+        match function.as_str() {
+            "Fn::Equals" => text(&arguments[0]) == text(&arguments[1]),
+            "Fn::Not" => !self.truth(&arguments[0]),
+            "Fn::And" => arguments.as_array().unwrap().iter().all(|c| self.truth(c)),
+            "Fn::Or" => arguments.as_array().unwrap().iter().any(|c| self.truth(c)),
+            "Condition" => self.holds(arguments.as_str().unwrap()),
+            other => panic!("{other} in a condition"),
+        }
+    }
+
+    /// `value` as deployed: `Fn::If` decided, parameters filled in, `AWS::NoValue`
+    /// gone (`None`); references to resources and attributes as they are.
+    fn resolve(&self, value: &serde_json::Value) -> Option<serde_json::Value> {
+        match value {
+            serde_json::Value::Object(object) if object.len() == 1 && object.contains_key("Fn::If") => {
+                let branches = object["Fn::If"].as_array().expect("Fn::If's branches");
+                let holds = self.holds(branches[0].as_str().expect("a condition's name"));
+                self.resolve(&branches[if holds { 1 } else { 2 }])
+            }
+            serde_json::Value::Object(object) if object.len() == 1 && object.contains_key("Ref") => {
+                let name = object["Ref"].as_str().expect("a name");
+                if name == "AWS::NoValue" {
+                    None
+                } else {
+                    Some(self.parameters.get(name).cloned().unwrap_or_else(|| value.clone()))
+                }
+            }
+            serde_json::Value::Object(object) => Some(serde_json::Value::Object(
+                object
+                    .iter()
+                    .filter_map(|(key, value)| Some((key.clone(), self.resolve(value)?)))
+                    .collect(),
+            )),
+            serde_json::Value::Array(items) => Some(serde_json::Value::Array(
+                items.iter().filter_map(|item| self.resolve(item)).collect(),
+            )),
+            other => Some(other.clone()),
+        }
+    }
+
+    /// The entries of `section` (`Resources`, `Outputs`) that exist, resolved.
+    fn section(&self, section: &str) -> BTreeMap<String, serde_json::Value> {
+        self.template[section]
+            .as_object()
+            .expect("a section")
+            .iter()
+            .filter(|(_, entry)| {
+                entry["Condition"]
+                    .as_str()
+                    .is_none_or(|condition| self.holds(condition))
+            })
+            .map(|(name, entry)| (name.clone(), self.resolve(entry).expect("an entry")))
+            .collect()
+    }
+
+    fn resources(&self) -> BTreeMap<String, serde_json::Value> {
+        self.section("Resources")
+    }
+
+    fn outputs(&self) -> BTreeMap<String, serde_json::Value> {
+        self.section("Outputs")
+    }
+
+    /// A function's environment: the globals' variables with its own over them.
+    fn environment(&self, function: &str) -> serde_json::Map<String, serde_json::Value> {
+        let mut variables = self
+            .resolve(&self.template["Globals"]["Function"]["Environment"]["Variables"])
+            .and_then(|value| value.as_object().cloned())
+            .unwrap_or_default();
+        if let Some(own) = self.resources()[function]["Properties"]["Environment"]["Variables"].as_object() {
+            variables.extend(own.clone());
+        }
+        variables
+    }
+
+    /// The HTTP API's routes: route key → the route's properties.
+    fn routes(&self) -> BTreeMap<String, serde_json::Value> {
+        self.resources()
+            .into_values()
+            .filter(|resource| resource["Type"] == "AWS::ApiGatewayV2::Route")
+            .map(|route| {
+                let properties = route["Properties"].clone();
+                (
+                    properties["RouteKey"].as_str().expect("a route key").to_owned(),
+                    properties,
+                )
+            })
+            .collect()
+    }
+}
+
+/// The operations of the API's OpenAPI document (`GET /orders/{id}`, as an HTTP API
+/// names a route), each with the scopes its security requirement states.
+fn documented_operations() -> BTreeMap<String, BTreeSet<String>> {
+    let document = serde_json::to_value(api::openapi::document()).expect("the document as JSON");
+    let mut operations = BTreeMap::new();
+    for (path, item) in document["paths"].as_object().expect("paths") {
+        for method in ["get", "put", "post", "delete", "options", "head", "patch", "trace"] {
+            let Some(operation) = item.get(method) else { continue };
+            let scopes: BTreeSet<String> = operation["security"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|requirement| requirement[api::openapi::SECURITY_SCHEME].as_array().cloned())
+                .flatten()
+                .map(|scope| scope.as_str().expect("a scope").to_owned())
+                .collect();
+            operations.insert(format!("{} {path}", method.to_uppercase()), scopes);
+        }
+    }
+    operations
+}
+
+/// The route that serves the OpenAPI document itself, public (it is not one of the
+/// document's operations).
+const DOCUMENT_ROUTE: &str = "GET /openapi.json";
+
+/// Sign-in on by default (`Authentication` cognito): the HTTP API's routes are exactly
+/// the operations of the API's OpenAPI document (so that a new operation without its
+/// route fails here), the document's own route and `$default` (unknown paths, to the
+/// function's 404); each asks the JWT authorizer for exactly the scopes the document
+/// states; only the document's route is public; all go to the API function.
+#[tokio::test]
+async fn every_route_needs_a_token_with_the_scope_its_operation_states_but_the_document() {
+    let stack = Deployment::with(&[]);
+    assert_eq!(
+        stack.parameters["Authentication"], "cognito",
+        "sign-in is on by default"
+    );
+    let operations = documented_operations();
+    assert!(operations.len() >= 6, "{operations:?}");
+    let routes = stack.routes();
+    let mut expected: BTreeSet<String> = operations.keys().cloned().collect();
+    expected.extend([DOCUMENT_ROUTE.to_owned(), "$default".to_owned()]);
+    assert_eq!(
+        routes.keys().cloned().collect::<BTreeSet<_>>(),
+        expected,
+        "the HTTP API's routes are the document's operations, its own route and $default"
+    );
+    for (key, route) in &routes {
+        assert_eq!(
+            route["Target"],
+            json!({"Fn::Sub": "integrations/${ApiIntegration}"}),
+            "{key}"
+        );
+        if key == DOCUMENT_ROUTE {
+            assert_eq!(route["AuthorizationType"], "NONE", "{key} is public");
+            assert!(route.get("AuthorizerId").is_none(), "{key}");
+            continue;
+        }
+        assert_eq!(route["AuthorizationType"], "JWT", "{key} needs a token");
+        assert_eq!(route["AuthorizerId"], json!({"Ref": "JwtAuthorizer"}), "{key}");
+        let scopes: BTreeSet<String> = route["AuthorizationScopes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|scope| scope.as_str().unwrap().to_owned())
+            .collect();
+        let stated = operations.get(key).cloned().unwrap_or_default();
+        assert_eq!(scopes, stated, "{key}: the route's scopes are the document's");
+        if key != "$default" {
+            assert!(!scopes.is_empty(), "{key} states no scope");
+        }
+    }
+    let integration = &stack.resources()["ApiIntegration"]["Properties"];
+    assert_eq!(
+        integration["IntegrationUri"],
+        json!({"Fn::GetAtt": ["ApiFunction", "Arn"]})
+    );
+    assert_eq!(integration["PayloadFormatVersion"], "2.0");
+
+    // A browser's CORS preflight (it never carries a token) reaches the function only
+    // where origins are allowed.
+    let with_cors = Deployment::with(&[("CorsAllowedOrigins", "https://shop.example")]);
+    let preflight = &with_cors.routes()["OPTIONS /{proxy+}"];
+    assert_eq!(preflight["AuthorizationType"], "NONE");
+
+    // The router serves the document to anyone, and nothing else without a caller.
+    let clock = Arc::new(outbox::embedded::ManualClock::new(Timestamp::from_millis(
+        1_700_000_000_000,
+    )));
+    let backend = outbox::embedded::EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+    let outbox = outbox::request::Outbox::new(
+        backend.request_ports(clock),
+        Timing::default(),
+        outbox::settings::TransactionLimits::default(),
+    );
+    let app = router(
+        AppState {
+            outbox: Arc::new(outbox),
+            events: events(),
+        },
+        &HttpConfig {
+            authentication: outbox::http::Authentication::Jwt,
+            ..HttpConfig::default()
+        },
+    );
+    let (method, path) = DOCUMENT_ROUTE.split_once(' ').unwrap();
+    let get = |path: &str| Request::builder().method(method).uri(path).body(Body::empty()).unwrap();
+    assert_eq!(app.clone().oneshot(get(path)).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app.oneshot(get("/orders/018bcfe5-6800-7000-8000-000000000000"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+/// `Authentication`'s three ways: cognito and issuer put the JWT authorizer in front of
+/// the API and tell it so (`OUTBOX_AUTH=jwt`); off removes the authorizer from every
+/// route, tells the API (`off`, the development caller) and says the API is open in an
+/// output named `Warning`.
+#[test]
+fn authentication_off_removes_the_authorizer_and_says_the_api_is_open() {
+    let parameter = &cloudformation()["Parameters"]["Authentication"];
+    assert_eq!(parameter["AllowedValues"], json!(["cognito", "issuer", "off"]));
+    for (authentication, mode) in [
+        ("cognito", outbox::settings::Authentication::Jwt),
+        ("issuer", outbox::settings::Authentication::Jwt),
+        ("off", outbox::settings::Authentication::Off),
+    ] {
+        let stack = Deployment::with(&[
+            ("Authentication", authentication),
+            ("JwtIssuer", "https://issuer.example"),
+            ("JwtAudience", "a,b"),
+        ]);
+        let resources = stack.resources();
+        let variable = stack.environment("ApiFunction")[vars::AUTH].clone();
+        assert_eq!(
+            variable.as_str().map(str::parse::<outbox::settings::Authentication>),
+            Some(Ok(mode)),
+            "{authentication}: {}",
+            vars::AUTH
+        );
+        let warning = stack.outputs().get("Warning").cloned();
+        let user_pool = resources.contains_key("UserPool");
+        assert_eq!(
+            user_pool,
+            authentication == "cognito",
+            "{authentication}: the user pool"
+        );
+        if authentication == "off" {
+            assert!(!resources.contains_key("JwtAuthorizer"), "off: no authorizer");
+            for (key, route) in stack.routes() {
+                assert_eq!(route["AuthorizationType"], "NONE", "off: {key}");
+                assert!(route.get("AuthorizerId").is_none(), "off: {key}");
+                assert!(route.get("AuthorizationScopes").is_none(), "off: {key}");
+            }
+            let warning = warning.expect("off: an output named Warning");
+            let text = warning["Value"].as_str().expect("a sentence");
+            assert!(text.contains("open to anyone"), "{text}");
+            continue;
+        }
+        assert!(warning.is_none(), "{authentication}: no warning");
+        let authorizer = &resources["JwtAuthorizer"]["Properties"];
+        assert_eq!(authorizer["AuthorizerType"], "JWT");
+        assert_eq!(authorizer["IdentitySource"], json!(["$request.header.Authorization"]));
+        let jwt = &authorizer["JwtConfiguration"];
+        if authentication == "issuer" {
+            assert_eq!(jwt["Issuer"], "https://issuer.example");
+            assert_eq!(jwt["Audience"], json!(["a", "b"]));
+        } else {
+            assert_eq!(jwt["Issuer"], json!({"Fn::Sub": "https://${UserPool.ProviderURL}"}));
+            assert_eq!(jwt["Audience"], json!([{"Ref": "MachineClient"}]));
+        }
+        for (key, route) in stack.routes() {
+            if key != DOCUMENT_ROUTE {
+                assert_eq!(route["AuthorizationType"], "JWT", "{authentication}: {key}");
+            }
+        }
+    }
+}
+
+/// Authentication cognito: the user pool's resource server defines exactly the scopes
+/// the routes ask for (`orders/read`, `orders/write`), the machines' client may ask for
+/// them with the client credentials grant and is the authorizer's audience, and the
+/// outputs give what a caller needs for a token but never the client's secret.
+#[test]
+fn the_user_pool_grants_the_routes_scopes_to_machines_and_no_output_names_a_secret() {
+    let stack = Deployment::with(&[]);
+    let resources = stack.resources();
+    let server = &resources["OrdersResourceServer"]["Properties"];
+    let identifier = server["Identifier"].as_str().unwrap();
+    let defined: BTreeSet<String> = server["Scopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|scope| format!("{identifier}/{}", scope["ScopeName"].as_str().unwrap()))
+        .collect();
+    let asked: BTreeSet<String> = documented_operations().into_values().flatten().collect();
+    assert_eq!(defined, asked, "the resource server's scopes are the routes'");
+    assert_eq!(
+        asked,
+        BTreeSet::from([
+            api::openapi::READ_SCOPE.to_owned(),
+            api::openapi::WRITE_SCOPE.to_owned()
+        ])
+    );
+    let client = &resources["MachineClient"];
+    assert_eq!(client["DependsOn"], "OrdersResourceServer", "its scopes exist first");
+    let client = &client["Properties"];
+    assert_eq!(client["AllowedOAuthFlows"], json!(["client_credentials"]));
+    assert_eq!(client["GenerateSecret"], true);
+    assert_eq!(client["AllowedOAuthFlowsUserPoolClient"], true);
+    let granted: BTreeSet<String> = client["AllowedOAuthScopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|scope| scope.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(granted, asked);
+    // The domain's prefix (unique across Cognito) and the token URL are the same.
+    let domain = &resources["UserPoolDomain"]["Properties"]["Domain"]["Fn::Sub"];
+    let outputs = stack.outputs();
+    let token_url = &outputs["TokenUrl"]["Value"]["Fn::Sub"];
+    assert_eq!(domain[1], token_url[1], "the same prefix");
+    let prefix = domain[0].as_str().unwrap();
+    assert!(
+        token_url[0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("https://{prefix}.auth.")),
+        "{token_url}"
+    );
+    assert!(token_url[0]
+        .as_str()
+        .unwrap()
+        .ends_with(".amazoncognito.com/oauth2/token"));
+    for output in ["ApiUrl", "UserPoolId", "MachineClientId", "TokenUrl"] {
+        assert!(outputs.contains_key(output), "no output {output}");
+    }
+    for (name, output) in &outputs {
+        assert!(
+            !output.to_string().contains("ClientSecret"),
+            "output {name} gives a client's secret"
+        );
+    }
+}
+
+/// The stage's throttling is the parameters' (both limits: without one a route throttles
+/// everything), its detailed metrics on for the dashboard's per-route panels; the body
+/// limit the functions enforce is the parameter's, whose bounds are what the settings
+/// accept; the access log names the caller.
+#[test]
+fn the_stage_throttles_by_the_parameters_and_the_body_limit_is_the_settings() {
+    let stack = Deployment::with(&[("ThrottlingRateLimit", "7"), ("ThrottlingBurstLimit", "9")]);
+    let stage = &stack.resources()["HttpApiStage"]["Properties"];
+    assert_eq!(stage["StageName"], "$default");
+    assert_eq!(stage["AutoDeploy"], true);
+    let settings = &stage["DefaultRouteSettings"];
+    assert_eq!(
+        (&settings["ThrottlingRateLimit"], &settings["ThrottlingBurstLimit"]),
+        (&json!("7"), &json!("9"))
+    );
+    assert_eq!(settings["DetailedMetricsEnabled"], true);
+    let format: serde_json::Value =
+        serde_json::from_str(stage["AccessLogSettings"]["Format"].as_str().unwrap()).expect("JSON lines");
+    assert_eq!(format["caller"], "$context.authorizer.claims.sub");
+    assert_eq!(format["requestId"], "$context.requestId");
+
+    let parameter = &cloudformation()["Parameters"]["MaxRequestBytes"];
+    let stack = Deployment::with(&[("MaxRequestBytes", "4096")]);
+    for function in PRODUCERS {
+        assert_eq!(
+            stack.environment(function)[vars::MAX_REQUEST_BYTES],
+            "4096",
+            "{function}"
+        );
+    }
+    let read = |value: Option<i64>| {
+        Settings::from_lookup(|name| match name {
+            vars::BACKEND => Some("embedded".to_owned()),
+            vars::MAX_REQUEST_BYTES => value.map(|bytes| bytes.to_string()),
+            _ => None,
+        })
+        .map(|settings| settings.max_request_bytes)
+    };
+    let (min, default, max) = (
+        parameter["MinValue"].as_i64().unwrap(),
+        parameter["Default"].as_i64().unwrap(),
+        parameter["MaxValue"].as_i64().unwrap(),
+    );
+    assert_eq!(read(None).ok(), Some(default as usize), "the default is the settings'");
+    assert_eq!(read(Some(min)).ok(), Some(min as usize));
+    assert_eq!(read(Some(max)).ok(), Some(max as usize));
+    assert!(read(Some(min - 1)).is_err(), "below the range the settings refuse");
+    assert!(read(Some(max + 1)).is_err(), "above it too");
+}
+
+/// The words of `document`'s paragraph that starts with `starts` (to its blank line)
+/// that are written as code and look like a name of the template's (`ApiUrl`).
+fn named_in_paragraph(document: &str, starts: &str) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(format!("{}/../{document}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let start = text
+        .find(starts)
+        .unwrap_or_else(|| panic!("{document} has no paragraph {starts:?}"));
+    let paragraph = &text[start..];
+    let paragraph = &paragraph[..paragraph[1..].find("\n\n").map_or(paragraph.len(), |end| end + 1)];
+    paragraph
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| {
+            word.starts_with(|c: char| c.is_ascii_uppercase()) && word.chars().all(|c| c.is_ascii_alphanumeric())
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The deployment guide's list of the stack's outputs (its paragraph that starts
+/// `Outputs:`) names every output, and otherwise only parameters.
+#[test]
+fn the_deployment_guide_names_every_output_of_the_template() {
+    let template = cloudformation();
+    let keys = |section: &str| -> BTreeSet<String> { template[section].as_object().unwrap().keys().cloned().collect() };
+    let (outputs, parameters) = (keys("Outputs"), keys("Parameters"));
+    let named = named_in_paragraph("docs/RUNNING.md", "\nOutputs: ");
+    let missing: Vec<_> = outputs.difference(&named).collect();
+    assert!(missing.is_empty(), "docs/RUNNING.md's outputs lack {missing:?}");
+    let unknown: Vec<_> = named
+        .iter()
+        .filter(|word| !outputs.contains(*word) && !parameters.contains(*word))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "docs/RUNNING.md names outputs the template lacks: {unknown:?}"
+    );
+}
+
+/// The guide's table of the API's routes names each route's scope as the OpenAPI
+/// document (and so the deployed route) has it, and the document's own route as public.
+#[test]
+fn the_guides_routes_table_gives_each_routes_scope() {
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/RUNNING.md")).unwrap();
+    let mut listed = BTreeMap::new();
+    for line in guide.lines().filter(|line| line.starts_with("| `")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let route = cells[1].trim_matches('`');
+        if !route.starts_with(|c: char| c.is_ascii_uppercase()) || !route.contains(" /") {
+            continue;
+        }
+        let scope = cells[cells.len() - 2];
+        listed.insert(route.to_owned(), scope.to_owned());
+    }
+    let mut expected: BTreeMap<String, String> = documented_operations()
+        .into_iter()
+        .map(|(route, scopes)| {
+            let scopes: Vec<String> = scopes.into_iter().map(|scope| format!("`{scope}`")).collect();
+            (route, scopes.join(", "))
+        })
+        .collect();
+    expected.insert(DOCUMENT_ROUTE.to_owned(), "none: public".to_owned());
+    assert_eq!(listed, expected, "docs/RUNNING.md's routes and their scopes");
 }
