@@ -326,3 +326,52 @@ fn all_problems_are_reported_at_once() {
     assert_eq!(errors.errors.len(), 3);
     assert!(errors.to_string().starts_with("invalid settings: "));
 }
+
+/// The guide's table of settings (docs/GUIDE.md, "Settings") names every variable the
+/// settings read, and nothing they do not, besides the few other parts of the library
+/// read (the local server's address, metrics off Lambda, logging, tracing).
+#[test]
+fn the_guides_settings_table_lists_every_variable_the_settings_read() {
+    let guide =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/GUIDE.md")).expect("docs/GUIDE.md");
+    let table = guide
+        .split("\n## Settings\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("a Settings section");
+    let listed: std::collections::BTreeSet<String> = table
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|line| line.split('`').next())
+        .map(str::to_owned)
+        .collect();
+    let read = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let _ = Settings::from_lookup(|name| {
+        read.lock().unwrap().insert(name.to_owned());
+        match name {
+            vars::BACKEND => Some("aws".to_owned()),
+            vars::TABLE_NAME => Some("t".to_owned()),
+            _ => None,
+        }
+    });
+    let mut read = read.into_inner().unwrap();
+    // Lambda's own, which the settings look at but nobody sets.
+    read.retain(|name| !name.starts_with("AWS_LAMBDA_"));
+    assert!(read.len() >= 15, "the recorder saw too little: {read:?}");
+    let missing: Vec<&String> = read.difference(&listed).collect();
+    assert!(missing.is_empty(), "read but not in the guide's table: {missing:?}");
+    let elsewhere = [
+        "OUTBOX_LISTEN_ADDR",
+        "OUTBOX_EMF",
+        "RUST_LOG",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ];
+    let unknown: Vec<&String> = listed
+        .difference(&read)
+        .filter(|name| !elsewhere.contains(&name.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "in the guide's table but read by nothing: {unknown:?}"
+    );
+}
