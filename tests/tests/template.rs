@@ -1824,3 +1824,324 @@ fn the_guides_routes_table_gives_each_routes_scope() {
     expected.insert(DOCUMENT_ROUTE.to_owned(), "none: public".to_owned());
     assert_eq!(listed, expected, "docs/RUNNING.md's routes and their scopes");
 }
+
+/// The names of the metrics the code emits: each literal name handed to
+/// `MetricRecord::count` or `MetricRecord::add`, and each `..._METRIC` constant, in the
+/// sources of the library, the orders API, the control worker and the examples (their
+/// unit tests left out).
+fn metrics_the_code_emits() -> BTreeSet<String> {
+    fn sources(directory: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(directory).unwrap_or_else(|error| panic!("{}: {error}", directory.display())) {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, found);
+            } else if path.extension().is_some_and(|extension| extension == "rs") {
+                found.push(path);
+            }
+        }
+    }
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let mut files = Vec::new();
+    for directory in ["shared/src", "api/src", "control-worker/src"] {
+        sources(&root.join(directory), &mut files);
+    }
+    for example in std::fs::read_dir(root.join("examples")).unwrap() {
+        let source = example.unwrap().path().join("src");
+        if source.is_dir() {
+            sources(&source, &mut files);
+        }
+    }
+    let mut names = BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let text = &text[..text.find("#[cfg(test)]").unwrap_or(text.len())];
+        for call in [".count(", ".add("] {
+            for (at, _) in text.match_indices(call) {
+                let rest = text[at + call.len()..].trim_start();
+                if let Some(literal) = rest.strip_prefix('"') {
+                    names.insert(literal[..literal.find('"').unwrap()].to_owned());
+                }
+            }
+        }
+        for line in text.lines() {
+            if let Some((_, value)) = line.split_once("_METRIC: &str = \"") {
+                names.insert(value[..value.find('"').unwrap()].to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// The dashboard's body as CloudWatch gets it, `!Sub` done: `${Queue.QueueName}` as
+/// `queue:Queue`, `${HttpApi}` as `api:HttpApi`, `${!x}` as `${x}` (a dynamic label).
+fn dashboard(stack: &Deployment) -> serde_json::Value {
+    let body = stack.resources()["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
+        .as_str()
+        .expect("a body to substitute")
+        .to_owned();
+    let mut filled = String::new();
+    let mut rest = body.as_str();
+    while let Some(at) = rest.find("${") {
+        filled.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let end = after.find('}').expect("a closed ${");
+        let name = &after[..end];
+        let resources = stack.resources();
+        filled.push_str(&match name.split_once('.') {
+            _ if name.starts_with('!') => format!("${{{}}}", &name[1..]),
+            _ if name == "AWS::Region" => "us-east-1".to_owned(),
+            Some((queue, "QueueName")) if resources.contains_key(queue) => format!("queue:{queue}"),
+            None if resources.contains_key(name) => format!("{}:{name}", resources[name]["Type"].as_str().unwrap()),
+            _ => panic!("the dashboard substitutes {name}, which names nothing of the stack"),
+        });
+        rest = &after[end + 1..];
+    }
+    filled.push_str(rest);
+    serde_json::from_str(&filled).unwrap_or_else(|error| panic!("the dashboard's body is not JSON: {error}"))
+}
+
+/// One metric a dashboard's widget shows: its namespace, name and dimensions (a search
+/// expression's dimensions are its schema's, their values those it filters on).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Shown {
+    namespace: String,
+    name: String,
+    dimensions: Vec<(String, String)>,
+}
+
+fn shown(row: &serde_json::Value) -> Shown {
+    let row = row.as_array().expect("a metric row");
+    if let Some(expression) = row[0]["expression"].as_str() {
+        // SEARCH('{Namespace,Dim,...} Dim="value" MetricName="name"', 'Stat', period)
+        let query = expression
+            .strip_prefix("SEARCH('{")
+            .unwrap_or_else(|| panic!("not a search: {expression}"));
+        let (schema, filters) = query.split_once('}').unwrap();
+        let mut schema = schema.split(',');
+        let namespace = schema.next().unwrap().to_owned();
+        let filters = filters[..filters.find('\'').unwrap()].trim();
+        let filter = |key: &str| {
+            filters
+                .split_whitespace()
+                .find_map(|term| term.strip_prefix(&format!("{key}=\"")))
+                .map(|value| value.trim_end_matches('"').to_owned())
+        };
+        let name = filter("MetricName").unwrap_or_else(|| panic!("a search for no metric: {expression}"));
+        let dimensions = schema
+            .map(|dimension| (dimension.to_owned(), filter(dimension).unwrap_or_default()))
+            .collect();
+        return Shown {
+            namespace,
+            name,
+            dimensions,
+        };
+    }
+    let texts: Vec<&str> = row.iter().map_while(|cell| cell.as_str()).collect();
+    assert!(texts.len() >= 2 && texts.len() % 2 == 0, "a metric row: {row:?}");
+    Shown {
+        namespace: texts[0].to_owned(),
+        name: texts[1].to_owned(),
+        dimensions: texts[2..]
+            .chunks(2)
+            .map(|pair| (pair[0].to_owned(), pair[1].to_owned()))
+            .collect(),
+    }
+}
+
+/// Every metric each widget of the dashboard shows, by the widget's title.
+fn dashboard_panels(stack: &Deployment) -> BTreeMap<String, Vec<Shown>> {
+    dashboard(stack)["widgets"]
+        .as_array()
+        .expect("widgets")
+        .iter()
+        .map(|widget| {
+            let properties = &widget["properties"];
+            let title = properties["title"].as_str().expect("a title").to_owned();
+            let metrics = properties["metrics"]
+                .as_array()
+                .expect("metrics")
+                .iter()
+                .map(shown)
+                .collect();
+            (title, metrics)
+        })
+        .collect()
+}
+
+/// The metrics HTTP APIs send (AWS/ApiGateway), and those of SQS the dashboard reads.
+const API_GATEWAY_METRICS: [&str; 6] = ["Count", "4xx", "5xx", "Latency", "IntegrationLatency", "DataProcessed"];
+const SQS_METRICS: [&str; 4] = [
+    "ApproximateNumberOfMessagesVisible",
+    "ApproximateAgeOfOldestMessage",
+    "NumberOfMessagesSent",
+    "NumberOfMessagesReceived",
+];
+
+/// The dashboard shows what the stack really has: each of its own metrics
+/// (`ControlMessageOutbox`) is one the code emits, under the `Service` of a function of
+/// the stack; each queue panel names a queue of the stack; the per-route panels search
+/// the stack's HTTP API by its detailed metrics' dimensions. And it shows what an operator
+/// needs: requests and errors by route, commit latency, events out, the control queue's
+/// depth and age, both dead-letter queues, entries beside tombstones and the in-order
+/// consumer's oldest wait, each of the last two as its alarm watches it.
+#[test]
+fn the_dashboard_shows_metrics_the_code_emits_and_queues_of_the_stack() {
+    let stack = Deployment::with(&[]);
+    let emitted = metrics_the_code_emits();
+    assert!(
+        emitted.is_superset(&BTreeSet::from([
+            "FailedControlMessages".to_owned(),
+            "CommitLatency".to_owned(),
+            "InOrderWaitAge".to_owned(),
+            "LeasesLost".to_owned()
+        ])),
+        "the scan of the sources found too little: {emitted:?}"
+    );
+    assert!(!emitted.contains("Nothing"), "unit tests' records are not emitted");
+    let resources = stack.resources();
+    let services: BTreeSet<String> = FUNCTIONS
+        .iter()
+        .map(|function| {
+            stack.environment(function)["OUTBOX_SERVICE_NAME"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    let queues: BTreeSet<String> = resources
+        .iter()
+        .filter(|(_, resource)| resource["Type"] == "AWS::SQS::Queue")
+        .map(|(name, _)| format!("queue:{name}"))
+        .collect();
+    let panels = dashboard_panels(&stack);
+    let mut all = BTreeSet::new();
+    for (title, metrics) in &panels {
+        assert!(!metrics.is_empty(), "{title}: no metric");
+        for metric in metrics {
+            let Shown {
+                namespace,
+                name,
+                dimensions,
+            } = metric;
+            match namespace.as_str() {
+                outbox::metrics::NAMESPACE => {
+                    assert!(emitted.contains(name), "{title}: the code emits no metric {name}");
+                    assert!(
+                        matches!(dimensions.as_slice(), [(key, service)] if key == "Service" && services.contains(service)),
+                        "{title}: {name} under {dimensions:?}, not one Service of the stack's functions {services:?}"
+                    );
+                }
+                "AWS/SQS" => {
+                    assert!(SQS_METRICS.contains(&name.as_str()), "{title}: SQS sends no {name}");
+                    assert!(
+                        matches!(dimensions.as_slice(), [(key, queue)] if key == "QueueName" && queues.contains(queue)),
+                        "{title}: {name} of {dimensions:?}, not a queue of the stack"
+                    );
+                }
+                "AWS/ApiGateway" => {
+                    assert!(
+                        API_GATEWAY_METRICS.contains(&name.as_str()),
+                        "{title}: an HTTP API sends no {name}"
+                    );
+                    let keys: Vec<&str> = dimensions.iter().map(|(key, _)| key.as_str()).collect();
+                    assert_eq!(keys, ["ApiId", "Method", "Resource", "Stage"], "{title}: by route");
+                    assert_eq!(
+                        dimensions[0].1, "AWS::ApiGatewayV2::Api:HttpApi",
+                        "{title}: the stack's API"
+                    );
+                }
+                other => panic!("{title}: a metric of {other}"),
+            }
+            all.insert(metric.clone());
+        }
+    }
+    let sqs = |name: &str, queue: &str| Shown {
+        namespace: "AWS/SQS".into(),
+        name: name.into(),
+        dimensions: vec![("QueueName".into(), format!("queue:{queue}"))],
+    };
+    let own = |name: &str, service: &str| Shown {
+        namespace: outbox::metrics::NAMESPACE.into(),
+        name: name.into(),
+        dimensions: vec![("Service".into(), service.into())],
+    };
+    let mut needed = vec![
+        sqs("ApproximateNumberOfMessagesVisible", "ControlQueue"),
+        sqs("ApproximateAgeOfOldestMessage", "ControlQueue"),
+        sqs("ApproximateNumberOfMessagesVisible", "ControlDeadLetterQueue"),
+        sqs("ApproximateNumberOfMessagesVisible", "EventsDeadLetterQueue"),
+        own("CommitLatency", "api"),
+    ];
+    // Entries beside tombstones and the oldest wait, as their alarms watch them.
+    for alarm in ["EntriesBesideTombstonesAlarm", "ShippingWaitsAlarm"] {
+        let alarm = &resources[alarm]["Properties"];
+        let dimensions = alarm["Dimensions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|dimension| {
+                let text = |key: &str| dimension[key].as_str().unwrap().to_owned();
+                (text("Name"), text("Value"))
+            })
+            .collect();
+        needed.push(Shown {
+            namespace: alarm["Namespace"].as_str().unwrap().into(),
+            name: alarm["MetricName"].as_str().unwrap().into(),
+            dimensions,
+        });
+    }
+    for metric in needed {
+        assert!(all.contains(&metric), "the dashboard does not show {metric:?}");
+    }
+    let by_route: BTreeSet<&str> = all
+        .iter()
+        .filter(|metric| metric.namespace == "AWS/ApiGateway")
+        .map(|metric| metric.name.as_str())
+        .collect();
+    assert_eq!(
+        by_route,
+        BTreeSet::from(["Count", "4xx", "5xx"]),
+        "requests and errors by route"
+    );
+}
+
+/// Each function logs to a log group of its own that the stack creates with the
+/// retention `FunctionLogRetentionDays` (so that Lambda never creates an unbounded one),
+/// and the guide explains each panel of the dashboard.
+#[test]
+fn every_function_logs_to_a_group_with_a_retention_and_the_guide_explains_each_panel() {
+    let stack = Deployment::with(&[("FunctionLogRetentionDays", "14")]);
+    let resources = stack.resources();
+    let mut groups = BTreeSet::new();
+    for function in FUNCTIONS {
+        let group = resources[function]["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{function} names no log group of the stack"));
+        assert_eq!(resources[group]["Type"], "AWS::Logs::LogGroup", "{function}");
+        assert_eq!(resources[group]["Properties"]["RetentionInDays"], "14", "{function}");
+        assert!(groups.insert(group.to_owned()), "{function} shares its log group");
+    }
+    let parameters = &cloudformation()["Parameters"];
+    assert_eq!(
+        parameters["FunctionLogRetentionDays"]["AllowedValues"],
+        parameters["ApiAccessLogRetentionDays"]["AllowedValues"],
+        "CloudWatch Logs' retentions"
+    );
+
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/RUNNING.md")).unwrap();
+    let start = guide
+        .find("| panel | shows | when it is abnormal |")
+        .expect("the guide's table of panels");
+    let explained: BTreeSet<String> = guide[start..]
+        .lines()
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            assert!(cells[3].len() > 10, "{line}: what to do?");
+            cells[1].to_owned()
+        })
+        .collect();
+    let panels: BTreeSet<String> = dashboard_panels(&stack).into_keys().collect();
+    assert_eq!(explained, panels, "docs/RUNNING.md's panels are the dashboard's");
+}
