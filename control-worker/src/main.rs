@@ -2,7 +2,8 @@
 //! reads the `OUTBOX_*` settings).
 //!
 //! - Inside Lambda (the runtime API is in the environment): handles the control queue's
-//!   SQS events and answers with partial batch responses.
+//!   SQS events and answers with partial batch responses, several batches at once on
+//!   Lambda Managed Instances (`AWS_LAMBDA_MAX_CONCURRENCY`), one at a time elsewhere.
 //! - `control-worker` or `control-worker poll`: long-polls the control queue (SQS or an
 //!   emulator through `AWS_ENDPOINT_URL`) with the same handler; SIGINT or SIGTERM stops
 //!   it after the batch in hand.
@@ -26,6 +27,7 @@
 //!   `OUTBOX_PARTITION_KEY`, `OUTBOX_SORT_KEY`, ...).
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsEvent;
@@ -113,16 +115,21 @@ async fn run_worker(on_lambda: bool) -> ExitCode {
         Err(error) => return report(&error),
     };
     if on_lambda {
-        let worker = &worker;
-        let handler = service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-            let response = handle_event(
-                &worker.control,
-                worker.control_queue.as_ref(),
-                worker.clock.as_ref(),
-                event.payload,
-            )
-            .await;
-            Ok::<_, lambda_runtime::Error>(response)
+        // Shared by the batches in flight at once on Lambda Managed Instances: the control
+        // path holds no state of its own between batches (its ports are clients).
+        let worker = Arc::new(worker);
+        let handler = service_fn(move |event: LambdaEvent<SqsEvent>| {
+            let worker = worker.clone();
+            async move {
+                let response = handle_event(
+                    &worker.control,
+                    worker.control_queue.as_ref(),
+                    worker.clock.as_ref(),
+                    event.payload,
+                )
+                .await;
+                Ok::<_, lambda_runtime::Error>(response)
+            }
         });
         return match outbox::telemetry::lambda::run(handler).await {
             Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,5 @@
-//! The request and control paths on the embedded backend, one behaviour per test.
+//! The request and control paths on the embedded backend, one behaviour per test; and the
+//! request path served on Lambda, driven through a fake Runtime API (`outbox_tests::fake_lambda`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -654,4 +655,435 @@ async fn inline_publishing_that_fails_is_left_to_the_worker() {
     let report = f.first_check(committed.txn_id).await;
     assert!(matches!(report.result.unwrap(), ControlOutcome::Dispatched { .. }));
     assert_eq!(f.backend.publisher.queue(&events()).unwrap().sent().len(), 1);
+}
+
+/// The Lambda function the Runtime API tests below start, as a process of its own (this
+/// test binary, running this test alone, with the variables Lambda sets). As `orders`:
+/// the request path on the embedded backend served by `outbox::http::lambda::run`,
+/// publishing after the answer through a publisher the test holds, invocation by
+/// invocation. As `batches`: an SQS handler under `outbox::telemetry::lambda::run`, the
+/// control worker's and the consumers' runtime loop, each batch waiting at a gate. Does
+/// nothing when run otherwise.
+#[test]
+#[ignore = "the function's process of the Lambda Runtime API tests, which start it"]
+fn lambda_function_process() {
+    let Ok(role) = std::env::var("OUTBOX_TESTS_LAMBDA_FUNCTION") else {
+        return;
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    let runtime_api = std::env::var("AWS_LAMBDA_RUNTIME_API").unwrap();
+    if role == "batches" {
+        use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+        use lambda_http::lambda_runtime::{service_fn, LambdaEvent};
+        let handler = service_fn(move |_: LambdaEvent<SqsEvent>| {
+            let runtime_api = runtime_api.clone();
+            async move {
+                outbox_tests::fake_lambda::call(&runtime_api, "/test/gate/batches/4").await?;
+                Ok::<_, lambda_http::Error>(SqsBatchResponse::default())
+            }
+        });
+        let stopped = runtime.block_on(outbox::telemetry::lambda::run(handler));
+        panic!("the function stopped: {stopped:?}");
+    }
+    let stopped = runtime.block_on(async {
+        let f = fixture();
+        let after = outbox::request::AfterAnswer::on_tokio();
+        let held = Arc::new(HeldByTheTest {
+            inner: f.backend.publisher.clone(),
+            runtime_api: runtime_api.clone(),
+        });
+        let outbox = f.outbox.clone().with_publishing_after_answer(held, after.clone());
+        let app = axum::Router::new()
+            .route("/orders/{key}", axum::routing::get(place_on_lambda))
+            .with_state((outbox, runtime_api));
+        outbox::http::lambda::run(app, Some(after)).await
+    });
+    panic!("the function stopped: {stopped:?}");
+}
+
+/// Places order `key` (one message): first, with `?gate=N`, waits until N handlers are
+/// inside at once.
+async fn place_on_lambda(
+    axum::extract::State((outbox, runtime_api)): axum::extract::State<(Outbox, String)>,
+    axum::extract::Path(order): axum::extract::Path<String>,
+    axum::extract::Query(query): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> String {
+    if let Some(count) = query.get("gate") {
+        outbox_tests::fake_lambda::call(&runtime_api, &format!("/test/gate/inside/{count}"))
+            .await
+            .expect("the gate");
+    }
+    let mut txn = outbox.begin().await.unwrap();
+    txn.put(
+        key(&format!("ORDER#{order}")),
+        json!({"order": order}),
+        ExpectedVersion::Absent,
+    );
+    txn.emit(Message::json(events(), &json!({"type": "Placed", "order": order})).unwrap());
+    let committed = txn.commit().await.unwrap();
+    assert_eq!(committed.inline, outbox::request::InlineDispatch::AfterAnswer);
+    order
+}
+
+/// A publisher that publishes for an invocation once the test released it (the
+/// invocation the publishing after the answer runs for is its current one), and says so.
+struct HeldByTheTest {
+    inner: Arc<dyn outbox::ports::Publisher>,
+    runtime_api: String,
+}
+
+#[async_trait::async_trait]
+impl outbox::ports::Publisher for HeldByTheTest {
+    async fn send_batch(
+        &self,
+        destination: &DestinationName,
+        messages: &[outbox::protocol::OutgoingMessage],
+    ) -> Result<Vec<outbox::ports::EntryFailure>, outbox::ports::PublishError> {
+        use outbox::request::after_answer::Invocation;
+        use outbox_tests::fake_lambda::call;
+        let invocation = Invocation::current().map_or_else(|| "none".to_owned(), |it| it.id().to_owned());
+        call(&self.runtime_api, &format!("/test/hold/{invocation}"))
+            .await
+            .expect("held");
+        let sent = self.inner.send_batch(destination, messages).await;
+        call(&self.runtime_api, &format!("/test/mark/published-{invocation}"))
+            .await
+            .expect("marked");
+        sent
+    }
+
+    fn entry_bytes(&self, destination: &DestinationName, message: &outbox::protocol::OutgoingMessage) -> usize {
+        self.inner.entry_bytes(destination, message)
+    }
+}
+
+/// The most invocations delivered and not answered yet at any one time.
+fn most_in_flight(timeline: &[outbox_tests::fake_lambda::Event]) -> usize {
+    use outbox_tests::fake_lambda::Seen;
+    let (mut now, mut most) = (0usize, 0usize);
+    for event in timeline {
+        match event.seen {
+            Seen::Delivered(_) => now += 1,
+            Seen::Answered(..) | Seen::Failed(..) => now = now.saturating_sub(1),
+            _ => continue,
+        }
+        most = most.max(now);
+    }
+    most
+}
+
+/// The debug line `outbox::http::lambda` writes once an invocation's work after the
+/// answer is done.
+fn work_done_for(request_id: &str) -> impl Fn(&outbox_tests::fake_lambda::Seen) -> bool + '_ {
+    move |seen| {
+        matches!(seen, outbox_tests::fake_lambda::Seen::Output(line)
+            if line.contains("the invocation's work after the answer is done")
+                && line.contains(&format!("request_id={request_id}")))
+    }
+}
+
+/// The warning `outbox::http::lambda` writes when an invocation's deadline comes before
+/// its work after the answer is done.
+fn late_for(request_id: &str) -> impl Fn(&outbox_tests::fake_lambda::Seen) -> bool + '_ {
+    move |seen| {
+        matches!(seen, outbox_tests::fake_lambda::Seen::Output(line)
+            if line.contains("deadline came before publishing after the answer was done")
+                && line.contains(&format!("request_id={request_id}")))
+    }
+}
+
+/// On Lambda Managed Instances (`AWS_LAMBDA_MAX_CONCURRENCY=4`), driven through the
+/// Runtime API as Lambda drives it: four invocations are in the handler at once (a gate
+/// opens only with all four inside), each answers while its publishing after the answer
+/// is held, and each invocation's work is followed on its own: released one by one, each
+/// is seen done while the others are still held; the one whose deadline comes first is
+/// warned about, alone, and still finishes. No extension registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_managed_instances_invocations_run_at_once_each_followed_by_its_own_work_only() {
+    use outbox_tests::fake_lambda::{FakeLambda, Invoke, Model, Seen};
+    let lambda = FakeLambda::start(Model::ManagedInstances).await;
+    let orders = ["alpha", "bravo", "charlie", "delta"];
+    for order in orders {
+        let timeout = Duration::from_secs(if order == "delta" { 3 } else { 60 });
+        lambda.invoke(Invoke::http_get(order, &format!("/orders/{order}?gate=4"), timeout));
+    }
+    let _function = lambda.start_function(
+        "lambda_function_process",
+        "orders",
+        Some(4),
+        "outbox::http::lambda=debug,warn",
+    );
+    let answered = |order: &'static str| move |seen: &Seen| matches!(seen, Seen::Answered(id, _) if id == order);
+    let mut answers = Vec::new();
+    for order in orders {
+        let event = lambda
+            .wait_for(Duration::from_secs(30), answered(order))
+            .await
+            .unwrap_or_else(|timeline| panic!("{order} was not answered:\n{timeline}"));
+        let Seen::Answered(_, body) = &event.seen else {
+            unreachable!()
+        };
+        assert_eq!(body["statusCode"], 200, "{body}");
+        assert_eq!(body["body"], order, "{body}");
+        answers.push(event.at);
+    }
+    let timeline = lambda.timeline();
+    let inside: Vec<_> = timeline
+        .iter()
+        .filter(|event| matches!(event.seen, Seen::Entered(_)))
+        .map(|event| event.at)
+        .collect();
+    let first_answer = answers.iter().min().copied().unwrap();
+    assert_eq!(inside.len(), 4, "{}", lambda.describe());
+    assert!(
+        inside.iter().all(|at| *at <= first_answer),
+        "all four were inside before any answered:\n{}",
+        lambda.describe()
+    );
+    assert_eq!(most_in_flight(&timeline), 4, "{}", lambda.describe());
+    for order in orders {
+        lambda
+            .wait_for(
+                Duration::from_secs(5),
+                |seen| matches!(seen, Seen::Held(key) if key == order),
+            )
+            .await
+            .unwrap_or_else(|timeline| panic!("{order}'s publishing was not held:\n{timeline}"));
+    }
+    println!(
+        "managed instances: 4 invocations in the handler at once (gate of 4 passed at {:.0}-{:.0} ms), answered at {:.0}-{:.0} ms, the 4 publishings after the answer held",
+        lambda.ms(*inside.iter().min().unwrap()),
+        lambda.ms(*inside.iter().max().unwrap()),
+        lambda.ms(first_answer),
+        lambda.ms(*answers.iter().max().unwrap()),
+    );
+
+    for (index, order) in orders[..3].iter().enumerate() {
+        let still_held = &orders[index + 1..];
+        lambda.release(order);
+        let freed = std::time::Instant::now();
+        let done = lambda
+            .wait_for(Duration::from_secs(5), work_done_for(order))
+            .await
+            .unwrap_or_else(|timeline| {
+                panic!("{order}'s work after the answer was not seen done while {still_held:?} were held:\n{timeline}")
+            });
+        for other in still_held {
+            assert!(
+                !lambda
+                    .timeline()
+                    .iter()
+                    .any(|event| work_done_for(other)(&event.seen)
+                        || event.seen == Seen::Mark(format!("published-{other}"))),
+                "{other} was held:\n{}",
+                lambda.describe()
+            );
+        }
+        println!(
+            "managed instances: {order}'s work after the answer seen done {:.1} ms after its release, {still_held:?} still held",
+            done.at.duration_since(freed).as_secs_f64() * 1000.0
+        );
+    }
+    let warned = lambda
+        .wait_for(Duration::from_secs(10), late_for("delta"))
+        .await
+        .unwrap_or_else(|timeline| panic!("delta's late publishing was not warned about:\n{timeline}"));
+    assert!(
+        !lambda
+            .timeline()
+            .iter()
+            .any(|event| orders[..3].iter().any(|order| late_for(order)(&event.seen))),
+        "only delta was late:\n{}",
+        lambda.describe()
+    );
+    lambda.release("delta");
+    lambda
+        .wait_for(Duration::from_secs(5), work_done_for("delta"))
+        .await
+        .unwrap_or_else(|timeline| {
+            panic!("delta's work after the answer did not finish after its deadline:\n{timeline}")
+        });
+    assert!(
+        !lambda
+            .timeline()
+            .iter()
+            .any(|event| matches!(event.seen, Seen::Registered(..) | Seen::Refused(..))),
+        "no extension registers on Managed Instances:\n{}",
+        lambda.describe()
+    );
+    println!(
+        "managed instances: delta's deadline (3 s) came at {:.0} ms with its publishing held: warned about, alone; released, it finished; no extension registered",
+        lambda.ms(warned.at)
+    );
+}
+
+/// On Lambda (default; `AWS_LAMBDA_MAX_CONCURRENCY` unset), driven through the Runtime and
+/// Extensions APIs as Lambda drives them: one invocation at a time, each held by the
+/// internal extension until the work it handed over is done, and never for the work an
+/// earlier one left behind: the first one's publishing is still held when its deadline
+/// comes (warned about; the extension lets it go 200 ms before), the second one (whose
+/// publishing goes at once) is let go at once, the third one when its own publishing is
+/// released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_lambda_one_invocation_at_a_time_is_held_for_its_own_work_only() {
+    use outbox_tests::fake_lambda::{FakeLambda, Invoke, Model, Seen};
+    let lambda = FakeLambda::start(Model::OneAtATime).await;
+    lambda.invoke(Invoke::http_get("one", "/orders/one", Duration::from_millis(1500)));
+    lambda.invoke(Invoke::http_get("two", "/orders/two", Duration::from_secs(60)));
+    lambda.invoke(Invoke::http_get("three", "/orders/three", Duration::from_secs(60)));
+    lambda.release("two");
+    let _function = lambda.start_function(
+        "lambda_function_process",
+        "orders",
+        None,
+        "outbox::http::lambda=debug,warn",
+    );
+    let seen = |what: Seen| move |seen: &Seen| *seen == what;
+    let at = |what: Seen, within: Duration| {
+        let lambda = &lambda;
+        async move {
+            lambda
+                .wait_for(within, seen(what.clone()))
+                .await
+                .unwrap_or_else(|timeline| panic!("not seen: {what:?}\n{timeline}"))
+                .at
+        }
+    };
+    let registered = lambda
+        .wait_for(Duration::from_secs(30), |seen| matches!(seen, Seen::Registered(..)))
+        .await
+        .unwrap_or_else(|timeline| panic!("no extension registered:\n{timeline}"));
+    assert_eq!(
+        registered.seen,
+        Seen::Registered(outbox::http::lambda::EXTENSION_NAME.into(), vec!["INVOKE".into()])
+    );
+
+    let delivered_one = at(Seen::Delivered("one".into()), Duration::from_secs(30)).await;
+    lambda
+        .wait_for(
+            Duration::from_secs(5),
+            |seen| matches!(seen, Seen::Answered(id, _) if id == "one"),
+        )
+        .await
+        .unwrap_or_else(|timeline| panic!("one was not answered:\n{timeline}"));
+    let released_one = at(Seen::Released("one".into()), Duration::from_secs(10)).await;
+    let held_one = released_one.duration_since(delivered_one);
+    assert!(
+        held_one >= Duration::from_millis(1250),
+        "one was held until its deadline less the margin, not {held_one:?}:\n{}",
+        lambda.describe()
+    );
+    lambda
+        .wait_for(Duration::from_secs(1), late_for("one"))
+        .await
+        .unwrap_or_else(|timeline| panic!("one's late publishing was not warned about:\n{timeline}"));
+
+    let delivered_two = at(Seen::Delivered("two".into()), Duration::from_secs(5)).await;
+    assert!(
+        delivered_two >= released_one,
+        "frozen until the extension let one go:\n{}",
+        lambda.describe()
+    );
+    let answered_two = lambda
+        .wait_for(
+            Duration::from_secs(5),
+            |seen| matches!(seen, Seen::Answered(id, _) if id == "two"),
+        )
+        .await
+        .unwrap_or_else(|timeline| panic!("two was not answered:\n{timeline}"))
+        .at;
+    let released_two = lambda
+        .wait_for(Duration::from_secs(5), seen(Seen::Released("two".into())))
+        .await
+        .unwrap_or_else(|timeline| {
+            panic!("two was held by the work one left behind (one's publishing is still held):\n{timeline}")
+        })
+        .at;
+    assert!(
+        !lambda
+            .timeline()
+            .iter()
+            .any(|event| event.seen == Seen::Mark("published-one".into())),
+        "one's publishing was still held when two was let go"
+    );
+
+    at(Seen::Delivered("three".into()), Duration::from_secs(5)).await;
+    at(Seen::Held("three".into()), Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !lambda
+            .timeline()
+            .iter()
+            .any(|event| event.seen == Seen::Released("three".into())),
+        "three was let go before its own publishing was done:\n{}",
+        lambda.describe()
+    );
+    lambda.release("three");
+    let published_three = at(Seen::Mark("published-three".into()), Duration::from_secs(5)).await;
+    let released_three = at(Seen::Released("three".into()), Duration::from_secs(5)).await;
+    assert!(released_three >= published_three);
+    lambda.release("one");
+    at(Seen::Mark("published-one".into()), Duration::from_secs(5)).await;
+    assert_eq!(most_in_flight(&lambda.timeline()), 1, "{}", lambda.describe());
+    println!(
+        "one at a time: one held {:.0} ms by the extension (deadline 1500 ms, margin 200 ms) and warned about; two let go {:.1} ms after its answer with one's publishing still held; three let go {:.1} ms after its own publishing; never more than 1 invocation in flight",
+        held_one.as_secs_f64() * 1000.0,
+        released_two.duration_since(answered_two).as_secs_f64() * 1000.0,
+        released_three.duration_since(published_three).as_secs_f64() * 1000.0,
+    );
+}
+
+/// The control worker's and the consumers' runtime loop (`outbox::telemetry::lambda::run`)
+/// on Lambda Managed Instances (`AWS_LAMBDA_MAX_CONCURRENCY=4`): four SQS batches are in
+/// the handler at once (a gate opens only with all four inside), and each is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_managed_instances_the_batch_handlers_take_batches_at_once() {
+    use outbox_tests::fake_lambda::{FakeLambda, Invoke, Model, Seen};
+    let lambda = FakeLambda::start(Model::ManagedInstances).await;
+    let batches = ["batch-1", "batch-2", "batch-3", "batch-4"];
+    for batch in batches {
+        lambda.invoke(Invoke::sqs(batch, Duration::from_secs(60)));
+    }
+    let _function = lambda.start_function("lambda_function_process", "batches", Some(4), "warn");
+    for batch in batches {
+        let answer = lambda
+            .wait_for(
+                Duration::from_secs(30),
+                |seen| matches!(seen, Seen::Answered(id, _) if id == batch),
+            )
+            .await
+            .unwrap_or_else(|timeline| panic!("{batch} was not answered:\n{timeline}"));
+        let Seen::Answered(_, body) = answer.seen else {
+            unreachable!()
+        };
+        assert_eq!(body, json!({"batchItemFailures": []}));
+    }
+    let timeline = lambda.timeline();
+    let inside: Vec<_> = timeline
+        .iter()
+        .filter(|event| matches!(event.seen, Seen::Entered(_)))
+        .map(|event| event.at)
+        .collect();
+    let first_answer = timeline
+        .iter()
+        .find(|event| matches!(event.seen, Seen::Answered(..)))
+        .map(|event| event.at)
+        .unwrap();
+    assert_eq!(inside.len(), 4, "{}", lambda.describe());
+    assert!(inside.iter().all(|at| *at <= first_answer), "{}", lambda.describe());
+    assert_eq!(most_in_flight(&timeline), 4, "{}", lambda.describe());
+    println!(
+        "managed instances: 4 SQS batches in the handler at once (gate of 4 passed at {:.0}-{:.0} ms), all answered",
+        lambda.ms(*inside.iter().min().unwrap()),
+        lambda.ms(*inside.iter().max().unwrap()),
+    );
 }

@@ -1,7 +1,8 @@
 //! A consumer's process from its settings (feature `consumer`): inside Lambda, the SQS
-//! event handler with partial batch responses; elsewhere, the local poller on
-//! `OUTBOX_CONSUMER_QUEUE_URL` until SIGINT or SIGTERM, the batch in hand finished first and
-//! the open long poll waited out (what it takes is handed back).
+//! event handler with partial batch responses (several batches at once on Lambda Managed
+//! Instances); elsewhere, the local poller on `OUTBOX_CONSUMER_QUEUE_URL` until SIGINT or
+//! SIGTERM, the batch in hand finished first and the open long poll waited out (what it
+//! takes is handed back).
 //! A service's `main` is then one call: `outbox::consumer::serve(handler).await`.
 
 use std::sync::Arc;
@@ -135,9 +136,12 @@ pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), ServeError> {
     let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
     let setup = Setup::new(ConsumerSettings::from_env()?, handler).await?;
     if on_lambda {
-        let consumer = &setup.consumer;
-        let handler = service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-            Ok::<_, lambda_runtime::Error>(super::lambda::handle_event(consumer, event.payload).await)
+        // Shared by the batches in flight at once on Lambda Managed Instances: the consumer
+        // keeps no state of its own between batches (its ports are clients).
+        let consumer = Arc::new(setup.consumer);
+        let handler = service_fn(move |event: LambdaEvent<SqsEvent>| {
+            let consumer = consumer.clone();
+            async move { Ok::<_, lambda_runtime::Error>(super::lambda::handle_event(&consumer, event.payload).await) }
         });
         return crate::telemetry::lambda::run(handler).await.map_err(ServeError::Lambda);
     }

@@ -1,13 +1,23 @@
-//! An axum router on Lambda, with publishing after the answer: `lambda_http` beside an
-//! internal extension that holds the execution environment until what the request path
-//! left for after the answer is done.
+//! An axum router on Lambda, with publishing after the answer: `lambda_http`'s adapter
+//! under `lambda_runtime::run_concurrent`, and what follows each invocation's answer.
 //!
-//! Lambda returns a function's response as soon as its handler completes, and freezes the
-//! environment once the runtime and every extension have asked for the next event. The
-//! extension registered here asks only when the invocation's handler has answered and
-//! the [`AfterAnswer`] it watches has no work left (or the invocation's deadline has
-//! come): the client has its answer while the messages go out. Work cut off by the
-//! deadline or a crash is the control worker's, as any failure of inline publishing.
+//! On Lambda (default), one invocation at a time: Lambda returns a function's response as
+//! soon as its handler completes, and freezes the environment once the runtime and every
+//! extension have asked for the next event. The internal extension registered here asks
+//! only when the invocation's handler has answered and the work that invocation handed to
+//! the [`AfterAnswer`] is done (or the invocation's deadline has come): the client has its
+//! answer while the messages go out. Work an earlier invocation left behind does not hold
+//! a later one.
+//!
+//! On Lambda Managed Instances ([`managed_instances`]; `AWS_LAMBDA_MAX_CONCURRENCY` above
+//! 1 runs several invocations at once), invocations run in parallel in one process, the environment is never frozen, and a timed-out
+//! invocation's code keeps running. Lambda accepts no extension's registration for
+//! `INVOKE` events there, and there is no freeze to hold off: no extension is registered,
+//! and a task per invocation watches the work it handed over to its end instead, warning
+//! when the deadline comes first and flushing the spans after it.
+//!
+//! Either way, work cut off (a deadline before a freeze, a shutdown, a crash) is the
+//! control worker's, as any failure of inline publishing.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -16,9 +26,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use lambda_extension::{service_fn, Extension, LambdaEvent as ExtensionEvent, NextEvent};
 use lambda_http::request::LambdaRequest;
-use lambda_http::LambdaEvent;
+use lambda_http::{Context, LambdaEvent};
 use tokio::sync::Notify;
 
+use crate::request::after_answer::Invocation;
 use crate::request::AfterAnswer;
 
 /// Whether spans are exported (feature `otel`, and the `OTEL_*` variables turn it on).
@@ -37,6 +48,25 @@ fn traces_exported() -> bool {
 async fn flush_traces() {
     #[cfg(feature = "otel")]
     crate::telemetry::export::flush_blocking().await;
+}
+
+/// How many invocations Lambda runs at once in this environment:
+/// `AWS_LAMBDA_MAX_CONCURRENCY` on Lambda Managed Instances, 1 elsewhere (the rule
+/// `run_concurrent` follows).
+pub fn max_concurrency() -> u32 {
+    std::env::var("AWS_LAMBDA_MAX_CONCURRENCY")
+        .ok()
+        .and_then(|value| value.trim().parse::<u32>().ok())
+        .filter(|&concurrency| concurrency > 0)
+        .unwrap_or(1)
+}
+
+/// Whether this environment is Lambda Managed Instances': `AWS_LAMBDA_INITIALIZATION_TYPE`
+/// is `lambda-managed-instances` there, and only there can [`max_concurrency`] be above 1.
+/// Its environments are never frozen, and no extension may register for `INVOKE` events.
+pub fn managed_instances() -> bool {
+    max_concurrency() > 1
+        || std::env::var("AWS_LAMBDA_INITIALIZATION_TYPE").is_ok_and(|kind| kind == "lambda-managed-instances")
 }
 
 /// The extension's name, as Lambda lists it.
@@ -101,34 +131,104 @@ impl Answered {
     }
 }
 
-/// Marks its invocation answered when dropped: when the answer is made, and also when
-/// the handler panics, its event cannot be read, or its future is dropped.
-struct MarkOnDrop {
-    answered: Answered,
-    request_id: String,
+/// What follows an invocation's answer.
+#[derive(Clone)]
+enum Then {
+    /// Nothing: no work after the answer, no spans to flush.
+    Nothing,
+    /// Lambda (default): the answer is marked for the extension, which holds the
+    /// environment until the invocation's own work is done.
+    Mark(Answered),
+    /// Managed Instances: a task watches the invocation's own work to its end.
+    Watch { after: Option<AfterAnswer>, flush: bool },
 }
 
-impl Drop for MarkOnDrop {
+/// Does what follows the answer when dropped: when the answer is made, and also when
+/// the handler panics, its event cannot be read, or its future is dropped.
+struct FollowOnDrop {
+    then: Then,
+    invocation: Invocation,
+    deadline: Option<SystemTime>,
+}
+
+impl Drop for FollowOnDrop {
     fn drop(&mut self) {
-        self.answered.mark(std::mem::take(&mut self.request_id));
+        match &self.then {
+            Then::Nothing => {}
+            Then::Mark(answered) => answered.mark(self.invocation.id().to_owned()),
+            Then::Watch { after, flush } => {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(watch(after.clone(), self.invocation.clone(), self.deadline, *flush));
+                }
+            }
+        }
     }
 }
 
-/// The router as the Lambda runtime's handler (what `lambda_http::run` makes of it),
-/// marking each invocation answered once its answer is made, whatever it is: every
-/// transaction it committed has handed its publishing over by then.
+/// The invocation's deadline, if Lambda gave one.
+fn deadline_of(context: &Context) -> Option<SystemTime> {
+    (context.deadline > 0).then(|| UNIX_EPOCH + Duration::from_millis(context.deadline))
+}
+
+/// What is left until `until`.
+fn left(until: SystemTime) -> Duration {
+    until.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)
+}
+
+/// On Managed Instances, after an invocation's answer: waits for the work it handed over
+/// (never for another invocation's) to its end, which nothing cuts at the deadline there,
+/// warning when the deadline comes first; then sends the spans.
+async fn watch(after: Option<AfterAnswer>, invocation: Invocation, deadline: Option<SystemTime>, flush: bool) {
+    if let Some(after) = &after {
+        if !after.idle_for(&invocation, deadline.map_or(Duration::MAX, left)).await {
+            tracing::warn!(
+                request_id = %invocation,
+                running = after.running_for(&invocation),
+                "the invocation's deadline came before publishing after the answer was done; it goes on (Managed Instances do not freeze the environment)"
+            );
+            after.idle_for(&invocation, Duration::MAX).await;
+        }
+        tracing::debug!(request_id = %invocation, "the invocation's work after the answer is done");
+    }
+    if flush {
+        flush_traces().await;
+    }
+}
+
+/// The router's answer to one event, as the runtime posts it. `lambda_http`'s adapter
+/// answers with a body that is not `Sync`, which `run_concurrent` needs of a response:
+/// the answer is made JSON here, and the adapter is gone before it is awaited (it is not
+/// `Send`), so that the whole future is `Send`.
+async fn answer(
+    app: Router,
+    payload: serde_json::Value,
+    context: Context,
+) -> Result<serde_json::Value, lambda_http::Error> {
+    use lambda_http::Service as _;
+    let request: LambdaRequest = serde_json::from_value(payload)?;
+    let answering = lambda_http::Adapter::from(app).call(LambdaEvent::new(request, context));
+    let response = match answering.await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    };
+    Ok(serde_json::to_value(response)?)
+}
+
+/// The router as the Lambda runtime's handler, each invocation's answer in that
+/// invocation's scope (the work it hands to an [`AfterAnswer`] is counted as its own),
+/// and followed, once made, whatever it is, by what [`Then`] says: every transaction it
+/// committed has handed its publishing over by then.
 #[derive(Clone)]
 struct Marked {
     app: Router,
-    answered: Answered,
+    then: Then,
 }
 
 impl lambda_http::Service<LambdaEvent<serde_json::Value>> for Marked {
     type Response = serde_json::Value;
     type Error = lambda_http::Error;
-    // Not `Send`: the adapter's future holds the answer's body, which is not `Sync`, and
-    // the runtime polls its handler's future in place.
-    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<serde_json::Value, lambda_http::Error>>>>;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<serde_json::Value, lambda_http::Error>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
         std::task::Poll::Ready(Ok(()))
@@ -136,20 +236,32 @@ impl lambda_http::Service<LambdaEvent<serde_json::Value>> for Marked {
 
     fn call(&mut self, event: LambdaEvent<serde_json::Value>) -> Self::Future {
         let LambdaEvent { payload, context } = event;
-        let marked = MarkOnDrop {
-            answered: self.answered.clone(),
-            request_id: context.request_id.clone(),
+        let invocation = Invocation::new(&context.request_id);
+        let deadline = deadline_of(&context);
+        let follow = FollowOnDrop {
+            then: self.then.clone(),
+            invocation: invocation.clone(),
+            deadline,
         };
-        let app = self.app.clone();
+        // On Lambda (default) the extension tells a late answer; on Managed Instances, this.
+        let tell_late = matches!(self.then, Then::Watch { .. });
+        let answering = invocation.clone().scope(answer(self.app.clone(), payload, context));
         Box::pin(async move {
-            let _marked = marked;
-            let request: LambdaRequest = serde_json::from_value(payload)?;
-            let mut adapter = lambda_http::Adapter::from(app);
-            let response = match adapter.call(LambdaEvent::new(request, context)).await {
-                Ok(response) => response,
-                Err(never) => match never {},
+            let _follow = follow;
+            let Some(deadline) = deadline.filter(|_| tell_late) else {
+                return answering.await;
             };
-            Ok(serde_json::to_value(response)?)
+            tokio::pin!(answering);
+            match tokio::time::timeout(left(deadline), &mut answering).await {
+                Ok(answered) => answered,
+                Err(_) => {
+                    tracing::warn!(
+                        request_id = %invocation,
+                        "the invocation's deadline came before its handler answered; Lambda reports a timeout while the handler goes on"
+                    );
+                    answering.await
+                }
+            }
         })
     }
 }
@@ -159,49 +271,40 @@ impl lambda_http::Service<LambdaEvent<serde_json::Value>> for Marked {
 /// environment.
 pub const HOLD_MARGIN: Duration = Duration::from_millis(200);
 
-/// Serves `app` on Lambda. With `after` (the outbox's [`AfterAnswer`], when it publishes
-/// after the answer) an internal extension holds each invocation's environment until
-/// that invocation has answered and `after` has no work left, at most until
-/// [`HOLD_MARGIN`] before the invocation's deadline. With feature `otel` and spans
-/// exported, the extension also flushes them after each invocation, after the answer
-/// (and what was published after it). Without either, this is `lambda_http::run(app)`.
+/// Serves `app` on Lambda, [`max_concurrency`] invocations at once (several on Lambda
+/// Managed Instances, one elsewhere).
+///
+/// With `after` (the outbox's [`AfterAnswer`], when it publishes after the answer), on
+/// Lambda (default) an internal extension holds each invocation's environment until that
+/// invocation has answered and the work it handed to `after` is done, at most until
+/// [`HOLD_MARGIN`] before its deadline; on Managed Instances ([`managed_instances`]: no
+/// freeze, and no extension may register for invocations) a task per invocation watches
+/// that work to its end instead, and warns when the deadline comes first. With feature `otel` and spans exported, each
+/// invocation's spans are flushed after it (and what was published after its answer).
 pub async fn run(app: Router, after: Option<AfterAnswer>) -> Result<(), LambdaError> {
     let flush = cfg!(feature = "otel") && traces_exported();
+    let serve = |then| async move {
+        lambda_http::lambda_runtime::run_concurrent(Marked { app, then })
+            .await
+            .map_err(LambdaError::Runtime)
+    };
     if after.is_none() && !flush {
-        return lambda_http::run(app).await.map_err(LambdaError::Runtime);
+        return serve(Then::Nothing).await;
+    }
+    if managed_instances() {
+        return serve(Then::Watch { after, flush }).await;
     }
     let answered = Answered::default();
-    let handler = Marked {
-        app,
-        answered: answered.clone(),
-    };
-    let hold = service_fn(move |event: ExtensionEvent| {
-        let (answered, after) = (answered.clone(), after.clone());
-        async move {
-            if let NextEvent::Invoke(invoke) = event.next {
-                let until = UNIX_EPOCH + Duration::from_millis(invoke.deadline_ms) - HOLD_MARGIN;
-                let left = || until.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
-                if tokio::time::timeout(left(), answered.wait_for(&invoke.request_id))
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!(request_id = %invoke.request_id, "the invocation's deadline came before its handler answered");
-                } else if let Some(after) = &after {
-                    if !after.idle_within(left()).await {
-                        tracing::warn!(
-                            request_id = %invoke.request_id,
-                            running = after.running(),
-                            "the invocation's deadline came before publishing after the answer was done; the control worker publishes the rest"
-                        );
-                    }
+    let hold = service_fn({
+        let answered = answered.clone();
+        move |event: ExtensionEvent| {
+            let (answered, after) = (answered.clone(), after.clone());
+            async move {
+                if let NextEvent::Invoke(invoke) = event.next {
+                    hold(&answered, after.as_ref(), &invoke.request_id, invoke.deadline_ms, flush).await;
                 }
-                // The invocation's spans, the publishing's after the answer included, go
-                // out before the environment may freeze.
-                if flush {
-                    let _ = tokio::time::timeout(left(), flush_traces()).await;
-                }
+                Ok::<(), lambda_extension::Error>(())
             }
-            Ok::<(), lambda_extension::Error>(())
         }
     });
     // Registered before the runtime asks for its first event, as Lambda requires of an
@@ -215,7 +318,37 @@ pub async fn run(app: Router, after: Option<AfterAnswer>) -> Result<(), LambdaEr
         .map_err(LambdaError::Register)?;
     tokio::select! {
         result = extension.run() => result.map_err(LambdaError::Extension),
-        result = lambda_http::lambda_runtime::run(handler) => result.map_err(LambdaError::Runtime),
+        result = serve(Then::Mark(answered)) => result,
+    }
+}
+
+/// On Lambda (default), the extension's part in invocation `request_id`: it returns (and the
+/// extension asks for the next event, letting the environment freeze) once the
+/// invocation has answered and the work it handed over is done, or [`HOLD_MARGIN`]
+/// before its deadline.
+async fn hold(answered: &Answered, after: Option<&AfterAnswer>, request_id: &str, deadline_ms: u64, flush: bool) {
+    let until = UNIX_EPOCH + Duration::from_millis(deadline_ms) - HOLD_MARGIN;
+    if tokio::time::timeout(left(until), answered.wait_for(request_id))
+        .await
+        .is_err()
+    {
+        tracing::warn!(request_id = %request_id, "the invocation's deadline came before its handler answered");
+    } else if let Some(after) = after {
+        let invocation = Invocation::new(request_id);
+        if after.idle_for(&invocation, left(until)).await {
+            tracing::debug!(request_id = %request_id, "the invocation's work after the answer is done");
+        } else {
+            tracing::warn!(
+                request_id = %request_id,
+                running = after.running_for(&invocation),
+                "the invocation's deadline came before publishing after the answer was done; the control worker publishes the rest"
+            );
+        }
+    }
+    // The invocation's spans, the publishing's after the answer included, go out before
+    // the environment may freeze.
+    if flush {
+        let _ = tokio::time::timeout(left(until), flush_traces()).await;
     }
 }
 
@@ -229,11 +362,28 @@ mod tests {
         LambdaEvent::new(payload, context)
     }
 
+    fn event(path: &str) -> serde_json::Value {
+        serde_json::json!({
+            "version": "2.0", "routeKey": "$default", "rawPath": path, "rawQueryString": "",
+            "headers": {"host": "x"}, "isBase64Encoded": false,
+            "requestContext": {
+                "accountId": "1", "apiId": "a", "domainName": "x", "domainPrefix": "x",
+                "requestId": "r", "routeKey": "$default", "stage": "$default",
+                "time": "26/Nov/2026:00:00:00 +0000", "timeEpoch": 0,
+                "http": {"method": "GET", "path": path, "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1", "userAgent": "t"}
+            }
+        })
+    }
+
     /// Every invocation is marked answered: one the router answered, one whose event it
-    /// could not read, and one whose handler panicked.
+    /// could not read, and one whose handler panicked. The handler's future is `Send`, as
+    /// `run_concurrent` needs.
     #[tokio::test]
     async fn every_invocation_is_marked_answered_whatever_became_of_it() {
         use lambda_http::Service as _;
+        fn send<T: Send>(value: T) -> T {
+            value
+        }
         let app = Router::new().route("/", axum::routing::get(|| async { "ok" })).route(
             "/panic",
             axum::routing::get(|| async { panic!("a handler bug") as &'static str }),
@@ -241,21 +391,11 @@ mod tests {
         let answered = Answered::default();
         let mut marked = Marked {
             app,
-            answered: answered.clone(),
+            then: Then::Mark(answered.clone()),
         };
-        let event = |path: &str| {
-            serde_json::json!({
-                "version": "2.0", "routeKey": "$default", "rawPath": path, "rawQueryString": "",
-                "headers": {"host": "x"}, "isBase64Encoded": false,
-                "requestContext": {
-                    "accountId": "1", "apiId": "a", "domainName": "x", "domainPrefix": "x",
-                    "requestId": "r", "routeKey": "$default", "stage": "$default",
-                    "time": "26/Nov/2026:00:00:00 +0000", "timeEpoch": 0,
-                    "http": {"method": "GET", "path": path, "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1", "userAgent": "t"}
-                }
-            })
-        };
-        let answer = marked.call(invocation("served", event("/"))).await.expect("an answer");
+        let answer = send(marked.call(invocation("served", event("/"))))
+            .await
+            .expect("an answer");
         assert_eq!(answer["statusCode"], 200, "{answer}");
         assert!(answered.take("served"));
         assert!(marked
@@ -266,10 +406,7 @@ mod tests {
             answered.take("unreadable"),
             "an event the router never saw is marked too"
         );
-        let panicking = marked.call(invocation("panicked", event("/panic")));
-        let panicked = tokio::task::LocalSet::new()
-            .run_until(async move { tokio::task::spawn_local(panicking).await })
-            .await;
+        let panicked = tokio::spawn(marked.call(invocation("panicked", event("/panic")))).await;
         assert!(panicked.is_err(), "the handler panicked");
         assert!(answered.take("panicked"), "a handler that panicked is marked too");
     }
@@ -293,5 +430,64 @@ mod tests {
             answered.take("other"),
             "the other invocation's answer is kept for its own wait"
         );
+    }
+
+    /// The work each invocation's handler hands over is its own: the extension holds an
+    /// invocation for that work, never for the work an earlier invocation left behind.
+    #[tokio::test]
+    async fn the_extension_holds_an_invocation_for_its_own_work_only() {
+        use lambda_http::Service as _;
+        let after = AfterAnswer::on_tokio();
+        let (release, released) = tokio::sync::watch::channel(false);
+        let app = Router::new().route(
+            "/",
+            axum::routing::get({
+                let after = after.clone();
+                move || {
+                    let (after, mut released) = (after.clone(), released.clone());
+                    async move {
+                        after.run(async move {
+                            let _ = released.wait_for(|released| *released).await;
+                        });
+                        "ok"
+                    }
+                }
+            }),
+        );
+        let answered = Answered::default();
+        let mut marked = Marked {
+            app,
+            then: Then::Mark(answered.clone()),
+        };
+        marked.call(invocation("first", event("/"))).await.expect("an answer");
+        assert_eq!(after.running_for(&Invocation::new("first")), 1);
+        let far = SystemTime::now() + Duration::from_secs(60);
+        let deadline_ms = |at: SystemTime| at.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        // The first one's deadline comes with its work still running.
+        let soon = SystemTime::now() + HOLD_MARGIN + Duration::from_millis(100);
+        hold(&answered, Some(&after), "first", deadline_ms(soon), false).await;
+        assert!(SystemTime::now() >= soon - HOLD_MARGIN, "held until its deadline");
+        // The second one hands nothing over: released at once, the first one's work running.
+        answered.mark("second".into());
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            hold(&answered, Some(&after), "second", deadline_ms(far), false),
+        )
+        .await
+        .expect("not held by the first invocation's work");
+        assert_eq!(after.running(), 1);
+        // The third one is held until its own work is done.
+        marked.call(invocation("third", event("/"))).await.expect("an answer");
+        let holding = tokio::spawn({
+            let (answered, after) = (answered.clone(), after.clone());
+            async move { hold(&answered, Some(&after), "third", deadline_ms(far), false).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!holding.is_finished(), "released before its work was done");
+        release.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), holding)
+            .await
+            .expect("released once its work is done")
+            .unwrap();
     }
 }
