@@ -54,6 +54,7 @@ async fn main() -> ExitCode {
     let after_answer = parts.state.outbox.after_answer().cloned();
     let app = router(parts.state, &http_config(&settings));
     if on_lambda {
+        outbox::http::caller::announce(settings.authentication);
         return match outbox::http::lambda::run(app, after_answer).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

@@ -77,9 +77,9 @@ pub mod stage;
 pub mod status;
 pub mod trace;
 
+pub use caller::{Authentication, Caller};
 #[cfg(feature = "lambda")]
 pub use compression::UncompressedThroughRestApiLayer;
-pub use caller::{Authentication, Caller};
 pub use error::HttpError;
 pub use headers::{etag, IdempotencyKeyHeader, IfMatch};
 pub use idempotency::Idempotency;
