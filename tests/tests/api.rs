@@ -2445,3 +2445,53 @@ async fn behind_api_gateway_the_request_id_is_the_access_logs() {
         .insert("x-request-id", "chosen-by-the-client".parse().unwrap());
     assert_eq!(app.send(local).await.headers["x-request-id"], "chosen-by-the-client");
 }
+
+/// Under `OUTBOX_AUTH=jwt`, the caller is the verified subject wherever the front door
+/// puts it: a REST API's Cognito authorizer (`requestContext.authorizer.claims.sub`)
+/// serves Alice as an HTTP API's JWT authorizer does; an empty subject, or one that
+/// names the development caller, is no caller (401); a caller a middleware put in the
+/// request never outranks the subject the front door verified.
+#[tokio::test]
+async fn the_verified_subject_is_the_caller_whatever_the_front_door() {
+    let config = HttpConfig {
+        authentication: Authentication::Jwt,
+        ..config()
+    };
+    let app = app_with_config(|backend, clock| backend.request_ports(clock), config);
+    let rest_api = |subject: &str| {
+        let mut event: Value =
+            serde_json::from_str(include_str!("../fixtures/sam_rest_api_create_order.json")).unwrap();
+        event["requestContext"]["authorizer"] = json!({"claims": {"sub": subject, "token_use": "id"}});
+        let request = lambda_http::request::from_str(&event.to_string()).expect("a REST API event");
+        request.map(|body| Body::from(body.to_vec()))
+    };
+    let placed = app.send(rest_api("alice")).await;
+    assert_eq!(placed.status, StatusCode::CREATED, "{}", placed.body);
+    let id = placed.body["id"].as_str().unwrap().to_owned();
+    let path = format!("/orders/{id}");
+    assert_eq!(
+        app.send(signed_in(Some("alice"), Method::GET, &path, None))
+            .await
+            .status,
+        StatusCode::OK,
+        "the REST API's Alice is the HTTP API's"
+    );
+    for subject in ["", outbox::http::Caller::DEVELOPMENT] {
+        let refused = app
+            .send(signed_in(Some(subject), Method::POST, "/orders", Some(&new_order())))
+            .await;
+        assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "subject {subject:?}");
+        assert_eq!(
+            app.send(rest_api(subject)).await.status,
+            StatusCode::UNAUTHORIZED,
+            "REST API, subject {subject:?}"
+        );
+    }
+    let mut claimed = signed_in(Some("bob"), Method::GET, &path, None);
+    claimed.extensions_mut().insert(outbox::http::Caller::new("alice"));
+    assert_eq!(
+        app.send(claimed).await.status,
+        StatusCode::NOT_FOUND,
+        "Bob's verified subject wins over a caller put in the request"
+    );
+}

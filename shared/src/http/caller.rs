@@ -4,12 +4,16 @@
 //! The API never verifies a token itself: API Gateway does, before the function runs,
 //! and hands the token's claims over in the request's context. [`Caller`] reads the
 //! subject (`sub`) from there (feature `lambda`: an HTTP API's JWT authorizer, or a REST
-//! API's Cognito authorizer), or takes a `Caller` a middleware of the service's own put
-//! in the request's extensions (another front door, a test). Where neither is there, the
-//! service's [`Authentication`] decides: [`Authentication::Jwt`] answers 401 (a
-//! deployment whose authorizer was bypassed or removed never serves anyone as somebody),
-//! [`Authentication::Off`] serves every such request as [`Caller::DEVELOPMENT`] (the local
-//! server, `cargo lambda watch`, a demo stack deployed without sign-in).
+//! API's Cognito authorizer), else takes a `Caller` a middleware of the service's own put
+//! in the request's extensions (another front door, a test): the front door's verified
+//! subject wins. The function trusts the request's context as Lambda hands it over, so
+//! only the API's front door may invoke it (the template grants that to its HTTP API
+//! alone). Where no caller is known, the service's [`Authentication`] decides what a
+//! handler that asks for one gets: [`Authentication::Jwt`] answers 401 (a front door
+//! whose authorizer was removed serves nobody as somebody), [`Authentication::Off`] the
+//! development caller (the local server, `cargo lambda watch`, a demo stack deployed
+//! without sign-in). A token whose subject is the development caller's name is no
+//! caller: no token ever reaches what the development caller owns.
 //!
 //! The service says which by an [`axum::Extension`] on its router
 //! (`router.layer(Extension(Authentication::Off))`; `outbox::service` adds it from
@@ -47,16 +51,14 @@ impl Caller {
         &self.0
     }
 
-    /// The caller as `parts` carry it: an extension, or the authorizer's claims.
+    /// The caller as `parts` carry it: the subject the front door's authorizer verified,
+    /// else an extension a middleware of the service's put there.
     pub fn of(parts: &Parts) -> Option<Self> {
-        if let Some(caller) = parts.extensions.get::<Caller>() {
-            return Some(caller.clone());
-        }
         #[cfg(feature = "lambda")]
         if let Some(subject) = authorizer_subject(parts) {
             return Some(Self(subject));
         }
-        None
+        parts.extensions.get::<Caller>().cloned()
     }
 
     /// Within `scope` (a service's name), the scope of this caller's idempotency keys:
@@ -84,7 +86,7 @@ pub fn announce(authentication: Authentication) {
              can reach this API reads and changes everything it serves"
         ),
         Authentication::Jwt => tracing::info!(
-            "OUTBOX_AUTH=jwt: every request must carry a token API Gateway's authorizer verified (401 without one)"
+            "OUTBOX_AUTH=jwt: a handler that asks for the caller answers 401 to a request without a token API Gateway's authorizer verified"
         ),
     }
 }
@@ -108,7 +110,7 @@ fn authorizer_subject(parts: &Parts) -> Option<String> {
             }),
         _ => None,
     };
-    subject.filter(|subject| !subject.is_empty())
+    subject.filter(|subject| !subject.is_empty() && subject != Caller::DEVELOPMENT)
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Caller {

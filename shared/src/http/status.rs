@@ -8,11 +8,13 @@
 //!
 //! ```
 //! # fn wire(app: axum::Router, outbox: outbox::request::Outbox) -> axum::Router {
-//! use outbox::http::{enforce_deadline, status, Deadlines};
+//! use outbox::http::{enforce_deadline, status, Authentication, Deadlines};
 //! let deadlines = Deadlines::new(outbox, std::time::Duration::from_secs(10))
 //!     .with_status_links(status::STATUS_PATH);
 //! app.merge(status::routes())
 //!     .route_layer(axum::middleware::from_fn_with_state(deadlines, enforce_deadline))
+//!     // Who may ask (the route takes a `Caller`): here, without sign-in.
+//!     .layer(axum::Extension(Authentication::Off))
 //! # }
 //! ```
 
