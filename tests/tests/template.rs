@@ -1396,6 +1396,16 @@ impl Deployment {
                     Some(self.parameters.get(name).cloned().unwrap_or_else(|| value.clone()))
                 }
             }
+            serde_json::Value::Object(object) if object.len() == 1 && object.contains_key("Fn::Join") => {
+                let arguments = self.resolve(&object["Fn::Join"]).expect("Fn::Join's arguments");
+                let parts: Option<Vec<&str>> = arguments[1]
+                    .as_array()
+                    .and_then(|parts| parts.iter().map(serde_json::Value::as_str).collect());
+                Some(match (arguments[0].as_str(), parts) {
+                    (Some(separator), Some(parts)) => json!(parts.join(separator)),
+                    _ => json!({ "Fn::Join": arguments }),
+                })
+            }
             serde_json::Value::Object(object) => Some(serde_json::Value::Object(
                 object
                     .iter()
@@ -2144,4 +2154,97 @@ fn every_function_logs_to_a_group_with_a_retention_and_the_guide_explains_each_p
         .collect();
     let panels: BTreeSet<String> = dashboard_panels(&stack).into_keys().collect();
     assert_eq!(explained, panels, "docs/RUNNING.md's panels are the dashboard's");
+}
+
+/// Lambda Managed Instances, off by default: without `CapacityProviderSubnetIds` there is
+/// no capacity provider and every function runs on Lambda's own (256 MB, the API invoked
+/// unqualified). With subnets and security groups, the stack creates the provider in them
+/// and every function of the template runs on it: its `CapacityProviderConfig` names the
+/// provider, it is published behind the alias `live`, which the routes' integration and
+/// the event sources invoke, with Lambda Managed Instances' 2 GB. The `Fn::If`s around
+/// SAM's properties are decided before the SAM transform, by `AWS::LanguageExtensions`.
+#[test]
+fn lambda_managed_instances_are_off_by_default_and_on_every_function_when_set() {
+    let template = cloudformation();
+    assert_eq!(
+        template["Transform"],
+        json!(["AWS::LanguageExtensions", "AWS::Serverless-2016-10-31"]),
+        "the language extensions decide the Fn::Ifs SAM cannot take, before it runs"
+    );
+    let functions: BTreeSet<String> = template["Resources"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, resource)| resource["Type"] == "AWS::Serverless::Function")
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert_eq!(
+        functions,
+        FUNCTIONS.map(str::to_owned).into_iter().collect(),
+        "the template's functions"
+    );
+
+    let off = Deployment::with(&[]);
+    assert!(!off.holds("UsesCapacityProvider"), "off by default");
+    let resources = off.resources();
+    for resource in resources.values() {
+        let kind = resource["Type"].as_str().unwrap();
+        assert!(!kind.contains("CapacityProvider"), "off: a {kind}");
+    }
+    for function in &functions {
+        let properties = &resources[function]["Properties"];
+        assert!(properties.get("CapacityProviderConfig").is_none(), "off: {function}");
+        assert!(properties.get("AutoPublishAlias").is_none(), "off: {function}");
+        assert_eq!(properties["MemorySize"], 256, "off: {function}");
+    }
+    assert_eq!(
+        resources["ApiIntegration"]["Properties"]["IntegrationUri"],
+        json!({"Fn::GetAtt": ["ApiFunction", "Arn"]})
+    );
+
+    let on = Deployment::with(&[
+        (
+            "CapacityProviderSubnetIds",
+            "subnet-0aaaaaaaaaaaaaaa1,subnet-0aaaaaaaaaaaaaaa2",
+        ),
+        ("CapacityProviderSecurityGroupIds", "sg-0bbbbbbbbbbbbbbb1"),
+    ]);
+    let resources = on.resources();
+    let provider = &resources["CapacityProvider"];
+    assert_eq!(provider["Type"], "AWS::Lambda::CapacityProvider");
+    let vpc = &provider["Properties"]["VpcConfig"];
+    assert_eq!(
+        vpc["SubnetIds"],
+        json!(["subnet-0aaaaaaaaaaaaaaa1", "subnet-0aaaaaaaaaaaaaaa2"])
+    );
+    assert_eq!(vpc["SecurityGroupIds"], json!(["sg-0bbbbbbbbbbbbbbb1"]));
+    assert_eq!(
+        provider["Properties"]["PermissionsConfig"]["CapacityProviderOperatorRoleArn"],
+        json!({"Fn::GetAtt": ["CapacityProviderOperatorRole", "Arn"]})
+    );
+    for function in &functions {
+        let properties = &resources[function]["Properties"];
+        assert_eq!(
+            properties["CapacityProviderConfig"],
+            json!({"Arn": {"Fn::GetAtt": ["CapacityProvider", "Arn"]}}),
+            "on: {function} runs on the provider"
+        );
+        assert_eq!(properties["AutoPublishAlias"], "live", "on: {function}");
+        assert!(properties["MemorySize"].as_i64() >= Some(2048), "on: {function}");
+    }
+    assert_eq!(
+        resources["ApiIntegration"]["Properties"]["IntegrationUri"],
+        json!({"Ref": "ApiFunction.Alias"}),
+        "the routes invoke the published version"
+    );
+    assert_eq!(
+        resources["ApiInvokePermission"]["Properties"]["FunctionName"],
+        json!({"Ref": "ApiFunction.Alias"})
+    );
+    // Subnets without security groups are refused before anything is created.
+    let rule = &template["Rules"]["ACapacityProviderHasSecurityGroups"];
+    assert_eq!(
+        rule["RuleCondition"],
+        json!({"Fn::Not": [{"Fn::Contains": [{"Ref": "CapacityProviderSubnetIds"}, ""]}]})
+    );
 }
