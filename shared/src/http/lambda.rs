@@ -4,10 +4,12 @@
 //! On Lambda (default), one invocation at a time: Lambda returns a function's response as
 //! soon as its handler completes, and freezes the environment once the runtime and every
 //! extension have asked for the next event. The internal extension registered here asks
-//! only when the invocation's handler has answered and the work that invocation handed to
-//! the [`AfterAnswer`] is done (or the invocation's deadline has come): the client has its
-//! answer while the messages go out. Work an earlier invocation left behind does not hold
-//! a later one.
+//! only when the invocation's handler has answered and no work handed to the
+//! [`AfterAnswer`] is left (or the invocation's deadline has come): the client has its
+//! answer while the messages go out. A freeze stops every task of the process, so the
+//! hold waits for all the work after an answer in the environment, not only the
+//! invocation's own: what an earlier invocation left at its deadline, and what a task the
+//! handler spawned handed over (not counted as the invocation's), are not frozen halfway.
 //!
 //! On Lambda Managed Instances ([`managed_instances`]; `AWS_LAMBDA_MAX_CONCURRENCY` above
 //! 1 runs several invocations at once), invocations run in parallel in one process, the environment is never frozen, and a timed-out
@@ -137,7 +139,7 @@ enum Then {
     /// Nothing: no work after the answer, no spans to flush.
     Nothing,
     /// Lambda (default): the answer is marked for the extension, which holds the
-    /// environment until the invocation's own work is done.
+    /// environment until no work after an answer is left in it.
     Mark(Answered),
     /// Managed Instances: a task watches the invocation's own work to its end.
     Watch { after: Option<AfterAnswer>, flush: bool },
@@ -165,9 +167,27 @@ impl Drop for FollowOnDrop {
     }
 }
 
+/// The earliest deadline taken for one: an emulator (`cargo lambda watch`) sends 0, or a
+/// duration, where Lambda sends a time since the epoch.
+const EARLIEST_DEADLINE_MS: u64 = 1_577_836_800_000; // 2020-01-01
+
+/// How long the extension holds an invocation whose event gives no deadline (an
+/// emulator's): Lambda's longest timeout.
+const HOLD_WITHOUT_DEADLINE: Duration = Duration::from_secs(900);
+
 /// The invocation's deadline, if Lambda gave one.
 fn deadline_of(context: &Context) -> Option<SystemTime> {
-    (context.deadline > 0).then(|| UNIX_EPOCH + Duration::from_millis(context.deadline))
+    (context.deadline >= EARLIEST_DEADLINE_MS).then(|| UNIX_EPOCH + Duration::from_millis(context.deadline))
+}
+
+/// Until when the extension holds an invocation whose event says `deadline_ms`: the
+/// deadline less [`HOLD_MARGIN`], or, without one, [`HOLD_WITHOUT_DEADLINE`] from now.
+fn hold_until(deadline_ms: u64) -> SystemTime {
+    if deadline_ms < EARLIEST_DEADLINE_MS {
+        tracing::debug!(deadline_ms, "the INVOKE event gives no deadline (an emulator's)");
+        return SystemTime::now() + HOLD_WITHOUT_DEADLINE;
+    }
+    UNIX_EPOCH + Duration::from_millis(deadline_ms) - HOLD_MARGIN
 }
 
 /// What is left until `until`.
@@ -276,7 +296,7 @@ pub const HOLD_MARGIN: Duration = Duration::from_millis(200);
 ///
 /// With `after` (the outbox's [`AfterAnswer`], when it publishes after the answer), on
 /// Lambda (default) an internal extension holds each invocation's environment until that
-/// invocation has answered and the work it handed to `after` is done, at most until
+/// invocation has answered and no work handed to `after` is left, at most until
 /// [`HOLD_MARGIN`] before its deadline; on Managed Instances ([`managed_instances`]: no
 /// freeze, and no extension may register for invocations) a task per invocation watches
 /// that work to its end instead, and warns when the deadline comes first. With feature `otel` and spans exported, each
@@ -324,23 +344,26 @@ pub async fn run(app: Router, after: Option<AfterAnswer>) -> Result<(), LambdaEr
 
 /// On Lambda (default), the extension's part in invocation `request_id`: it returns (and the
 /// extension asks for the next event, letting the environment freeze) once the
-/// invocation has answered and the work it handed over is done, or [`HOLD_MARGIN`]
-/// before its deadline.
+/// invocation has answered and no work after an answer is left in the environment, or
+/// [`HOLD_MARGIN`] before its deadline. A freeze stops every task of the process: the
+/// hold waits for all of them, the work an earlier invocation left at its deadline and
+/// the work a task the handler spawned handed over included (it is not counted as this
+/// invocation's), so that none is frozen halfway.
 async fn hold(answered: &Answered, after: Option<&AfterAnswer>, request_id: &str, deadline_ms: u64, flush: bool) {
-    let until = UNIX_EPOCH + Duration::from_millis(deadline_ms) - HOLD_MARGIN;
+    let until = hold_until(deadline_ms);
     if tokio::time::timeout(left(until), answered.wait_for(request_id))
         .await
         .is_err()
     {
         tracing::warn!(request_id = %request_id, "the invocation's deadline came before its handler answered");
     } else if let Some(after) = after {
-        let invocation = Invocation::new(request_id);
-        if after.idle_for(&invocation, left(until)).await {
-            tracing::debug!(request_id = %request_id, "the invocation's work after the answer is done");
+        if after.idle_within(left(until)).await {
+            tracing::debug!(request_id = %request_id, "the work after the answers is done");
         } else {
             tracing::warn!(
                 request_id = %request_id,
-                running = after.running_for(&invocation),
+                running = after.running(),
+                own = after.running_for(&Invocation::new(request_id)),
                 "the invocation's deadline came before publishing after the answer was done; the control worker publishes the rest"
             );
         }
@@ -432,10 +455,12 @@ mod tests {
         );
     }
 
-    /// The work each invocation's handler hands over is its own: the extension holds an
-    /// invocation for that work, never for the work an earlier invocation left behind.
+    /// The extension lets the environment freeze only with no work after an answer left
+    /// in it: an invocation is held for the work an earlier one left at its deadline too,
+    /// which a freeze would stop halfway, though that work is counted as the earlier
+    /// one's; an event without a deadline (an emulator's) is held as long as work runs.
     #[tokio::test]
-    async fn the_extension_holds_an_invocation_for_its_own_work_only() {
+    async fn the_extension_holds_an_invocation_until_no_work_is_left_in_the_environment() {
         use lambda_http::Service as _;
         let after = AfterAnswer::on_tokio();
         let (release, released) = tokio::sync::watch::channel(false);
@@ -467,23 +492,40 @@ mod tests {
         let soon = SystemTime::now() + HOLD_MARGIN + Duration::from_millis(100);
         hold(&answered, Some(&after), "first", deadline_ms(soon), false).await;
         assert!(SystemTime::now() >= soon - HOLD_MARGIN, "held until its deadline");
-        // The second one hands nothing over: released at once, the first one's work running.
+        // The second one hands nothing over, but the first one's work still runs: a
+        // freeze would stop it halfway, so the second one is held until it is done too.
         answered.mark("second".into());
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            hold(&answered, Some(&after), "second", deadline_ms(far), false),
-        )
-        .await
-        .expect("not held by the first invocation's work");
-        assert_eq!(after.running(), 1);
-        // The third one is held until its own work is done.
-        marked.call(invocation("third", event("/"))).await.expect("an answer");
         let holding = tokio::spawn({
             let (answered, after) = (answered.clone(), after.clone());
-            async move { hold(&answered, Some(&after), "third", deadline_ms(far), false).await }
+            async move { hold(&answered, Some(&after), "second", deadline_ms(far), false).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!holding.is_finished(), "released before its work was done");
+        assert!(!holding.is_finished(), "released with the first one's work running");
+        assert_eq!(
+            after.running_for(&Invocation::new("second")),
+            0,
+            "none of it the second's"
+        );
+        release.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), holding)
+            .await
+            .expect("released once no work is left")
+            .unwrap();
+        assert_eq!(after.running(), 0);
+        // Without a deadline (an emulator's event), an invocation is held as long as its
+        // work runs, not let go at once.
+        let (release, released) = tokio::sync::watch::channel(false);
+        after.run(async move {
+            let mut released = released;
+            let _ = released.wait_for(|released| *released).await;
+        });
+        answered.mark("emulated".into());
+        let holding = tokio::spawn({
+            let (answered, after) = (answered.clone(), after.clone());
+            async move { hold(&answered, Some(&after), "emulated", 0, false).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!holding.is_finished(), "a deadline of 0 is no deadline");
         release.send(true).unwrap();
         tokio::time::timeout(Duration::from_secs(5), holding)
             .await
