@@ -171,23 +171,17 @@ impl Drop for FollowOnDrop {
 /// duration, where Lambda sends a time since the epoch.
 const EARLIEST_DEADLINE_MS: u64 = 1_577_836_800_000; // 2020-01-01
 
-/// How long the extension holds an invocation whose event gives no deadline (an
-/// emulator's): Lambda's longest timeout.
-const HOLD_WITHOUT_DEADLINE: Duration = Duration::from_secs(900);
-
 /// The invocation's deadline, if Lambda gave one.
 fn deadline_of(context: &Context) -> Option<SystemTime> {
     (context.deadline >= EARLIEST_DEADLINE_MS).then(|| UNIX_EPOCH + Duration::from_millis(context.deadline))
 }
 
 /// Until when the extension holds an invocation whose event says `deadline_ms`: the
-/// deadline less [`HOLD_MARGIN`], or, without one, [`HOLD_WITHOUT_DEADLINE`] from now.
-fn hold_until(deadline_ms: u64) -> SystemTime {
-    if deadline_ms < EARLIEST_DEADLINE_MS {
-        tracing::debug!(deadline_ms, "the INVOKE event gives no deadline (an emulator's)");
-        return SystemTime::now() + HOLD_WITHOUT_DEADLINE;
-    }
-    UNIX_EPOCH + Duration::from_millis(deadline_ms) - HOLD_MARGIN
+/// deadline less [`HOLD_MARGIN`], or `None` without one. Only an emulator sends none
+/// (`cargo lambda watch`, which never freezes a process, and hands every function's
+/// INVOKE events to every extension, so that an event may not even be this process's).
+fn hold_until(deadline_ms: u64) -> Option<SystemTime> {
+    (deadline_ms >= EARLIEST_DEADLINE_MS).then(|| UNIX_EPOCH + Duration::from_millis(deadline_ms) - HOLD_MARGIN)
 }
 
 /// What is left until `until`.
@@ -350,7 +344,14 @@ pub async fn run(app: Router, after: Option<AfterAnswer>) -> Result<(), LambdaEr
 /// the work a task the handler spawned handed over included (it is not counted as this
 /// invocation's), so that none is frozen halfway.
 async fn hold(answered: &Answered, after: Option<&AfterAnswer>, request_id: &str, deadline_ms: u64, flush: bool) {
-    let until = hold_until(deadline_ms);
+    let Some(until) = hold_until(deadline_ms) else {
+        // An emulator's event: nothing freezes, nothing to hold; the spans go out.
+        tracing::debug!(request_id = %request_id, deadline_ms, "an INVOKE event without a deadline (an emulator's): not held");
+        if flush {
+            flush_traces().await;
+        }
+        return;
+    };
     if tokio::time::timeout(left(until), answered.wait_for(request_id))
         .await
         .is_err()
@@ -458,7 +459,8 @@ mod tests {
     /// The extension lets the environment freeze only with no work after an answer left
     /// in it: an invocation is held for the work an earlier one left at its deadline too,
     /// which a freeze would stop halfway, though that work is counted as the earlier
-    /// one's; an event without a deadline (an emulator's) is held as long as work runs.
+    /// one's; an event without a deadline (an emulator's, maybe another function's) is
+    /// not held.
     #[tokio::test]
     async fn the_extension_holds_an_invocation_until_no_work_is_left_in_the_environment() {
         use lambda_http::Service as _;
@@ -512,24 +514,18 @@ mod tests {
             .expect("released once no work is left")
             .unwrap();
         assert_eq!(after.running(), 0);
-        // Without a deadline (an emulator's event), an invocation is held as long as its
-        // work runs, not let go at once.
-        let (release, released) = tokio::sync::watch::channel(false);
+        // An emulator's event (a deadline of 0, which `cargo lambda watch` sends, and
+        // hands to every function's extension): not held, since nothing freezes there.
+        let (_release, released) = tokio::sync::watch::channel(false);
         after.run(async move {
             let mut released = released;
             let _ = released.wait_for(|released| *released).await;
         });
-        answered.mark("emulated".into());
-        let holding = tokio::spawn({
-            let (answered, after) = (answered.clone(), after.clone());
-            async move { hold(&answered, Some(&after), "emulated", 0, false).await }
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!holding.is_finished(), "a deadline of 0 is no deadline");
-        release.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), holding)
-            .await
-            .expect("released once its work is done")
-            .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            hold(&answered, Some(&after), "someone-elses", 0, false),
+        )
+        .await
+        .expect("an event without a deadline is not held");
     }
 }
