@@ -3,7 +3,8 @@
 //! into a commit whose outcome the client cannot know (applied with its reply lost, held
 //! and forwarded after the client gave up, or dropped), and any other operation that a
 //! second plan, by operation, names (a `PutItem` dropped, a `BatchGetItem` held, an
-//! `UpdateItem`'s failed condition without its old item).
+//! `UpdateItem`'s failed condition without its old item, a `BatchWriteItem` left
+//! unprocessed).
 //!
 //! The server side is axum (HTTP/1.1 with keep-alive, as the SDK's client speaks it). The
 //! forwarding side is a plain blocking `std::net::TcpStream` per request on tokio's
@@ -55,13 +56,21 @@ pub enum Fault {
     /// action and `None` for the rest, without forwarding: another transaction on the
     /// same item was under way (a busy item). Nothing applies.
     Conflict,
+    /// (g) A `BatchGetItem` or `BatchWriteItem` answered, without forwarding, with every
+    /// key or item of the request left unprocessed (`UnprocessedKeys`,
+    /// `UnprocessedItems`), as DynamoDB answers when a partition's capacity ran out.
+    /// Nothing applies. Any other request is forwarded.
+    Unprocessed,
 }
 
 impl Fault {
     /// Whether the client cannot tell from the answer whether the commit applied: every
     /// fault but [`Fault::Forward`] (a 500 `InternalServerError`, or no answer at all).
     pub fn hides_outcome(self) -> bool {
-        !matches!(self, Self::Forward | Self::WithoutOldItems | Self::Conflict)
+        !matches!(
+            self,
+            Self::Forward | Self::WithoutOldItems | Self::Conflict | Self::Unprocessed
+        )
     }
 
     /// A short name for reports.
@@ -73,6 +82,7 @@ impl Fault {
             Self::Drop => "drop",
             Self::WithoutOldItems => "without_old_items",
             Self::Conflict => "conflict",
+            Self::Unprocessed => "unprocessed",
         }
     }
 }
@@ -261,6 +271,11 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             Fault::Conflict => Fault::Forward,
             fault => fault,
         };
+        if fault == Fault::Unprocessed {
+            if let Some(answer) = unprocessed(&target, &body) {
+                return answer;
+            }
+        }
         return apply(&shared, fault, raw, &body, Record::Other(target)).await;
     }
     let token = serde_json::from_slice::<serde_json::Value>(&body)
@@ -271,7 +286,10 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 .and_then(|token| token.as_str())
                 .map(str::to_owned)
         });
-    let fault = (shared.plan.lock().expect("proxy lock"))(token.as_deref());
+    let fault = match (shared.plan.lock().expect("proxy lock"))(token.as_deref()) {
+        Fault::Unprocessed => Fault::Forward,
+        fault => fault,
+    };
     let index = {
         let mut intercepted = shared.intercepted.lock().expect("proxy lock");
         intercepted.push(Intercepted {
@@ -296,6 +314,8 @@ async fn apply(shared: &Arc<Shared>, fault: Fault, raw: Vec<u8>, body: &[u8], re
         Fault::Drop => injected(StatusCode::INTERNAL_SERVER_ERROR, "injected: dropped, never forwarded"),
         Fault::WithoutOldItems => respond(start_forward(shared, raw, record).await.map(without_old_items)),
         Fault::Conflict => conflict(body),
+        // Answered in `handle` where the operation is a batch; forwarded otherwise.
+        Fault::Unprocessed => respond(start_forward(shared, raw, record).await),
         Fault::Late(delay) => {
             // Counted from now, so that `quiesce` waits for the delay too. The task runs
             // on even when the client has gone and this handler is dropped.
@@ -374,6 +394,26 @@ fn conflict(body: &[u8]) -> Response {
         .header(header::CONTENT_TYPE, "application/x-amz-json-1.0")
         .body(Body::from(body.to_string()))
         .expect("a valid response")
+}
+
+/// The answer of a `BatchGetItem` or `BatchWriteItem` (`target`) whose request `body`
+/// was left wholly unprocessed: its `RequestItems` returned as they came, nothing read or
+/// written. `None` for any other operation, or a body that cannot be read.
+fn unprocessed(target: &str, body: &[u8]) -> Option<Response> {
+    let request = serde_json::from_slice::<serde_json::Value>(body).ok()?;
+    let items = request.get("RequestItems")?.clone();
+    let answer = match target.rsplit('.').next()? {
+        "BatchGetItem" => serde_json::json!({"Responses": {}, "UnprocessedKeys": items}),
+        "BatchWriteItem" => serde_json::json!({"UnprocessedItems": items}),
+        _ => return None,
+    };
+    Some(
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/x-amz-json-1.0")
+            .body(Body::from(answer.to_string()))
+            .expect("a valid response"),
+    )
 }
 
 /// `reply` with no `Item` in any of its `CancellationReasons`, nor in a failed

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
+use super::branches::{reached, Branch};
 use super::chain::{map_of, whole_number};
 use super::entity::{commit_error, condition_failed};
 use super::DynamoStore;
@@ -115,6 +116,7 @@ impl DynamoStore {
             Ok(_) => Ok(()),
             Err(error) => {
                 let Some(old) = condition_failed(&error) else {
+                    reached(Branch::FailKeepApplied);
                     return Err(commit_error(error));
                 };
                 // Set as far by another copy already: done. Otherwise the key changed.
@@ -125,8 +127,14 @@ impl DynamoStore {
                     .map_err(|error| CommitError::Ambiguous(Box::new(error)))?
                     .and_then(|positions| positions.get(name).copied());
                 match held {
-                    Some(held) if held.seq >= applied.seq => Ok(()),
-                    _ => Err(CommitError::VersionConflict { key: key.clone() }),
+                    Some(held) if held.seq >= applied.seq => {
+                        reached(Branch::AppliedHeldAlready);
+                        Ok(())
+                    }
+                    _ => {
+                        reached(Branch::AppliedKeyChanged);
+                        Err(CommitError::VersionConflict { key: key.clone() })
+                    }
                 }
             }
         }

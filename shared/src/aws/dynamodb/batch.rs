@@ -10,6 +10,7 @@ use crate::aws::item::{outbox_from_items, outbox_pk, part_pk, Item, Reader};
 use crate::ports::{OutboxReads, StoreError};
 use crate::protocol::TxnId;
 
+use super::branches::{reached, Branch};
 use super::{unavailable, DynamoStore};
 
 /// Most keys in one `BatchGetItem`.
@@ -58,10 +59,12 @@ impl DynamoStore {
                 if request.as_ref().is_some_and(|keys| !keys.keys().is_empty()) {
                     round += 1;
                     if round > UNPROCESSED_ROUNDS {
+                        reached(Branch::BatchGetUnprocessedLeft);
                         return Err(StoreError::Unavailable(
                             "DynamoDB left keys unprocessed after retries".into(),
                         ));
                     }
+                    reached(Branch::BatchUnprocessedRetried);
                     self.clock.sleep(Duration::from_millis(25 << round)).await;
                 } else {
                     request = None;
@@ -97,6 +100,7 @@ impl DynamoStore {
                         left_over.extend(pending);
                         break;
                     }
+                    reached(Branch::BatchUnprocessedRetried);
                     self.clock.sleep(Duration::from_millis(25 << round)).await;
                 }
             }

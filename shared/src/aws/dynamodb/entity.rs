@@ -336,10 +336,23 @@ impl DynamoStore {
             .send()
             .await;
         match result {
-            Ok(_) => Ok(Verdict::Decided(Ok(()))),
+            Ok(_) => {
+                if form == Form::Create && matches!(commit.expected, ExpectedVersion::AbsentAt(version) if version > 0)
+                {
+                    reached(Branch::EntityCreateOverVacant);
+                }
+                Ok(Verdict::Decided(Ok(())))
+            }
             Err(error) => match condition_failed(&error) {
                 Some(old) => self.judge_old(commit, old).await,
-                None => Err(commit_error(error)),
+                None => {
+                    let error = commit_error(error);
+                    reached(match error {
+                        CommitError::TooLarge { .. } => Branch::EntityTooLargeForItem,
+                        _ => Branch::FailEntityUpdate,
+                    });
+                    Err(error)
+                }
             },
         }
     }
@@ -359,7 +372,10 @@ impl DynamoStore {
                     .send()
                     .await
                     // This request wrote nothing, but whether an earlier one did is unknown.
-                    .map_err(|error| CommitError::Ambiguous(Box::new(error)))?
+                    .map_err(|error| {
+                        reached(Branch::FailEntityOldItemRead);
+                        CommitError::Ambiguous(Box::new(error))
+                    })?
                     .item
                     .take()
             }
@@ -429,6 +445,7 @@ impl DynamoStore {
             Ok(_) => Ok(()),
             Err(error) => {
                 let Some(old) = condition_failed(&error) else {
+                    reached(Branch::FailSettleUpdate);
                     return Err(unavailable(error));
                 };
                 // From an engine that leaves the old item out: read it.
@@ -442,8 +459,16 @@ impl DynamoStore {
                 });
                 if holds_entry {
                     reached(Branch::SettleFullItem);
-                    self.put_dispatched_record(txn_id, now, expires_at).await?;
-                    self.drop_entry(key, txn_id).await?;
+                    // The entry stays where the record could not be put: it is all that
+                    // is left of T's commit.
+                    if let Err(error) = self.put_dispatched_record(txn_id, now, expires_at).await {
+                        reached(Branch::FailSettleRecordPut);
+                        return Err(error);
+                    }
+                    if let Err(error) = self.drop_entry(key, txn_id).await {
+                        reached(Branch::FailSettleEntryRemoval);
+                        return Err(error);
+                    }
                 } else {
                     // The entry is gone: settled already.
                     reached(Branch::SettleAlreadyGone);

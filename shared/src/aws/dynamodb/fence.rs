@@ -138,6 +138,9 @@ impl DynamoStore {
         form: Form,
         tombstoned: Option<&OutboxRecord>,
     ) -> Result<Tried, StoreError> {
+        if !form.exists {
+            reached(Branch::FenceVacantKey);
+        }
         let mut names = HashMap::from([
             ("#data".to_owned(), "data".to_owned()),
             ("#fence".to_owned(), FENCE_ATTRIBUTE.to_owned()),
@@ -232,9 +235,15 @@ impl DynamoStore {
                 TransactWriteItemsError::TransactionCanceledException(cancelled) => {
                     cancelled.cancellation_reasons().to_vec()
                 }
-                _ => return Err(unavailable(error)),
+                _ => {
+                    reached(Branch::FailFenceTransact);
+                    return Err(unavailable(error));
+                }
             },
-            _ => return Err(unavailable(error)),
+            _ => {
+                reached(Branch::FailFenceTransact);
+                return Err(unavailable(error));
+            }
         };
         let code = |index: usize| reasons.get(index).and_then(|reason| reason.code());
         let failed = |index: usize| code(index) == Some("ConditionalCheckFailed");
@@ -250,15 +259,20 @@ impl DynamoStore {
         }
         // K as it is, when its condition failed: from the reason, or read. `None` where it
         // held: it holds no entry of T, and its form stays.
+        let read_item = || async {
+            self.read_raw(key)
+                .await
+                .inspect_err(|_| reached(Branch::FailFenceItemRead))
+        };
         let item_now = if failed(1) {
             Some(match reasons[1].item() {
                 Some(item) => Some(item.clone()),
-                None => self.read_raw(key).await?,
+                None => read_item().await?,
             })
         } else if code(1) == Some("None") {
             None
         } else {
-            Some(self.read_raw(key).await?)
+            Some(read_item().await?)
         };
         // T's record as it is: unchanged where its action held; read where it failed
         // (from the reason, or read: the tombstone checked may have expired).
@@ -270,7 +284,11 @@ impl DynamoStore {
                 reached(Branch::FenceRecordFromReason);
                 self.record_behind(txn_id, reasons[0].item()).await?
             }
-            (true, Some(_)) => self.get_outboxes(&[txn_id]).await?.remove(&txn_id),
+            (true, Some(_)) => self
+                .get_outboxes(&[txn_id])
+                .await
+                .inspect_err(|_| reached(Branch::FailRecordBehindRead))?
+                .remove(&txn_id),
         };
         // A committed record speaks for T; an entry of T in K is proof of its commit
         // where T's record is a tombstone (written without the fence).

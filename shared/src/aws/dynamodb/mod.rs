@@ -115,7 +115,11 @@ impl DynamoStore {
             }
             _ => {
                 reached(Branch::SplitRecordReadWhole);
-                Ok(self.get_outboxes(&[txn_id]).await?.remove(&txn_id))
+                let mut read = self
+                    .get_outboxes(&[txn_id])
+                    .await
+                    .inspect_err(|_| reached(Branch::FailRecordBehindRead))?;
+                Ok(read.remove(&txn_id))
             }
         }
     }
@@ -178,6 +182,7 @@ impl Store for DynamoStore {
                 Ok(result) => result,
                 // A re-read that fails fails only the records it was for.
                 Err(error) if round > 1 => {
+                    reached(Branch::FailTornReread);
                     let shared = Arc::new(error);
                     records.extend(to_read.iter().map(|txn_id| {
                         let error = StoreError::Unavailable(Box::new(SharedError(shared.clone())));
@@ -264,7 +269,10 @@ impl Store for DynamoStore {
                     }),
                 }
             }
-            Err(error) => Err(unavailable(error)),
+            Err(error) => {
+                reached(Branch::FailTombstonePut);
+                Err(unavailable(error))
+            }
         }
     }
 
@@ -292,6 +300,7 @@ impl Store for DynamoStore {
                 let mut results: Vec<Result<(), StoreError>> = records.iter().map(|_| Ok(())).collect();
                 for request in &left_over {
                     if let Some(index) = self.pk_of(request).and_then(|pk| owners.get(pk)) {
+                        reached(Branch::MarkUnprocessedLeft);
                         results[*index] = Err(StoreError::Unavailable(
                             "DynamoDB left the write unprocessed after retries".into(),
                         ));
@@ -300,6 +309,7 @@ impl Store for DynamoStore {
                 results
             }
             Err(error) => {
+                reached(Branch::FailMarkBatchWrite);
                 let shared = Arc::new(error);
                 return records
                     .iter()
@@ -325,9 +335,13 @@ impl Store for DynamoStore {
             match self.batch_write(deletes).await {
                 Ok(left_over) if left_over.is_empty() => {}
                 Ok(left_over) => {
+                    reached(Branch::MarkPartsLeftToExpire);
                     tracing::warn!(parts = left_over.len(), "parts of dispatched records left to expire")
                 }
-                Err(error) => tracing::warn!(error = %error, "parts of dispatched records left to expire"),
+                Err(error) => {
+                    reached(Branch::MarkPartsLeftToExpire);
+                    tracing::warn!(error = %error, "parts of dispatched records left to expire")
+                }
             }
         }
         results
