@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use outbox::request::{InlineDispatch, Settlement, TxnError};
 use outbox_tests::sim::{
-    run_schedule, run_split_schedule, sim_timing, ApiResult, ChainCounts, DepthFirst, Fault, FaultsDepthFirst, LateOps,
-    LoopEnds, Op, Outcome, Seeded, SimConfig, SplitConfig, SplitCounts, UnknownCommits,
+    fence_split_faults, run_fence_split_schedule, run_schedule, run_split_schedule, sim_timing, ApiResult, ChainCounts,
+    DepthFirst, Fault, FaultsDepthFirst, FenceSplitConfig, FenceSplitCounts, LateOps, LoopEnds, Op, Outcome, Seeded,
+    SimConfig, SplitConfig, SplitCounts, UnknownCommits,
 };
 
 /// A coarse name for how a schedule's requests ended, to show the exploration reached
@@ -107,7 +108,7 @@ fn explore_one_transaction(name: &str, inline: bool) -> BTreeMap<&'static str, u
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
     let (mut schedules, mut with_fault, mut tombstoned, mut redrives, mut longest) = (0, 0, 0, 0, 0);
     // SIM_CHOICES=0,0,4 starts at that schedule (and goes on in depth-first order).
-    let mut prefix = Some(std::env::var("SIM_CHOICES").map_or_else(|_| Vec::new(), |text| parse_choices(&text)));
+    let mut prefix = Some(start_choices());
     while let Some(choices) = prefix {
         let mut chooser = DepthFirst::new(choices.clone());
         let outcome =
@@ -666,6 +667,94 @@ fn split_records_stay_whole_under_concurrent_marks_and_partial_batches() {
     assert!(counts.orphaned_parts > 0, "{counts:?}");
 }
 
+/// The entity mode's fence meeting a commit of a split record, on the real DynamoDB
+/// adapter ([`run_fence_split_schedule`]): a request begun in entity mode whose messages
+/// do not fit its item falls back to the transactional form (the counter's update, the
+/// main record and its parts in one `TransactWriteItems`), racing the control path's check
+/// past the window, which fences T (its tombstone and the counter's fence mark in one
+/// `TransactWriteItems`) unless it finds T's record first. The real request path, control
+/// path and `DynamoStore`, through the real SDK client, over a double of DynamoDB's wire
+/// protocol that evaluates every condition and returns `ALL_OLD` items in cancellation
+/// reasons.
+///
+/// Explored exhaustively, depth-first: every interleaving of every wire call and publish
+/// of the request and one worker, with at most one fault: any write of the request timed
+/// out with the request on its way (applied later, at any step, by a ghost) or applied
+/// with its reply lost, the fence applied with its reply lost, the worker crashing before
+/// a mark (recovery delivers its control message again). Checked in each: if T committed,
+/// every message of every part went out as committed before its record was marked
+/// dispatched; if the fence won, nothing of T went out or committed later; the request's
+/// answer is true. `SIM_FENCE_SPLIT_WORKERS=2` (a duplicate control message handled at
+/// once), `SIM_FENCE_SPLIT_FAULTS=2` and `SIM_PREEMPTIONS` (no bound unless set) deepen it
+/// by hand; `SIM_CHOICES` starts at a schedule, as a violation's replay line says.
+#[test]
+fn a_fence_meeting_a_commit_of_a_split_record_on_dynamodb_publishes_all_of_it_or_nothing_at_every_interleaving() {
+    let env = |name: &str, default: usize| {
+        std::env::var(name).map_or(default, |n| n.parse().unwrap_or_else(|_| panic!("{name} is a number")))
+    };
+    let config = FenceSplitConfig {
+        workers: env("SIM_FENCE_SPLIT_WORKERS", 1),
+        messages: 3,
+        fault_budget: env("SIM_FENCE_SPLIT_FAULTS", 1),
+        faults: fence_split_faults,
+        preemption_bound: std::env::var("SIM_PREEMPTIONS").ok().map(|_| preemptions()),
+    };
+    let knobs = format!(
+        "SIM_FENCE_SPLIT_WORKERS={} SIM_FENCE_SPLIT_FAULTS={}{}",
+        config.workers,
+        config.fault_budget,
+        config
+            .preemption_bound
+            .map_or_else(String::new, |bound| format!(" SIM_PREEMPTIONS={bound}"))
+    );
+    let started = Instant::now();
+    let mut counts = FenceSplitCounts::default();
+    let (mut schedules, mut with_fault, mut longest) = (0, 0, 0);
+    let mut answers: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut workers: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut prefix = Some(start_choices());
+    while let Some(choices) = prefix {
+        let mut chooser = DepthFirst::new(choices.clone());
+        let outcome = run_fence_split_schedule(&mut chooser, &config).unwrap_or_else(|error| {
+            panic!(
+                "fence meeting a split record: schedule {choices:?}: {error}\nrerun it with {knobs} SIM_CHOICES={} cargo nextest run -p outbox-tests --test simulation -E 'test(a_fence_meeting_a_commit_of_a_split_record)'",
+                replay_arg(&choices)
+            )
+        });
+        schedules += 1;
+        with_fault += usize::from(outcome.faults > 0);
+        longest = longest.max(outcome.steps);
+        counts.add(&outcome.counts);
+        *answers.entry(outcome.answer).or_default() += 1;
+        for worker in &outcome.workers {
+            *workers.entry(worker).or_default() += 1;
+        }
+        prefix = chooser.next_prefix();
+    }
+    println!(
+        "fence meeting a split record on DynamoDB ({knobs}): {schedules} schedules ({with_fault} with a fault, longest {longest} steps) in {:.2?}; T committed in {}, fenced in {}; fences cancelled by T's split record {}, commits refused by the fence {}, late writes that reached the table {} (commits applied {}), repeats answered under the token {}, entity forms refused for size {}, redeliveries {}; answers: {answers:?}; workers: {workers:?}",
+        started.elapsed(),
+        counts.committed,
+        counts.fenced,
+        counts.fence_met_split_record,
+        counts.commits_refused_by_fence,
+        counts.late_commits.0,
+        counts.late_commits.1,
+        counts.token_repeats,
+        counts.entity_form_too_large,
+        counts.redeliveries,
+    );
+    if replaying() {
+        return;
+    }
+    // The race really runs both ways, and the fence meets the split record.
+    assert!(counts.committed > 0 && counts.fenced > 0, "{counts:?}");
+    assert!(counts.fence_met_split_record > 0, "{counts:?}");
+    assert!(counts.commits_refused_by_fence > 0, "{counts:?}");
+    assert!(counts.late_commits.1 > 0 && counts.token_repeats > 0, "{counts:?}");
+    assert!(counts.redeliveries > 0, "{counts:?}");
+}
+
 /// The chain counts as one line: transactions placed, who published them first, and the
 /// attempts the continued version refused.
 fn chains_line(name: &str, schedules: usize, chains: &ChainCounts) -> String {
@@ -678,6 +767,22 @@ fn chains_line(name: &str, schedules: usize, chains: &ChainCounts) -> String {
         chains.first_by_worker,
         chains.refused_by_version,
     )
+}
+
+/// Where a depth-first exploration starts: `SIM_CHOICES=0,0,4` starts at that schedule
+/// (and goes on in depth-first order); the first schedule otherwise.
+fn start_choices() -> Vec<usize> {
+    std::env::var("SIM_CHOICES").map_or_else(|_| Vec::new(), |text| parse_choices(&text))
+}
+
+/// Whether an exploration was started midway (`SIM_CHOICES`), to replay a schedule.
+fn replaying() -> bool {
+    std::env::var("SIM_CHOICES").is_ok()
+}
+
+/// The preemption bound of the bounded explorations: `SIM_PREEMPTIONS`, 2 unless set.
+fn preemptions() -> usize {
+    std::env::var("SIM_PREEMPTIONS").map_or(2, |n| n.parse().expect("SIM_PREEMPTIONS is a number"))
 }
 
 fn replay_arg(choices: &[usize]) -> String {
@@ -2235,33 +2340,60 @@ struct ChainTally {
 /// idempotency key (so that they commit in the transactional form); each publishes inline
 /// before its answer, racing one control worker; a 2 s window (the worker's first check
 /// at 1 s defers once, its second fences). The only fault: at each commit, whether its
-/// request crashes right after it applied. Every schedule with at most two preemptions
-/// ([`SimConfig::preemption_bound`]), depth-first to exhaustion; each checked against
-/// the invariants (the entity chain and the FIFO first deliveries on `audit` in seq order
-/// among them), with no dead-letter redrive. Prints one line.
+/// request crashes right after it applied. Every schedule with at most `SIM_PREEMPTIONS`
+/// preemptions (2 unless set; [`SimConfig::preemption_bound`]), depth-first to
+/// exhaustion; each checked against the invariants (the entity chain and the FIFO first
+/// deliveries on `audit` in seq order among them), with no dead-letter redrive. Prints
+/// one line; a schedule that breaks a check prints its choices as a replay line
+/// (`SIM_CHOICES`, which starts the depth-first order at that schedule, as for one
+/// transaction).
 fn explore_two_transactions_on_one_entity(name: &str, keyed: &'static [usize]) -> ChainTally {
+    let bound = preemptions();
     let config = SimConfig {
         transactions: 2,
         fault_budget: 2,
         faults_only: Some(crash_after_commit),
         timing: sim_timing(2),
         keyed,
-        preemption_bound: Some(2),
+        preemption_bound: Some(bound),
         ..in_entity_mode(one_transaction(true))
     };
     let started = Instant::now();
     let mut tally = ChainTally::default();
-    let mut prefix = Some(Vec::new());
+    let replay = |choices: &[usize]| {
+        format!(
+            "rerun it with SIM_PREEMPTIONS={bound} SIM_CHOICES={}",
+            replay_arg(choices)
+        )
+    };
+    let mut prefix = Some(start_choices());
+    // A deep bound runs for long: a line a minute says how far it got, and where.
+    let mut reported = Instant::now();
     while let Some(choices) = prefix {
+        if reported.elapsed() >= Duration::from_secs(60) {
+            reported = Instant::now();
+            eprintln!(
+                "{name}: {} schedules in {:.0?} so far (at most {bound} preemptions); at SIM_CHOICES={}",
+                tally.schedules,
+                started.elapsed(),
+                replay_arg(&choices)
+            );
+        }
         let mut chooser = DepthFirst::new(choices.clone());
-        let outcome =
-            run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("{name}: schedule {choices:?}: {error}"));
+        let outcome = run_schedule(&mut chooser, &config)
+            .unwrap_or_else(|error| panic!("{name}: schedule {choices:?}: {error}\n{}", replay(&choices)));
         if let Err(violation) = outcome.observed.check() {
-            panic!("{name}: schedule {choices:?}: {violation}\n{:#?}", outcome.observed);
+            panic!(
+                "{name}: schedule {choices:?}: {violation}\n{:#?}\n{}",
+                outcome.observed,
+                replay(&choices)
+            );
         }
         assert_eq!(
-            outcome.redrives, 0,
-            "{name}: schedule {choices:?} needed a dead-letter redrive"
+            outcome.redrives,
+            0,
+            "{name}: schedule {choices:?} needed a dead-letter redrive; {}",
+            replay(&choices)
         );
         tally.schedules += 1;
         tally.crashed += usize::from(outcome.faults > 0);
@@ -2289,7 +2421,7 @@ fn explore_two_transactions_on_one_entity(name: &str, keyed: &'static [usize]) -
         prefix = chooser.next_prefix();
     }
     println!(
-        "{name}: {} schedules (at most two preemptions; {} with a request crashed right after its commit went through, {} with both) in {:.2?}; a predecessor sent first by a later publisher in {} ({} a record of the transactional form, {} an entry), a transaction first published by the control worker in {}; requests ended: {:?}; {}",
+        "{name}: {} schedules (at most {bound} preemptions; {} with a request crashed right after its commit went through, {} with both) in {:.2?}; a predecessor sent first by a later publisher in {} ({} a record of the transactional form, {} an entry), a transaction first published by the control worker in {}; requests ended: {:?}; {}",
         tally.schedules,
         tally.crashed,
         tally.both_crashed,
@@ -2301,6 +2433,10 @@ fn explore_two_transactions_on_one_entity(name: &str, keyed: &'static [usize]) -
         tally.endings,
         chains_line(name, tally.schedules, &tally.chains),
     );
+    if replaying() {
+        // Started midway: what the whole tree reaches is not asked of a part of it.
+        return tally;
+    }
     assert!(
         tally.worker_first > 0,
         "{name}: the control worker never published first: {tally:?}"
@@ -2322,18 +2458,23 @@ fn explore_two_transactions_on_one_entity(name: &str, keyed: &'static [usize]) -
 /// after its commit sends nothing: the other request's publisher must send it first
 /// (the earlier unsent transactions it finds, shared/src/earlier.rs), or the worker must.
 ///
-/// Explored exhaustively: every schedule in which at most two preemptions happen (the
+/// Explored exhaustively: every schedule in which at most two preemptions happen
+/// (`SIM_PREEMPTIONS=3` by hand for three: docs/PROTOCOL.md, "Bounded exhaustive
+/// checking", has its figures) (the
 /// actor that moved last was switched away from while it could move on, to another actor
 /// or to the clock), in both commit orders, with and without a crash right after each
 /// commit (none, either, both). Where the actor that moved last cannot move on (it
 /// finished, crashed, or waits for the queue), every choice is explored at no cost. Not
-/// explored: schedules with three or more preemptions (without the bound the tree has
+/// explored: schedules with more preemptions than the bound (without the bound the tree has
 /// more than 360,000 schedules even with no fault, past ten minutes here), any other
 /// fault (crashes elsewhere, lost replies, refusals, late operations, failed publishes),
 /// publishing after the answer, and more workers: the random sweeps cover those.
 #[test]
 fn two_transactions_on_one_entity_in_both_forms_publish_in_chain_order_at_every_bounded_interleaving() {
     let tally = explore_two_transactions_on_one_entity("two transactions on one entity, request 0 transactional", &[0]);
+    if replaying() {
+        return;
+    }
     // Both ways round: a record sent first by the publisher of the entity-form commit
     // after it (through `Position::previous`), and an entry sent first by the publisher
     // of the transactional commit after it.
@@ -2350,6 +2491,9 @@ fn two_transactions_on_one_entity_in_both_forms_publish_in_chain_order_at_every_
 #[test]
 fn two_transactions_on_one_entity_in_entity_form_publish_in_chain_order_at_every_bounded_interleaving() {
     let tally = explore_two_transactions_on_one_entity("two transactions on one entity, both in entity form", &[]);
+    if replaying() {
+        return;
+    }
     assert!(tally.entry_first > 0 && tally.record_first == 0, "{tally:?}");
     assert_eq!(tally.chains.placed, tally.chains.entity_form, "{tally:?}");
 }
@@ -2361,6 +2505,9 @@ fn two_transactions_on_one_entity_in_entity_form_publish_in_chain_order_at_every
 #[test]
 fn two_transactions_on_one_entity_in_the_transactional_form_publish_in_chain_order_at_every_bounded_interleaving() {
     let tally = explore_two_transactions_on_one_entity("two transactions on one entity, both transactional", &[0, 1]);
+    if replaying() {
+        return;
+    }
     assert!(tally.record_first > 0 && tally.entry_first == 0, "{tally:?}");
     assert_eq!(tally.chains.entity_form, 0, "{tally:?}");
 }

@@ -24,6 +24,9 @@ pub enum Op {
     Read,
     /// The atomic commit.
     Commit,
+    /// A single write of the request path's (entity mode's one conditional write of an
+    /// item and its entry), where a run tells it from the transactional commit.
+    EntityWrite,
     /// A commit request still on its way to the table after its caller stopped waiting
     /// (a ghost actor of [`Fault::Late`]): it applies when it passes, or is lost.
     LateCommit,
@@ -99,7 +102,7 @@ impl Op {
             Op::ControlSend if random => vec![CrashBefore, CrashAfter, ReplyLost, Fail, Duplicate, Late],
             Op::Tombstone | Op::Mark if random => vec![CrashBefore, CrashAfter, ReplyLost, Fail, Late],
             Op::Publish => vec![CrashBefore, CrashAfter, ReplyLost, Fail, FirstEntryFails],
-            Op::ControlSend | Op::Ack | Op::Commit | Op::Tombstone | Op::Mark => {
+            Op::ControlSend | Op::Ack | Op::Commit | Op::EntityWrite | Op::Tombstone | Op::Mark => {
                 vec![CrashBefore, CrashAfter, ReplyLost, Fail]
             }
         }

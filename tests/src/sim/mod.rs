@@ -26,10 +26,16 @@
 //! The in-order consumer has a world of its own ([`run_in_order_schedule`]): the placed
 //! messages the real request path published, delivered in any order with a duplicate,
 //! each applied once, in chain order, none skipped.
+//!
+//! The entity mode's fence meeting a commit of a split record runs on the real DynamoDB
+//! adapter over a double of DynamoDB's wire protocol that evaluates the conditions
+//! ([`run_fence_split_schedule`]), every interleaving explored.
 
 mod chooser;
 mod consumer;
 mod entity;
+mod expression;
+mod fence_split;
 mod gate;
 mod in_order;
 pub mod invariants;
@@ -41,6 +47,9 @@ pub use chooser::{Chooser, DepthFirst, FaultsDepthFirst, Seeded};
 pub use consumer::{
     consumer_faults, entity_faults, run_consumer_schedule, ConsumerCounts, ConsumerOutcome, ConsumerSimConfig,
     CONSUMER, INCOMING_ID, RETENTION,
+};
+pub use fence_split::{
+    fence_split_faults, run_fence_split_schedule, FenceSplitConfig, FenceSplitCounts, FenceSplitOutcome, ITEM_BYTES,
 };
 pub use gate::{Fault, Op};
 pub use in_order::{in_order_faults, produced, run_in_order_schedule, InOrderConfig, InOrderCounts, InOrderOutcome};

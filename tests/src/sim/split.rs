@@ -34,14 +34,14 @@ use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
 use super::ports::GatedClock;
 
-const TABLE: &str = "outbox";
+pub(super) const TABLE: &str = "outbox";
 
 /// Message bytes per item: small, so that records split without megabytes per schedule
 /// (the store's threshold is 350 KB; only the figure differs).
-const PART_BYTES: usize = 1_000;
+pub(super) const PART_BYTES: usize = 1_000;
 
 /// The table: items in DynamoDB's JSON, by partition key.
-type Table = BTreeMap<String, Value>;
+pub(super) type Table = BTreeMap<String, Value>;
 type Items = Arc<Mutex<Table>>;
 
 /// What the double saw, for the counts a run prints.
@@ -98,7 +98,7 @@ fn pk_of(key_or_item: &Value) -> String {
         .to_owned()
 }
 
-fn answer(status: u16, body: Value) -> HttpResponse {
+pub(super) fn answer(status: u16, body: Value) -> HttpResponse {
     let mut response = HttpResponse::new(
         status.try_into().expect("a valid status"),
         SdkBody::from(body.to_string()),
@@ -227,7 +227,13 @@ impl HttpConnector for Double {
 /// A [`DynamoStore`] whose client talks to `double`, with the SDK's retries off (the
 /// store retries unprocessed items itself, through `clock`).
 fn store(double: Double, clock: Arc<dyn Clock>) -> DynamoStore {
-    let client = http_client_fn(move |_, _| SharedHttpConnector::new(double.clone()));
+    store_over(double, clock)
+}
+
+/// A [`DynamoStore`] whose client talks to `connector` (a double of DynamoDB's wire
+/// protocol), with the SDK's retries off, splitting records at [`PART_BYTES`].
+pub(super) fn store_over(connector: impl HttpConnector + Clone + 'static, clock: Arc<dyn Clock>) -> DynamoStore {
+    let client = http_client_fn(move |_, _| SharedHttpConnector::new(connector.clone()));
     let config = aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
@@ -286,7 +292,7 @@ fn poll(actor: &mut Actor) -> Poll<Done> {
 }
 
 /// Polls `future` to its end: the checker's calls never park.
-fn now_or_never<T>(future: impl Future<Output = T>) -> T {
+pub(super) fn now_or_never<T>(future: impl Future<Output = T>) -> T {
     let mut future = std::pin::pin!(future);
     match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(value) => value,
@@ -342,7 +348,7 @@ fn committed_table(now: Timestamp) -> &'static (Table, Vec<OutboxRecord>) {
 }
 
 /// The invariant at every moment: no main item names a part that is missing.
-fn check_whole(items: &Table) -> Result<(), String> {
+pub(super) fn check_whole(items: &Table) -> Result<(), String> {
     for (pk, item) in items.iter().filter(|(pk, _)| !pk.contains("#PART#")) {
         let parts: usize = item["parts"]["N"]
             .as_str()
