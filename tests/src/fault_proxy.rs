@@ -45,7 +45,8 @@ pub enum Fault {
     /// `InternalServerError` instead: applied (if the emulator took it), reply lost.
     ReplyLost,
     /// (c) Answer nothing, and forward it this long after it arrived, when the client
-    /// has given up: a commit still in flight after its caller stopped waiting.
+    /// has given up: a commit still in flight after its caller stopped waiting. Or
+    /// sooner, when [`FaultProxy::release_next`] lets it go.
     Late(Duration),
     /// (d) Answer HTTP 500 `InternalServerError` without forwarding: it never applies.
     Drop,
@@ -137,6 +138,8 @@ struct Shared {
     one_at_a_time: Mutex<()>,
     /// Forwards scheduled or running, late ones included.
     in_flight: AtomicUsize,
+    /// The late requests still held, oldest first: sending lets one go at once.
+    held: Mutex<std::collections::VecDeque<tokio::sync::oneshot::Sender<()>>>,
 }
 
 /// Where a forwarded request's reply is recorded.
@@ -190,6 +193,7 @@ impl FaultProxy {
             others: Mutex::new(Vec::new()),
             one_at_a_time: Mutex::new(()),
             in_flight: AtomicUsize::new(0),
+            held: Mutex::new(std::collections::VecDeque::new()),
         });
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -225,6 +229,20 @@ impl FaultProxy {
             .filter(|(seen, _)| seen == target)
             .map(|(_, reply)| reply.clone())
             .collect()
+    }
+
+    /// Lets the oldest request still held by [`Fault::Late`] go on to the emulator now,
+    /// before its delay ends; false when none is held (each went on when its delay
+    /// ended). A scenario holds a request as long as it needs, whatever the machine's
+    /// speed, and lets it land exactly when it means to.
+    pub fn release_next(&self) -> bool {
+        let mut held = self.shared.held.lock().expect("proxy lock");
+        while let Some(release) = held.pop_front() {
+            if release.send(()).is_ok() {
+                return true;
+            }
+        }
+        false
     }
 
     /// Forwards scheduled or running now, late ones included.
@@ -320,10 +338,15 @@ async fn apply(shared: &Arc<Shared>, fault: Fault, raw: Vec<u8>, body: &[u8], re
             // Counted from now, so that `quiesce` waits for the delay too. The task runs
             // on even when the client has gone and this handler is dropped.
             shared.in_flight.fetch_add(1, Ordering::SeqCst);
+            let (release, released) = tokio::sync::oneshot::channel();
+            shared.held.lock().expect("proxy lock").push_back(release);
             let late = {
                 let shared = shared.clone();
                 tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        _ = released => {}
+                    }
                     let forwarded = start_forward(&shared, raw, record);
                     shared.in_flight.fetch_sub(1, Ordering::SeqCst);
                     forwarded.await

@@ -14,7 +14,7 @@ use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
 use outbox::aws::branches::{times_reached, Branch};
-use outbox_tests::conformance::dynamodb_only::{self as only, proxied, without_tokens};
+use outbox_tests::conformance::dynamodb_only::{self as only, proxied, proxied_with, without_tokens};
 use outbox_tests::conformance::{cases, Backend};
 
 /// What each scenario reached, and the scenarios that failed.
@@ -57,6 +57,12 @@ impl Tally {
             self.reached.entry(branch).or_default().push(name);
         }
     }
+}
+
+/// A proxied backend for the races: its attempts outlast a request held for
+/// [`only::HOLD`].
+async fn holding() -> only::Proxied {
+    proxied_with(std::time::Duration::from_secs(60)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,7 +202,7 @@ async fn every_dynamodb_only_branch_is_reached_on_dynamodb_local() {
     // The races, held open on the wire.
     scenario!(
         a_fence_meeting_a_split_commit_in_flight_publishes_all_of_it_or_nothing,
-        &proxied().await,
+        &holding().await,
         FenceRecordFromReason,
         SplitRecordReadWhole,
         MarkDeletesParts,
@@ -204,14 +210,14 @@ async fn every_dynamodb_only_branch_is_reached_on_dynamodb_local() {
     );
     scenario!(
         a_settle_held_across_a_delete_writes_nothing_to_the_vacant_key_or_its_new_life,
-        &proxied().await,
+        &holding().await,
         SettleAlreadyGone,
         CommitMovesSentMarks,
         EntityCreateOverVacant
     );
     scenario!(
         a_mark_held_across_a_delete_and_a_create_leaves_the_new_life_as_it_was,
-        &proxied().await,
+        &holding().await,
         EntityCreateOverVacant
     );
     // Requests that fail.

@@ -112,6 +112,13 @@ pub struct Proxied {
 /// A fresh backend on DynamoDB Local behind a fault proxy that forwards everything until
 /// told otherwise.
 pub async fn proxied() -> Proxied {
+    proxied_with(Duration::from_secs(10)).await
+}
+
+/// [`proxied`], with its SDK clients waiting up to half of `operation_timeout` for one
+/// attempt (the production ratio): a scenario that holds requests in the network for
+/// up to [`HOLD`] gives them a minute, so that no attempt gives up on a held request.
+pub async fn proxied_with(operation_timeout: Duration) -> Proxied {
     let faults = Faults::default();
     let (transact, others) = (faults.clone(), faults.clone());
     let proxy = FaultProxy::start_with_others(
@@ -120,7 +127,7 @@ pub async fn proxied() -> Proxied {
         move |target| others.next_other(target),
     )
     .await;
-    let config = emulator().sdk_config().await;
+    let config = emulator().sdk_config_with(operation_timeout).await;
     let clients = AwsClients {
         dynamodb: aws_sdk_dynamodb::Client::from_conf(
             aws_sdk_dynamodb::config::Builder::from(&config)
@@ -439,6 +446,10 @@ pub async fn orphan_parts_of_an_expired_consumed_record_do_not_block_a_late_copy
     assert_eq!(record(b, txn).await, Some(late.outbox));
 }
 
+/// How long a race's scenario holds a request at most ([`Fault::Late`]); it lets it go
+/// sooner, when it means to ([`FaultProxy::release_next`]).
+pub const HOLD: Duration = Duration::from_secs(20);
+
 /// More requests than the SDK's attempts at one call (three), so that the call fails.
 const EVERY_ATTEMPT: usize = 5;
 
@@ -532,11 +543,10 @@ pub async fn a_fence_meeting_a_split_commit_in_flight_publishes_all_of_it_or_not
             vec![put(&name, json!({"n": 1}), ExpectedVersion::Exactly(1))],
             messages(txn, &bodies),
         );
+        // The commit held; where it lands first, the fence is held behind it.
+        p.faults.transact(Fault::Late(HOLD));
         if commit_lands_first {
-            p.faults.transact(Fault::Late(Duration::from_millis(1000)));
-            p.faults.transact(Fault::Late(Duration::from_millis(2500)));
-        } else {
-            p.faults.transact(Fault::Late(Duration::from_millis(1500)));
+            p.faults.transact(Fault::Late(HOLD));
         }
         let store = b.store.clone();
         let sent = commit.clone();
@@ -544,8 +554,22 @@ pub async fn a_fence_meeting_a_split_commit_in_flight_publishes_all_of_it_or_not
         p.faults
             .met("TransactWriteItems", usize::from(commit_lands_first))
             .await;
-        let handled = control.handle(&past_its_window(b, txn, Some(key(&name)))).await;
-        let committed = committing.await.unwrap();
+        let (handled, committed) = if commit_lands_first {
+            // The worker reads (no record yet) and sends its fence, held too.
+            let fencing = {
+                let (control, delivery) = (control.clone(), past_its_window(b, txn, Some(key(&name))));
+                tokio::spawn(async move { control.handle(&delivery).await })
+            };
+            p.faults.met("TransactWriteItems", 0).await;
+            assert!(p.proxy.release_next(), "the commit is still held");
+            let committed = committing.await.unwrap();
+            assert!(p.proxy.release_next(), "the fence is still held");
+            (fencing.await.unwrap(), committed)
+        } else {
+            let handled = control.handle(&past_its_window(b, txn, Some(key(&name)))).await;
+            assert!(p.proxy.release_next(), "the commit is still held");
+            (handled, committing.await.unwrap())
+        };
         p.proxy.quiesce(Duration::from_secs(10)).await;
         let delivered = b.drain(&events()).await;
         let entity = b.store.get_entity(&key(&name)).await.unwrap().expect("the item");
@@ -631,7 +655,7 @@ pub async fn a_settle_held_across_a_delete_writes_nothing_to_the_vacant_key_or_i
             .commit_entity(&entity_commit(b, &name, txn, ExpectedVersion::Exactly(1)))
             .await
             .unwrap();
-        p.faults.other("UpdateItem", Fault::Late(Duration::from_millis(3000)));
+        p.faults.other("UpdateItem", Fault::Late(HOLD));
         let held = {
             let (store, k) = (b.store.clone(), k.clone());
             tokio::spawn(async move { store.settle_entry(&k, txn, now, expires_at, 4).await })
@@ -658,7 +682,7 @@ pub async fn a_settle_held_across_a_delete_writes_nothing_to_the_vacant_key_or_i
         }
         let before = stored(p, &name).await;
         assert!(
-            p.proxy.in_flight() > 0,
+            p.proxy.release_next(),
             "the settle is still held: the delete came first"
         );
         held.await.unwrap().expect("the held settle finds its entry gone: done");
@@ -722,8 +746,7 @@ pub async fn a_mark_held_across_a_delete_and_a_create_leaves_the_new_life_as_it_
     let k = key(&name);
     change(&outbox, &k, Some(json!({"life": 1})), None, false).await;
     let t = change(&outbox, &k, Some(json!({"life": 1, "n": 1})), Some("T"), false).await;
-    p.faults
-        .other("BatchWriteItem", Fault::Late(Duration::from_millis(4000)));
+    p.faults.other("BatchWriteItem", Fault::Late(HOLD));
     let first = {
         let (control, delivery) = (control.clone(), past_its_window(b, t, None));
         tokio::spawn(async move { control.handle(&delivery).await })
@@ -744,7 +767,7 @@ pub async fn a_mark_held_across_a_delete_and_a_create_leaves_the_new_life_as_it_
         published.result
     );
     let before = stored(p, &name).await;
-    assert!(p.proxy.in_flight() > 0, "the first worker's mark is still held");
+    assert!(p.proxy.release_next(), "the first worker's mark is still held");
     let first = first.await.unwrap();
     assert!(
         matches!(first.result, Ok(ControlOutcome::Dispatched { .. })),
@@ -756,7 +779,11 @@ pub async fn a_mark_held_across_a_delete_and_a_create_leaves_the_new_life_as_it_
         before,
         "the late mark changed nothing of the new life"
     );
-    assert_eq!(record(b, t).await.map(|r| r.state), Some(OutboxState::Dispatched));
+    assert_eq!(
+        record(b, t).await.map(|r| r.state),
+        Some(OutboxState::Dispatched),
+        "T's record after the late mark: dispatched, never brought back pending"
+    );
     let t3 = change(&outbox, &k, Some(json!({"life": 2, "n": 1})), Some("T3"), true).await;
     let published = control.handle(&past_its_window(b, t3, Some(k.clone()))).await;
     assert!(
