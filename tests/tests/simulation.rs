@@ -684,9 +684,12 @@ fn split_records_stay_whole_under_concurrent_marks_and_partial_batches() {
 /// a mark (recovery delivers its control message again). Checked in each: if T committed,
 /// every message of every part went out as committed before its record was marked
 /// dispatched; if the fence won, nothing of T went out or committed later; the request's
-/// answer is true. `SIM_FENCE_SPLIT_WORKERS=2` (a duplicate control message handled at
-/// once), `SIM_FENCE_SPLIT_FAULTS=2` and `SIM_PREEMPTIONS` (no bound unless set) deepen it
-/// by hand; `SIM_CHOICES` starts at a schedule, as a violation's replay line says.
+/// answer is true. A fence that took the main item its cancellation reason returns for
+/// the whole record (publishing part 0's messages, then marking the record) fails this at
+/// once, with no fault: the commit lands between the worker's read and its fence.
+/// `SIM_FENCE_SPLIT_WORKERS=2` (a duplicate control message handled at once),
+/// `SIM_FENCE_SPLIT_FAULTS=2` and `SIM_PREEMPTIONS` (no bound unless set) deepen it by
+/// hand; `SIM_CHOICES` starts at a schedule, as a violation's replay line says.
 #[test]
 fn a_fence_meeting_a_commit_of_a_split_record_on_dynamodb_publishes_all_of_it_or_nothing_at_every_interleaving() {
     let env = |name: &str, default: usize| {
@@ -713,7 +716,16 @@ fn a_fence_meeting_a_commit_of_a_split_record_on_dynamodb_publishes_all_of_it_or
     let mut answers: BTreeMap<&str, usize> = BTreeMap::new();
     let mut workers: BTreeMap<&str, usize> = BTreeMap::new();
     let mut prefix = Some(start_choices());
+    let mut reported = Instant::now();
     while let Some(choices) = prefix {
+        if reported.elapsed() >= Duration::from_secs(60) {
+            reported = Instant::now();
+            eprintln!(
+                "fence meeting a split record ({knobs}): {schedules} schedules in {:.0?} so far; at SIM_CHOICES={}",
+                started.elapsed(),
+                replay_arg(&choices)
+            );
+        }
         let mut chooser = DepthFirst::new(choices.clone());
         let outcome = run_fence_split_schedule(&mut chooser, &config).unwrap_or_else(|error| {
             panic!(
@@ -751,8 +763,10 @@ fn a_fence_meeting_a_commit_of_a_split_record_on_dynamodb_publishes_all_of_it_or
     assert!(counts.committed > 0 && counts.fenced > 0, "{counts:?}");
     assert!(counts.fence_met_split_record > 0, "{counts:?}");
     assert!(counts.commits_refused_by_fence > 0, "{counts:?}");
-    assert!(counts.late_commits.1 > 0 && counts.token_repeats > 0, "{counts:?}");
-    assert!(counts.redeliveries > 0, "{counts:?}");
+    if config.fault_budget > 0 {
+        assert!(counts.late_commits.1 > 0 && counts.token_repeats > 0, "{counts:?}");
+        assert!(counts.redeliveries > 0, "{counts:?}");
+    }
 }
 
 /// The chain counts as one line: transactions placed, who published them first, and the
