@@ -2246,8 +2246,22 @@ fn lambda_managed_instances_are_off_by_default_and_on_every_function_when_set() 
     );
     // Subnets without security groups are refused before anything is created.
     let rule = &template["Rules"]["ACapacityProviderHasSecurityGroups"];
+    // The rule applies exactly where the condition turns the option on, and refuses an
+    // empty subnet as well as missing security groups.
     assert_eq!(
         rule["RuleCondition"],
-        json!({"Fn::Not": [{"Fn::Contains": [{"Ref": "CapacityProviderSubnetIds"}, ""]}]})
+        json!({"Fn::Not": [{"Fn::Equals": [{"Fn::Join": ["", {"Ref": "CapacityProviderSubnetIds"}]}, ""]}]})
     );
+    let asserted: Vec<&serde_json::Value> = rule["Assertions"]
+        .as_array()
+        .expect("assertions")
+        .iter()
+        .map(|assertion| &assertion["Assert"])
+        .collect();
+    for list in ["CapacityProviderSubnetIds", "CapacityProviderSecurityGroupIds"] {
+        assert!(
+            asserted.contains(&&json!({"Fn::Not": [{"Fn::Contains": [{"Ref": list}, ""]}]})),
+            "the rule refuses an empty entry in {list}: {asserted:?}"
+        );
+    }
 }
