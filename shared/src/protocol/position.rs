@@ -223,11 +223,16 @@ pub fn stamp(messages: &mut [OutgoingMessage], entity: &ItemKey, version: u64, h
 
 /// `heads` moved past the messages of a transaction positioned in `entity`'s history
 /// (what its commit writes into the entity; messages of another entity, or none, leave
-/// them as they are).
+/// them as they are). Each destination's head is *set* to the highest position the
+/// commit's messages take in it, whatever the head held, as DynamoDB's `SET` of the
+/// head's attribute does: both stores write the same heads for the same commit. The
+/// commit's condition on the version its messages were stamped against is what keeps
+/// the chain whole; a head is never compared here.
 pub fn advance(heads: &mut ChainHeads, entity: &ItemKey, messages: &[OutgoingMessage]) {
+    let mut moved = ChainHeads::new();
     for message in messages {
         if let Some(position) = message.position.as_ref().filter(|position| &position.entity == entity) {
-            let head = heads.entry(message.destination.clone()).or_default();
+            let head = moved.entry(message.destination.clone()).or_default();
             if position.seq > head.seq {
                 *head = ChainHead {
                     seq: position.seq,
@@ -237,6 +242,7 @@ pub fn advance(heads: &mut ChainHeads, entity: &ItemKey, messages: &[OutgoingMes
             }
         }
     }
+    heads.extend(moved);
 }
 
 #[cfg(test)]
