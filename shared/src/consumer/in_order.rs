@@ -74,8 +74,13 @@ pub enum Gate {
     /// entity than the message applied last (it cannot be an earlier message of the same
     /// chain), or it is the next `seq` but does not follow the message applied last (its
     /// `after` and its version are not that one's version). The chain restarted, counting
-    /// from 1 again (the entity's heads were lost, or its table was restored from an old
-    /// backup), and the message is neither a duplicate nor the next.
+    /// from 1 again while the entity's version went on (its heads were lost: a write from
+    /// outside the library replaced the item without its `chain:` attributes), and the
+    /// message is neither a duplicate nor the next. A restart that takes the version back
+    /// too (the table restored from a backup older than the messages applied) cannot be
+    /// told from copies of messages already applied: those read as
+    /// [`Gate::Duplicate`], so after such a restore the consumer's positions must be
+    /// restored from the same point in time.
     Restarted {
         /// The last `seq` applied.
         applied: u64,
