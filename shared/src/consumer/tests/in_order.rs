@@ -556,3 +556,108 @@ async fn a_message_behind_one_the_consumer_never_sees_waits_for_good_and_says_so
     assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 900, 900, 900]);
     assert_eq!(applied(&backend, "ORDER#a").await, [1], "never applied past the gap");
 }
+
+/// [`Recording`], but the handler fails `seq` 2 while `failing` is set: a poison message
+/// that reaches the dead-letter queue until it is fixed.
+struct FailingSecond {
+    failing: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl Handler for FailingSecond {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let seq = message.position()?.ok_or("no position")?.seq;
+        if seq == 2 && self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("seq 2 cannot be applied yet".into());
+        }
+        Recording.handle(message, staging).await
+    }
+
+    fn in_order(&self) -> bool {
+        true
+    }
+}
+
+/// A predecessor that failed to the dead-letter queue holds its successor waiting, never
+/// in the dead-letter queue itself; once the handler is fixed, a redrive of the
+/// dead-letter queue releases both: the predecessor applied, then the successor at its
+/// next wait, each once, in chain order.
+#[tokio::test]
+async fn a_redrive_of_the_predecessor_releases_the_message_waiting_for_it() {
+    const MAX_RECEIVES: u32 = 3;
+    let handler = Arc::new(FailingSecond { failing: true.into() });
+    let (clock, backend, consumer) = ordered_world(handler.clone());
+    let dead_letters = Arc::new(EmbeddedQueue::new(
+        crate::embedded::QueueConfig::standard("inbox-dlq"),
+        clock.clone(),
+    ));
+    let queue = Arc::new(
+        EmbeddedQueue::new(crate::embedded::QueueConfig::standard("inbox"), clock.clone())
+            .with_dead_letter_queue(dead_letters.clone(), MAX_RECEIVES),
+    );
+    let inbox = EmbeddedInbox::new(queue.clone(), clock.clone());
+    let consumer = consumer.with_requeue(Arc::new(inbox.clone()));
+    for seq in 1..=3 {
+        let delivery = placed("ORDER#a", seq);
+        queue
+            .send(crate::embedded::SendRequest {
+                body: delivery.body,
+                attributes: delivery.attributes,
+                delay: Duration::ZERO,
+                group_id: None,
+                deduplication_id: None,
+            })
+            .unwrap();
+    }
+    // Deliveries as a poller makes them: acknowledged when consumed, left to come back
+    // with the visibility timeout when failed. Returns each outcome's name, in order.
+    let round = || async {
+        let mut outcomes = Vec::new();
+        for delivery in inbox
+            .receive(10, Duration::ZERO, Duration::from_secs(30))
+            .await
+            .unwrap()
+        {
+            let seq = delivery.body.clone();
+            match consumer.consume(&delivery).await {
+                Ok(outcome) => {
+                    let name = match outcome {
+                        ConsumeOutcome::Waiting { .. } => "waiting",
+                        ConsumeOutcome::Duplicate { .. } => "duplicate",
+                        _ => "applied",
+                    };
+                    outcomes.push(format!("{seq} {name}"));
+                    inbox.ack(std::slice::from_ref(&delivery.receipt)).await.unwrap();
+                }
+                Err(_) => outcomes.push(format!("{seq} failed")),
+            }
+        }
+        outcomes
+    };
+    let mut log = Vec::new();
+    // Seq 2 fails on each of its receives and moves to the dead-letter queue; seq 3
+    // waits behind it, again and again, and stays in the source queue.
+    for _ in 0..8 {
+        log.extend(round().await);
+        clock.advance(Duration::from_secs(31));
+    }
+    assert_eq!(applied(&backend, "ORDER#a").await, [1], "{log:?}");
+    assert_eq!(
+        dead_letters.len(),
+        1,
+        "only the failed predecessor is dead-lettered: {log:?}"
+    );
+    assert!(log.iter().any(|line| line.ends_with("waiting")), "{log:?}");
+    assert_eq!(queue.len(), 1, "the waiting message is in the source queue: {log:?}");
+
+    // The handler fixed, the dead-letter queue redriven: seq 2 applies, then seq 3 when
+    // its wait ends.
+    handler.failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(dead_letters.move_all_to(&queue), 1);
+    for _ in 0..12 {
+        log.extend(round().await);
+        clock.advance(Duration::from_secs(901));
+    }
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2, 3], "{log:?}");
+    assert!(queue.is_empty() && dead_letters.is_empty(), "{log:?}");
+}
