@@ -237,6 +237,12 @@ impl Backend {
         backend
     }
 
+    /// Whether this is the embedded backend: for the cases that name a difference
+    /// between the stores ([`super::differences`]) and assert each side's behaviour.
+    pub fn is_embedded(&self) -> bool {
+        matches!(self.queues, Queues::Embedded(_))
+    }
+
     /// The engine behind the store: `embedded`, `DynamoDB Local` or `moto`.
     pub fn engine(&self) -> &'static str {
         match self.queues {

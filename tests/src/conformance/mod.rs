@@ -8,6 +8,7 @@
 mod backend;
 pub mod cases;
 mod chain;
+pub mod differences;
 pub mod dynamodb_only;
 mod entity;
 mod request_entity;
@@ -63,7 +64,16 @@ macro_rules! conformance_suite {
             a_publisher_sends_the_entitys_earlier_transactions_first,
             a_publisher_sends_an_earlier_commit_of_either_form_first,
             positions_applied_live_in_the_key_across_its_lives,
-            a_run_of_unsent_transactions_longer_than_a_search_drains_oldest_first
+            a_run_of_unsent_transactions_longer_than_a_search_drains_oldest_first,
+            a_position_kept_again_is_ok_unless_the_engine_leaves_the_old_item_out,
+            a_commit_placed_from_another_keys_read_sets_the_heads_it_stamped,
+            items_beyond_the_item_limit_are_refused_by_both,
+            a_split_record_takes_actions_of_its_own_only_on_dynamodb,
+            an_expired_record_blocks_conditions_until_dynamodb_deletes_it,
+            expiry_is_kept_in_whole_seconds_on_dynamodb,
+            native_actions_run_only_on_dynamodb,
+            a_repeated_delete_past_the_token_window_meets_the_new_lifes_entries,
+            a_busy_item_is_contention_only_on_dynamodb
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::history::StoreEvent;
-use super::state::{idempotency_key, outbox_key, Item, State};
+use super::state::{idempotency_key, outbox_key, Item, State, MAX_ITEM_BYTES};
 use super::EmbeddedStore;
 use crate::ports::{BusinessWrite, CommitError, CommitRequest, ExpectedVersion};
 use crate::protocol::{advance_chain, AppliedPositions, ChainHeads, OutboxRecord, OutboxState};
@@ -58,6 +58,28 @@ pub(super) fn apply(state: &mut State, request: &CommitRequest, now: Timestamp) 
         return Err(CommitError::TooLarge {
             reason: format!("about {bytes} bytes, at most {MAX_TRANSACTION_BYTES}"),
         });
+    }
+    // As DynamoDB refuses a request that would leave an item over its limit, before any
+    // condition: a put's data with the entries the item keeps.
+    for write in &request.writes {
+        let BusinessWrite::Put { key, data, .. } = write else {
+            continue;
+        };
+        let entries = match EmbeddedStore::live(state, key.as_str(), now) {
+            Some(Item::Business { entries, .. }) => entries
+                .values()
+                .map(|entry| serde_json::to_string(entry).map_or(0, |json| json.len()))
+                .sum::<usize>(),
+            _ => 0,
+        };
+        let bytes = data.to_string().len() + entries;
+        if bytes > MAX_ITEM_BYTES {
+            return Err(CommitError::Invalid {
+                reason: format!(
+                    "item {key} would be about {bytes} bytes, over the item size limit of {MAX_ITEM_BYTES}"
+                ),
+            });
+        }
     }
     let mut keys: Vec<&str> = request.writes.iter().map(|write| write.key().as_str()).collect();
     keys.push(&outbox_key);

@@ -4,13 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use super::state::MAX_ITEM_BYTES;
 use super::{EmbeddedStore, Item, State, StoreEvent};
 use crate::ports::{CommitError, EntityCommit, EntityItem, ExpectedVersion, ItemKey, VersionedItem};
 use crate::protocol::{advance_chain, Applied, AppliedPositions, ChainHeads, OutboxRecord, TxnId};
 use crate::time::Timestamp;
-
-/// DynamoDB's 400 KB item limit.
-const MAX_ITEM_BYTES: usize = 400 * 1024;
 
 /// Item `key` with its entries, as stored at `now`.
 pub(super) fn read(state: &State, key: &ItemKey, now: Timestamp) -> Option<EntityItem> {

@@ -8,6 +8,11 @@ use super::history::StoreEvent;
 use crate::protocol::{AppliedPositions, ChainHeads, IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::time::Timestamp;
 
+/// DynamoDB's 400 KB item limit, counted on the data's JSON text and the item's outbox
+/// entries (DynamoDB counts attribute names and values: within a few KB of the limit the
+/// two may disagree).
+pub(super) const MAX_ITEM_BYTES: usize = 400 * 1024;
+
 /// An item as held: a business item's data as JSON text (a JSON value in memory takes
 /// several times its text, and a long-running server holds every order), the records
 /// boxed so that the map's nodes stay small.
