@@ -621,12 +621,7 @@ async fn a_redrive_of_the_predecessor_releases_the_message_waiting_for_it() {
             let seq = delivery.body.clone();
             match consumer.consume(&delivery).await {
                 Ok(outcome) => {
-                    let name = match outcome {
-                        ConsumeOutcome::Waiting { .. } => "waiting",
-                        ConsumeOutcome::Duplicate { .. } => "duplicate",
-                        _ => "applied",
-                    };
-                    outcomes.push(format!("{seq} {name}"));
+                    outcomes.push(format!("{seq} {}", outcome.as_str()));
                     inbox.ack(std::slice::from_ref(&delivery.receipt)).await.unwrap();
                 }
                 Err(_) => outcomes.push(format!("{seq} failed")),
