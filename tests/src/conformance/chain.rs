@@ -11,7 +11,7 @@ use outbox::request::{Outbox, TxnError};
 use outbox::settings::Timing;
 use serde_json::json;
 
-use super::backend::{audit, bus, events, Backend};
+use super::backend::{audit, bus, events, fanout, Backend};
 use super::cases::{key, RETENTION};
 
 fn timing() -> Timing {
@@ -101,8 +101,8 @@ pub async fn messages_carry_their_place_in_their_entitys_history(b: &Backend) {
         &[events(), audit(), events(), bus()],
     )
     .await;
-    // 2: events only; 3: nothing; 4: audit only.
-    change(&outbox, &order, Some(json!({"n": 2})), &[events()]).await;
+    // 2: events and the topic; 3: nothing; 4: audit only.
+    change(&outbox, &order, Some(json!({"n": 2})), &[events(), fanout()]).await;
     change(&outbox, &order, Some(json!({"n": 3})), &[]).await;
     change(&outbox, &order, Some(json!({"n": 4})), &[audit()]).await;
     // 5: deleted, with an event; 6: created again.
@@ -130,6 +130,12 @@ pub async fn messages_carry_their_place_in_their_entitys_history(b: &Backend) {
         received(b, &bus(), &order).await,
         [place(1, 1, 0)],
         "{}: the bus",
+        b.name
+    );
+    assert_eq!(
+        received(b, &fanout(), &order).await,
+        [place(1, 2, 0)],
+        "{}: the topic",
         b.name
     );
 
