@@ -103,15 +103,19 @@ pub(crate) fn is_ordered(record: &OutboxRecord, keeps_order: &(dyn Fn(&Destinati
 /// order: its `entries` (pending entries of `key` before `record`, [`entries_before`])
 /// and the pending records their chains and `record`'s name before them, read from
 /// `store`. A record found dispatched, or gone, was sent (a pending record never
-/// expires). An error leaves the question open: the caller publishes nothing of
-/// `record` now and leaves it to a later try.
+/// expires); so was a transaction `sent_whole` names (every message of it went out, each
+/// after the transactions before it), and what comes before it is not looked for. An
+/// error leaves the question open: the caller publishes nothing of `record` now and
+/// leaves it to a later try.
 pub(crate) async fn unsent_before(
     store: &dyn Store,
     keeps_order: &(dyn Fn(&DestinationName) -> bool + Sync),
     key: &ItemKey,
     entries: Vec<OutboxRecord>,
     record: &OutboxRecord,
+    sent_whole: &(dyn Fn(TxnId) -> bool + Sync),
 ) -> Result<Vec<Earlier>, EarlierError> {
+    let entries: Vec<OutboxRecord> = entries.into_iter().filter(|entry| !sent_whole(entry.txn_id)).collect();
     let mut known: BTreeSet<TxnId> = entries.iter().map(|entry| entry.txn_id).collect();
     known.insert(record.txn_id);
     let mut to_read: Vec<TxnId> = previous(record, keeps_order);
@@ -124,7 +128,7 @@ pub(crate) async fn unsent_before(
         .collect();
     let mut reads = 0;
     while let Some(txn_id) = to_read.pop() {
-        if !known.insert(txn_id) {
+        if !known.insert(txn_id) || sent_whole(txn_id) {
             continue;
         }
         if reads == MAX_RECORDS_READ {

@@ -548,3 +548,95 @@ async fn a_commit_cut_off_midway_is_fenced_by_a_later_abandon() {
         1
     );
 }
+
+/// A publisher whose first call waits until `release` is notified; every message id it
+/// was handed, in order.
+struct HeldFirstSend {
+    inner: Arc<dyn crate::ports::Publisher>,
+    release: Arc<tokio::sync::Notify>,
+    first: std::sync::atomic::AtomicBool,
+    sent: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl crate::ports::Publisher for HeldFirstSend {
+    async fn send_batch(
+        &self,
+        destination: &DestinationName,
+        messages: &[crate::protocol::OutgoingMessage],
+    ) -> Result<Vec<crate::ports::EntryFailure>, crate::ports::PublishError> {
+        if self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.release.notified().await;
+        }
+        self.sent
+            .lock()
+            .unwrap()
+            .extend(messages.iter().map(|message| message.id.to_string()));
+        self.inner.send_batch(destination, messages).await
+    }
+
+    fn keeps_order(&self, destination: &DestinationName) -> bool {
+        self.inner.keeps_order(destination)
+    }
+}
+
+/// Two changes of one order on a FIFO destination, published after their answers by one
+/// process: the later one's publisher, finding the earlier one's entry in the order,
+/// waits for the earlier one's turn instead of sending it again first, and then sends
+/// only its own. The destination receives each once, in commit order.
+#[tokio::test]
+async fn a_later_publisher_of_an_entity_in_the_process_waits_its_turn_instead_of_sending_again() {
+    let audit: DestinationName = "audit".parse().unwrap();
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+    let backend = EmbeddedBackend::new(clock.clone(), [(audit.clone(), true)]);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let publisher = Arc::new(HeldFirstSend {
+        inner: backend.publisher.clone(),
+        release: release.clone(),
+        first: true.into(),
+        sent: Default::default(),
+    });
+    let after = super::AfterAnswer::on_tokio();
+    let outbox = Outbox::new(
+        backend.request_ports(clock.clone()),
+        Timing::default(),
+        TransactionLimits::default(),
+    )
+    .with_publishing_after_answer(publisher.clone(), after.clone());
+    let mut create = outbox.begin().await.unwrap();
+    create.put(order(), json!({"lines": 1}), ExpectedVersion::Absent);
+    create.commit().await.unwrap();
+    let mut ids = Vec::new();
+    for lines in [2, 3] {
+        let mut txn = outbox.begin_entity(order()).await.unwrap();
+        let read = txn.get(&order()).await.unwrap().unwrap();
+        txn.put(
+            order(),
+            json!({ "lines": lines }),
+            ExpectedVersion::Exactly(read.version),
+        );
+        txn.emit(Message::json(audit.clone(), &json!({ "lines": lines })).unwrap());
+        ids.push(format!("{}:0", txn.commit().await.unwrap().txn_id));
+        // The first one's publish is held in its send, its entry still in the order.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(publisher.sent.lock().unwrap().is_empty(), "the first send is held");
+    release.notify_one();
+    tokio::time::timeout(Duration::from_secs(5), after.idle())
+        .await
+        .expect("both publishes end");
+    assert_eq!(
+        *publisher.sent.lock().unwrap(),
+        ids,
+        "each sent once, by its own publisher, in commit order"
+    );
+    let received: Vec<String> = backend
+        .publisher
+        .queue(&audit)
+        .unwrap()
+        .receive(10)
+        .into_iter()
+        .map(|message| message.attributes[crate::protocol::MESSAGE_ID_ATTRIBUTE].clone())
+        .collect();
+    assert_eq!(received, ids, "the FIFO destination, in commit order");
+}

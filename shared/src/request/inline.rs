@@ -106,6 +106,16 @@ impl Outbox {
         }
         let clock = self.ports.clock.as_ref();
         let settle = async {
+            // Where order is kept, the entity's publishers in this process send one after
+            // another (crate::request::turns), each leaving out what the ones before it
+            // sent.
+            let keeps_order = |destination: &DestinationName| publisher.keeps_order(destination);
+            let turn = match behind {
+                Some(behind) if earlier::is_ordered(committed, &keeps_order) => {
+                    Some(self.turns.take(&behind.key).await)
+                }
+                _ => None,
+            };
             if let Some(behind) = behind {
                 if !self.send_earlier_first(publisher.as_ref(), behind, committed).await {
                     return InlineDispatch::LeftToWorker;
@@ -114,6 +124,10 @@ impl Outbox {
             if !self.publish_inline(publisher.as_ref(), committed).await {
                 return InlineDispatch::LeftToWorker;
             }
+            if turn.is_some() {
+                self.turns.sent(committed.txn_id);
+            }
+            drop(turn);
             match entry_in {
                 Some(key) => self.settle_entry_inline(key, committed).await,
                 None => self.mark_inline(committed).await,
@@ -143,6 +157,7 @@ impl Outbox {
                 &behind.key,
                 behind.entries.clone(),
                 committed,
+                &|txn_id| self.turns.was_sent(txn_id),
             )
             .await;
             match found {

@@ -30,6 +30,7 @@ pub(crate) use live::Abandoned;
 mod outbox;
 mod settle;
 mod transaction;
+mod turns;
 mod watch;
 
 pub use after_answer::AfterAnswer;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::after_answer::AfterAnswer;
 use super::live::Live;
 use super::settle::within;
+use super::turns::Turns;
 use super::watch::BEGIN_WATCH;
 use super::{Transaction, TxnError};
 use crate::ports::{Clock, ControlQueue, IdSource, ItemKey, Publisher, QueueError, Store, StoreError};
@@ -48,6 +49,8 @@ pub struct Outbox {
     pub(super) sent_marks: usize,
     /// The FIFO group of a message its emitter gave none.
     pub(super) fifo_groups: FifoGrouping,
+    /// Its publishers' turns per entity (shared by its clones).
+    pub(super) turns: Arc<Turns>,
 }
 
 impl Outbox {
@@ -63,6 +66,7 @@ impl Outbox {
             live: Arc::default(),
             sent_marks: crate::protocol::sent_marks::MAX_SENT_MARKS,
             fifo_groups: FifoGrouping::Entity,
+            turns: Arc::default(),
         }
     }
 

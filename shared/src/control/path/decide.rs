@@ -99,17 +99,19 @@ impl ControlPath {
     ) -> Result<Vec<Earlier>, Decision> {
         let entries = earlier::entries_before(entries.into_iter().flat_map(BTreeMap::values), record);
         let keeps_order = |destination: &DestinationName| self.ports.publisher.keeps_order(destination);
-        earlier::unsent_before(self.ports.store.as_ref(), &keeps_order, key, entries, record)
-            .await
-            .map_err(|error| {
-                Decision::Done(Err(match error {
-                    EarlierError::Read(error) => ControlError::Read(Arc::new(error)),
-                    EarlierError::TooMany { entity } => ControlError::EarlierUnsent {
-                        entity,
-                        max: earlier::MAX_RECORDS_READ,
-                    },
-                }))
-            })
+        earlier::unsent_before(self.ports.store.as_ref(), &keeps_order, key, entries, record, &|_| {
+            false
+        })
+        .await
+        .map_err(|error| {
+            Decision::Done(Err(match error {
+                EarlierError::Read(error) => ControlError::Read(Arc::new(error)),
+                EarlierError::TooMany { entity } => ControlError::EarlierUnsent {
+                    entity,
+                    max: earlier::MAX_RECORDS_READ,
+                },
+            }))
+        })
     }
 
     /// Entry `entry` of `key` to publish, after the earlier transactions still unsent
