@@ -97,6 +97,8 @@ fn one_transaction(inline: bool) -> SimConfig {
         retention_jump: false,
         keyed: &[],
         preemption_bound: None,
+        step_checks: false,
+        vacant: false,
     }
 }
 
@@ -851,6 +853,8 @@ fn random_config(seed: u64) -> SimConfig {
         retention_jump: false,
         keyed: &[],
         preemption_bound: None,
+        step_checks: false,
+        vacant: false,
     }
 }
 
@@ -1001,6 +1005,8 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             retention_jump: false,
             keyed: &[],
             preemption_bound: None,
+            step_checks: false,
+            vacant: false,
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {
@@ -1840,6 +1846,8 @@ fn entity_mode_clocks_skewed_by_up_to_an_hour_keep_the_invariants() {
             retention_jump: false,
             keyed: &[],
             preemption_bound: None,
+            step_checks: false,
+            vacant: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let outcome = run_caught(&mut chooser, &config).unwrap_or_else(|error| panic!("skew seed {seed}: {error}"));
@@ -1968,6 +1976,8 @@ fn entity_mode_items_deleted_and_created_again_keep_the_invariants() {
             retention_jump: false,
             keyed: &[],
             preemption_bound: None,
+            step_checks: false,
+            vacant: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let outcome = run_caught(&mut chooser, &config).unwrap_or_else(|error| panic!("delete seed {seed}: {error}"));
@@ -2126,6 +2136,8 @@ fn entity_mode_marks_past_their_time_make_room_after_the_retention() {
             retention_jump: true,
             keyed: &[],
             preemption_bound: None,
+            step_checks: false,
+            vacant: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let mut outcome =
@@ -2370,6 +2382,8 @@ fn explore_two_transactions_on_one_entity(name: &str, keyed: &'static [usize]) -
         timing: sim_timing(2),
         keyed,
         preemption_bound: Some(bound),
+        step_checks: false,
+        vacant: false,
         ..in_entity_mode(one_transaction(true))
     };
     let started = Instant::now();
@@ -2524,4 +2538,333 @@ fn two_transactions_on_one_entity_in_the_transactional_form_publish_in_chain_ord
     }
     assert!(tally.record_first > 0 && tally.entry_first == 0, "{tally:?}");
     assert_eq!(tally.chains.entity_form, 0, "{tally:?}");
+}
+
+/// What a bounded exploration in entity mode reached, summed over its schedules.
+#[derive(Debug, Default)]
+struct BoundedTally {
+    entity: EntityTally,
+    /// Deletes applied, and schedules in which one applied.
+    deletes: usize,
+    with_delete: usize,
+    /// Schedules in which a transaction's entity commit was a create over the vacant key
+    /// (its request read the key after the delete).
+    /// Schedules with a late attempt that applied, and with one refused by the fence mark.
+    late_applied: usize,
+    fence_refused: usize,
+    /// Schedules in which an attempt of a committed transaction was refused by the version
+    /// its item continued at.
+    refused_by_version: usize,
+    /// Schedules in which a control message was sent twice (the fault of the schedule a
+    /// duplicate send, where the exploration offers no other fault on sends), and in
+    /// which one was redriven from the dead-letter queue in recovery.
+    duplicated: usize,
+    redriven: usize,
+    /// Steps checked by the per-step checks.
+    steps_checked: usize,
+}
+
+/// Explores `config` depth-first to exhaustion (within its preemption bound and fault
+/// budget), checking each schedule against the invariants at the end and, where
+/// `config.step_checks`, after every step; `skews` names the workers' clock skews the
+/// config chooses from, to count them. Prints one line, and a replay line for a schedule
+/// that breaks a check (`SIM_CHOICES`, with the bound's own `SIM_PREEMPTIONS`); a deep
+/// bound prints a progress line a minute.
+fn explore_bounded(name: &str, config: &SimConfig) -> BoundedTally {
+    let bound = config.preemption_bound.expect("a bounded exploration");
+    let duplicates_only_on_sends = config
+        .faults_only
+        .is_some_and(|faults| faults(Op::ControlSend) == [Fault::Duplicate]);
+    let started = Instant::now();
+    let mut tally = BoundedTally::default();
+    let replay = |choices: &[usize]| {
+        format!(
+            "rerun it with SIM_PREEMPTIONS={bound} SIM_CHOICES={} cargo test -p outbox-tests --test simulation -- <this test> --exact --nocapture",
+            replay_arg(choices)
+        )
+    };
+    let mut prefix = Some(start_choices());
+    let mut reported = Instant::now();
+    while let Some(choices) = prefix {
+        if reported.elapsed() >= Duration::from_secs(60) {
+            reported = Instant::now();
+            eprintln!(
+                "{name}: {} schedules in {:.0?} so far (at most {bound} preemptions); at SIM_CHOICES={}",
+                tally.entity.schedules,
+                started.elapsed(),
+                replay_arg(&choices)
+            );
+        }
+        let mut chooser = DepthFirst::new(choices.clone());
+        let outcome = run_schedule(&mut chooser, config).unwrap_or_else(|error| {
+            panic!(
+                "{name}: schedule {}: {error}\n{}",
+                replay_arg(&choices),
+                replay(&choices)
+            )
+        });
+        if let Err(violation) = outcome.observed.check() {
+            panic!(
+                "{name}: schedule {}: {violation}\n{:#?}\n{}",
+                replay_arg(&choices),
+                outcome.observed,
+                replay(&choices)
+            );
+        }
+        tally.entity.add(&outcome);
+        tally.deletes += outcome.observed.deletes;
+        tally.with_delete += usize::from(outcome.observed.deletes > 0);
+        tally.late_applied += usize::from(outcome.late.commits.1 > 0);
+        tally.fence_refused += usize::from(outcome.late.fence_refused > 0);
+        tally.refused_by_version += usize::from(outcome.chains.refused_by_version > 0);
+        tally.duplicated += usize::from(outcome.faults > outcome.late.commits.0 && duplicates_only_on_sends);
+        tally.redriven += usize::from(outcome.redrives > 0);
+        tally.steps_checked += outcome.steps_checked;
+        prefix = chooser.next_prefix();
+    }
+    println!(
+        "{name}: {} schedules (at most {bound} preemptions, at most {} fault) in {:.2?}; {} with a fault; deletes applied in {}; a late attempt applied in {}, refused by the fence mark in {}; an attempt of a committed transaction refused by the continued version in {}; a control message sent twice in {}, redriven in {}; {} steps checked one by one; requests ended: {:?}; {}",
+        tally.entity.schedules,
+        config.fault_budget,
+        started.elapsed(),
+        tally.entity.with_fault,
+        tally.with_delete,
+        tally.late_applied,
+        tally.fence_refused,
+        tally.refused_by_version,
+        tally.duplicated,
+        tally.redriven,
+        tally.steps_checked,
+        tally.entity.endings,
+        chains_line(name, tally.entity.schedules, &tally.entity.chains),
+    );
+    tally
+}
+
+/// The bounded explorations' base: entity mode, one item, one request, one worker, a
+/// 2 s window (the first check at 1 s defers once, the second fences), the per-step
+/// checks on, at most `SIM_PREEMPTIONS` preemptions (2 unless set).
+fn bounded_base() -> SimConfig {
+    SimConfig {
+        timing: sim_timing(2),
+        preemption_bound: Some(preemptions()),
+        step_checks: true,
+        vacant: false,
+        ..in_entity_mode(one_transaction(false))
+    }
+}
+
+/// Faults of the late-attempt explorations: any commit (a request's one conditional
+/// write, the deleter's delete and create) times out with its request on its way, a
+/// ghost that applies at whatever later step the scheduler picks.
+fn late_commit(op: Op) -> Vec<Fault> {
+    match op {
+        Op::Commit => vec![Fault::Late],
+        _ => vec![],
+    }
+}
+
+/// [`late_commit`], or the commit applied with its reply lost.
+fn late_or_lost_commit(op: Op) -> Vec<Fault> {
+    match op {
+        Op::Commit => vec![Fault::Late, Fault::ReplyLost],
+        _ => vec![],
+    }
+}
+
+/// One fault of any kind at any step: every call's crashes before and after, lost
+/// replies and refusals, and a commit's late attempt too.
+fn any_fault(op: Op) -> Vec<Fault> {
+    match op {
+        Op::Commit => vec![
+            Fault::Late,
+            Fault::CrashBefore,
+            Fault::CrashAfter,
+            Fault::ReplyLost,
+            Fault::Fail,
+        ],
+        // A late attempt applies when the scheduler lets it.
+        Op::LateCommit => vec![],
+        op => op.faults(false),
+    }
+}
+
+/// A duplicate send of a control message (delivered twice, to either worker), or a late
+/// commit.
+fn duplicate_or_late(op: Op) -> Vec<Fault> {
+    match op {
+        Op::ControlSend => vec![Fault::Duplicate],
+        Op::Commit => vec![Fault::Late],
+        _ => vec![],
+    }
+}
+
+/// The workers' clock skews the explorations choose one from per schedule: 3 s behind the
+/// API's (and AWS's) time, none, 3 s ahead: past the 2 s window either way, so that a
+/// worker fences at its first check a transaction whose request, by its own clock, may
+/// still commit, or defers past the window's end. (A worker ahead by the retention or
+/// more takes a fresh control message for stale and drops it, losing a committed
+/// transaction's messages: clocks that far apart are outside what the protocol takes,
+/// docs/PROTOCOL.md section 6.)
+const WORKER_SKEWS: &[i64] = &[-3_000, 0, 3_000];
+
+/// A late attempt across a delete and a re-create, explored depth-first to exhaustion
+/// within a bound: one request incrementing `COUNTER#0` in entity mode, the deleter
+/// deleting the counter (once it holds no entries) and creating it again, each a
+/// transaction of the request path that reads the counter and writes at the version
+/// read, and one control worker; at most one fault per schedule: any commit attempt (the
+/// request's, the delete's, the create's) timed out with its request on its way, applied
+/// by a ghost at any later step; at most 1 preemption (`SIM_PREEMPTIONS`). The request
+/// may read the counter before the delete (it increments the first life) or after it (it
+/// creates the second life over the vacant key, racing the deleter's create); a late
+/// attempt lands after its retry committed and the worker settled it, after the worker
+/// fenced its transaction past the window, after the delete, or after the re-create:
+/// the version the key continued at, or the fence mark, must refuse it. Checked after
+/// every step and at the end.
+///
+/// Not explored: a second preemption (past three minutes here with the deleter; the
+/// vacant-key exploration below takes two), faults other than a late commit (the
+/// any-fault exploration below, without the deleter), more requests or workers,
+/// publishing inline, a late attempt lost on its way.
+#[test]
+fn entity_mode_a_late_attempt_across_a_delete_and_a_re_create_is_refused_at_every_bounded_interleaving() {
+    let name = "bounded: a late attempt across a delete and a re-create";
+    let config = SimConfig {
+        deletes: true,
+        faults_only: Some(late_commit),
+        preemption_bound: Some(std::env::var("SIM_PREEMPTIONS").map_or(1, |_| preemptions())),
+        ..bounded_base()
+    };
+    let tally = explore_bounded(name, &config);
+    if replaying() {
+        return;
+    }
+    assert!(tally.with_delete > 0, "{name}: no delete applied: {tally:?}");
+    assert!(tally.late_applied > 0, "{name}: no late attempt applied: {tally:?}");
+    assert!(
+        tally.refused_by_version > 0,
+        "{name}: no attempt refused by the continued version: {tally:?}"
+    );
+    assert!(
+        tally.fence_refused > 0,
+        "{name}: no attempt refused by the fence mark: {tally:?}"
+    );
+    assert_reached(&tally.entity.endings, &["committed", "commit window expired"]);
+}
+
+/// Creates over a vacant key, explored depth-first to exhaustion within a bound: the
+/// counter is deleted before the schedule starts (its key vacant at version 2), one
+/// request in entity mode reads it vacant and creates it at the version read, one control
+/// worker whose clock is 3 s behind, on time or 3 s ahead (chosen per schedule,
+/// [`WORKER_SKEWS`]);
+/// at most one fault: the create's attempt timed out with its request on its way
+/// (applied by a ghost at any later step) or applied with its reply lost; at most 2
+/// preemptions. The worker fences the transaction in the vacant key past the window, or
+/// the request's settling write does: the mark the vacant key keeps must refuse the late
+/// create, and a request told "fenced" never committed.
+///
+/// Not explored: a create racing another create (the late-attempt exploration above has
+/// the deleter's), more preemptions, other faults.
+#[test]
+fn entity_mode_a_late_create_over_a_vacant_key_is_refused_at_every_bounded_interleaving() {
+    let name = "bounded: a late create over a vacant key";
+    let config = SimConfig {
+        vacant: true,
+        faults_only: Some(late_or_lost_commit),
+        worker_skews: WORKER_SKEWS,
+        ..bounded_base()
+    };
+    let tally = explore_bounded(name, &config);
+    if replaying() {
+        return;
+    }
+    assert!(tally.late_applied > 0, "{name}: no late attempt applied: {tally:?}");
+    assert!(
+        tally.fence_refused > 0,
+        "{name}: no late create refused by the fence mark: {tally:?}"
+    );
+    assert_reached(
+        &tally.entity.endings,
+        &[
+            "committed",
+            "fenced (unknown, settled by its tombstone)",
+            "commit window expired",
+        ],
+    );
+}
+
+/// One fault of any kind at any step, explored depth-first to exhaustion within a
+/// bound: one request incrementing `COUNTER#0` in entity mode, one control worker whose
+/// clock is 3 s behind, on time or 3 s ahead of the request path's (chosen per schedule,
+/// [`WORKER_SKEWS`]); at most one fault per schedule, at any call: a crash before or after it, a
+/// lost reply, a refusal, or for a commit its attempt timed out with its request on its
+/// way (applied by a ghost at any later step); at most 2 preemptions.
+///
+/// Not explored: a second fault, more preemptions, the deleter (the late-attempt
+/// exploration above), more requests or workers.
+#[test]
+fn entity_mode_one_fault_at_any_step_with_clocks_disagreeing_keeps_the_invariants_at_every_bounded_interleaving() {
+    let name = "bounded: one fault at any step, clocks disagreeing";
+    let config = SimConfig {
+        faults_only: Some(any_fault),
+        worker_skews: WORKER_SKEWS,
+        ..bounded_base()
+    };
+    let tally = explore_bounded(name, &config);
+    if replaying() {
+        return;
+    }
+    assert!(
+        tally.entity.with_fault > tally.entity.schedules / 2,
+        "{name}: {tally:?}"
+    );
+    assert!(tally.late_applied > 0 && tally.fence_refused > 0, "{name}: {tally:?}");
+    assert_reached(
+        &tally.entity.endings,
+        &[
+            "committed",
+            "api crashed",
+            "commit window expired",
+            "fenced (unknown, settled by its tombstone)",
+        ],
+    );
+}
+
+/// Three transactions on two items, explored depth-first to exhaustion within a bound:
+/// three requests in entity mode, requests 0 and 2 incrementing `COUNTER#0` and request
+/// 1 `COUNTER#1`, two control workers; at most one fault per schedule: a control message
+/// sent twice (both copies delivered, to either worker, at once or one after the other)
+/// or a commit's attempt timed out with its request on its way (applied by a ghost at
+/// any later point); no preemption (`SIM_PREEMPTIONS=0` unless set): an actor runs until
+/// it ends, crashes or waits (for the queue, or for the clock), and at each such point
+/// every actor may go next, so the two requests on `COUNTER#0` race only through a late
+/// attempt, whose ghost lands after the other's commit (refused by the version) or before
+/// it (the other then reads it). Checked after every step and at the end, the chains of
+/// both items included.
+///
+/// Not explored: preemptions (one is past three minutes here), other faults, the deleter.
+#[test]
+fn entity_mode_three_transactions_on_two_items_with_a_duplicated_control_message_keep_the_invariants_at_every_bounded_interleaving(
+) {
+    let name = "bounded: three transactions on two items, two workers, a duplicate";
+    let config = SimConfig {
+        transactions: 3,
+        items: 2,
+        workers: 2,
+        faults_only: Some(duplicate_or_late),
+        preemption_bound: Some(std::env::var("SIM_PREEMPTIONS").map_or(0, |_| preemptions())),
+        ..bounded_base()
+    };
+    let tally = explore_bounded(name, &config);
+    if replaying() {
+        return;
+    }
+    assert!(tally.duplicated > 0, "{name}: no control message sent twice: {tally:?}");
+    assert!(tally.late_applied > 0, "{name}: no late attempt applied: {tally:?}");
+    assert!(
+        tally.refused_by_version > 0,
+        "{name}: no attempt refused by the continued version: {tally:?}"
+    );
+    assert!(tally.entity.chains.placed > 0, "{name}: {tally:?}");
+    assert_reached(&tally.entity.endings, &["committed", "commit window expired"]);
 }

@@ -44,6 +44,9 @@ pub enum Op {
     Publish,
     /// A backoff wait.
     Sleep,
+    /// The deleter of a bounded exploration waiting until its counter holds no entries:
+    /// the scheduler opens it only then, or once nothing else can move.
+    AwaitIdle,
 }
 
 /// What an operation meets.
@@ -95,7 +98,7 @@ impl Op {
     pub fn faults(self, random: bool) -> Vec<Fault> {
         use Fault::*;
         match self {
-            Op::Sleep => vec![],
+            Op::Sleep | Op::AwaitIdle => vec![],
             // The late request is lost on its way and never applies.
             Op::LateCommit | Op::LateTombstone | Op::LateMark | Op::LateSend => vec![Fail],
             Op::Read | Op::Receive => vec![CrashBefore, Fail],

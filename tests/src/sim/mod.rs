@@ -41,6 +41,7 @@ mod in_order;
 pub mod invariants;
 mod ports;
 mod split;
+mod step_checks;
 mod world;
 
 pub use chooser::{Chooser, DepthFirst, FaultsDepthFirst, Seeded};

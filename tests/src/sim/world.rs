@@ -28,6 +28,7 @@ use super::invariants::Observed;
 use super::ports::{
     late_op, GatedClock, GatedControlQueue, GatedPublisher, GatedStore, InFlight, Publishers, Refusals, Signatures,
 };
+use super::step_checks::StepChecks;
 
 /// The standard destination every transaction emits an event to.
 pub const EVENTS: &str = "events";
@@ -135,6 +136,16 @@ pub struct SimConfig {
     /// are used up it moves on alone. Where it cannot move on (it finished, crashed, or
     /// waits for the queue), any option is free. `None` for every interleaving.
     pub preemption_bound: Option<usize>,
+    /// Checks, after every step, the safety properties that hold at every reachable state
+    /// ([`StepChecks`]: nothing accepted by a destination before its transaction
+    /// committed, a key's versions only going up across its lives, nothing both committed
+    /// and tombstoned); a schedule that breaks one ends there with an error naming the
+    /// step.
+    pub step_checks: bool,
+    /// Entity mode: each counter is deleted right after it is seeded (straight into the
+    /// table, a transaction without messages), so that requests read its key vacant at
+    /// version 2 and create it again over the vacant key, at the version read.
+    pub vacant: bool,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -210,6 +221,8 @@ pub struct Outcome {
     pub after_answer: AfterAnswerRuns,
     /// What the entities' chains met.
     pub chains: ChainCounts,
+    /// Steps after which the per-step checks ran ([`SimConfig::step_checks`]).
+    pub steps_checked: usize,
 }
 
 /// What the schedules did with the entities' chains: the transactions placed in their
@@ -500,11 +513,13 @@ struct World {
     publishers: Publishers,
     /// Attempts of committed transactions refused by their item's version.
     refusals: Refusals,
+    /// The deleters, by actor, and the counter each deletes.
+    deleting: BTreeMap<ActorId, ItemKey>,
 }
 
 impl World {
     /// A world; in entity mode (`seeded` counters), counting commits refused by a fence.
-    fn new(worker_skew: i64, timing: Timing, timers_fire: bool, seeded: &[ItemKey]) -> Self {
+    fn new(worker_skew: i64, timing: Timing, timers_fire: bool, seeded: &[ItemKey], vacant: bool) -> Self {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
         let destinations = [
             (EVENTS.parse().expect("valid"), false),
@@ -515,7 +530,7 @@ impl World {
         backend.record();
         let ids = Arc::new(SimIds(AtomicU64::new(1)));
         for key in seeded {
-            seed(&backend, &ids, clock.now(), timing, key);
+            seed(&backend, &ids, clock.now(), timing, key, vacant);
         }
         let fenced_out = (!seeded.is_empty()).then(Arc::default);
         let refusals = Refusals {
@@ -539,7 +554,21 @@ impl World {
             after_work: AfterWork::default(),
             fenced_out,
             signatures: None,
+            deleting: BTreeMap::new(),
         }
+    }
+
+    /// Whether `actor` is a deleter whose counter holds entries still to be dispatched.
+    fn holds_entries(&self, actor: &ActorId) -> bool {
+        use futures::FutureExt;
+        use outbox::ports::Store;
+        self.deleting.get(actor).is_some_and(|key| {
+            Store::get_entity(self.backend.store.as_ref(), key)
+                .now_or_never()
+                .and_then(Result::ok)
+                .flatten()
+                .is_some_and(|item| !item.entries.is_empty())
+        })
     }
 
     fn store(&self, gate: &Gate) -> Arc<GatedStore> {
@@ -732,13 +761,15 @@ impl World {
     /// transaction while the counter holds entries or changes; it reads the counter,
     /// waiting, while it holds entries), then the create of the vacant key at the version
     /// read ([`ExpectedVersion::AbsentAt`]). The worker publishes them.
-    fn deleter(&mut self, key: ItemKey, entity: bool) -> Actor {
+    fn deleter(&mut self, key: ItemKey, entity: bool, spins: bool) -> Actor {
         const TRIES: usize = 6;
         // Reads of the counter while it holds entries, before a delete is tried anyway.
         const WAITS: usize = 4;
         let (id, gate) = self.gate();
+        self.deleting.insert(id, key.clone());
         let store = self.store(&gate);
         let clock = self.clock_for(&gate, 0);
+        let idle = gate.clone();
         let outbox = Outbox::new(
             RequestPorts {
                 store: self.store(&gate),
@@ -756,8 +787,17 @@ impl World {
                 for _ in 0..TRIES {
                     // A delete waits while the counter holds entries still to be
                     // dispatched (the table refuses it then), rather than spend a
-                    // transaction on each refusal.
+                    // transaction on each refusal. In a bounded exploration it waits at
+                    // a gate the scheduler opens once the counter holds none (or nothing
+                    // else can move): each read and sleep of a wait would be a step to
+                    // interleave.
+                    if !spins && !create {
+                        idle.pass(Op::AwaitIdle).await;
+                    }
                     for _ in 0..WAITS {
+                        if !spins {
+                            break;
+                        }
                         let busy = store
                             .get_keys(std::slice::from_ref(&key))
                             .await
@@ -836,7 +876,7 @@ impl World {
 /// Writes counter `key` at version 1, count 1, straight into the table (no gate, no
 /// control message): a committed transaction with no messages, in the history like any
 /// other, so that the checks count it among the counter's writers.
-fn seed(backend: &EmbeddedBackend, ids: &SimIds, now: Timestamp, timing: Timing, key: &ItemKey) {
+fn seed(backend: &EmbeddedBackend, ids: &SimIds, now: Timestamp, timing: Timing, key: &ItemKey, vacant: bool) {
     use futures::FutureExt;
     use outbox::ports::{BusinessWrite, CommitRequest, Store};
     use outbox::protocol::OutboxRecord;
@@ -856,6 +896,22 @@ fn seed(backend: &EmbeddedBackend, ids: &SimIds, now: Timestamp, timing: Timing,
         .now_or_never()
         .expect("the embedded store answers at once")
         .expect("a fresh table takes the seed");
+    if vacant {
+        let txn_id = ids.next_txn_id(now);
+        let request = CommitRequest {
+            txn_id,
+            writes: vec![BusinessWrite::Delete {
+                key: key.clone(),
+                version: 1,
+            }],
+            outbox: OutboxRecord::committed(txn_id, Vec::new(), now, now.plus(timing.retention)),
+            idempotency: None,
+        };
+        Store::commit(backend.store.as_ref(), &request)
+            .now_or_never()
+            .expect("the embedded store answers at once")
+            .expect("the seeded counter is deleted");
+    }
 }
 
 /// One transaction of the deleter: reads `key` through its staging, and deletes it at the
@@ -1097,7 +1153,13 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
         .map(|index| format!("COUNTER#{index}").parse().expect("valid key"))
         .collect();
     let seeded = if config.entity { counters.as_slice() } else { &[] };
-    let mut world = World::new(worker_skew, config.timing, config.middleware.is_some(), seeded);
+    let mut world = World::new(
+        worker_skew,
+        config.timing,
+        config.middleware.is_some(),
+        seeded,
+        config.vacant,
+    );
     world.api_skew = api_skew;
     if let (Some(sdk_corrects), true) = (config.aws_signatures, config.entity) {
         world.signatures = Some(Signatures {
@@ -1141,7 +1203,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     }
     if config.deletes {
         for key in &counters {
-            actors.push(world.deleter(key.clone(), config.entity));
+            actors.push(world.deleter(key.clone(), config.entity, config.preemption_bound.is_none()));
         }
     }
     for _ in 0..config.workers {
@@ -1198,6 +1260,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     // The actor that moved last, and the preemptions taken ([`SimConfig::preemption_bound`]).
     let mut last_moved: Option<ActorId> = None;
     let mut preemptions = 0;
+    let mut step_checks = config.step_checks.then(StepChecks::default);
     loop {
         steps += 1;
         if steps > config.max_steps {
@@ -1217,6 +1280,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             match waiting.get(&actor.id) {
                 Some(Op::Receive) if !control.has_visible() => {}
                 Some(Op::Commit | Op::LateCommit) if config.hold_commits => held.push(Action::Step(position)),
+                Some(Op::AwaitIdle) if world.holds_entries(&actor.id) => held.push(Action::Step(position)),
                 Some(_) => options.push(Action::Step(position)),
                 None => return Err(format!("actor {} is neither finished nor at a gate", actor.id)),
             }
@@ -1468,6 +1532,11 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
                         actors.push(ghost);
                     }
                 }
+                if let Some(checks) = step_checks.as_mut() {
+                    checks
+                        .after_step(&world.backend)
+                        .map_err(|violation| format!("after step {steps}: {violation}"))?;
+                }
             }
         }
     }
@@ -1480,6 +1549,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
     let chains = world.chain_counts(&observed);
     Ok(Outcome {
         chains,
+        steps_checked: step_checks.map_or(0, |checks| checks.steps),
         steps,
         faults,
         redrives,
