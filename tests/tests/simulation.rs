@@ -2868,3 +2868,41 @@ fn entity_mode_three_transactions_on_two_items_with_a_duplicated_control_message
     assert!(tally.entity.chains.placed > 0, "{name}: {tally:?}");
     assert_reached(&tally.entity.endings, &["committed", "commit window expired"]);
 }
+
+/// A create over a vacant key, its item deleted again, explored depth-first to
+/// exhaustion within a bound: the counter deleted before the start (its key vacant at
+/// version 2), one request in entity mode that reads it vacant and creates it at the
+/// version read, the deleter (it deletes the item the request created, once it holds no
+/// entries, and creates it again), one control worker; at most one fault: any commit
+/// timed out with its request on its way, applied by a late attempt at any later step; at
+/// most 1 preemption. The request's late create may land after its retry committed and
+/// the deleter emptied the key again: the version the key continued at must refuse it
+/// there, as a key's version read vacant is one of that vacancy only.
+///
+/// Not explored: more preemptions, other faults, other requests.
+#[test]
+fn entity_mode_a_late_create_across_a_second_delete_is_refused_at_every_bounded_interleaving() {
+    let name = "bounded: a late create across a second delete";
+    let config = SimConfig {
+        vacant: true,
+        deletes: true,
+        faults_only: Some(late_commit),
+        preemption_bound: Some(std::env::var("SIM_PREEMPTIONS").map_or(1, |_| preemptions())),
+        ..bounded_base()
+    };
+    let tally = explore_bounded(name, &config);
+    if replaying() {
+        return;
+    }
+    // The seed's delete is one in every schedule; the deleter's are the others.
+    assert!(
+        tally.deletes > tally.entity.schedules,
+        "{name}: the deleter deleted nothing: {tally:?}"
+    );
+    assert!(tally.late_applied > 0, "{name}: no late attempt applied: {tally:?}");
+    assert!(
+        tally.refused_by_version > 0,
+        "{name}: no attempt refused by the continued version: {tally:?}"
+    );
+    assert_reached(&tally.entity.endings, &["committed"]);
+}
