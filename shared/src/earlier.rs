@@ -103,10 +103,10 @@ pub(crate) fn is_ordered(record: &OutboxRecord, keeps_order: &(dyn Fn(&Destinati
 /// order: its `entries` (pending entries of `key` before `record`, [`entries_before`])
 /// and the pending records their chains and `record`'s name before them, read from
 /// `store`. A record found dispatched, or gone, was sent (a pending record never
-/// expires); so was a transaction `sent_whole` names (every message of it went out, each
-/// after the transactions before it), and what comes before it is not looked for. An
-/// error leaves the question open: the caller publishes nothing of `record` now and
-/// leaves it to a later try.
+/// expires); so was a transaction `sent_whole` names (every message of it went out, after
+/// the transactions before it), and so were the entries before it: what comes before it
+/// is not looked for. An error leaves the question open: the caller publishes nothing of
+/// `record` now and leaves it to a later try.
 pub(crate) async fn unsent_before(
     store: &dyn Store,
     keeps_order: &(dyn Fn(&DestinationName) -> bool + Sync),
@@ -115,9 +115,14 @@ pub(crate) async fn unsent_before(
     record: &OutboxRecord,
     sent_whole: &(dyn Fn(TxnId) -> bool + Sync),
 ) -> Result<Vec<Earlier>, EarlierError> {
-    let entries: Vec<OutboxRecord> = entries.into_iter().filter(|entry| !sent_whole(entry.txn_id)).collect();
+    // The entries are in commit order: those up to the newest one sent whole went out
+    // before it (its publisher sent them first, or they were sent before it read them).
     let mut known: BTreeSet<TxnId> = entries.iter().map(|entry| entry.txn_id).collect();
     known.insert(record.txn_id);
+    let mut entries = entries;
+    if let Some(newest) = entries.iter().rposition(|entry| sent_whole(entry.txn_id)) {
+        entries.drain(..=newest);
+    }
     let mut to_read: Vec<TxnId> = previous(record, keeps_order);
     for entry in &entries {
         to_read.extend(previous(entry, keeps_order));

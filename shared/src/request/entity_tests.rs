@@ -549,13 +549,26 @@ async fn a_commit_cut_off_midway_is_fenced_by_a_later_abandon() {
     );
 }
 
-/// A publisher whose first call waits until `release` is notified; every message id it
-/// was handed, in order.
+/// A publisher whose first call waits until `release` is notified, and whose first
+/// `failing` calls then fail; every message id it sent, in order.
 struct HeldFirstSend {
     inner: Arc<dyn crate::ports::Publisher>,
     release: Arc<tokio::sync::Notify>,
     first: std::sync::atomic::AtomicBool,
+    failing: std::sync::atomic::AtomicUsize,
     sent: std::sync::Mutex<Vec<String>>,
+}
+
+impl HeldFirstSend {
+    fn over(inner: Arc<dyn crate::ports::Publisher>, failing: usize) -> Self {
+        Self {
+            inner,
+            release: Arc::default(),
+            first: true.into(),
+            failing: failing.into(),
+            sent: Default::default(),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -567,6 +580,17 @@ impl crate::ports::Publisher for HeldFirstSend {
     ) -> Result<Vec<crate::ports::EntryFailure>, crate::ports::PublishError> {
         if self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
             self.release.notified().await;
+        }
+        let failing = self.failing.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |n| n.checked_sub(1),
+        );
+        if failing.is_ok() {
+            return Err(crate::ports::PublishError::Unavailable {
+                destination: destination.clone(),
+                source: "unavailable".into(),
+            });
         }
         self.sent
             .lock()
@@ -586,16 +610,27 @@ impl crate::ports::Publisher for HeldFirstSend {
 /// only its own. The destination receives each once, in commit order.
 #[tokio::test]
 async fn a_later_publisher_of_an_entity_in_the_process_waits_its_turn_instead_of_sending_again() {
+    let ids = two_changes_published_in_turn(0).await;
+    assert_eq!(ids.len(), 2);
+}
+
+/// The same when the earlier publisher fails to send (every try): the later one, its turn
+/// come, finds the earlier transaction unsent and sends it first, then its own.
+#[tokio::test]
+async fn a_later_publisher_sends_first_what_the_earlier_one_failed_to_send() {
+    let ids = two_changes_published_in_turn(2).await;
+    assert_eq!(ids.len(), 2);
+}
+
+/// Two changes of one order to a FIFO destination published after their answers, the
+/// first one's first send held until the second committed, then its first `failing`
+/// sends failing. Each is sent once, in commit order; their ids.
+async fn two_changes_published_in_turn(failing: usize) -> Vec<String> {
     let audit: DestinationName = "audit".parse().unwrap();
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
     let backend = EmbeddedBackend::new(clock.clone(), [(audit.clone(), true)]);
-    let release = Arc::new(tokio::sync::Notify::new());
-    let publisher = Arc::new(HeldFirstSend {
-        inner: backend.publisher.clone(),
-        release: release.clone(),
-        first: true.into(),
-        sent: Default::default(),
-    });
+    let publisher = Arc::new(HeldFirstSend::over(backend.publisher.clone(), failing));
+    let release = publisher.release.clone();
     let after = super::AfterAnswer::on_tokio();
     let outbox = Outbox::new(
         backend.request_ports(clock.clone()),
@@ -639,4 +674,5 @@ async fn a_later_publisher_of_an_entity_in_the_process_waits_its_turn_instead_of
         .map(|message| message.attributes[crate::protocol::MESSAGE_ID_ATTRIBUTE].clone())
         .collect();
     assert_eq!(received, ids, "the FIFO destination, in commit order");
+    ids
 }

@@ -21,6 +21,13 @@ const INLINE_RETRY: RetryPolicy = RetryPolicy {
     max_delay: Duration::from_millis(100),
 };
 
+/// How long a publisher waits for the earlier publisher of its entity in this process
+/// to finish sending ([`super::turns`]) before it publishes without its turn: order does
+/// not rest on the turn, and a publisher stuck on a slow destination must not hold up
+/// the next one (another request's, on Lambda Managed Instances another invocation's)
+/// for longer.
+const TURN_WAIT: Duration = Duration::from_secs(1);
+
 /// What the request path did with a committed transaction's messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -112,7 +119,7 @@ impl Outbox {
             let keeps_order = |destination: &DestinationName| publisher.keeps_order(destination);
             let turn = match behind {
                 Some(behind) if earlier::is_ordered(committed, &keeps_order) => {
-                    Some(self.turns.take(&behind.key).await)
+                    self.turns.take(clock, &behind.key, TURN_WAIT).await
                 }
                 _ => None,
             };

@@ -116,6 +116,8 @@ impl Outbox {
     pub fn with_inline_publisher(mut self, publisher: Arc<dyn Publisher>) -> Self {
         self.inline = Some(publisher);
         self.after_answer = None;
+        // What was sent whole is what this publisher sent.
+        self.turns = Arc::default();
         self
     }
 
@@ -128,6 +130,7 @@ impl Outbox {
     pub fn with_publishing_after_answer(mut self, publisher: Arc<dyn Publisher>, after: AfterAnswer) -> Self {
         self.inline = Some(publisher);
         self.after_answer = Some(after);
+        self.turns = Arc::default();
         self
     }
 

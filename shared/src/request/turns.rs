@@ -16,7 +16,9 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::ports::ItemKey;
+use std::time::Duration;
+
+use crate::ports::{Clock, ItemKey};
 use crate::protocol::TxnId;
 
 /// How many transactions sent whole by this process are remembered, newest first: a
@@ -52,14 +54,29 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Turns {
     /// Waits for the turn on `key`: until the publishers of `key` that took it before
-    /// have dropped theirs.
-    pub(super) async fn take(&self, key: &ItemKey) -> Turn<'_> {
-        let slot = locked(&self.slots).entry(key.clone()).or_default().clone();
-        Turn {
+    /// have dropped theirs, or `wait` ran out first (`None`: publish without a turn,
+    /// sending the earlier ones again, as a publisher of another process would). The
+    /// turn on an entity nobody holds is taken at once, without a timer.
+    pub(super) async fn take(&self, clock: &dyn Clock, key: &ItemKey, wait: Duration) -> Option<Turn<'_>> {
+        let slot = {
+            let mut slots = locked(&self.slots);
+            // A waiter cut off (its caller's deadline) leaves its entity's slot with no
+            // holder: dropped here.
+            slots.retain(|_, slot| Arc::strong_count(slot) > 1);
+            slots.entry(key.clone()).or_default().clone()
+        };
+        let guard = match slot.clone().try_lock_owned() {
+            Ok(guard) => guard,
+            Err(_) => {
+                let deadline = clock.now().plus(wait);
+                super::settle::within(clock, Some(deadline), slot.lock_owned()).await?
+            }
+        };
+        Some(Turn {
             turns: self,
             key: key.clone(),
-            guard: Some(slot.lock_owned().await),
-        }
+            guard: Some(guard),
+        })
     }
 
     /// Notes that every message of `txn_id` went out from this process.
@@ -111,34 +128,56 @@ impl Drop for Turn<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+
+    const LONG: Duration = Duration::from_secs(60);
 
     #[tokio::test]
     async fn a_later_publisher_of_an_entity_waits_for_the_earlier_ones_turn_and_others_do_not() {
+        let clock: Arc<dyn Clock> = Arc::new(crate::ports::SystemClock);
         let turns = Arc::new(Turns::default());
         let (order, other): (ItemKey, ItemKey) = ("ORDER#1".parse().unwrap(), "ORDER#2".parse().unwrap());
-        let first = turns.take(&order).await;
+        let first = turns.take(clock.as_ref(), &order, LONG).await.expect("free");
         // Another entity's publisher goes at once.
-        drop(
-            tokio::time::timeout(Duration::from_millis(50), turns.take(&other))
-                .await
-                .expect("not held"),
-        );
+        let at_once = tokio::time::timeout(Duration::from_millis(50), turns.take(clock.as_ref(), &other, LONG));
+        drop(at_once.await.expect("not held"));
         let waiting = {
-            let turns = turns.clone();
-            let order = order.clone();
-            tokio::spawn(async move {
-                let _turn = turns.take(&order).await;
-            })
+            let (turns, clock, order) = (turns.clone(), clock.clone(), order.clone());
+            tokio::spawn(async move { turns.take(clock.as_ref(), &order, LONG).await.is_some() })
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "the second of the entity waits");
         drop(first);
-        tokio::time::timeout(Duration::from_secs(5), waiting)
+        let took = tokio::time::timeout(Duration::from_secs(5), waiting)
             .await
             .expect("let go once the first's turn ended")
             .unwrap();
+        assert!(took, "it had the turn");
         assert_eq!(turns.entities(), 0, "no entity is kept once its publishers are done");
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_the_turn_ends_when_its_time_is_up_and_leaves_nothing_behind() {
+        let clock: Arc<dyn Clock> = Arc::new(crate::ports::SystemClock);
+        let turns = Turns::default();
+        let order: ItemKey = "ORDER#1".parse().unwrap();
+        let held = turns.take(clock.as_ref(), &order, LONG).await.expect("free");
+        let started = std::time::Instant::now();
+        let late = turns.take(clock.as_ref(), &order, Duration::from_millis(30)).await;
+        assert!(late.is_none(), "no turn within its wait: it publishes without one");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // A waiter still waiting when the holder lets go, then cut off by its caller's
+        // deadline, leaves its slot behind until the next take, which drops it.
+        let mut waiter = Box::pin(turns.take(clock.as_ref(), &order, LONG));
+        assert!(tokio::time::timeout(Duration::from_millis(30), &mut waiter)
+            .await
+            .is_err());
+        drop(held);
+        assert_eq!(turns.entities(), 1, "kept for its waiter");
+        drop(waiter);
+        assert_eq!(turns.entities(), 1, "the cut-off waiter's slot");
+        let other: ItemKey = "ORDER#2".parse().unwrap();
+        drop(turns.take(clock.as_ref(), &other, LONG).await);
+        assert_eq!(turns.entities(), 0, "dropped by the next take");
     }
 
     #[test]
