@@ -14,7 +14,8 @@ use serde_json::json;
 use super::backend::{audit, bus, events, fanout, Backend};
 use super::cases::{key, RETENTION};
 
-fn timing() -> Timing {
+/// The timing of the chain's and the differences' cases.
+pub(super) fn timing() -> Timing {
     Timing {
         first_check_delay: Duration::from_secs(1),
         backoff_cap: Duration::from_secs(1),

@@ -33,22 +33,14 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
 use outbox::ports::{BusinessWrite, Clock, CommitError, EntityCommit, ExpectedVersion, ItemKey, TombstoneOutcome};
 use outbox::protocol::{Applied, ChainHead, Message, OutboxRecord, OutboxState, TxnId};
-use outbox::settings::{SortKeyValue, Timing};
+use outbox::settings::SortKeyValue;
 use serde_json::json;
 
 use super::backend::{events, Backend};
 use super::cases::{key, messages, put, record, request, whole_second, RETENTION};
+use super::chain::timing;
 use super::dynamodb_only::{proxied, without_tokens};
 use crate::fault_proxy::Fault;
-
-fn timing() -> Timing {
-    Timing {
-        first_check_delay: Duration::from_secs(1),
-        backoff_cap: Duration::from_secs(1),
-        max_commit_duration: Duration::from_secs(60),
-        retention: RETENTION,
-    }
-}
 
 fn fresh(prefix: &str) -> ItemKey {
     key(&format!("{prefix}#{}", TxnId::new_v7()))

@@ -875,42 +875,43 @@ impl World {
 
 /// Writes counter `key` at version 1, count 1, straight into the table (no gate, no
 /// control message): a committed transaction with no messages, in the history like any
-/// other, so that the checks count it among the counter's writers.
+/// other, so that the checks count it among the counter's writers; with `vacant`, deleted
+/// again the same way (the key vacant at version 2).
 fn seed(backend: &EmbeddedBackend, ids: &SimIds, now: Timestamp, timing: Timing, key: &ItemKey, vacant: bool) {
     use futures::FutureExt;
     use outbox::ports::{BusinessWrite, CommitRequest, Store};
     use outbox::protocol::OutboxRecord;
 
-    let txn_id = ids.next_txn_id(now);
-    let request = CommitRequest {
-        txn_id,
-        writes: vec![BusinessWrite::Put {
-            key: key.clone(),
-            data: json!({ "count": 1 }),
-            expected: ExpectedVersion::Absent,
-        }],
-        outbox: OutboxRecord::committed(txn_id, Vec::new(), now, now.plus(timing.retention)),
-        idempotency: None,
-    };
-    Store::commit(backend.store.as_ref(), &request)
-        .now_or_never()
-        .expect("the embedded store answers at once")
-        .expect("a fresh table takes the seed");
-    if vacant {
+    // One committed transaction of `write`, with no messages.
+    let commit = |write: BusinessWrite, what: &str| {
         let txn_id = ids.next_txn_id(now);
         let request = CommitRequest {
             txn_id,
-            writes: vec![BusinessWrite::Delete {
-                key: key.clone(),
-                version: 1,
-            }],
+            writes: vec![write],
             outbox: OutboxRecord::committed(txn_id, Vec::new(), now, now.plus(timing.retention)),
             idempotency: None,
         };
         Store::commit(backend.store.as_ref(), &request)
             .now_or_never()
             .expect("the embedded store answers at once")
-            .expect("the seeded counter is deleted");
+            .expect(what);
+    };
+    commit(
+        BusinessWrite::Put {
+            key: key.clone(),
+            data: json!({ "count": 1 }),
+            expected: ExpectedVersion::Absent,
+        },
+        "a fresh table takes the seed",
+    );
+    if vacant {
+        commit(
+            BusinessWrite::Delete {
+                key: key.clone(),
+                version: 1,
+            },
+            "the seeded counter is deleted",
+        );
     }
 }
 
