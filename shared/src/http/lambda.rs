@@ -492,8 +492,10 @@ mod tests {
         let deadline_ms = |at: SystemTime| at.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
         // The first one's deadline comes with its work still running.
         let soon = SystemTime::now() + HOLD_MARGIN + Duration::from_millis(100);
+        // The deadline as the event carries it: whole milliseconds.
+        let soon_ms = UNIX_EPOCH + Duration::from_millis(deadline_ms(soon));
         hold(&answered, Some(&after), "first", deadline_ms(soon), false).await;
-        assert!(SystemTime::now() >= soon - HOLD_MARGIN, "held until its deadline");
+        assert!(SystemTime::now() >= soon_ms - HOLD_MARGIN, "held until its deadline");
         // The second one hands nothing over, but the first one's work still runs: a
         // freeze would stop it halfway, so the second one is held until it is done too.
         answered.mark("second".into());
