@@ -1496,11 +1496,18 @@ fn documented_operations() -> BTreeMap<String, BTreeSet<String>> {
 /// document's operations).
 const DOCUMENT_ROUTE: &str = "GET /openapi.json";
 
+/// The route of a browser's CORS preflight, with `CorsAllowedOrigins`: the only greedy
+/// route, for `OPTIONS` alone.
+const PREFLIGHT_ROUTE: &str = "OPTIONS /{proxy+}";
+
 /// Sign-in on by default (`Authentication` cognito): the HTTP API's routes are exactly
 /// the operations of the API's OpenAPI document (so that a new operation without its
-/// route fails here), the document's own route and `$default` (unknown paths, to the
-/// function's 404); each asks the JWT authorizer for exactly the scopes the document
-/// states; only the document's route is public; all go to the API function.
+/// route fails here) and the document's own route; each asks the JWT authorizer for
+/// exactly the scopes the document states; only the document's route is public; all go
+/// to the API function. No route catches what the others do not name (`$default`, `ANY`,
+/// a greedy path): API Gateway answers an unknown method or path itself, so no request
+/// reaches a handler under a weaker scope than its own route's. The one greedy route is
+/// the CORS preflight's, `OPTIONS` only, where origins are allowed.
 #[tokio::test]
 async fn every_route_needs_a_token_with_the_scope_its_operation_states_but_the_document() {
     let stack = Deployment::with(&[]);
@@ -1512,11 +1519,11 @@ async fn every_route_needs_a_token_with_the_scope_its_operation_states_but_the_d
     assert!(operations.len() >= 6, "{operations:?}");
     let routes = stack.routes();
     let mut expected: BTreeSet<String> = operations.keys().cloned().collect();
-    expected.extend([DOCUMENT_ROUTE.to_owned(), "$default".to_owned()]);
+    expected.insert(DOCUMENT_ROUTE.to_owned());
     assert_eq!(
         routes.keys().cloned().collect::<BTreeSet<_>>(),
         expected,
-        "the HTTP API's routes are the document's operations, its own route and $default"
+        "the HTTP API's routes are the document's operations and its own route, no catch-all"
     );
     for (key, route) in &routes {
         assert_eq!(
@@ -1537,12 +1544,7 @@ async fn every_route_needs_a_token_with_the_scope_its_operation_states_but_the_d
             .flatten()
             .map(|scope| scope.as_str().unwrap().to_owned())
             .collect();
-        // `$default` (unknown paths, and HEAD, which the API answers as GET) asks for
-        // the read scope: no method gets more than a reader's token would.
-        let stated = match key.as_str() {
-            "$default" => BTreeSet::from([api::openapi::READ_SCOPE.to_owned()]),
-            _ => operations.get(key).cloned().unwrap_or_default(),
-        };
+        let stated = operations.get(key).cloned().unwrap_or_default();
         assert_eq!(scopes, stated, "{key}: the route's scopes are the document's");
         assert!(!scopes.is_empty(), "{key} states no scope");
     }
@@ -1554,10 +1556,26 @@ async fn every_route_needs_a_token_with_the_scope_its_operation_states_but_the_d
     assert_eq!(integration["PayloadFormatVersion"], "2.0");
 
     // A browser's CORS preflight (it never carries a token) reaches the function only
-    // where origins are allowed.
+    // where origins are allowed, and only as OPTIONS.
     let with_cors = Deployment::with(&[("CorsAllowedOrigins", "https://shop.example")]);
-    let preflight = &with_cors.routes()["OPTIONS /{proxy+}"];
+    let cors_routes = with_cors.routes();
+    let preflight = &cors_routes[PREFLIGHT_ROUTE];
     assert_eq!(preflight["AuthorizationType"], "NONE");
+    for (authentication, cors) in [("cognito", ""), ("issuer", "*"), ("off", "*")] {
+        let stack = Deployment::with(&[
+            ("Authentication", authentication),
+            ("JwtIssuer", "https://issuer.example"),
+            ("JwtAudience", "a"),
+            ("CorsAllowedOrigins", cors),
+        ]);
+        for key in stack.routes().keys() {
+            let catches_all = key == "$default" || key.starts_with("ANY ") || key.contains("+}");
+            assert!(
+                !catches_all || key == PREFLIGHT_ROUTE,
+                "{authentication}: the route {key} forwards what no other route names"
+            );
+        }
+    }
 
     // The router serves the document to anyone, and nothing else without a caller.
     let clock = Arc::new(outbox::embedded::ManualClock::new(Timestamp::from_millis(
