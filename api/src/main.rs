@@ -50,7 +50,18 @@ async fn main() -> ExitCode {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
     tokio::spawn(signal(stop));
-    let parts = start(&settings, wait_for_stop(stopped.clone())).await;
+    let parts = match start(&settings, wait_for_stop(stopped.clone())).await {
+        Ok(parts) => parts,
+        Err(refused) => {
+            eprintln!("error: {refused}");
+            let mut source = std::error::Error::source(&refused);
+            while let Some(cause) = source {
+                eprintln!("  caused by: {cause}");
+                source = cause.source();
+            }
+            return ExitCode::FAILURE;
+        }
+    };
     let after_answer = parts.state.outbox.after_answer().cloned();
     let app = router(parts.state, &http_config(&settings));
     if on_lambda {

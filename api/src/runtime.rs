@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox::aws::AwsBackend;
+use outbox::aws::{AwsBackend, BackendError, RegionError};
 use outbox::control::poller;
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::destination::Target;
@@ -104,8 +104,13 @@ pub struct Parts {
     pub embedded: Option<EmbeddedBackend>,
 }
 
-/// Builds the state for `settings`.
-pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Send + 'static) -> Parts {
+/// Builds the state for `settings`. On AWS the table is described first, and refused
+/// where this process must not write it (replicated to other Regions without
+/// `OUTBOX_WRITE_REGION` naming this one, or strongly consistent across Regions).
+pub async fn start(
+    settings: &Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Parts, RegionError> {
     let events: DestinationName = EVENTS.parse().expect("valid name");
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     match &settings.backend {
@@ -163,28 +168,30 @@ pub async fn start(settings: &Settings, shutdown: impl Future<Output = ()> + Sen
                 )
                 .await;
             });
-            Parts {
+            Ok(Parts {
                 state: AppState {
                     outbox: Arc::new(outbox),
                     events,
                 },
                 worker: Some(worker),
                 embedded: Some(backend),
-            }
+            })
         }
         Backend::Aws { .. } => {
-            let backend = AwsBackend::from_settings(settings)
-                .await
-                .expect("the settings name the aws backend");
+            let backend = match AwsBackend::from_settings(settings).await {
+                Ok(backend) => backend,
+                Err(BackendError::Table(refused)) => return Err(refused),
+                Err(other) => unreachable!("the settings name the aws backend: {other}"),
+            };
             let outbox = backend.outbox(settings, clock);
-            Parts {
+            Ok(Parts {
                 state: AppState {
                     outbox: Arc::new(outbox),
                     events,
                 },
                 worker: None,
                 embedded: None,
-            }
+            })
         }
     }
 }

@@ -12,7 +12,7 @@ use outbox::aws::{
 };
 use outbox::consumer::{consumer_vars, ConsumerName, Retention};
 use outbox::protocol::DestinationName;
-use outbox::settings::{layout_from_env, vars};
+use outbox::settings::{layout_from_env, vars, write_region_from_lookup};
 
 use crate::report;
 
@@ -113,6 +113,12 @@ pub async fn run(request: Request<'_>, usage: &str) -> ExitCode {
         Ok(layout) => layout,
         Err(error) => return report(&error),
     };
+    // An existing table replicated to other Regions is refused unless this Region is the
+    // one named to write it, as every process refuses it.
+    names.write_region = match write_region_from_lookup(|name| std::env::var(name).ok()) {
+        Ok(region) => region,
+        Err(error) => return report(&error),
+    };
     let clients = AwsClients::new(&load_sdk_config(Duration::from_secs(10)).await);
     let resources = match bootstrap(&clients, &names).await {
         Ok(resources) => resources,
@@ -143,6 +149,9 @@ fn print_table(resources: &Resources) {
         }
     }
     println!("export {}={}", vars::TTL_ATTRIBUTE, layout.ttl_attribute);
+    if let Some(region) = &resources.write_region {
+        println!("export {}={region}", vars::WRITE_REGION);
+    }
 }
 
 /// The settings of the API and the worker; `again` is how to name this bootstrap again.

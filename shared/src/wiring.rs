@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::aws::{AwsBackend, NotOnAws, SdkConfig};
+use crate::aws::{AwsBackend, BackendError, SdkConfig};
 use crate::consumer::ConsumerPorts;
 use crate::control::ControlPorts;
 use crate::embedded::EmbeddedBackend;
@@ -75,9 +75,10 @@ impl EmbeddedBackend {
 
 /// The request path with native actions on the table and control queue `settings` name
 /// (the layout of the protocol's records included), with clients from `config`: what a
-/// service's `main` builds once.
-pub fn native_outbox(settings: &Settings, config: &SdkConfig) -> Result<NativeOutbox, NotOnAws> {
-    let backend = AwsBackend::new(settings, config)?;
+/// service's `main` builds once. The table is described first, and refused where this
+/// process must not write it ([`AwsBackend::check_table`]).
+pub async fn native_outbox(settings: &Settings, config: &SdkConfig) -> Result<NativeOutbox, BackendError> {
+    let backend = AwsBackend::connect(settings, config).await?;
     let outbox = backend.outbox(settings, Arc::new(crate::ports::SystemClock));
     Ok(NativeOutbox::new(outbox).expect("the DynamoDB store runs native actions"))
 }

@@ -1478,7 +1478,9 @@ async fn the_embedded_api_runs_with_an_eventbridge_destination_and_names_its_eve
     let settings =
         Settings::from_lookup(|name| (name == vars::DESTINATIONS).then(|| "events=eventbridge:orders".to_owned()))
             .expect("valid settings");
-    let parts = api::runtime::start(&settings, std::future::pending()).await;
+    let parts = api::runtime::start(&settings, std::future::pending())
+        .await
+        .expect("the embedded backend starts");
     let embedded = parts.embedded.clone().expect("the embedded backend");
     embedded.record();
     let after = parts

@@ -24,7 +24,7 @@ async fn main() -> ExitCode {
         }
     };
     let sdk = load_sdk_config(settings.sdk_operation_timeout).await;
-    let outbox = match native_outbox(&settings, &sdk) {
+    let outbox = match native_outbox(&settings, &sdk).await {
         Ok(outbox) => outbox,
         Err(error) => {
             eprintln!("error: {error}");

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use super::regions::{check_table_regions, RegionError, TableRegions};
 use super::{load_sdk_config, AwsClients, AwsPublisher, DynamoStore, SdkConfig, SqsControlQueue};
 use crate::ports::Clock;
 use crate::settings::{vars, Backend, Settings, TableLayout};
@@ -13,6 +14,19 @@ use crate::settings::{vars, Backend, Settings, TableLayout};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{} must be aws: this process runs on DynamoDB and SQS", vars::BACKEND)]
 pub struct NotOnAws;
+
+/// Why a process cannot start on the AWS backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The settings name the embedded backend.
+    #[error(transparent)]
+    NotOnAws(#[from] NotOnAws),
+    /// The table is one this process must not write (replicated to other Regions, or
+    /// written from another Region), or could not be described.
+    #[error(transparent)]
+    Table(#[from] RegionError),
+}
 
 /// The AWS adapters for one process: built once at start-up, cloned freely.
 #[derive(Clone)]
@@ -23,15 +37,20 @@ pub struct AwsBackend {
     pub layout: TableLayout,
     /// The control queue's URL.
     pub control_queue_url: String,
+    /// The one Region that writes the table, where it is named (`OUTBOX_WRITE_REGION`).
+    pub write_region: Option<String>,
     publisher: Arc<AwsPublisher>,
 }
 
 impl AwsBackend {
-    /// The backend `settings` name, with clients from `config`.
+    /// The backend `settings` name, with clients from `config`. It makes no call: a
+    /// process's start goes through [`Self::connect`] or [`Self::from_settings`], which
+    /// check the table's Regions too.
     pub fn new(settings: &Settings, config: &SdkConfig) -> Result<Self, NotOnAws> {
         let Backend::Aws {
             layout,
             control_queue_url,
+            write_region,
         } = &settings.backend
         else {
             return Err(NotOnAws);
@@ -42,16 +61,35 @@ impl AwsBackend {
             clients,
             layout: layout.clone(),
             control_queue_url: control_queue_url.clone(),
+            write_region: write_region.clone(),
         })
     }
 
-    /// The backend `settings` name, with clients from the standard chain and the
-    /// settings' SDK timeouts ([`load_sdk_config`]).
-    pub async fn from_settings(settings: &Settings) -> Result<Self, NotOnAws> {
+    /// The backend `settings` name, with clients from `config`, once its table is seen to
+    /// be one this process may write ([`Self::check_table`]): what a process builds at
+    /// start-up.
+    pub async fn connect(settings: &Settings, config: &SdkConfig) -> Result<Self, BackendError> {
+        let backend = Self::new(settings, config)?;
+        backend.check_table().await?;
+        Ok(backend)
+    }
+
+    /// [`Self::connect`] with clients from the standard chain and the settings' SDK
+    /// timeouts ([`load_sdk_config`]).
+    pub async fn from_settings(settings: &Settings) -> Result<Self, BackendError> {
         if !matches!(settings.backend, Backend::Aws { .. }) {
-            return Err(NotOnAws);
+            return Err(NotOnAws.into());
         }
-        Self::new(settings, &load_sdk_config(settings.sdk_operation_timeout).await)
+        Self::connect(settings, &load_sdk_config(settings.sdk_operation_timeout).await).await
+    }
+
+    /// Reads the table's description (one `DescribeTable`) and refuses a table this
+    /// process must not write: one with replicas in other Regions, unless
+    /// `OUTBOX_WRITE_REGION` names this process's Region; one with multi-Region strong
+    /// consistency; any table, from a process outside the Region named
+    /// ([`crate::aws::regions`]).
+    pub async fn check_table(&self) -> Result<TableRegions, RegionError> {
+        check_table_regions(&self.clients.dynamodb, &self.layout.table, self.write_region.as_deref()).await
     }
 
     /// The store on the table, its time from `clock`.

@@ -9,6 +9,7 @@ mod eventbridge;
 mod item;
 mod layout;
 mod publisher;
+pub mod regions;
 mod send_outcome;
 mod size;
 mod sns;
@@ -25,13 +26,14 @@ pub use crate::settings::{
     LayoutError, SortKey, SortKeyValue, TableLayout, DEFAULT_PARTITION_KEY, DEFAULT_TTL_ATTRIBUTE, RESERVED_ATTRIBUTES,
     RESERVED_PREFIXES,
 };
-pub use backend::{AwsBackend, NotOnAws};
+pub use backend::{AwsBackend, BackendError, NotOnAws};
 pub use bootstrap::{
     bootstrap, outbox_event_pattern, BootstrapError, BootstrappedConsumer, ConsumerResource, DestinationResource,
     ResourceNames, Resources, DESTINATION_VISIBILITY_TIMEOUT,
 };
 pub use dynamodb::{branches, DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use publisher::AwsPublisher;
+pub use regions::{check_table_regions, RegionError, TableRegions};
 pub use sqs::{
     dead_letter_source, queue_retention, queue_visibility_timeout, receive_timeouts, redrive, SqsControlQueue,
     SqsInbox, RECEIVE_TIMEOUT_MARGIN,

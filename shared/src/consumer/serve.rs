@@ -58,6 +58,10 @@ pub enum ServeError {
     /// The Lambda runtime failed.
     #[error("the Lambda runtime failed")]
     Lambda(#[source] lambda_runtime::Error),
+    /// The table is one this process must not write (replicated to other Regions, or
+    /// written from another Region), or could not be described.
+    #[error(transparent)]
+    Table(#[from] crate::aws::RegionError),
 }
 
 /// A consumer ready to run: built once per process.
@@ -72,13 +76,23 @@ pub struct Setup {
 
 impl Setup {
     /// Builds the clients (the standard chain, the settings' timeouts) and the consumer of
-    /// `handler` from `settings`. When the source queue is named, its real message
-    /// retention is read and a consumer retention shorter than it is refused (C4).
+    /// `handler` from `settings`. The table is described first, and refused where this
+    /// process must not write it ([`crate::aws::regions`]). When the source queue is
+    /// named, its real message retention is read and a consumer retention shorter than it
+    /// is refused (C4).
     pub async fn new(settings: ConsumerSettings, handler: Arc<dyn Handler>) -> Result<Self, ServeError> {
-        let ConsumerBackend::Aws { layout, queue_url } = settings.backend.clone() else {
+        let ConsumerBackend::Aws {
+            layout,
+            queue_url,
+            write_region,
+        } = settings.backend.clone()
+        else {
             return Err(ServeError::EmbeddedBackend);
         };
         let clients = AwsClients::new(&load_sdk_config(settings.sdk_operation_timeout).await);
+        // A consumer writes the table as the request path does: its own records, its
+        // entities, its outgoing messages' records.
+        crate::aws::check_table_regions(&clients.dynamodb, &layout.table, write_region.as_deref()).await?;
         // The source queue's own retention, where it is named: the dedup data must
         // outlive what the queue really keeps, whatever the settings say (C4).
         let (settings, inbox) = match queue_url.clone() {

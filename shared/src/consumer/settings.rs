@@ -47,6 +47,9 @@ pub enum ConsumerBackend {
         layout: TableLayout,
         /// The queue the local poller receives from, if it runs one.
         queue_url: Option<String>,
+        /// The one Region that writes the table where it has replicas in other Regions
+        /// (`OUTBOX_WRITE_REGION`), checked at start-up as the producer's processes check it.
+        write_region: Option<String>,
     },
 }
 
@@ -104,10 +107,14 @@ impl ConsumerSettings {
         };
         let backend = match reader.backend_kind() {
             Some(BackendKind::Embedded) => Some(ConsumerBackend::Embedded),
-            Some(BackendKind::Aws) => reader.layout(None).map(|layout| ConsumerBackend::Aws {
-                layout,
-                queue_url: reader.text(cv::QUEUE_URL),
-            }),
+            Some(BackendKind::Aws) => {
+                let write_region = reader.write_region();
+                reader.layout(None).map(|layout| ConsumerBackend::Aws {
+                    layout,
+                    queue_url: reader.text(cv::QUEUE_URL),
+                    write_region,
+                })
+            }
             None => None,
         };
         let name = match reader.text(cv::NAME).map(|text| text.parse::<ConsumerName>()) {

@@ -59,6 +59,10 @@ pub enum ServiceError {
     /// The Lambda runtime failed.
     #[error(transparent)]
     Lambda(crate::http::lambda::LambdaError),
+    /// The table is one this process must not write (replicated to other Regions, or
+    /// written from another Region), or could not be described.
+    #[error(transparent)]
+    Table(#[from] crate::aws::RegionError),
 }
 
 impl std::fmt::Debug for ServiceError {

@@ -45,7 +45,7 @@ use tokio::sync::watch;
 
 pub use error::ServiceError;
 
-use crate::aws::AwsBackend;
+use crate::aws::{AwsBackend, BackendError};
 use crate::consumer::{ConsumerName, Handler};
 use crate::embedded::EmbeddedBackend;
 use crate::http::{enforce_deadline, Deadlines};
@@ -133,7 +133,8 @@ impl Service {
     }
 
     /// Builds the backend and the request path, and on the embedded backend starts the
-    /// control worker and the consumers in this process.
+    /// control worker and the consumers in this process. On AWS the table is described
+    /// first, and refused where this process must not write it ([`crate::aws::regions`]).
     pub async fn start(self) -> Result<Running, ServiceError> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let (stop, stopped) = watch::channel(false);
@@ -178,9 +179,12 @@ impl Service {
                 })
             }
             Backend::Aws { .. } => {
-                let backend = AwsBackend::from_settings(&settings)
-                    .await
-                    .expect("the settings name the aws backend");
+                // The table is described first: a process refused it starts nothing.
+                let backend = match AwsBackend::from_settings(&settings).await {
+                    Ok(backend) => backend,
+                    Err(BackendError::Table(refused)) => return Err(refused.into()),
+                    Err(other) => unreachable!("the settings name the aws backend: {other}"),
+                };
                 for consumer in &consumers {
                     tracing::info!(consumer = %consumer.name, source = %consumer.source,
                         "on AWS this consumer runs as its own function (outbox::consumer::serve), not in this process");

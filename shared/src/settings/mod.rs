@@ -82,6 +82,10 @@ pub enum Backend {
         layout: TableLayout,
         /// The control queue's URL.
         control_queue_url: String,
+        /// The one Region that writes the table where it has replicas in other Regions
+        /// (`OUTBOX_WRITE_REGION`); checked against the table and this process's Region at
+        /// start-up.
+        write_region: Option<String>,
     },
 }
 
@@ -184,6 +188,11 @@ pub mod vars {
     pub const TTL_ATTRIBUTE: &str = "OUTBOX_TTL_ATTRIBUTE";
     /// Control queue URL; required with the `aws` backend.
     pub const CONTROL_QUEUE_URL: &str = "OUTBOX_CONTROL_QUEUE_URL";
+    /// The one AWS Region whose processes write the table, where it is a global table
+    /// replicated to other Regions (`us-east-1`); unset, such a table is refused at
+    /// start-up ([`crate::aws::RegionError`]), and when set, a process in another Region
+    /// is refused.
+    pub const WRITE_REGION: &str = "OUTBOX_WRITE_REGION";
     /// `name=kind:target` entries separated by commas (see [`crate::destination`]); the
     /// older `name=queue-url` still works.
     pub const DESTINATIONS: &str = "OUTBOX_DESTINATIONS";
@@ -293,10 +302,12 @@ impl Settings {
             Some(BackendKind::Aws) => {
                 let layout = reader.layout(None);
                 let control_queue_url = reader.required(vars::CONTROL_QUEUE_URL, "the control queue's URL");
+                let write_region = reader.write_region();
                 match (layout, control_queue_url) {
                     (Some(layout), Some(control_queue_url)) => Some(Backend::Aws {
                         layout,
                         control_queue_url,
+                        write_region,
                     }),
                     _ => None,
                 }
@@ -464,6 +475,20 @@ pub fn layout_from_lookup(
     reader
         .layout(Some(default_table))
         .ok_or(SettingsError { errors: reader.errors })
+}
+
+/// `OUTBOX_WRITE_REGION` through `lookup`, for commands that create the table rather
+/// than use it (the bootstrap): the one Region that writes a replicated table, if named.
+pub fn write_region_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<String>, SettingsError> {
+    let mut reader = Reader {
+        lookup: &lookup,
+        errors: Vec::new(),
+    };
+    let region = reader.write_region();
+    match reader.errors.is_empty() {
+        true => Ok(region),
+        false => Err(SettingsError { errors: reader.errors }),
+    }
 }
 
 #[cfg(test)]

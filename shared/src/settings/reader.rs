@@ -108,6 +108,25 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         Some(layout)
     }
 
+    /// `OUTBOX_WRITE_REGION`: an AWS Region's name (lowercase letters, digits and
+    /// hyphens, such as `us-east-1`), or unset.
+    pub(crate) fn write_region(&mut self) -> Option<String> {
+        let region = self.text(vars::WRITE_REGION)?;
+        let plausible = region.contains('-')
+            && region.chars().any(|c| c.is_ascii_digit())
+            && region
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !plausible {
+            self.fail(
+                vars::WRITE_REGION,
+                format!("must be an AWS Region's name such as us-east-1, not {region:?}"),
+            );
+            return None;
+        }
+        Some(region)
+    }
+
     pub(crate) fn count(&mut self, name: &str, default: usize, min: usize, max: usize) -> usize {
         let Some(text) = self.text(name) else { return default };
         match text.parse::<usize>() {

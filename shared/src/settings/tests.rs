@@ -147,7 +147,8 @@ fn the_aws_backend_needs_its_table_and_queue() {
         ok.backend,
         Backend::Aws {
             layout: TableLayout::dedicated("outbox"),
-            control_queue_url: "http://localhost/q".into()
+            control_queue_url: "http://localhost/q".into(),
+            write_region: None,
         }
     );
     assert_eq!(ok.destinations.len(), 2);
@@ -374,4 +375,35 @@ fn the_guides_settings_table_lists_every_variable_the_settings_read() {
         unknown.is_empty(),
         "in the guide's table but read by nothing: {unknown:?}"
     );
+}
+
+/// `OUTBOX_WRITE_REGION` names the one Region that writes a replicated table: read with
+/// the `aws` backend, a Region's name or nothing.
+#[test]
+fn the_write_region_is_a_regions_name_or_unset() {
+    let aws = [
+        (vars::BACKEND, "aws"),
+        (vars::TABLE_NAME, "outbox"),
+        (vars::CONTROL_QUEUE_URL, "http://localhost/q"),
+    ];
+    let with = |region: Option<&str>| {
+        let mut pairs = aws.to_vec();
+        pairs.extend(region.map(|region| (vars::WRITE_REGION, region)));
+        settings(&pairs)
+    };
+    let region_of = |settings: Settings| match settings.backend {
+        Backend::Aws { write_region, .. } => write_region,
+        Backend::Embedded => unreachable!("the aws backend was asked for"),
+    };
+    assert_eq!(region_of(with(None).unwrap()), None);
+    assert_eq!(
+        region_of(with(Some(" eu-west-1 ")).unwrap()).as_deref(),
+        Some("eu-west-1")
+    );
+    for wrong in ["US-EAST-1", "us_east_1", "useast", "us-east-1,eu-west-1"] {
+        let errors = with(Some(wrong)).unwrap_err().errors;
+        assert_eq!(errors.len(), 1, "{wrong}: {errors:?}");
+        assert_eq!(errors[0].variable, vars::WRITE_REGION);
+        assert!(errors[0].problem.contains("such as us-east-1"), "{}", errors[0]);
+    }
 }

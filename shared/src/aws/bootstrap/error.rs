@@ -17,6 +17,11 @@ pub enum BootstrapError {
         /// What differs.
         problem: String,
     },
+    /// The existing table is one the outbox must not write from here: replicated to
+    /// other Regions without `OUTBOX_WRITE_REGION` naming this one, strongly consistent
+    /// across Regions, or named to be written from another Region.
+    #[error(transparent)]
+    Regions(#[from] crate::aws::RegionError),
     /// Creating or describing the table failed.
     #[error("creating table {table} failed")]
     Table {

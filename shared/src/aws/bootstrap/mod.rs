@@ -2,7 +2,8 @@
 //! queues of a consumer of any name, for local runs against an emulator (or an account
 //! without the stack). Idempotent: what exists
 //! is kept, and an existing table (the application's own, in a single-table design) must
-//! have the key schema the [`TableLayout`] names.
+//! have the key schema the [`TableLayout`] names, and be one the outbox may write from
+//! here ([`crate::aws::regions`]).
 
 mod bus;
 mod consumer;
@@ -52,12 +53,15 @@ pub struct Resources {
     /// The consumer of [`ResourceNames::consumer`], if any, and the settings its process
     /// reads.
     pub consumer: Option<BootstrappedConsumer>,
+    /// The one Region that writes the table, where it was named
+    /// ([`ResourceNames::write_region`]).
+    pub write_region: Option<String>,
 }
 
 /// Creates what is missing and returns where everything is.
 pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Resources, BootstrapError> {
     names.layout.validate()?;
-    table::create_table(clients, &names.layout).await?;
+    table::create_table(clients, &names.layout, names.write_region.as_deref()).await?;
     let control_dead_letter_queue_url = create_dead_letter_queue(clients, &names.control_dead_letter_queue).await?;
     let control_queue_url = create_queue(
         clients,
@@ -103,6 +107,7 @@ pub async fn bootstrap(clients: &AwsClients, names: &ResourceNames) -> Result<Re
         delivery_queues,
         delivery_dead_letter_queues,
         consumer: None,
+        write_region: names.write_region.clone(),
     };
     if let Some(consumer) = &names.consumer {
         resources.consumer = Some(consumer::create_consumer(clients, consumer, &resources).await?);

@@ -27,6 +27,9 @@ pub struct ResourceNames {
     pub destination_visibility_timeout: Duration,
     /// The consumer of one of the destinations, if any, and what it publishes to.
     pub consumer: Option<ConsumerResource>,
+    /// The one Region that writes the table, where an existing table has replicas in
+    /// other Regions (`OUTBOX_WRITE_REGION`); such a table is refused without it.
+    pub write_region: Option<String>,
 }
 
 /// A consumer of one destination's queue (`outbox::consumer`), and the queues it
@@ -90,6 +93,7 @@ impl ResourceNames {
             max_receive_count: crate::ports::CONTROL_MAX_RECEIVE_COUNT,
             destination_visibility_timeout: DESTINATION_VISIBILITY_TIMEOUT,
             consumer: None,
+            write_region: None,
         }
     }
 

@@ -1,5 +1,5 @@
-//! The table: created as the layout keys it, or checked when it exists, with TTL on the
-//! layout's attribute.
+//! The table: created as the layout keys it, or checked when it exists (its key schema,
+//! and its Regions: [`crate::aws::regions`]), with TTL on the layout's attribute.
 
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::types::{
@@ -25,10 +25,22 @@ fn key_element(name: &str, key_type: KeyType) -> Result<(KeySchemaElement, Attri
     ))
 }
 
-/// Creates the table as the layout keys it, or checks that the existing one fits; then
-/// makes sure TTL is on the layout's attribute.
-pub(super) async fn create_table(clients: &AwsClients, layout: &TableLayout) -> Result<(), BootstrapError> {
+/// Creates the table as the layout keys it, or checks that the existing one fits and may
+/// be written from here (`write_region`: the Region named to write it, if any); then makes
+/// sure TTL is on the layout's attribute.
+pub(super) async fn create_table(
+    clients: &AwsClients,
+    layout: &TableLayout,
+    write_region: Option<&str>,
+) -> Result<(), BootstrapError> {
     let table = layout.table.as_str();
+    let here = clients
+        .dynamodb
+        .config()
+        .region()
+        .map(|region| region.as_ref().to_owned());
+    // Made from another Region than the one named to write it, no process here could use it.
+    crate::aws::regions::not_elsewhere(table, here.as_deref(), write_region)?;
     let failed = |source: BoxError| BootstrapError::Table {
         table: table.to_owned(),
         source,
@@ -93,6 +105,11 @@ pub(super) async fn create_table(clients: &AwsClients, layout: &TableLayout) -> 
                 .collect();
             if !not_strings.is_empty() {
                 return Err(mismatch(format!("its keys {not_strings:?} are not strings (S)")));
+            }
+            // A table made a global table elsewhere: refused as the processes would refuse
+            // it, before TTL is touched.
+            if let Some(description) = described.table() {
+                crate::aws::regions::judge(table, description, here.as_deref(), write_region)?;
             }
         }
         Err(error) => return Err(failed(Box::new(error))),

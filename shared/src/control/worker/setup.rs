@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::aws::{load_sdk_config, AwsBackend, AwsClients, SdkConfig, SqsControlQueue};
+use crate::aws::{load_sdk_config, AwsBackend, AwsClients, BackendError, RegionError, SdkConfig, SqsControlQueue};
 use crate::control::ControlPath;
 use crate::ports::{Clock, SystemClock};
 use crate::settings::{vars, Settings};
@@ -31,26 +31,47 @@ pub enum SetupError {
         vars::BACKEND
     )]
     EmbeddedBackend,
+    /// The table is one this process must not write (replicated to other Regions, or
+    /// written from another Region), or could not be described.
+    #[error(transparent)]
+    Table(#[from] RegionError),
 }
 
 impl Worker {
     /// Builds the clients (from the standard chain, with the settings' timeouts) and the
-    /// control path from `settings`.
+    /// control path from `settings`, once the table is seen to be one this process may
+    /// write ([`AwsBackend::check_table`]).
     pub async fn from_settings(settings: &Settings) -> Result<Self, SetupError> {
-        Self::new(settings, &load_sdk_config(settings.sdk_operation_timeout).await)
+        Self::connect(settings, &load_sdk_config(settings.sdk_operation_timeout).await).await
     }
 
-    /// Builds the clients from `sdk_config` and the control path from `settings`.
+    /// [`Self::from_settings`] with clients from `sdk_config`.
+    pub async fn connect(settings: &Settings, sdk_config: &SdkConfig) -> Result<Self, SetupError> {
+        let backend = AwsBackend::connect(settings, sdk_config)
+            .await
+            .map_err(|error| match error {
+                BackendError::Table(refused) => SetupError::Table(refused),
+                _ => SetupError::EmbeddedBackend,
+            })?;
+        Ok(Self::of(settings, backend))
+    }
+
+    /// Builds the clients from `sdk_config` and the control path from `settings`, making
+    /// no call (the table is not described: [`Self::from_settings`] is a process's start).
     pub fn new(settings: &Settings, sdk_config: &SdkConfig) -> Result<Self, SetupError> {
         let backend = AwsBackend::new(settings, sdk_config).map_err(|_| SetupError::EmbeddedBackend)?;
+        Ok(Self::of(settings, backend))
+    }
+
+    fn of(settings: &Settings, backend: AwsBackend) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ports = backend.control_ports(clock.clone());
-        Ok(Self {
+        Self {
             control: ControlPath::new(ports, settings.timing),
             control_queue: backend.control_queue(),
             clock,
             clients: backend.clients,
             control_queue_url: backend.control_queue_url,
-        })
+        }
     }
 }
