@@ -879,6 +879,7 @@ fn the_api_logs_each_request_the_concurrency_is_bounded_and_each_skip_says_why()
     for field in [
         "requestId",
         "caller",
+        "issuer",
         "ip",
         "requestTime",
         "httpMethod",
@@ -1396,6 +1397,52 @@ impl Deployment {
                     Some(self.parameters.get(name).cloned().unwrap_or_else(|| value.clone()))
                 }
             }
+            serde_json::Value::Object(object) if object.len() == 1 && object.contains_key("Fn::Split") => {
+                let arguments = self.resolve(&object["Fn::Split"]).expect("Fn::Split's arguments");
+                Some(match (arguments[0].as_str(), arguments[1].as_str()) {
+                    (Some(separator), Some(text)) => json!(text.split(separator).collect::<Vec<_>>()),
+                    _ => json!({ "Fn::Split": arguments }),
+                })
+            }
+            serde_json::Value::Object(object) if object.len() == 1 && object.contains_key("Fn::Select") => {
+                let arguments = self.resolve(&object["Fn::Select"]).expect("Fn::Select's arguments");
+                let index = arguments[0]
+                    .as_u64()
+                    .or_else(|| arguments[0].as_str().and_then(|text| text.parse().ok()));
+                Some(match (index, arguments[1].as_array()) {
+                    (Some(index), Some(items)) => items
+                        .get(index as usize)
+                        .cloned()
+                        .unwrap_or_else(|| panic!("Fn::Select {index} past the end of {items:?}")),
+                    _ => json!({ "Fn::Select": arguments }),
+                })
+            }
+            // `!Sub [text, {Name: value}]`: each variable whose value is known filled in
+            // (references to resources and pseudo parameters are left as they are).
+            serde_json::Value::Object(object)
+                if object.len() == 1
+                    && object
+                        .get("Fn::Sub")
+                        .and_then(serde_json::Value::as_array)
+                        .is_some_and(|form| form.len() == 2) =>
+            {
+                let arguments = self.resolve(&object["Fn::Sub"]).expect("Fn::Sub's arguments");
+                let mut text = arguments[0].as_str().expect("Fn::Sub's text").to_owned();
+                let mut variables = serde_json::Map::new();
+                for (name, value) in arguments[1].as_object().expect("Fn::Sub's variables") {
+                    match value.as_str() {
+                        Some(known) => text = text.replace(&format!("${{{name}}}"), known),
+                        None => {
+                            variables.insert(name.clone(), value.clone());
+                        }
+                    }
+                }
+                Some(if variables.is_empty() {
+                    json!({ "Fn::Sub": text })
+                } else {
+                    json!({ "Fn::Sub": [text, variables] })
+                })
+            }
             serde_json::Value::Object(object) if object.len() == 1 && object.contains_key("Fn::Join") => {
                 let arguments = self.resolve(&object["Fn::Join"]).expect("Fn::Join's arguments");
                 let parts: Option<Vec<&str>> = arguments[1]
@@ -1740,6 +1787,115 @@ fn the_user_pool_grants_the_routes_scopes_to_machines_and_no_output_names_a_secr
     }
 }
 
+/// The app clients of the services calling the API (`MachineClientNames`, cognito): one
+/// client per name, named `<stack>-<name>`, every one the same as the first but for its
+/// name (client credentials, both scopes, an hour's token, no refresh), all of them and
+/// only they in the authorizer's audience, each named with its id in the output
+/// `MachineClients`. The parameter's pattern admits exactly as many names as clients are
+/// declared, so no name is left without one; the first client keeps the logical id
+/// `MachineClient` (a stack deployed with one client keeps its id). With `issuer`, the
+/// audience is the list `JwtAudience` names.
+#[test]
+fn each_service_named_gets_an_app_client_of_its_own_in_the_authorizers_audience() {
+    let template = cloudformation();
+    let parameter = &template["Parameters"]["MachineClientNames"];
+    assert_eq!(
+        parameter["Type"], "String",
+        "a pattern over the whole list bounds its length"
+    );
+    let declared: Vec<String> = template["Resources"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, resource)| resource["Type"] == "AWS::Cognito::UserPoolClient")
+        .map(|(name, _)| name.clone())
+        .collect();
+    let bound = declared.len();
+    assert!(bound >= 5, "room for a few services: {declared:?}");
+    assert_eq!(
+        parameter["AllowedPattern"],
+        format!(
+            "^[a-z0-9][a-z0-9-]{{0,31}}(,[a-z0-9][a-z0-9-]{{0,31}}){{0,{}}}$",
+            bound - 1
+        ),
+        "the pattern admits at most as many names as there are clients"
+    );
+    let client_of = |index: usize| {
+        if index == 0 {
+            "MachineClient".to_owned()
+        } else {
+            format!("MachineClient{}", index + 1)
+        }
+    };
+    let all: Vec<String> = (0..bound).map(|index| format!("svc-{index}")).collect();
+    for names in [
+        vec!["machines".to_owned()],
+        vec!["billing".to_owned(), "shipping".to_owned()],
+        all,
+    ] {
+        let stack = Deployment::with(&[("MachineClientNames", &names.join(","))]);
+        let resources = stack.resources();
+        let clients: Vec<&String> = resources
+            .iter()
+            .filter(|(_, resource)| resource["Type"] == "AWS::Cognito::UserPoolClient")
+            .map(|(name, _)| name)
+            .collect();
+        let expected: Vec<String> = (0..names.len()).map(client_of).collect();
+        assert_eq!(
+            clients.iter().map(|name| name.as_str()).collect::<BTreeSet<_>>(),
+            expected.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+            "{names:?}: one client per name"
+        );
+        let first = &resources["MachineClient"];
+        for (index, (name, client)) in names.iter().zip(&expected).enumerate() {
+            let resource = &resources[client];
+            assert_eq!(
+                resource["Properties"]["ClientName"],
+                json!({"Fn::Sub": format!("${{AWS::StackName}}-{name}")}),
+                "{names:?}: client {index} is {name}'s"
+            );
+            let mut same = resource.clone();
+            same["Properties"]["ClientName"] = first["Properties"]["ClientName"].clone();
+            same.as_object_mut().unwrap().remove("Condition");
+            let mut reference = first.clone();
+            reference.as_object_mut().unwrap().remove("Condition");
+            assert_eq!(same, reference, "{client} is the first client but for its name");
+        }
+        let audience = &resources["JwtAuthorizer"]["Properties"]["JwtConfiguration"]["Audience"];
+        let expected_audience: Vec<serde_json::Value> = expected.iter().map(|client| json!({"Ref": client})).collect();
+        assert_eq!(
+            audience,
+            &json!(expected_audience),
+            "{names:?}: the authorizer accepts every client"
+        );
+        let listed = &stack.outputs()["MachineClients"]["Value"]["Fn::Join"];
+        assert_eq!(listed[0], ",");
+        let pairs: Vec<serde_json::Value> = names
+            .iter()
+            .zip(&expected)
+            .map(|(name, client)| json!({"Fn::Sub": format!("{name}=${{{client}}}")}))
+            .collect();
+        assert_eq!(listed[1], json!(pairs), "{names:?}: the output names each client's id");
+    }
+    let issuer = Deployment::with(&[
+        ("Authentication", "issuer"),
+        ("JwtIssuer", "https://issuer.example"),
+        ("JwtAudience", "billing-app,shipping-app"),
+    ]);
+    let resources = issuer.resources();
+    assert!(
+        !resources
+            .values()
+            .any(|resource| resource["Type"] == "AWS::Cognito::UserPoolClient"),
+        "issuer: no client of the stack's"
+    );
+    assert_eq!(
+        resources["JwtAuthorizer"]["Properties"]["JwtConfiguration"]["Audience"],
+        json!(["billing-app", "shipping-app"])
+    );
+    assert!(!issuer.outputs().contains_key("MachineClients"));
+}
+
 /// The stage's throttling is the parameters' (both limits: without one a route throttles
 /// everything), its detailed metrics on for the dashboard's per-route panels; the body
 /// limit the functions enforce is the parameter's, whose bounds are what the settings
@@ -1759,6 +1915,7 @@ fn the_stage_throttles_by_the_parameters_and_the_body_limit_is_the_settings() {
     let format: serde_json::Value =
         serde_json::from_str(stage["AccessLogSettings"]["Format"].as_str().unwrap()).expect("JSON lines");
     assert_eq!(format["caller"], "$context.authorizer.claims.sub");
+    assert_eq!(format["issuer"], "$context.authorizer.claims.iss");
     assert_eq!(format["requestId"], "$context.requestId");
 
     let parameter = &cloudformation()["Parameters"]["MaxRequestBytes"];
