@@ -13,7 +13,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-use outbox::http::{enforce_deadline, Authentication, Deadlines, UncompressedThroughRestApiLayer};
+use outbox::http::{enforce_deadline, Authentication, Deadlines, RequireScope, UncompressedThroughRestApiLayer};
 
 use crate::error::ApiError;
 use crate::orders::handlers;
@@ -96,13 +96,28 @@ async fn record_route(request: Request<axum::body::Body>, next: axum::middleware
 
 /// The application: every route, with its layers.
 pub fn router(state: AppState, config: &HttpConfig) -> Router {
+    // Each route checks its caller's scope itself, as the OpenAPI document states it,
+    // whatever front-door route or path brought the request.
+    let (read, write) = (
+        RequireScope::new(openapi::READ_SCOPE),
+        RequireScope::new(openapi::WRITE_SCOPE),
+    );
     let routes = Router::new()
-        .route("/orders", post(handlers::orders_create))
-        .route("/orders/{id}", get(handlers::orders_get))
-        .route("/orders/{id}/items", post(handlers::orders_add_item))
-        .route("/orders/{id}/items/{sku}", delete(handlers::orders_remove_item))
-        .route("/orders/{id}/cancel", post(handlers::orders_cancel))
-        .route("/transactions/{id}", get(transactions::transactions_get))
+        .route("/orders", post(handlers::orders_create).route_layer(write.clone()))
+        .route("/orders/{id}", get(handlers::orders_get).route_layer(read.clone()))
+        .route(
+            "/orders/{id}/items",
+            post(handlers::orders_add_item).route_layer(write.clone()),
+        )
+        .route(
+            "/orders/{id}/items/{sku}",
+            delete(handlers::orders_remove_item).route_layer(write.clone()),
+        )
+        .route("/orders/{id}/cancel", post(handlers::orders_cancel).route_layer(write))
+        .route(
+            "/transactions/{id}",
+            get(transactions::transactions_get).route_layer(read),
+        )
         .route("/openapi.json", get(openapi::openapi_json))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -67,7 +67,7 @@ pub fn scope_for(method: &axum::http::Method) -> &'static str {
 /// Sign-in, stated in the document: the bearer scheme, each operation's scope, and the
 /// answers API Gateway gives before the API runs (401 without a valid token, 403 without
 /// the route's scope, 429 over the stage's throttling), besides the API's own 401 when a
-/// request reaches it without a verified caller.
+/// request reaches it without a verified caller and 403 when its caller lacks the scope.
 struct SignIn;
 
 impl Modify for SignIn {
@@ -112,10 +112,14 @@ impl Modify for SignIn {
                     "403".into(),
                     ResponseBuilder::new()
                         .description(format!(
-                            "The token lacks the scope {} (API Gateway's answer)",
+                            "The token lacks the scope {}: API Gateway's answer, or the API's own (problem+json, insufficient-scope), which checks each route's scope itself",
                             scope_for(&method)
                         ))
                         .content("application/json", gateway_message())
+                        .content(
+                            "application/problem+json",
+                            ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build(),
+                        )
                         .build()
                         .into(),
                 );

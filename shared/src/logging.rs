@@ -8,11 +8,59 @@
 //! - **Elsewhere**: `RUST_LOG` (default `info`), text with timestamps, on standard error;
 //!   in colour only where standard error is a terminal and `NO_COLOR` is unset, so that a
 //!   log file or a pipe gets plain text.
+//!
+//! Whatever the level asked for, nothing secret is written: the crates that log what they
+//! carry at `trace` are held at `debug` ([`CAPPED`]). At `trace`, the Lambda runtime logs
+//! each raw event (an API request's `Authorization` header and body included), and the
+//! AWS SDK each request it signs. A directive that names one of them (`RUST_LOG=
+//! lambda_runtime=trace`) does not lift the cap.
 
-use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
+
+/// The crates whose `trace` lines carry what they transport (events, requests, headers,
+/// signatures): never more verbose than `debug`, whatever the filter says.
+pub const CAPPED: &[&str] = &[
+    // The raw event of every invocation ("raw JSON event received from Lambda").
+    "lambda_runtime",
+    "lambda_runtime_api_client",
+    "lambda_http",
+    "lambda_extension",
+    // Each request as signed, and what the SDK sends and receives.
+    "aws_sigv4",
+    "aws_smithy_runtime",
+    "aws_smithy_runtime_api",
+    "aws_smithy_http",
+    "aws_smithy_http_client",
+    "aws_smithy_types",
+    "aws_runtime",
+    "aws_config",
+    "aws_credential_types",
+    "aws_sdk_dynamodb",
+    "aws_sdk_sqs",
+    "aws_sdk_sns",
+    "aws_sdk_eventbridge",
+    "aws_sdk_sts",
+    "aws_sdk_sso",
+    "aws_sdk_ssooidc",
+    // The HTTP clients and servers underneath.
+    "hyper",
+    "hyper_util",
+    "h2",
+    "reqwest",
+    "rustls",
+];
+
+/// The filter that holds [`CAPPED`] at `debug` and lets everything else through.
+pub fn caps() -> Targets {
+    CAPPED
+        .iter()
+        .fold(Targets::new().with_default(LevelFilter::TRACE), |targets, target| {
+            targets.with_target(*target, LevelFilter::DEBUG)
+        })
+}
 
 /// The level and format the environment asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,7 +122,7 @@ pub fn init() {
         (false, true) => lines.boxed(),
         (false, false) => lines.without_time().boxed(),
     };
-    let subscriber = tracing_subscriber::registry().with(lines.with_filter(filter));
+    let subscriber = tracing_subscriber::registry().with(lines.with_filter(filter.and(caps())));
     #[cfg(feature = "otel")]
     let subscriber = subscriber.with(crate::telemetry::export::layer());
     // A second call (a test, a service built twice) keeps the first subscriber.

@@ -253,8 +253,8 @@ async fn changes_emit_events_only_when_the_order_really_changes() {
         (StatusCode::OK, json!(2))
     );
     assert!(
-        header(&again, "x-transaction-id").is_some(),
-        "no change, but its transaction began: the answer names it (it never commits)"
+        header(&again, "x-transaction-id").is_none(),
+        "no change: nothing of its transaction was sent, and the answer names none"
     );
     let changed = app.send(add(3)).await;
     assert_eq!(changed.body["items"][1]["quantity"], 3);
@@ -2267,10 +2267,18 @@ fn signed_in(subject: Option<&str>, method: Method, path: &str, body: Option<&Va
     event["body"] = body.map_or(Value::Null, |body| json!(body.to_string()));
     if let Some(subject) = subject {
         event["requestContext"]["authorizer"]["jwt"]["claims"]["sub"] = json!(subject);
+        event["requestContext"]["authorizer"]["jwt"]["claims"]["iss"] = json!(ISSUER);
     }
+    // A token with both of the API's scopes, on the route API Gateway matched.
+    event["requestContext"]["authorizer"]["jwt"]["scopes"] = json!(["orders/read", "orders/write"]);
+    event["requestContext"]["routeKey"] = json!(format!("{method} {path}"));
+    event["routeKey"] = event["requestContext"]["routeKey"].clone();
     let request = lambda_http::request::from_str(&event.to_string()).expect("an HTTP API event");
     request.map(|body| Body::from(body.to_vec()))
 }
+
+/// The issuer of the tokens `signed_in` carries.
+const ISSUER: &str = "https://cognito-idp.us-east-1.amazonaws.com/us-east-1_test";
 
 /// An order belongs to the caller who placed it (the subject of their token): another
 /// caller reads it, changes it and cancels it as if it did not exist (404, the change's
@@ -2463,7 +2471,8 @@ async fn the_verified_subject_is_the_caller_whatever_the_front_door() {
     let rest_api = |subject: &str| {
         let mut event: Value =
             serde_json::from_str(include_str!("../fixtures/sam_rest_api_create_order.json")).unwrap();
-        event["requestContext"]["authorizer"] = json!({"claims": {"sub": subject, "token_use": "id"}});
+        event["requestContext"]["authorizer"] =
+            json!({"claims": {"sub": subject, "iss": ISSUER, "token_use": "access", "scope": "orders/read orders/write"}});
         let request = lambda_http::request::from_str(&event.to_string()).expect("a REST API event");
         request.map(|body| Body::from(body.to_vec()))
     };
@@ -2497,3 +2506,6 @@ async fn the_verified_subject_is_the_caller_whatever_the_front_door() {
         "Bob's verified subject wins over a caller put in the request"
     );
 }
+
+#[path = "api/front_doors.rs"]
+mod front_doors;

@@ -1,79 +1,190 @@
-//! Who is calling: the subject of the token API Gateway's JWT authorizer verified, or
-//! one development caller where no authorizer runs.
+//! Who is calling: the issuer and subject that the front door verified, with the scopes
+//! it granted, or one development caller where nobody signs in.
 //!
-//! The API never verifies a token itself: API Gateway does, before the function runs,
-//! and hands the token's claims over in the request's context. [`Caller`] reads the
-//! subject (`sub`) from there (feature `lambda`: an HTTP API's JWT authorizer, or a REST
-//! API's Cognito authorizer), else takes a `Caller` a middleware of the service's own put
-//! in the request's extensions (another front door, a test): the front door's verified
-//! subject wins. The function trusts the request's context as Lambda hands it over, so
-//! only the API's front door may invoke it (the template grants that to its HTTP API
-//! alone). Where no caller is known, the service's [`Authentication`] decides what a
-//! handler that asks for one gets: [`Authentication::Jwt`] answers 401 (a front door
-//! whose authorizer was removed serves nobody as somebody), [`Authentication::Off`] the
-//! development caller (the local server, `cargo lambda watch`, a demo stack deployed
-//! without sign-in). A token whose subject is the development caller's name is no
-//! caller: no token ever reaches what the development caller owns.
+//! The API never verifies a credential itself: the front door does, before the function
+//! runs, and hands what it verified over in the request's context. [`Caller`] reads it
+//! from there (feature `lambda`), from whichever front door verified it:
+//!
+//! | front door | issuer | subject | scopes |
+//! |---|---|---|---|
+//! | HTTP API, JWT authorizer | the token's `iss` | its `sub` | the authorizer's `scopes`, and the token's `scope` claim |
+//! | REST API, Cognito authorizer | the token's `iss` | its `sub` | its `scope` claim (an access token's) |
+//! | Lambda authorizer (HTTP or REST API) | its context's `iss`, else `lambda-authorizer` | its context's `sub`, else (REST) its `principalId` | its context's `scope` (space-separated) |
+//! | IAM (`AWS_IAM` on a route, or a function URL) | `iam:` and the account | the caller's ARN (an assumed role's session left out) | none: IAM authorized the route itself ([`Scopes::Route`]) |
+//!
+//! Else the [`Caller`] a middleware of the service's own put in the request's extensions
+//! (a front door of its own, a test): the front door's verified caller wins. The function
+//! trusts the request's context as Lambda hands it over, so only the API's front door may
+//! invoke it (the template grants that to its HTTP API alone). Two callers are the same
+//! caller only with the same issuer and subject: two issuers' `sub` never meet.
+//!
+//! Where no caller is known, the service's [`Authentication`] decides what a handler that
+//! asks for one gets: [`Authentication::Jwt`] answers 401 (a front door whose authorizer
+//! was removed serves nobody as somebody), [`Authentication::Off`] the development caller
+//! (the local server, `cargo lambda watch`; refused on Lambda unless the operator says so
+//! explicitly, `OUTBOX_AUTH_OFF_ON_LAMBDA=allow`). A subject that is the development
+//! caller's name is no caller: no credential ever reaches what the development caller owns.
 //!
 //! The service says which by an [`axum::Extension`] on its router
 //! (`router.layer(Extension(Authentication::Off))`; `outbox::service` adds it from
 //! `OUTBOX_AUTH`). A router without one answers 401 to a request that carries no caller
-//! where a handler asks for one.
+//! where a handler asks for one. What each route needs of a caller is
+//! [`super::scopes::RequireScope`]'s.
+
+use std::collections::BTreeSet;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
+use axum::http::Extensions;
 
 use super::error::HttpError;
 
 pub use crate::settings::Authentication;
 
-/// The caller of a request: an opaque id, the verified token's subject. Extracting it
-/// answers 401 when the request has none and the service requires one.
+/// What a caller may do, as its front door said.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Caller(String);
+#[non_exhaustive]
+pub enum Scopes {
+    /// Everything: the development caller, where nobody signs in.
+    All,
+    /// The scopes its token or authorizer granted (`orders/read`, ...).
+    Granted(BTreeSet<String>),
+    /// No scopes: the front door authorized the route itself (IAM), and named the route it
+    /// authorized (`POST /orders`; `None` where it named none, as a function URL). A route
+    /// that asks for a scope serves such a caller only where the route the front door
+    /// authorized is the route the service serves.
+    Route(Option<String>),
+}
+
+/// The caller of a request: the issuer and subject its front door verified, and what it
+/// may do. Extracting it answers 401 when the request has none and the service requires
+/// one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Caller {
+    issuer: String,
+    subject: String,
+    id: String,
+    scopes: Scopes,
+}
 
 impl Caller {
     /// The one caller of a service whose [`Authentication`] is off.
     pub const DEVELOPMENT: &'static str = "development";
 
-    /// The caller `id` (a token's subject, as a service's own middleware verified it).
+    /// The caller `id`, of no issuer and with no scope (a subject a service's own
+    /// middleware verified; grant scopes with [`Self::with_scopes`]).
     pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
+        Self::verified("", id)
     }
 
-    /// The development caller.
-    pub fn development() -> Self {
-        Self::new(Self::DEVELOPMENT)
-    }
-
-    /// The caller's id.
-    pub fn id(&self) -> &str {
-        &self.0
-    }
-
-    /// The caller as `parts` carry it: the subject the front door's authorizer verified,
-    /// else an extension a middleware of the service's put there.
-    pub fn of(parts: &Parts) -> Option<Self> {
-        #[cfg(feature = "lambda")]
-        if let Some(subject) = authorizer_subject(parts) {
-            return Some(Self(subject));
+    /// The caller `subject` of `issuer`, with no scope. Its [`id`](Self::id) names both,
+    /// so that two issuers' subjects are two callers.
+    pub fn verified(issuer: impl Into<String>, subject: impl Into<String>) -> Self {
+        let (issuer, subject) = (issuer.into(), subject.into());
+        let id = if issuer.is_empty() {
+            subject.clone()
+        } else {
+            format!("{issuer} {subject}")
+        };
+        Self {
+            issuer,
+            subject,
+            id,
+            scopes: Scopes::Granted(BTreeSet::new()),
         }
-        parts.extensions.get::<Caller>().cloned()
+    }
+
+    /// The development caller, who has every scope.
+    pub fn development() -> Self {
+        Self::new(Self::DEVELOPMENT).with_all_scopes()
+    }
+
+    /// This caller, granted `scopes`.
+    pub fn with_scopes<S: Into<String>>(mut self, scopes: impl IntoIterator<Item = S>) -> Self {
+        self.scopes = Scopes::Granted(scopes.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// This caller, granted every scope.
+    pub fn with_all_scopes(mut self) -> Self {
+        self.scopes = Scopes::All;
+        self
+    }
+
+    fn with(mut self, scopes: Scopes) -> Self {
+        self.scopes = scopes;
+        self
+    }
+
+    /// The caller's id: its issuer and subject (the subject alone for a caller of no
+    /// issuer). What a service keeps as an owner.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Who verified the caller (a token's `iss`, `iam:<account>`), or empty.
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
+    /// The caller, as its issuer names it.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// What the caller may do.
+    pub fn scopes(&self) -> &Scopes {
+        &self.scopes
+    }
+
+    /// Whether the caller was granted `scope` (the development caller has every one; a
+    /// caller authorized per route by IAM has none: see [`Scopes::Route`]).
+    pub fn has_scope(&self, scope: &str) -> bool {
+        match &self.scopes {
+            Scopes::All => true,
+            Scopes::Granted(granted) => granted.contains(scope),
+            Scopes::Route(_) => false,
+        }
+    }
+
+    /// The caller as `parts` carry it: the one the front door verified, else an extension
+    /// a middleware of the service's put there.
+    pub fn of(parts: &Parts) -> Option<Self> {
+        Self::in_extensions(&parts.extensions)
+    }
+
+    /// [`Self::of`] a request's extensions.
+    pub fn in_extensions(extensions: &Extensions) -> Option<Self> {
+        #[cfg(feature = "lambda")]
+        if let Some(caller) = front_door::caller(extensions) {
+            return Some(caller);
+        }
+        extensions.get::<Caller>().cloned()
     }
 
     /// Within `scope` (a service's name), the scope of this caller's idempotency keys:
     /// two callers' keys never meet. The id is hashed, so that any subject fits a key.
     pub fn key_scope(&self, scope: &str) -> String {
         use sha2::Digest;
-        let digest = sha2::Sha256::digest(self.0.as_bytes());
+        let digest = sha2::Sha256::digest(self.id.as_bytes());
         let hex: String = digest[..16].iter().map(|byte| format!("{byte:02x}")).collect();
         format!("{scope}@{hex}")
+    }
+
+    /// The caller of `parts` as a handler gets it: the verified one, else the development
+    /// caller where sign-in is off, else 401.
+    pub(crate) fn required(extensions: &Extensions) -> Result<Self, HttpError> {
+        match (Self::in_extensions(extensions), extensions.get::<Authentication>()) {
+            (Some(caller), _) => Ok(caller),
+            (None, Some(Authentication::Off)) => Ok(Self::development()),
+            (None, _) => Err(HttpError::Unauthenticated),
+        }
     }
 }
 
 impl std::fmt::Display for Caller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.id)
     }
 }
 
@@ -86,42 +197,146 @@ pub fn announce(authentication: Authentication) {
              can reach this API reads and changes everything it serves"
         ),
         Authentication::Jwt => tracing::info!(
-            "OUTBOX_AUTH=jwt: a handler that asks for the caller answers 401 to a request without a token API Gateway's authorizer verified"
+            "OUTBOX_AUTH=jwt: a handler that asks for the caller answers 401 to a request without a caller its front door verified"
         ),
     }
 }
 
-/// The `sub` claim of the token the front door's authorizer verified: an HTTP API's JWT
-/// authorizer (`requestContext.authorizer.jwt.claims`), or a REST API's Cognito
-/// authorizer (`requestContext.authorizer.claims`).
+/// The callers of each front door, from the request's context as `lambda_http` hands it
+/// over.
 #[cfg(feature = "lambda")]
-fn authorizer_subject(parts: &Parts) -> Option<String> {
+mod front_door {
+    use std::collections::{BTreeSet, HashMap};
+
+    use axum::http::Extensions;
+    use lambda_http::aws_lambda_events::apigw::ApiGatewayRequestAuthorizer;
     use lambda_http::request::RequestContext;
-    let subject = match parts.extensions.get::<RequestContext>()? {
-        RequestContext::ApiGatewayV2(context) => context.authorizer.as_ref()?.jwt.as_ref()?.claims.get("sub").cloned(),
-        RequestContext::ApiGatewayV1(context) => context
-            .authorizer
-            .jwt
-            .as_ref()
-            .and_then(|jwt| jwt.claims.get("sub").cloned())
-            .or_else(|| {
-                let claims = context.authorizer.fields.get("claims")?;
-                claims.get("sub")?.as_str().map(str::to_owned)
-            }),
-        _ => None,
-    };
-    subject.filter(|subject| !subject.is_empty() && subject != Caller::DEVELOPMENT)
+    use serde_json::Value;
+
+    use super::{Caller, Scopes};
+
+    /// A Lambda authorizer's issuer where its context names none.
+    const LAMBDA_AUTHORIZER: &str = "lambda-authorizer";
+
+    pub(super) fn caller(extensions: &Extensions) -> Option<Caller> {
+        let caller = match extensions.get::<RequestContext>()? {
+            RequestContext::ApiGatewayV2(context) => {
+                let authorizer = context.authorizer.as_ref()?;
+                jwt(authorizer)
+                    .or_else(|| lambda_authorizer(&authorizer.fields, false))
+                    .or_else(|| {
+                        let iam_of = authorizer.iam.as_ref()?;
+                        let route = context.route_key.clone().filter(|route| route != "$default");
+                        iam(iam_of.account_id.as_deref(), iam_of.user_arn.as_deref()?, route)
+                    })
+            }
+            RequestContext::ApiGatewayV1(context) => {
+                let route = context
+                    .resource_path
+                    .as_ref()
+                    .map(|resource| format!("{} {resource}", context.http_method));
+                jwt(&context.authorizer)
+                    .or_else(|| {
+                        // A Cognito authorizer's claims are an object of their own; a
+                        // Lambda authorizer's context is flattened beside its principalId.
+                        let claims = context.authorizer.fields.get("claims")?.as_object()?;
+                        let claims: HashMap<String, Value> =
+                            claims.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                        from_claims(&claims, None)
+                    })
+                    .or_else(|| lambda_authorizer(&context.authorizer.fields, true))
+                    .or_else(|| {
+                        // Only IAM authorization fills the caller's ARN in.
+                        let identity = &context.identity;
+                        iam(identity.account_id.as_deref(), identity.user_arn.as_deref()?, route)
+                    })
+            }
+            _ => None,
+        }?;
+        (!caller.subject.is_empty() && caller.subject != Caller::DEVELOPMENT).then_some(caller)
+    }
+
+    fn words(text: &str) -> impl Iterator<Item = String> + '_ {
+        text.split_whitespace().map(str::to_owned)
+    }
+
+    /// An HTTP API's JWT authorizer: `authorizer.jwt` (claims as strings).
+    fn jwt(authorizer: &ApiGatewayRequestAuthorizer) -> Option<Caller> {
+        let jwt = authorizer.jwt.as_ref()?;
+        let subject = jwt.claims.get("sub")?;
+        let issuer = jwt.claims.get("iss").map(String::as_str).unwrap_or_default();
+        let mut scopes: BTreeSet<String> = jwt.scopes.iter().flatten().cloned().collect();
+        scopes.extend(
+            jwt.claims
+                .get("scope")
+                .map(|scope| words(scope).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        );
+        Some(Caller::verified(issuer, subject.as_str()).with(Scopes::Granted(scopes)))
+    }
+
+    fn text(value: &Value) -> Option<String> {
+        match value {
+            Value::String(text) => Some(text.clone()),
+            Value::Number(number) => Some(number.to_string()),
+            Value::Bool(flag) => Some(flag.to_string()),
+            _ => None,
+        }
+    }
+
+    /// Claims or a context: `sub`, `iss` (else `default_issuer`), `scope` (space-separated)
+    /// or `scopes` (a list).
+    fn from_claims(claims: &HashMap<String, Value>, default_issuer: Option<&str>) -> Option<Caller> {
+        let subject = claims.get("sub").and_then(text)?;
+        let issuer = claims
+            .get("iss")
+            .and_then(text)
+            .or_else(|| default_issuer.map(str::to_owned))
+            .unwrap_or_default();
+        let mut scopes: BTreeSet<String> = claims
+            .get("scope")
+            .and_then(text)
+            .map(|scope| words(&scope).collect())
+            .unwrap_or_default();
+        if let Some(Value::Array(list)) = claims.get("scopes") {
+            scopes.extend(list.iter().filter_map(text));
+        }
+        Some(Caller::verified(issuer, subject).with(Scopes::Granted(scopes)))
+    }
+
+    /// A Lambda authorizer's context: its `sub`, else (REST) its `principalId`.
+    fn lambda_authorizer(fields: &HashMap<String, Value>, rest: bool) -> Option<Caller> {
+        if fields.is_empty() || fields.contains_key("claims") {
+            return None;
+        }
+        let mut fields = fields.clone();
+        if rest && !fields.contains_key("sub") {
+            let principal = fields.get("principalId").cloned()?;
+            fields.insert("sub".to_owned(), principal);
+        }
+        from_claims(&fields, Some(LAMBDA_AUTHORIZER))
+    }
+
+    /// IAM: the caller's ARN, an assumed role's session left out (each session of one role
+    /// is the same caller), of `iam:<account>`.
+    fn iam(account: Option<&str>, arn: &str, route: Option<String>) -> Option<Caller> {
+        let subject = match arn.split_once(":assumed-role/") {
+            Some((prefix, rest)) => match rest.split_once('/') {
+                Some((role, _session)) => format!("{prefix}:assumed-role/{role}"),
+                None => arn.to_owned(),
+            },
+            None => arn.to_owned(),
+        };
+        let account = account.unwrap_or_default();
+        Some(Caller::verified(format!("iam:{account}"), subject).with(Scopes::Route(route)))
+    }
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let caller = match (Self::of(parts), parts.extensions.get::<Authentication>()) {
-            (Some(caller), _) => caller,
-            (None, Some(Authentication::Off)) => Self::development(),
-            (None, _) => return Err(HttpError::Unauthenticated),
-        };
+        let caller = Self::required(&parts.extensions)?;
         // The request's span, where it has a `caller` field, says who called.
         tracing::Span::current().record("caller", caller.id());
         Ok(caller)
@@ -160,5 +375,24 @@ mod tests {
         assert_ne!(one.key_scope("api"), other.key_scope("api"));
         assert_eq!(one.key_scope("api"), Caller::new("a").key_scope("api"));
         assert!(one.key_scope("api").starts_with("api@"));
+    }
+
+    #[test]
+    fn one_subject_of_two_issuers_is_two_callers() {
+        let (one, other) = (Caller::verified("https://a", "42"), Caller::verified("https://b", "42"));
+        assert_ne!(one.id(), other.id());
+        assert_ne!(one.key_scope("api"), other.key_scope("api"));
+        assert_eq!((one.issuer(), one.subject()), ("https://a", "42"));
+    }
+
+    #[test]
+    fn only_the_development_caller_has_every_scope() {
+        assert!(Caller::development().has_scope("orders/write"));
+        assert!(!Caller::new("a").has_scope("orders/read"));
+        let reader = Caller::new("a").with_scopes(["orders/read"]);
+        assert!(reader.has_scope("orders/read") && !reader.has_scope("orders/write"));
+        assert!(!Caller::new("a")
+            .with(Scopes::Route(Some("POST /orders".into())))
+            .has_scope("orders/write"));
     }
 }

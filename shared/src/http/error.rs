@@ -33,6 +33,20 @@ pub enum HttpError {
     /// [`super::caller::Authentication::Jwt`]).
     #[error("no verified caller")]
     Unauthenticated,
+    /// The caller was not granted the scope the route needs (403,
+    /// [`super::scopes::RequireScope`]).
+    #[error("the caller lacks scope {scope}")]
+    InsufficientScope {
+        /// The scope the route needs.
+        scope: String,
+    },
+    /// The request's path is one the front door and the service could read as two
+    /// different routes: dot segments, encoded slashes (400, [`super::paths`]).
+    #[error("ambiguous path: {detail}")]
+    AmbiguousPath {
+        /// What is ambiguous in it.
+        detail: &'static str,
+    },
     /// The idempotency key was used for a different request (422).
     #[error("idempotency key reused for a different request")]
     IdempotencyKeyReused,
@@ -122,6 +136,12 @@ impl HttpError {
                 .with_detail(format!("{header}: {detail}")),
             Self::Unauthenticated => Problem::new(S::UNAUTHORIZED, "unauthenticated", "Unauthenticated")
                 .with_detail("this request carries no verified token; sign in and send it as Authorization: Bearer"),
+            Self::InsufficientScope { scope } => Problem::new(S::FORBIDDEN, "insufficient-scope", "Insufficient scope")
+                .with_detail(format!(
+                    "this route needs the scope {scope}, which the caller was not granted"
+                )),
+            Self::AmbiguousPath { detail } => Problem::new(S::BAD_REQUEST, "ambiguous-path", "Ambiguous path")
+                .with_detail(format!("{detail}; send the path as it is routed, without them")),
             Self::IdempotencyKeyReused => Problem::new(
                 S::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",
@@ -184,11 +204,19 @@ pub fn timeout_problem(progress: Progress) -> Problem {
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let mut response = respond(&self, self.problem());
-        if matches!(self, Self::Unauthenticated) {
-            response.headers_mut().insert(
-                axum::http::header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer"),
-            );
+        let challenge = match &self {
+            Self::Unauthenticated => Some(axum::http::HeaderValue::from_static("Bearer")),
+            // RFC 6750, section 3.1: the scope the request lacked.
+            Self::InsufficientScope { scope } => {
+                axum::http::HeaderValue::from_str(&format!("Bearer error=\"insufficient_scope\", scope=\"{scope}\""))
+                    .ok()
+            }
+            _ => None,
+        };
+        if let Some(challenge) = challenge {
+            response
+                .headers_mut()
+                .insert(axum::http::header::WWW_AUTHENTICATE, challenge);
         }
         response
     }

@@ -259,7 +259,9 @@ impl lambda_http::Service<LambdaEvent<serde_json::Value>> for Marked {
         };
         // On Lambda (default) the extension tells a late answer; on Managed Instances, this.
         let tell_late = matches!(self.then, Then::Watch { .. });
-        let answering = invocation.clone().scope(answer(self.app.clone(), payload, context));
+        // Its control messages carry its own X-Ray header, never another's running beside it.
+        let trace = crate::aws::InvocationTrace::new(context.xray_trace_id.as_deref());
+        let answering = trace.scope(invocation.clone().scope(answer(self.app.clone(), payload, context)));
         Box::pin(async move {
             let _follow = follow;
             let Some(deadline) = deadline.filter(|_| tell_late) else {
@@ -286,7 +288,8 @@ impl lambda_http::Service<LambdaEvent<serde_json::Value>> for Marked {
 pub const HOLD_MARGIN: Duration = Duration::from_millis(200);
 
 /// Serves `app` on Lambda, [`max_concurrency`] invocations at once (several on Lambda
-/// Managed Instances, one elsewhere).
+/// Managed Instances, one elsewhere), refusing paths that the front door and the function
+/// could route apart ([`super::paths`]).
 ///
 /// With `after` (the outbox's [`AfterAnswer`], when it publishes after the answer), on
 /// Lambda (default) an internal extension holds each invocation's environment until that
@@ -296,6 +299,8 @@ pub const HOLD_MARGIN: Duration = Duration::from_millis(200);
 /// that work to its end instead, and warns when the deadline comes first. With feature `otel` and spans exported, each
 /// invocation's spans are flushed after it (and what was published after its answer).
 pub async fn run(app: Router, after: Option<AfterAnswer>) -> Result<(), LambdaError> {
+    // Whatever the router, no path that the front door and the function route apart.
+    let app = app.layer(axum::middleware::from_fn(super::paths::refuse_ambiguous_paths));
     let flush = cfg!(feature = "otel") && traces_exported();
     let serve = |then| async move {
         lambda_http::lambda_runtime::run_concurrent(Marked { app, then })

@@ -4,8 +4,13 @@
 //! - [`problem`]: RFC 9457 `application/problem+json` answers, and the one mapping from a
 //!   [`TxnError`](crate::request::TxnError) to its status (409, 412, 422, 503 with
 //!   `Retry-After`), always naming the transaction once one began.
-//! - [`caller`]: who calls ([`Caller`]): the subject of the token API Gateway's JWT
-//!   authorizer verified, or the development caller where sign-in is off.
+//! - [`caller`]: who calls ([`Caller`]): the issuer and subject the front door verified
+//!   (a JWT, IAM or Lambda authorizer), with its scopes, or the development caller where
+//!   sign-in is off.
+//! - [`scopes`]: [`RequireScope`], the route layer that serves only callers granted the
+//!   route's scope, whatever path or front-door route brought the request.
+//! - `paths` (feature `lambda`): paths with dot segments or encoded slashes refused
+//!   before routing, since the front door and the function could route them apart.
 //! - [`headers`]: the `Idempotency-Key` and `If-Match` extractors, and ETags.
 //! - [`idempotency`] and `idempotent`: the [`Idempotent`] extractor (a request's key and fingerprint, from
 //!   its method, path and body), the stored answer's replay.
@@ -67,17 +72,20 @@ mod idempotent;
 mod json;
 #[cfg(feature = "lambda")]
 pub mod lambda;
+#[cfg(feature = "lambda")]
+pub mod paths;
 pub mod problem;
 mod progress;
 pub mod request_id;
 mod retry;
 pub mod scope;
+pub mod scopes;
 #[cfg(feature = "lambda")]
 pub mod stage;
 pub mod status;
 pub mod trace;
 
-pub use caller::{Authentication, Caller};
+pub use caller::{Authentication, Caller, Scopes};
 #[cfg(feature = "lambda")]
 pub use compression::UncompressedThroughRestApiLayer;
 pub use error::HttpError;
@@ -88,5 +96,6 @@ pub use json::JsonBody;
 pub use problem::{encode_item_key, FieldError, Problem, TRANSACTION_ID_HEADER, TRANSACTION_ITEM_HEADER};
 pub use retry::{ATTEMPTS as RETRY_ATTEMPTS, FIRST_PAUSE as RETRY_FIRST_PAUSE};
 pub use scope::{enforce_deadline, Answer, Begun, Deadlines, Progress, RequestScope};
+pub use scopes::RequireScope;
 #[cfg(feature = "lambda")]
 pub use stage::serve_under_stage;

@@ -25,10 +25,13 @@ use lambda_http::RequestExt;
 
 /// `router`, served under API Gateway's stage (see the module's documentation). Requests
 /// that did not come through API Gateway pass unchanged.
+/// Paths the front door and the function could route apart are refused first
+/// ([`super::paths`]).
 pub fn serve_under_stage(router: Router) -> Router {
     Router::new()
         .fallback_service(router)
         .layer(axum::middleware::from_fn(strip_stage))
+        .layer(axum::middleware::from_fn(super::paths::refuse_ambiguous_paths))
 }
 
 /// What to take off the path before routing, and what the client's URL had before the

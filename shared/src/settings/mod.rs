@@ -35,16 +35,17 @@ pub enum InlinePublish {
     Off,
 }
 
-/// What a request to the service's API gets when it carries no verified caller (the
-/// subject of a token API Gateway's authorizer verified): `OUTBOX_AUTH`.
+/// What a request to the service's API gets when it carries no caller its front door
+/// verified (a JWT, IAM or Lambda authorizer): `OUTBOX_AUTH`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Authentication {
-    /// Every caller must come with a verified token: without one, 401 (`jwt`, the default
-    /// on Lambda).
+    /// Every caller must come verified by the front door: without one, 401 (`jwt`, the
+    /// default on Lambda).
     Jwt,
-    /// Nobody signs in: a request without a verified token is the development caller
-    /// (`off`, the default elsewhere). Anyone who can reach the service is that caller.
+    /// Nobody signs in: a request without a verified caller is the development caller
+    /// (`off`, the default elsewhere). Anyone who can reach the service is that caller;
+    /// refused on Lambda unless `OUTBOX_AUTH_OFF_ON_LAMBDA=allow`.
     Off,
 }
 
@@ -226,10 +227,14 @@ pub mod vars {
     /// The `Service` dimension of the request path's metrics; by default the
     /// executable's name (`api`, `shop`), or `outbox`.
     pub const SERVICE_NAME: &str = "OUTBOX_SERVICE_NAME";
-    /// `jwt` or `off`: whether an API request must carry a caller verified by API
-    /// Gateway's authorizer (401 without one), or is served as the development caller;
-    /// by default `jwt` on Lambda, `off` elsewhere.
+    /// `jwt` or `off`: whether an API request must carry a caller its front door
+    /// verified (401 without one), or is served as the development caller; by default
+    /// `jwt` on Lambda, `off` elsewhere. `off` is refused on Lambda unless
+    /// [`AUTH_OFF_ON_LAMBDA`](Self::AUTH_OFF_ON_LAMBDA) is `allow`.
     pub const AUTH: &str = "OUTBOX_AUTH";
+    /// `allow`: the operator means `OUTBOX_AUTH=off` on Lambda (a demo stack open to
+    /// anyone, `cargo lambda watch`); without it, `off` there is refused at start.
+    pub const AUTH_OFF_ON_LAMBDA: &str = "OUTBOX_AUTH_OFF_ON_LAMBDA";
 }
 
 /// One setting that is wrong.
@@ -366,14 +371,39 @@ impl Settings {
                 FifoGrouping::Entity
             }
         };
+        let on_lambda = lookup(LAMBDA_RUNTIME_API).is_some();
         let authentication = match reader.text(vars::AUTH) {
-            None if lookup(LAMBDA_RUNTIME_API).is_some() => Authentication::Jwt,
+            None if on_lambda => Authentication::Jwt,
             None => Authentication::Off,
             Some(text) => text.parse().unwrap_or_else(|problem| {
                 reader.fail(vars::AUTH, problem);
                 Authentication::Jwt
             }),
         };
+        // On Lambda, sign-in off makes every caller the one development caller, who reads
+        // and changes whatever any caller could: only an operator who says so gets it.
+        let off_allowed = match reader.text(vars::AUTH_OFF_ON_LAMBDA).as_deref() {
+            None => false,
+            Some("allow") => true,
+            Some(other) => {
+                reader.fail(
+                    vars::AUTH_OFF_ON_LAMBDA,
+                    format!("must be allow or unset, not {other:?}"),
+                );
+                false
+            }
+        };
+        if on_lambda && authentication == Authentication::Off && !off_allowed {
+            reader.fail(
+                vars::AUTH,
+                format!(
+                    "off on Lambda serves every request as the one development caller, who reads and changes what \
+                     every caller owns; behind a JWT, IAM or Lambda authorizer leave it jwt (the caller comes from \
+                     whichever verified it), or set {}=allow to mean it",
+                    vars::AUTH_OFF_ON_LAMBDA
+                ),
+            );
+        }
         let service_name = lookup(vars::SERVICE_NAME)
             .filter(|name| !name.trim().is_empty())
             .or_else(|| {

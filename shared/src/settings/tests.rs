@@ -61,6 +61,8 @@ fn callers_must_sign_in_on_lambda_unless_chosen_otherwise() {
     for (value, chosen) in [("jwt", Authentication::Jwt), ("off", Authentication::Off)] {
         let mut pairs = lambda.to_vec();
         pairs.push((vars::AUTH, value));
+        // Off on Lambda only where the operator says so explicitly.
+        pairs.push((vars::AUTH_OFF_ON_LAMBDA, "allow"));
         assert_eq!(settings(&pairs).unwrap().authentication, chosen, "{value}");
         assert_eq!(
             settings(&[(vars::AUTH, value)]).unwrap().authentication,
@@ -72,6 +74,37 @@ fn callers_must_sign_in_on_lambda_unless_chosen_otherwise() {
     let error = only_error(&[(vars::AUTH, "none")]);
     assert_eq!(error.variable, vars::AUTH);
     assert!(error.problem.contains("jwt or off"), "{error}");
+}
+
+#[test]
+fn sign_in_off_on_lambda_is_refused_unless_the_operator_says_so() {
+    let lambda = [
+        ("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"),
+        (vars::BACKEND, "aws"),
+        (vars::TABLE_NAME, "t"),
+        (vars::CONTROL_QUEUE_URL, "https://sqs.us-east-1.amazonaws.com/1/c"),
+        (vars::AUTH, "off"),
+    ];
+    let error = only_error(&lambda);
+    assert_eq!(error.variable, vars::AUTH);
+    assert!(
+        error.problem.contains("development caller") && error.problem.contains(vars::AUTH_OFF_ON_LAMBDA),
+        "{error}"
+    );
+    let mut wrong = lambda.to_vec();
+    wrong.push((vars::AUTH_OFF_ON_LAMBDA, "yes"));
+    let errors = settings(&wrong).unwrap_err().errors;
+    assert!(
+        errors
+            .iter()
+            .any(|error| error.variable == vars::AUTH_OFF_ON_LAMBDA && error.problem.contains("allow")),
+        "{errors:?}"
+    );
+    // Off Lambda, sign-in off needs no word of the operator's: nobody else reaches it.
+    assert_eq!(
+        settings(&[(vars::AUTH, "off")]).unwrap().authentication,
+        Authentication::Off
+    );
 }
 
 #[test]
