@@ -201,7 +201,7 @@ fn kinds() -> [(&'static str, &'static str, DestinationName, &'static str); 3] {
     [
         ("sqs", "PublishesToQueue", events(), "EventsQueue"),
         ("sns", "PublishesToTopic", fanout(), "EventsTopic"),
-        ("eventbridge", "PublishesToBus", bus(), "event-bus/${EventBusName}"),
+        ("eventbridge", "PublishesToBus", bus(), "EventsBus"),
     ]
 }
 
@@ -631,7 +631,7 @@ fn each_kind_of_events_destination_is_named_for_the_code_and_delivered_to_the_ev
                 "https://sqs.us-east-1.amazonaws.com/123456789012/s-events",
             )
             .replace("${EventsTopic}", "arn:aws:sns:us-east-1:123456789012:s-events")
-            .replace("${EventBusName}", "default");
+            .replace("${EventsBus}", "s-events");
         let settings = Settings::from_lookup(|name| match name {
             vars::BACKEND => Some("aws".to_owned()),
             vars::TABLE_NAME => Some("t".to_owned()),
@@ -648,10 +648,12 @@ fn each_kind_of_events_destination_is_named_for_the_code_and_delivered_to_the_ev
     assert_eq!(strings(&subscription["Properties"]["Endpoint"]), ["EventsQueue.Arn"]);
     let rule = &resources["EventsRule"];
     assert_eq!(rule["Condition"].as_str(), Some("PublishesToBus"));
+    // What the bootstrap's rule matches (and the emulator test proves), narrowed to the
+    // stack's source and account (the_shipping_consumer_takes_only_the_stacks_events).
     assert_eq!(
-        to_json(&rule["Properties"]["EventPattern"]),
-        serde_json::from_str::<serde_json::Value>(&outbox::aws::outbox_event_pattern()).unwrap(),
-        "the rule matches what the bootstrap's rule matches (and the emulator test proves)"
+        to_json(&rule["Properties"]["EventPattern"]["detail"]),
+        serde_json::from_str::<serde_json::Value>(&outbox::aws::outbox_event_pattern()).unwrap()["detail"],
+        "the rule matches outbox events as the bootstrap's rule does"
     );
     assert_eq!(strings(&rule["Properties"]["Targets"][0]["Arn"]), ["EventsQueue.Arn"]);
     let statement = &resources["EventsQueuePolicy"]["Properties"]["PolicyDocument"]["Statement"][0];
@@ -661,6 +663,144 @@ fn each_kind_of_events_destination_is_named_for_the_code_and_delivered_to_the_ev
     assert_eq!(when(source, "PublishesToTopic").as_str(), Some("EventsTopic"));
     assert_eq!(when(principal, "PublishesToBus").as_str(), Some("events.amazonaws.com"));
     assert_eq!(when(source, "PublishesToBus").as_str(), Some("EventsRule.Arn"));
+}
+
+/// EventBridge (`EventsDestinationKind` eventbridge): the events go to a bus the stack
+/// creates, never the account's default one; the functions may put onto that bus only,
+/// and only events of the orders API's source; every rule that reaches the events queue
+/// is on that bus and matches only that source from this account; the events queue's
+/// policy lets only that rule send to it; and the shipping consumer reads that queue and
+/// no other, and cannot put events itself. So the consumer's input is what the stack's
+/// functions published, and its IAM and the rule are held to each other here.
+#[test]
+fn the_shipping_consumer_takes_only_the_stacks_events() {
+    let stack = Deployment::with(&[("EventsDestinationKind", "eventbridge")]);
+    let resources = stack.resources();
+    let bus = resources
+        .get("EventsBus")
+        .expect("with eventbridge, the stack creates a bus of its own, EventsBus");
+    assert_eq!(bus["Type"], "AWS::Events::EventBus");
+    assert_eq!(
+        bus["Properties"]["Name"],
+        json!({"Fn::Sub": "${AWS::StackName}-events"})
+    );
+    let source = api::orders::handlers::EVENT_SOURCE;
+    // The API publishes there: its destination names the stack's bus, and both functions
+    // that publish may put onto that bus alone, only events of the API's source.
+    for function in PRODUCERS {
+        assert_eq!(
+            stack.environment(function)[vars::DESTINATIONS],
+            json!({"Fn::Sub": "events=eventbridge:${EventsBus}"}),
+            "{function} publishes to the stack's bus"
+        );
+        let statements = resources[function]["Properties"]["Policies"][0]["Statement"]
+            .as_array()
+            .expect("statements")
+            .clone();
+        let puts: Vec<&serde_json::Value> = statements
+            .iter()
+            .filter(|statement| statement["Action"].to_string().contains("events:"))
+            .collect();
+        assert_eq!(puts.len(), 1, "{function}: one statement of EventBridge actions");
+        assert_eq!(puts[0]["Action"], json!(["events:PutEvents"]), "{function}");
+        assert_eq!(
+            puts[0]["Resource"],
+            json!({"Fn::GetAtt": ["EventsBus", "Arn"]}),
+            "{function} puts onto the stack's bus alone"
+        );
+        assert_eq!(
+            puts[0]["Condition"],
+            json!({"StringEquals": {"events:source": source}}),
+            "{function} puts only the API's events"
+        );
+    }
+    // Every rule reaching the events queue: on that bus, matching the API's source and
+    // this account, and events that carry an outbox message id.
+    let rules: Vec<(&String, &serde_json::Value)> = resources
+        .iter()
+        .filter(|(_, resource)| resource["Type"] == "AWS::Events::Rule")
+        .collect();
+    assert_eq!(
+        rules.len(),
+        1,
+        "one rule: {:?}",
+        rules.iter().map(|(name, _)| name).collect::<Vec<_>>()
+    );
+    let (rule_name, rule) = rules[0];
+    let rule = &rule["Properties"];
+    assert_eq!(
+        rule["EventBusName"],
+        json!({"Ref": "EventsBus"}),
+        "the rule is on the stack's bus"
+    );
+    let pattern = &rule["EventPattern"];
+    assert_eq!(
+        pattern["source"],
+        json!([source]),
+        "the rule matches the API's source alone"
+    );
+    assert_eq!(
+        pattern["account"],
+        json!([{"Ref": "AWS::AccountId"}]),
+        "and this account alone"
+    );
+    assert_eq!(
+        pattern["detail"],
+        serde_json::from_str::<serde_json::Value>(&outbox::aws::outbox_event_pattern()).unwrap()["detail"]
+    );
+    assert_eq!(
+        rule["Targets"],
+        json!([{"Id": "events-queue", "Arn": {"Fn::GetAtt": ["EventsQueue", "Arn"]}}]),
+        "its one target is the events queue"
+    );
+    // The events queue's policy: that rule, and nothing else, may send to it.
+    let policies: Vec<&serde_json::Value> = resources
+        .values()
+        .filter(|resource| resource["Type"] == "AWS::SQS::QueuePolicy")
+        .collect();
+    assert_eq!(policies.len(), 1);
+    let policy = &policies[0]["Properties"];
+    assert_eq!(policy["Queues"], json!([{"Ref": "EventsQueue"}]));
+    assert_eq!(
+        policy["PolicyDocument"]["Statement"],
+        json!([{
+            "Effect": "Allow",
+            "Principal": {"Service": "events.amazonaws.com"},
+            "Action": "sqs:SendMessage",
+            "Resource": {"Fn::GetAtt": ["EventsQueue", "Arn"]},
+            "Condition": {"ArnEquals": {"aws:SourceArn": {"Fn::GetAtt": [rule_name, "Arn"]}}},
+        }]),
+        "only the rule sends to the events queue"
+    );
+    // The shipping consumer reads that queue alone (its event source, its settings, its
+    // grants), and may put no event on any bus.
+    let shipping = &resources["ShippingFunction"]["Properties"];
+    let sources: Vec<&serde_json::Value> = shipping["Events"]
+        .as_object()
+        .expect("event sources")
+        .values()
+        .map(|event| &event["Properties"]["Queue"])
+        .collect();
+    assert_eq!(
+        sources,
+        [&json!({"Fn::GetAtt": ["EventsQueue", "Arn"]})],
+        "it reads the events queue"
+    );
+    assert_eq!(
+        stack.environment("ShippingFunction")[outbox::consumer::consumer_vars::QUEUE_URL],
+        json!({"Ref": "EventsQueue"})
+    );
+    for statement in shipping["Policies"][0]["Statement"].as_array().expect("statements") {
+        let actions = statement["Action"].to_string();
+        assert!(!actions.contains("events:"), "the consumer may put events: {statement}");
+        if actions.contains("sqs:GetQueueAttributes") || statement["Sid"] == "SendWaitingEventsBack" {
+            assert_eq!(
+                statement["Resource"],
+                json!({"Fn::GetAtt": ["EventsQueue", "Arn"]}),
+                "{statement}: the consumer's source is the rule's target"
+            );
+        }
+    }
 }
 
 #[test]
