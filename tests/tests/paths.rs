@@ -12,7 +12,7 @@ use outbox::request::{Outbox, TxnError, TxnStatus};
 use outbox::settings::{Timing, TransactionLimits};
 use outbox::time::Timestamp;
 use outbox_tests::odd_store::{CommitStall, OddStore};
-use serde_json::json;
+use serde_json::{json, Value};
 
 struct Fixture {
     clock: Arc<ManualClock>,
@@ -670,6 +670,9 @@ fn lambda_function_process() {
     let Ok(role) = std::env::var("OUTBOX_TESTS_LAMBDA_FUNCTION") else {
         return;
     };
+    if role == "verbose" {
+        return verbose_function_process();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
@@ -1088,5 +1091,154 @@ async fn on_managed_instances_the_batch_handlers_take_batches_at_once() {
         "managed instances: 4 SQS batches in the handler at once (gate of 4 passed at {:.0}-{:.0} ms), all answered",
         lambda.ms(*inside.iter().min().unwrap()),
         lambda.ms(*inside.iter().max().unwrap()),
+    );
+}
+
+/// What a token, a secret key, a session token and a request body's password look like in
+/// the secrets test: none may appear in any line the function writes.
+const SECRETS: [&str; 4] = [
+    "eyJraWQiOiJTRUNSRVQtQkVBUkVSLVRPS0VOIn0.SECRET-BEARER-TOKEN",
+    "SECRET-ACCESS-KEY-do-not-log",
+    "SECRET-SESSION-TOKEN-do-not-log",
+    "SECRET-BODY-PASSWORD",
+];
+
+/// The function of the secrets test, as `lambda_function_process` starts it with role
+/// `verbose`: the binaries' own logging (`outbox::logging::init`, at the level its
+/// environment asks for), one request to SQS signed with a session token, then the
+/// orders API's router with sign-in required, served by `outbox::http::lambda::run`.
+fn verbose_function_process() {
+    outbox::logging::init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let runtime_api = std::env::var("AWS_LAMBDA_RUNTIME_API").unwrap();
+    let stopped = runtime.block_on(async {
+        use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+        // Signed and sent (to the fake Runtime API, which refuses it): the SDK's trace of
+        // the signing and of the request is what is looked at.
+        let credentials = Credentials::new("AKIDEXAMPLE", SECRETS[1], Some(SECRETS[2].to_owned()), None, "test");
+        let config = aws_sdk_sqs::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .credentials_provider(credentials)
+            .endpoint_url(format!("http://{runtime_api}"))
+            .build();
+        let sent = aws_sdk_sqs::Client::from_conf(config)
+            .send_message()
+            .queue_url(format!("http://{runtime_api}/123456789012/q"))
+            .message_body("signed")
+            .send()
+            .await;
+        tracing::info!(refused = sent.is_err(), "the signed request was sent");
+        // The level asked for is at work: this line is written.
+        tracing::trace!("the function logs at trace");
+        let f = fixture();
+        let state = api::state::AppState {
+            outbox: Arc::new(f.outbox.clone()),
+            events: events(),
+        };
+        let config = api::app::HttpConfig {
+            authentication: outbox::http::Authentication::Jwt,
+            ..api::app::HttpConfig::default()
+        };
+        outbox::http::lambda::run(api::app::router(state, &config), None).await
+    });
+    panic!("the function stopped: {stopped:?}");
+}
+
+/// No log level writes a secret: the function runs at the most verbose level there is
+/// (`trace`, and directives naming the crates that log what they carry at `trace`), signs
+/// an AWS request with a session token, and serves two requests carrying a bearer token,
+/// one of them with a password in its body. Not one line it writes holds the token, the
+/// secret key, the session token or the password, while the trace level is seen at work
+/// (lines at TRACE, the runtime's debug lines).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_log_level_writes_a_token_a_key_or_a_bodys_credentials() {
+    use outbox_tests::fake_lambda::{FakeLambda, Invoke, Model, Seen};
+    let lambda = FakeLambda::start(Model::OneAtATime).await;
+    let event = |request_id: &str, body: Value| {
+        let mut payload: Value = serde_json::from_str(include_str!("../fixtures/apigw_v2_create_order.json")).unwrap();
+        payload["headers"]["authorization"] = json!(format!("Bearer {}", SECRETS[0]));
+        payload["headers"]["content-length"] = json!(body.to_string().len().to_string());
+        payload["requestContext"]["requestId"] = json!(request_id);
+        payload["requestContext"]["authorizer"] = json!({"jwt": {
+            "claims": {"sub": "alice", "iss": "https://issuer.example"}, "scopes": ["orders/write"]}});
+        payload["body"] = json!(body.to_string());
+        Invoke {
+            request_id: request_id.to_owned(),
+            payload,
+            timeout: Duration::from_secs(30),
+        }
+    };
+    lambda.invoke(event(
+        "place",
+        json!({"customer_id": "c-1", "items": [{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 100}]}),
+    ));
+    lambda.invoke(event(
+        "credentials-in-the-body",
+        json!({"customer_id": "c-1", "items": [], "password": SECRETS[3]}),
+    ));
+    let _function = lambda.start_function(
+        "lambda_function_process",
+        "verbose",
+        None,
+        "trace,lambda_runtime=trace,lambda_http=trace,aws_sigv4=trace,aws_smithy_runtime=trace,hyper=trace",
+    );
+    for (request_id, status) in [("place", 201), ("credentials-in-the-body", 422)] {
+        let answered = lambda
+            .wait_for(
+                Duration::from_secs(30),
+                |seen| matches!(seen, Seen::Answered(id, _) if id == request_id),
+            )
+            .await
+            .unwrap_or_else(|timeline| panic!("{request_id} was not answered:\n{timeline}"));
+        let Seen::Answered(_, body) = &answered.seen else {
+            unreachable!()
+        };
+        assert_eq!(body["statusCode"], status, "{request_id}: {body}");
+    }
+    let lines: Vec<String> = lambda
+        .timeline()
+        .into_iter()
+        .filter_map(|event| match event.seen {
+            Seen::Output(line) => Some(line),
+            _ => None,
+        })
+        .collect();
+    let leaks: Vec<&String> = lines
+        .iter()
+        .filter(|line| SECRETS.iter().any(|secret| line.contains(secret)))
+        .collect();
+    assert!(
+        leaks.is_empty(),
+        "{} of {} lines hold a secret:\n{}",
+        leaks.len(),
+        lines.len(),
+        leaks.iter().map(|l| l.as_str()).collect::<Vec<_>>().join("\n")
+    );
+    let traced = lines
+        .iter()
+        .filter(|line| line.contains("\"level\":\"TRACE\"") && line.contains("the function logs at trace"))
+        .count();
+    let runtime_debug = lines
+        .iter()
+        .filter(|line| line.contains("DEBUG") && line.contains("lambda_runtime"))
+        .count();
+    assert!(
+        traced == 1 && runtime_debug > 0,
+        "the trace level at work: {traced} line at TRACE of the function's own, {runtime_debug} of the runtime at DEBUG:\n{}",
+        lines.join("\n")
+    );
+    assert!(
+        lines.iter().any(|line| line.contains("the signed request was sent")),
+        "{}",
+        lines.join("\n")
+    );
+    println!(
+        "secrets: {} lines at the most verbose level (the function's own at TRACE, {runtime_debug} of the runtime at DEBUG), none holding a token, a key or a body's password",
+        lines.len()
     );
 }
