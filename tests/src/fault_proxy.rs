@@ -4,7 +4,9 @@
 //! and forwarded after the client gave up, or dropped), and any other operation that a
 //! second plan, by operation, names (a `PutItem` dropped, a `BatchGetItem` held, an
 //! `UpdateItem`'s failed condition without its old item, a `BatchWriteItem` left
-//! unprocessed).
+//! unprocessed). An operation's replies may also be rewritten on their way back
+//! ([`FaultProxy::rewrite_replies`]: a `DescribeTable` answer given the `Replicas` a
+//! global table has, which no emulator makes), for the real client to read.
 //!
 //! The server side is axum (HTTP/1.1 with keep-alive, as the SDK's client speaks it). The
 //! forwarding side is a plain blocking `std::net::TcpStream` per request on tokio's
@@ -126,6 +128,9 @@ pub type Plan = Box<dyn FnMut(Option<&str>) -> Fault + Send>;
 /// forwarded here.
 pub type OthersPlan = Box<dyn FnMut(&str) -> Fault + Send>;
 
+/// A change made to a forwarded reply's JSON body before the client gets it.
+pub type Rewrite = Arc<dyn Fn(&mut serde_json::Value) + Send + Sync>;
+
 struct Shared {
     /// The emulator's `host:port`.
     upstream: String,
@@ -140,6 +145,8 @@ struct Shared {
     in_flight: AtomicUsize,
     /// The late requests still held, oldest first: sending lets one go at once.
     held: Mutex<std::collections::VecDeque<tokio::sync::oneshot::Sender<()>>>,
+    /// Rewrites of the replies to other operations forwarded, by `X-Amz-Target`.
+    rewrites: Mutex<Vec<(String, Rewrite)>>,
 }
 
 /// Where a forwarded request's reply is recorded.
@@ -194,6 +201,7 @@ impl FaultProxy {
             one_at_a_time: Mutex::new(()),
             in_flight: AtomicUsize::new(0),
             held: Mutex::new(std::collections::VecDeque::new()),
+            rewrites: Mutex::new(Vec::new()),
         });
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -213,6 +221,16 @@ impl FaultProxy {
     /// Its endpoint URL, `http://127.0.0.1:<port>`.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// From now on, the reply to every forwarded request with `X-Amz-Target` `target`
+    /// (`DynamoDB_20120810.DescribeTable`, ...) reaches the client with its JSON body
+    /// changed by `rewrite` (its checksum dropped, as for a body it no longer has), a
+    /// successful one or an error alike. A second rewrite of one target replaces the first.
+    pub fn rewrite_replies(&self, target: &str, rewrite: impl Fn(&mut serde_json::Value) + Send + Sync + 'static) {
+        let mut rewrites = self.shared.rewrites.lock().expect("proxy lock");
+        rewrites.retain(|(seen, _)| seen != target);
+        rewrites.push((target.to_owned(), Arc::new(rewrite)));
     }
 
     /// Every `TransactWriteItems` intercepted so far, in arrival order.
@@ -293,6 +311,14 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             if let Some(answer) = unprocessed(&target, &body) {
                 return answer;
             }
+        }
+        let rewrite = (shared.rewrites.lock().expect("proxy lock"))
+            .iter()
+            .find(|(seen, _)| *seen == target)
+            .map(|(_, rewrite)| rewrite.clone());
+        if let (Fault::Forward, Some(rewrite)) = (fault, rewrite) {
+            let reply = start_forward(&shared, raw, Record::Other(target)).await;
+            return respond(reply.map(|reply| rewritten(reply, rewrite.as_ref())));
         }
         return apply(&shared, fault, raw, &body, Record::Other(target)).await;
     }
@@ -473,6 +499,20 @@ fn without_old_items(mut reply: Reply) -> Reply {
             .headers
             .retain(|(name, _)| !name.eq_ignore_ascii_case("x-amz-crc32"));
     }
+    reply
+}
+
+/// `reply` with its JSON body changed by `rewrite`, and no checksum of the body it no
+/// longer has; unchanged when its body is not JSON.
+fn rewritten(mut reply: Reply, rewrite: &(dyn Fn(&mut serde_json::Value) + Send + Sync)) -> Reply {
+    let Ok(mut body) = serde_json::from_slice::<serde_json::Value>(&reply.body) else {
+        return reply;
+    };
+    rewrite(&mut body);
+    reply.body = serde_json::to_vec(&body).expect("JSON");
+    reply
+        .headers
+        .retain(|(name, _)| !name.eq_ignore_ascii_case("x-amz-crc32"));
     reply
 }
 

@@ -20,7 +20,7 @@
 //! (2017.11.29) lists its replicas only to `DescribeGlobalTable`, which is not called:
 //! the guide says not to use one.
 
-use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
 use aws_sdk_dynamodb::types::{MultiRegionConsistency, TableDescription};
 
@@ -138,23 +138,7 @@ pub async fn check_table_regions(
     let described = client.describe_table().table_name(table).send().await;
     let described = match described {
         Ok(output) => output,
-        Err(error) => {
-            let code = error.code().map(str::to_owned);
-            return Err(match error.as_service_error() {
-                Some(DescribeTableError::ResourceNotFoundException(_)) => RegionError::NotFound {
-                    table: table.to_owned(),
-                    here,
-                },
-                _ if code.as_deref() == Some("AccessDeniedException") => RegionError::NotPermitted {
-                    table: table.to_owned(),
-                    source: Box::new(error),
-                },
-                _ => RegionError::Describe {
-                    table: table.to_owned(),
-                    source: Box::new(error),
-                },
-            });
-        }
+        Err(error) => return Err(describe_failed(table, here, error)),
     };
     let Some(description) = described.table() else {
         return Err(RegionError::Describe {
@@ -172,6 +156,30 @@ pub async fn check_table_regions(
         );
     }
     Ok(judged)
+}
+
+/// Why `DescribeTable` of `table` failed, for an operator: no such table in Region `here`,
+/// no permission (naming the action to grant), or anything else.
+fn describe_failed<R>(table: &str, here: Option<String>, error: SdkError<DescribeTableError, R>) -> RegionError
+where
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    if let Some(DescribeTableError::ResourceNotFoundException(_)) = error.as_service_error() {
+        return RegionError::NotFound {
+            table: table.to_owned(),
+            here,
+        };
+    }
+    if error.code() == Some("AccessDeniedException") {
+        return RegionError::NotPermitted {
+            table: table.to_owned(),
+            source: Box::new(error),
+        };
+    }
+    RegionError::Describe {
+        table: table.to_owned(),
+        source: Box::new(error),
+    }
 }
 
 /// A process outside the Region named to write the table must not write it.
@@ -322,6 +330,33 @@ mod tests {
             judge("orders", &global(&["eu-west-1"]), None, Some("us-east-1")),
             Err(RegionError::NotTheWriteRegion { here: None, .. })
         ));
+    }
+
+    /// A description refused for want of permission says which action to grant; a table
+    /// that is not there says so; anything else is passed on.
+    #[test]
+    fn a_description_that_failed_says_what_to_do() {
+        use aws_sdk_dynamodb::error::ErrorMetadata;
+        use aws_sdk_dynamodb::types::error::ResourceNotFoundException;
+        let failed = |error: DescribeTableError| {
+            describe_failed("orders", Some("us-east-1".into()), SdkError::service_error(error, ()))
+        };
+        let denied = failed(DescribeTableError::generic(
+            ErrorMetadata::builder()
+                .code("AccessDeniedException")
+                .message("not authorized to perform: dynamodb:DescribeTable")
+                .build(),
+        ));
+        assert!(matches!(denied, RegionError::NotPermitted { .. }), "{denied:?}");
+        assert!(denied.to_string().contains(DESCRIBE_TABLE_ACTION), "{denied}");
+        let missing = failed(DescribeTableError::ResourceNotFoundException(
+            ResourceNotFoundException::builder().build(),
+        ));
+        assert_eq!(missing.to_string(), "table orders does not exist in us-east-1");
+        let throttled = failed(DescribeTableError::generic(
+            ErrorMetadata::builder().code("ThrottlingException").build(),
+        ));
+        assert!(matches!(throttled, RegionError::Describe { .. }), "{throttled:?}");
     }
 
     #[test]
