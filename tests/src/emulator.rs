@@ -176,8 +176,8 @@ fn check_moto() -> Result<PathBuf, String> {
     }
     Err(format!(
         "the AWS emulator is not installed: {} is missing.\n\
-         Install it with `./scripts/test` (which does it for you) or by hand:\n  \
-         python3 -m venv .venv && .venv/bin/pip install 'moto[server]'\n\
+         Install it with `./scripts/test` (which does it for you) or by hand, pinned:\n  \
+         ./scripts/venv main\n\
          or point MOTO_SERVER at a moto_server executable.",
         moto.display()
     ))
