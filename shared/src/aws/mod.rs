@@ -6,6 +6,7 @@ mod backend;
 mod bootstrap;
 mod dynamodb;
 mod eventbridge;
+pub mod invocation_trace;
 mod item;
 mod layout;
 mod publisher;
@@ -32,6 +33,7 @@ pub use bootstrap::{
     ResourceNames, Resources, DESTINATION_VISIBILITY_TIMEOUT,
 };
 pub use dynamodb::{branches, DynamoStore, MAX_ACTIONS, MAX_TRANSACTION_BYTES};
+pub use invocation_trace::InvocationTrace;
 pub use publisher::AwsPublisher;
 pub use regions::{check_table_regions, RegionError, TableRegions};
 pub use sqs::{

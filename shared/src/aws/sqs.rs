@@ -17,9 +17,6 @@ use crate::ports::{ControlDelivery, ControlInbox, ControlQueue, EntryFailure, Pu
 use crate::ports::{Delivery, Inbox, Requeue};
 use crate::protocol::{ControlMessage, DestinationName, OutgoingMessage, TraceContext, TXN_ID_ATTRIBUTE};
 
-/// The environment variable in which Lambda passes the X-Ray trace header.
-const TRACE_HEADER_VAR: &str = "_X_AMZN_TRACE_ID";
-
 /// X-Ray's trace header as the `AWSTraceHeader` system attribute of a send.
 fn trace_header(header: String) -> MessageSystemAttributeValue {
     MessageSystemAttributeValue::builder()
@@ -67,8 +64,10 @@ impl ControlQueue for SqsControlQueue {
             .delay_seconds(seconds.min(900) as i32)
             .message_attributes(TXN_ID_ATTRIBUTE, string_attribute(&message.txn_id.to_string()));
         // The request's trace travels with its control message (in its body, and as
-        // SQS carries a trace: `traceparent`, and X-Ray's header, Lambda's own when the
-        // request was not traced otherwise), so that the worker's handling links it.
+        // SQS carries a trace: `traceparent`, and X-Ray's header, the invocation's own
+        // from Lambda when the request was not traced otherwise), so that the worker's
+        // handling links it. Lambda's header is the invocation's being served, never the
+        // process's variable where several run at once (Managed Instances).
         for (name, value) in message.trace.iter().flat_map(TraceContext::attributes) {
             send = send.message_attributes(name, string_attribute(&value));
         }
@@ -76,7 +75,7 @@ impl ControlQueue for SqsControlQueue {
             .trace
             .as_ref()
             .map(TraceContext::xray)
-            .or_else(|| std::env::var(TRACE_HEADER_VAR).ok().filter(|trace| !trace.is_empty()));
+            .or_else(super::invocation_trace::header_for_send);
         if let Some(header) = xray {
             send = send
                 .message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, trace_header(header));

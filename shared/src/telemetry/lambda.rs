@@ -4,7 +4,9 @@
 //! is after the response is posted and before the runtime asks for the next event, so that
 //! the environment never freezes with spans buffered, and no answer waits for the export;
 //! on Managed Instances, whose environments are never frozen, on a task of its own, so
-//! that no invocation waits for the export either.
+//! that no invocation waits for the export either. Each invocation runs in the scope of
+//! its own X-Ray trace header ([`crate::aws::InvocationTrace`]), which `lambda_runtime`
+//! does not put in the process's environment when several run at once.
 
 use std::fmt;
 use std::future::Future;
@@ -25,7 +27,9 @@ where
     A: for<'de> Deserialize<'de> + Send + 'static,
     R: Serialize + Send + 'static,
 {
-    let runtime = lambda_runtime::Runtime::new(handler).layer(lambda_runtime::layers::TracingLayer::new());
+    let runtime = lambda_runtime::Runtime::new(handler)
+        .layer(lambda_runtime::layers::TracingLayer::new())
+        .layer(traces::InvocationTraces);
     #[cfg(feature = "otel")]
     if super::export::enabled() {
         return runtime
@@ -34,6 +38,55 @@ where
             .await;
     }
     runtime.run_concurrent().await
+}
+
+/// Each invocation in the scope of the X-Ray trace header Lambda gave it, so that the
+/// control messages its handler sends carry it ([`crate::aws::InvocationTrace`]).
+mod traces {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use lambda_runtime::tower::Layer;
+    use lambda_runtime::{LambdaInvocation, Service};
+
+    use crate::aws::InvocationTrace;
+
+    /// The layer.
+    pub(super) struct InvocationTraces;
+
+    impl<S> Layer<S> for InvocationTraces {
+        type Service = Scoped<S>;
+
+        fn layer(&self, inner: S) -> Scoped<S> {
+            Scoped(inner)
+        }
+    }
+
+    /// The runtime's service, each invocation in its trace header's scope.
+    #[derive(Clone)]
+    pub(super) struct Scoped<S>(S);
+
+    impl<S> Service<LambdaInvocation> for Scoped<S>
+    where
+        S: Service<LambdaInvocation, Response = ()>,
+        S::Future: Send + 'static,
+    {
+        type Response = ();
+        type Error = S::Error;
+        type Future = Pin<Box<dyn Future<Output = Result<(), S::Error>> + Send>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            self.0.poll_ready(cx)
+        }
+
+        fn call(&mut self, invocation: LambdaInvocation) -> Self::Future {
+            let trace = InvocationTrace::new(invocation.context.xray_trace_id.as_deref());
+            // In scope both while the handler's future is made and while it runs.
+            let future = trace.clone().sync_scope(|| self.0.call(invocation));
+            Box::pin(trace.scope(future))
+        }
+    }
 }
 
 /// Whether Lambda may freeze this environment between invocations: not on Lambda Managed
