@@ -141,6 +141,7 @@ fn iam_actions(operation: &str) -> Vec<&'static str> {
         "Publish" | "PublishBatch" => vec!["sns:Publish"],
         "PutEvents" => vec!["events:PutEvents"],
         "GetQueueAttributes" => vec!["sqs:GetQueueAttributes"],
+        "DescribeTable" => vec!["dynamodb:DescribeTable"],
         "ReceiveMessage" => vec!["sqs:ReceiveMessage"],
         "DeleteMessage" | "DeleteMessageBatch" => vec!["sqs:DeleteMessage"],
         other => panic!("the code calls {other}: add its IAM actions to this table"),
@@ -237,14 +238,146 @@ fn called(counter: &CallCounter) -> BTreeSet<String> {
     called
 }
 
+/// One item a request named: the IAM action that authorises it on that item and the
+/// item's partition key value (what `dynamodb:LeadingKeys` is).
+type KeyNamed = (String, String);
+
+/// The partition key values (`partition_key`'s) of the items the DynamoDB requests
+/// `counter` saw named, each with the IAM action that authorises it there: a
+/// transaction's actions and a batch's items one by one, a batch write's items as the
+/// batch and as the put or delete each carries (as [`iam_actions`] grants them).
+fn keys_named(counter: &CallCounter, partition_key: &str) -> BTreeSet<KeyNamed> {
+    let mut named = BTreeSet::new();
+    for operation in counter.counts().into_keys() {
+        for body in counter.bodies(&operation) {
+            let Ok(request) = serde_json::from_slice::<serde_json::Value>(&body) else {
+                continue;
+            };
+            let mut add = |action: &str, item: &serde_json::Value| {
+                let key = item[partition_key]["S"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{operation}: no string {partition_key} in {item}"));
+                named.insert((format!("dynamodb:{action}"), key.to_owned()));
+            };
+            let tables = || {
+                request["RequestItems"]
+                    .as_object()
+                    .into_iter()
+                    .flat_map(|tables| tables.values())
+            };
+            match operation.as_str() {
+                "GetItem" | "UpdateItem" | "DeleteItem" => add(&operation, &request["Key"]),
+                "PutItem" => add("PutItem", &request["Item"]),
+                "BatchGetItem" => {
+                    for key in tables().flat_map(|table| table["Keys"].as_array().into_iter().flatten()) {
+                        add("BatchGetItem", key);
+                    }
+                }
+                "BatchWriteItem" => {
+                    for write in tables().flat_map(|table| table.as_array().into_iter().flatten()) {
+                        if let Some(put) = write.get("PutRequest") {
+                            add("BatchWriteItem", &put["Item"]);
+                            add("PutItem", &put["Item"]);
+                        }
+                        if let Some(delete) = write.get("DeleteRequest") {
+                            add("BatchWriteItem", &delete["Key"]);
+                            add("DeleteItem", &delete["Key"]);
+                        }
+                    }
+                }
+                "TransactWriteItems" => {
+                    for action in request["TransactItems"].as_array().into_iter().flatten() {
+                        for (kind, write) in action.as_object().into_iter().flatten() {
+                            match kind.as_str() {
+                                "Put" => add("PutItem", &write["Item"]),
+                                "Update" => add("UpdateItem", &write["Key"]),
+                                "Delete" => add("DeleteItem", &write["Key"]),
+                                "ConditionCheck" => add("ConditionCheckItem", &write["Key"]),
+                                other => panic!("a transaction's {other}: say which item it names"),
+                            }
+                        }
+                    }
+                }
+                "TransactGetItems"
+                | "Query"
+                | "Scan"
+                | "ExecuteStatement"
+                | "BatchExecuteStatement"
+                | "ExecuteTransaction" => {
+                    panic!("the code calls {operation}: say here which partition keys it names")
+                }
+                _ => {}
+            }
+        }
+    }
+    named
+}
+
+/// The `dynamodb:LeadingKeys` patterns under which `function` is granted each DynamoDB
+/// action: one entry per statement granting it, `None` for a statement without the
+/// condition (or without its guard against a request that names no key).
+fn leading_keys(template: &Yaml, function: &str) -> BTreeMap<String, Vec<Option<Vec<String>>>> {
+    let mut conditions: BTreeMap<String, Vec<Option<Vec<String>>>> = BTreeMap::new();
+    for policy in template["Resources"][function]["Properties"]["Policies"]
+        .as_vec()
+        .expect("inline policies")
+    {
+        for entry in policy["Statement"].as_vec().expect("statements") {
+            let statement = match entry {
+                Yaml::Array(branches) => &branches[1],
+                statement => statement,
+            };
+            let condition = &statement["Condition"];
+            let patterns = strings(&condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]);
+            // ForAllValues holds for a request without keys: the statement asks for them.
+            let guarded = condition["Null"]["dynamodb:LeadingKeys"].as_str() == Some("false");
+            let patterns = (!patterns.is_empty() && guarded).then_some(patterns);
+            for action in strings(&statement["Action"]) {
+                if action.starts_with("dynamodb:") {
+                    conditions.entry(action).or_default().push(patterns.clone());
+                }
+            }
+        }
+    }
+    conditions
+}
+
+/// Whether `text` matches IAM's `StringLike` `pattern` (`*` any run of characters, `?`
+/// any one).
+fn like(pattern: &str, text: &str) -> bool {
+    let (pattern, text): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    // matches[j]: whether the pattern so far matches text[..j].
+    let mut matches = vec![false; text.len() + 1];
+    matches[0] = true;
+    for symbol in pattern {
+        let mut next = vec![false; text.len() + 1];
+        for j in 0..=text.len() {
+            next[j] = match symbol {
+                '*' => matches[j] || (j > 0 && next[j - 1]),
+                '?' => j > 0 && matches[j - 1],
+                literal => j > 0 && matches[j - 1] && text[j - 1] == literal,
+            };
+        }
+        matches = next;
+    }
+    matches[text.len()]
+}
+
+/// What each function was seen doing on the wire: its operations, and the items its
+/// DynamoDB requests named.
+type SeenByFunction = (
+    BTreeMap<&'static str, BTreeSet<String>>,
+    BTreeMap<&'static str, BTreeSet<KeyNamed>>,
+);
+
 /// Runs the API's routes (publishing the orders' events to `destination`, inline or not)
-/// and the control worker's handler on the emulator and returns the operations each made.
-async fn operations_by_function(
-    destination: DestinationName,
-    inline: bool,
-) -> BTreeMap<&'static str, BTreeSet<String>> {
+/// and the control worker's handler on the emulator and returns the operations each made
+/// and the items each named.
+async fn operations_by_function(destination: DestinationName, inline: bool) -> SeenByFunction {
     let counter = CallCounter::default();
     let backend = Backend::aws_with(counter.clients(&emulator().sdk_config().await)).await;
+    let partition_key = backend.layout.as_ref().expect("the AWS layout").partition_key.clone();
+    let mut keys = BTreeMap::new();
     let timing = Timing::default();
     counter.reset();
     let mut outbox = backend.outbox(timing);
@@ -305,6 +438,7 @@ async fn operations_by_function(
     );
     let mut operations = BTreeMap::new();
     operations.insert("ApiFunction", called(&counter));
+    keys.insert("ApiFunction", keys_named(&counter, &partition_key));
 
     counter.reset();
     let control = backend.control(timing);
@@ -335,6 +469,7 @@ async fn operations_by_function(
         "only the undecodable message fails"
     );
     operations.insert("ControlWorkerFunction", called(&counter));
+    keys.insert("ControlWorkerFunction", keys_named(&counter, &partition_key));
 
     // The shipping consumer: its start-up check of the source queue, then the order's
     // event as the events queue delivers it (twice: a copy is acknowledged).
@@ -397,6 +532,7 @@ async fn operations_by_function(
         &ConsumeOutcome::Duplicate
     );
     operations.insert("ShippingFunction", called(&counter));
+    keys.insert("ShippingFunction", keys_named(&counter, &partition_key));
     // Its local poller: the start-up read of the queue's lease, a receive and the
     // acknowledgement (here of the shipment it published, a message like any other).
     counter.reset();
@@ -411,7 +547,8 @@ async fn operations_by_function(
     // the acknowledgement is looked for over all runs.)
     assert!(report.failed_message_ids().is_empty(), "{report:?}");
     operations.insert(SHIPPING_POLLER, called(&counter));
-    operations
+    keys.insert(SHIPPING_POLLER, keys_named(&counter, &partition_key));
+    (operations, keys)
 }
 
 /// The shipping consumer's local poller, beside its function.
@@ -456,12 +593,23 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
         .collect();
     let mut seen_on_lambda = BTreeSet::new();
     let mut seen_polling = BTreeSet::new();
+    let mut keys: BTreeMap<&str, BTreeSet<KeyNamed>> = BTreeMap::new();
     for (kind, condition, destination, publish_resource) in kinds() {
         // Inline publishing on, the API publishes; off, the control worker does.
         let mut operations: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
         for inline in [false, true] {
-            for (function, called) in operations_by_function(destination.clone(), inline).await {
+            let (called, named) = operations_by_function(destination.clone(), inline).await;
+            for (function, called) in called {
                 operations.entry(function).or_default().extend(called);
+            }
+            for (function, named) in named {
+                // The local poller runs under the consumer's grants (and its own).
+                let function = if function == SHIPPING_POLLER {
+                    "ShippingFunction"
+                } else {
+                    function
+                };
+                keys.entry(function).or_default().extend(named);
             }
         }
         println!("{kind}: operations on the wire: {operations:?}");
@@ -517,6 +665,40 @@ async fn every_action_the_code_calls_is_granted_to_its_function_on_named_resourc
             }
         }
     }
+    // Every item a function's requests named is within the dynamodb:LeadingKeys of the
+    // statement that grants the action on it, every statement granting an item action
+    // has that condition, and every prefix granted was needed.
+    for function in FUNCTIONS {
+        let conditions = leading_keys(&template, function);
+        let mut needed = BTreeSet::new();
+        for (action, key) in &keys[function] {
+            let statements = conditions
+                .get(action)
+                .unwrap_or_else(|| panic!("{function} names {key:?} with {action}, which it is not granted"));
+            let matched: Vec<&String> = statements
+                .iter()
+                .flat_map(|patterns| {
+                    patterns.as_ref().unwrap_or_else(|| {
+                        panic!("{function} is granted {action} without a dynamodb:LeadingKeys condition")
+                    })
+                })
+                .filter(|pattern| like(pattern, key))
+                .collect();
+            assert!(
+                !matched.is_empty(),
+                "{function}: {action} on the item {key:?}, outside its dynamodb:LeadingKeys {statements:?}"
+            );
+            needed.extend(matched.into_iter().cloned());
+        }
+        let granted: BTreeSet<String> = conditions.values().flatten().flatten().flatten().cloned().collect();
+        println!("{function}: keys needed {needed:?}, granted {granted:?}");
+        let unneeded: Vec<_> = granted.difference(&needed).collect();
+        assert!(
+            unneeded.is_empty(),
+            "{function} is granted the keys {unneeded:?} but named none of them"
+        );
+    }
+
     // The consumer's IAM in the guide: the function's grants, and every action the
     // consumer and its poller were seen to call on the wire.
     let on_lambda = documented_actions("  - on Lambda: ");
@@ -1032,11 +1214,17 @@ fn the_api_logs_each_request_the_concurrency_is_bounded_and_each_skip_says_why()
     ] {
         assert!(format.get(field).is_some(), "the access log lacks {field}");
     }
+    // Always reserved, by a parameter the operator must give (no default fits every
+    // account's quota), within Lambda's range.
     assert_eq!(
         strings(&resources["ApiFunction"]["Properties"]["ReservedConcurrentExecutions"]),
-        ["ReservesApiConcurrency", "ApiReservedConcurrency", "AWS::NoValue"],
-        "the parameter's reserved concurrency, none when it is empty"
+        ["ApiReservedConcurrency"],
+        "the API's reserved concurrency is the parameter's, always"
     );
+    let reserved = &parameters["ApiReservedConcurrency"];
+    assert_eq!(reserved["Type"].as_str(), Some("Number"));
+    assert!(reserved["Default"].is_badvalue(), "required: {reserved:?}");
+    assert!(reserved["MinValue"].as_i64() >= Some(1), "0 would refuse every request");
     for (function, event, parameter) in [
         ("ControlWorkerFunction", "ControlQueue", "ControlWorkerMaxConcurrency"),
         ("ShippingFunction", "EventsQueue", "ShippingMaxConcurrency"),
@@ -1071,6 +1259,32 @@ fn the_api_logs_each_request_the_concurrency_is_bounded_and_each_skip_says_why()
         skips > 0,
         "the template's checkov skips are where the test looks for them"
     );
+}
+
+/// The table the stack creates outlives a mistake: DynamoDB's deletion protection is on
+/// unless `TableDeletionProtection` turns it off, and CloudFormation retains the table
+/// when the stack is deleted or an update would replace it (its pending records and the
+/// orders are in it).
+#[test]
+fn the_table_is_protected_from_deletion_by_default() {
+    let template = cloudformation();
+    let table = &template["Resources"]["Table"];
+    assert_eq!(table["DeletionPolicy"], "Retain");
+    assert_eq!(table["UpdateReplacePolicy"], "Retain");
+    let parameter = &template["Parameters"]["TableDeletionProtection"];
+    assert_eq!(parameter["AllowedValues"], json!(["true", "false"]));
+    for (given, protected) in [(None, "true"), (Some("false"), "false"), (Some("true"), "true")] {
+        let parameters: Vec<(&str, &str)> = given
+            .map(|value| ("TableDeletionProtection", value))
+            .into_iter()
+            .collect();
+        let stack = Deployment::with(&parameters);
+        assert_eq!(
+            stack.resources()["Table"]["Properties"]["DeletionProtectionEnabled"],
+            protected,
+            "TableDeletionProtection {given:?}"
+        );
+    }
 }
 
 /// The alarms on the control worker's metrics watch what it emits: the same namespace,
