@@ -230,7 +230,7 @@ pub mod vars {
     /// `jwt` or `off`: whether an API request must carry a caller its front door
     /// verified (401 without one), or is served as the development caller; by default
     /// `jwt` on Lambda, `off` elsewhere. `off` is refused on Lambda unless
-    /// [`AUTH_OFF_ON_LAMBDA`](Self::AUTH_OFF_ON_LAMBDA) is `allow`.
+    /// [`AUTH_OFF_ON_LAMBDA`] is `allow`.
     pub const AUTH: &str = "OUTBOX_AUTH";
     /// `allow`: the operator means `OUTBOX_AUTH=off` on Lambda (a demo stack open to
     /// anyone, `cargo lambda watch`); without it, `off` there is refused at start.
