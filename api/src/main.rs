@@ -45,6 +45,12 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if !on_lambda {
+        if let Err(error) = settings.check_listen_address(address) {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    }
     let (stop, stopped) = watch::channel(false);
     let wait_for_stop = |mut stopped: watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;

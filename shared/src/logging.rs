@@ -12,8 +12,8 @@
 //! Whatever the level asked for, nothing secret is written: the crates that log what they
 //! carry at `trace` are held at `debug` ([`CAPPED`]). At `trace`, the Lambda runtime logs
 //! each raw event (an API request's `Authorization` header and body included), and the
-//! AWS SDK each request it signs. A directive that names one of them (`RUST_LOG=
-//! lambda_runtime=trace`) does not lift the cap.
+//! AWS SDK each request it signs. A directive that names one of them
+//! (`RUST_LOG=lambda_runtime=trace`) does not lift the cap.
 
 use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
@@ -45,7 +45,9 @@ pub const CAPPED: &[&str] = &[
     "aws_sdk_sts",
     "aws_sdk_sso",
     "aws_sdk_ssooidc",
-    // The HTTP clients and servers underneath.
+    // The HTTP clients and servers underneath, and axum's rejections (a body's
+    // deserialization error can quote its value).
+    "axum",
     "hyper",
     "hyper_util",
     "h2",

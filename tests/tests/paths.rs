@@ -1237,6 +1237,13 @@ async fn no_log_level_writes_a_token_a_key_or_a_bodys_credentials() {
         "{}",
         lines.join("\n")
     );
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains("\"level\":\"DEBUG\"") && line.contains("aws_smithy_runtime")),
+        "the SDK's request traced at DEBUG:\n{}",
+        lines.join("\n")
+    );
     println!(
         "secrets: {} lines at the most verbose level (the function's own at TRACE, {runtime_debug} of the runtime at DEBUG), none holding a token, a key or a body's password",
         lines.len()

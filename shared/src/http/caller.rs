@@ -9,27 +9,31 @@
 //! |---|---|---|---|
 //! | HTTP API, JWT authorizer | the token's `iss` | its `sub` | the authorizer's `scopes`, and the token's `scope` claim |
 //! | REST API, Cognito authorizer | the token's `iss` | its `sub` | its `scope` claim (an access token's) |
-//! | Lambda authorizer (HTTP or REST API) | its context's `iss`, else `lambda-authorizer` | its context's `sub`, else (REST) its `principalId` | its context's `scope` (space-separated) |
-//! | IAM (`AWS_IAM` on a route, or a function URL) | `iam:` and the account | the caller's ARN (an assumed role's session left out) | none: IAM authorized the route itself ([`Scopes::Route`]) |
+//! | Lambda authorizer (HTTP or REST API) | `lambda:` and its context's `iss`, else `lambda-authorizer` | its context's `sub`, else (REST) its `principalId` | its context's `scope` (space-separated) or `scopes` (a list) |
+//! | IAM (`AWS_IAM` on a route, or a function URL) | `iam:` and the account | the caller's ARN (an assumed role's session left out: every session of a role is one caller) | none: IAM authorized the route itself ([`Scopes::Route`]) |
+//! | IAM with a Cognito identity pool's credentials | `cognito-identity:` and the pool | the identity's id | as IAM |
 //!
 //! Else the [`Caller`] a middleware of the service's own put in the request's extensions
 //! (a front door of its own, a test): the front door's verified caller wins. The function
 //! trusts the request's context as Lambda hands it over, so only the API's front door may
 //! invoke it (the template grants that to its HTTP API alone). Two callers are the same
-//! caller only with the same issuer and subject: two issuers' `sub` never meet.
+//! caller only with the same issuer and subject: two issuers' `sub` never meet (an issuer
+//! with white space in it is no caller's, so that no two pairs make one id). HTTP API
+//! events of payload format 1.0 and 2.0 are both read.
 //!
 //! Where no caller is known, the service's [`Authentication`] decides what a handler that
 //! asks for one gets: [`Authentication::Jwt`] answers 401 (a front door whose authorizer
 //! was removed serves nobody as somebody), [`Authentication::Off`] the development caller
-//! (the local server, `cargo lambda watch`; refused on Lambda unless the operator says so
-//! explicitly, `OUTBOX_AUTH_OFF_ON_LAMBDA=allow`). A subject that is the development
+//! (the local server, `cargo lambda watch`; refused where others can reach the service,
+//! on Lambda or beyond loopback, unless the operator says so explicitly,
+//! `OUTBOX_AUTH_OFF_EXPOSED=allow`). A subject that is the development
 //! caller's name is no caller: no credential ever reaches what the development caller owns.
 //!
 //! The service says which by an [`axum::Extension`] on its router
 //! (`router.layer(Extension(Authentication::Off))`; `outbox::service` adds it from
 //! `OUTBOX_AUTH`). A router without one answers 401 to a request that carries no caller
 //! where a handler asks for one. What each route needs of a caller is
-//! [`super::scopes::RequireScope`]'s.
+//! [`super::authorization::RequireScope`]'s.
 
 use std::collections::BTreeSet;
 
@@ -209,70 +213,82 @@ mod front_door {
     use std::collections::{BTreeSet, HashMap};
 
     use axum::http::Extensions;
-    use lambda_http::aws_lambda_events::apigw::ApiGatewayRequestAuthorizer;
     use lambda_http::request::RequestContext;
     use serde_json::Value;
 
     use super::{Caller, Scopes};
 
-    /// A Lambda authorizer's issuer where its context names none.
+    /// A Lambda authorizer's issuer where its context names none; one it names goes
+    /// under `lambda:`, so that no Lambda authorizer's caller is another front door's.
     const LAMBDA_AUTHORIZER: &str = "lambda-authorizer";
 
     pub(super) fn caller(extensions: &Extensions) -> Option<Caller> {
         let caller = match extensions.get::<RequestContext>()? {
             RequestContext::ApiGatewayV2(context) => {
                 let authorizer = context.authorizer.as_ref()?;
-                jwt(authorizer)
-                    .or_else(|| lambda_authorizer(&authorizer.fields, false))
-                    .or_else(|| {
-                        let iam_of = authorizer.iam.as_ref()?;
-                        let route = context.route_key.clone().filter(|route| route != "$default");
-                        iam(iam_of.account_id.as_deref(), iam_of.user_arn.as_deref()?, route)
-                    })
+                let route = context.route_key.clone().filter(|route| route != "$default");
+                if let Some(jwt) = &authorizer.jwt {
+                    token(&jwt.claims, jwt.scopes.iter().flatten().cloned())
+                } else if !authorizer.fields.is_empty() {
+                    lambda_authorizer(&authorizer.fields, false)
+                } else {
+                    let iam = authorizer.iam.as_ref()?;
+                    match iam
+                        .cognito_identity
+                        .as_ref()
+                        .and_then(|cognito| cognito.identity_id.as_deref())
+                    {
+                        Some(identity) => {
+                            let pool = iam
+                                .cognito_identity
+                                .as_ref()
+                                .and_then(|c| c.identity_pool_id.as_deref());
+                            identity_pool(pool, identity, route)
+                        }
+                        None => iam_principal(iam.account_id.as_deref(), iam.user_arn.as_deref()?, route),
+                    }
+                }
             }
             RequestContext::ApiGatewayV1(context) => {
                 let route = context
                     .resource_path
                     .as_ref()
                     .map(|resource| format!("{} {resource}", context.http_method));
-                jwt(&context.authorizer)
-                    .or_else(|| {
-                        // A Cognito authorizer's claims are an object of their own; a
-                        // Lambda authorizer's context is flattened beside its principalId.
-                        let claims = context.authorizer.fields.get("claims")?.as_object()?;
-                        let claims: HashMap<String, Value> =
-                            claims.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-                        from_claims(&claims, None)
-                    })
-                    .or_else(|| lambda_authorizer(&context.authorizer.fields, true))
-                    .or_else(|| {
-                        // Only IAM authorization fills the caller's ARN in.
-                        let identity = &context.identity;
-                        iam(identity.account_id.as_deref(), identity.user_arn.as_deref()?, route)
-                    })
+                let fields = &context.authorizer.fields;
+                if let Some(jwt) = &context.authorizer.jwt {
+                    token(&jwt.claims, jwt.scopes.iter().flatten().cloned())
+                } else if let Some(Value::Object(claims)) = fields.get("claims") {
+                    // A REST API's Cognito authorizer: the token's claims, as strings.
+                    claims_caller(claims.iter(), None)
+                } else if let Some(Value::Object(jwt)) = fields.get("jwt") {
+                    // An HTTP API's JWT authorizer, payload format 1.0.
+                    let Some(Value::Object(claims)) = jwt.get("claims") else {
+                        return None;
+                    };
+                    let scopes = jwt.get("scopes").and_then(Value::as_array).into_iter().flatten();
+                    let mut caller = claims_caller(claims.iter(), None)?;
+                    if let Scopes::Granted(granted) = &mut caller.scopes {
+                        granted.extend(scopes.filter_map(text));
+                    }
+                    Some(caller)
+                } else if let Some(Value::Object(lambda)) = fields.get("lambda") {
+                    // An HTTP API's Lambda authorizer, payload format 1.0.
+                    let context: HashMap<String, Value> = lambda.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                    lambda_authorizer(&context, false)
+                } else if !fields.is_empty() {
+                    lambda_authorizer(fields, true)
+                } else {
+                    // Only IAM authorization fills the caller's ARN in.
+                    let identity = &context.identity;
+                    match identity.cognito_identity_id.as_deref() {
+                        Some(id) => identity_pool(identity.cognito_identity_pool_id.as_deref(), id, route),
+                        None => iam_principal(identity.account_id.as_deref(), identity.user_arn.as_deref()?, route),
+                    }
+                }
             }
             _ => None,
         }?;
         (!caller.subject.is_empty() && caller.subject != Caller::DEVELOPMENT).then_some(caller)
-    }
-
-    fn words(text: &str) -> impl Iterator<Item = String> + '_ {
-        text.split_whitespace().map(str::to_owned)
-    }
-
-    /// An HTTP API's JWT authorizer: `authorizer.jwt` (claims as strings).
-    fn jwt(authorizer: &ApiGatewayRequestAuthorizer) -> Option<Caller> {
-        let jwt = authorizer.jwt.as_ref()?;
-        let subject = jwt.claims.get("sub")?;
-        let issuer = jwt.claims.get("iss").map(String::as_str).unwrap_or_default();
-        let mut scopes: BTreeSet<String> = jwt.scopes.iter().flatten().cloned().collect();
-        scopes.extend(
-            jwt.claims
-                .get("scope")
-                .map(|scope| words(scope).collect::<Vec<_>>())
-                .unwrap_or_default(),
-        );
-        Some(Caller::verified(issuer, subject.as_str()).with(Scopes::Granted(scopes)))
     }
 
     fn text(value: &Value) -> Option<String> {
@@ -284,42 +300,70 @@ mod front_door {
         }
     }
 
-    /// Claims or a context: `sub`, `iss` (else `default_issuer`), `scope` (space-separated)
-    /// or `scopes` (a list).
-    fn from_claims(claims: &HashMap<String, Value>, default_issuer: Option<&str>) -> Option<Caller> {
-        let subject = claims.get("sub").and_then(text)?;
-        let issuer = claims
-            .get("iss")
-            .and_then(text)
-            .or_else(|| default_issuer.map(str::to_owned))
-            .unwrap_or_default();
-        let mut scopes: BTreeSet<String> = claims
-            .get("scope")
-            .and_then(text)
-            .map(|scope| words(&scope).collect())
-            .unwrap_or_default();
-        if let Some(Value::Array(list)) = claims.get("scopes") {
-            scopes.extend(list.iter().filter_map(text));
+    /// The caller `subject` of `issuer` (none where empty), granted `scopes`; no caller
+    /// for an issuer with white space in it, which would make two callers' ids alike.
+    fn granted(issuer: Option<String>, subject: String, scopes: BTreeSet<String>) -> Option<Caller> {
+        let issuer = issuer.filter(|issuer| !issuer.is_empty()).unwrap_or_default();
+        if issuer.chars().any(char::is_whitespace) {
+            return None;
         }
         Some(Caller::verified(issuer, subject).with(Scopes::Granted(scopes)))
     }
 
-    /// A Lambda authorizer's context: its `sub`, else (REST) its `principalId`.
-    fn lambda_authorizer(fields: &HashMap<String, Value>, rest: bool) -> Option<Caller> {
-        if fields.is_empty() || fields.contains_key("claims") {
-            return None;
-        }
-        let mut fields = fields.clone();
-        if rest && !fields.contains_key("sub") {
-            let principal = fields.get("principalId").cloned()?;
-            fields.insert("sub".to_owned(), principal);
-        }
-        from_claims(&fields, Some(LAMBDA_AUTHORIZER))
+    /// A token's claims as an HTTP API's JWT authorizer hands them over (strings), with
+    /// the scopes it lists beside them; the `scope` claim's scopes too.
+    fn token(claims: &HashMap<String, String>, listed: impl Iterator<Item = String>) -> Option<Caller> {
+        let mut scopes: BTreeSet<String> = listed.collect();
+        scopes.extend(
+            claims
+                .get("scope")
+                .into_iter()
+                .flat_map(|scope| scope.split_whitespace())
+                .map(str::to_owned),
+        );
+        granted(claims.get("iss").cloned(), claims.get("sub")?.clone(), scopes)
     }
 
-    /// IAM: the caller's ARN, an assumed role's session left out (each session of one role
-    /// is the same caller), of `iam:<account>`.
-    fn iam(account: Option<&str>, arn: &str, route: Option<String>) -> Option<Caller> {
+    /// Claims or a context as JSON: `sub`, `iss` (else `default_issuer`), `scope`
+    /// (space-separated) or `scopes` (a list).
+    fn claims_caller<'a>(
+        claims: impl Iterator<Item = (&'a String, &'a Value)>,
+        default_issuer: Option<&str>,
+    ) -> Option<Caller> {
+        let (mut issuer, mut subject, mut scopes) = (None, None, BTreeSet::new());
+        for (name, value) in claims {
+            match (name.as_str(), value) {
+                ("sub", value) => subject = text(value),
+                ("iss", value) => issuer = text(value).filter(|issuer| !issuer.is_empty()),
+                ("scope", value) => {
+                    scopes.extend(text(value).iter().flat_map(|s| s.split_whitespace()).map(str::to_owned))
+                }
+                ("scopes", Value::Array(list)) => scopes.extend(list.iter().filter_map(text)),
+                _ => {}
+            }
+        }
+        let issuer = match default_issuer {
+            // A Lambda authorizer's issuer, in a namespace of its own.
+            Some(default) => Some(issuer.map_or_else(|| default.to_owned(), |issuer| format!("lambda:{issuer}"))),
+            None => issuer,
+        };
+        granted(issuer, subject?, scopes)
+    }
+
+    /// A Lambda authorizer's context: its `sub`, else (REST) its `principalId`.
+    fn lambda_authorizer(fields: &HashMap<String, Value>, rest: bool) -> Option<Caller> {
+        let principal = (rest && !fields.contains_key("sub"))
+            .then(|| fields.get("principalId"))
+            .flatten()
+            .map(|principal| ("sub".to_owned(), principal.clone()));
+        let principal = principal.as_ref().map(|(name, value)| (name, value));
+        claims_caller(fields.iter().chain(principal), Some(LAMBDA_AUTHORIZER))
+    }
+
+    /// IAM: the caller's ARN, an assumed role's session left out, of `iam:<account>`. A
+    /// session's name is whatever the one who assumed the role chose, so it names no one:
+    /// every session of a role is one caller.
+    fn iam_principal(account: Option<&str>, arn: &str, route: Option<String>) -> Option<Caller> {
         let subject = match arn.split_once(":assumed-role/") {
             Some((prefix, rest)) => match rest.split_once('/') {
                 Some((role, _session)) => format!("{prefix}:assumed-role/{role}"),
@@ -329,6 +373,13 @@ mod front_door {
         };
         let account = account.unwrap_or_default();
         Some(Caller::verified(format!("iam:{account}"), subject).with(Scopes::Route(route)))
+    }
+
+    /// IAM with a Cognito identity pool's credentials: the identity Cognito verified,
+    /// whose role every user of the pool shares.
+    fn identity_pool(pool: Option<&str>, identity: &str, route: Option<String>) -> Option<Caller> {
+        let pool = pool.unwrap_or_default();
+        Some(Caller::verified(format!("cognito-identity:{pool}"), identity).with(Scopes::Route(route)))
     }
 }
 

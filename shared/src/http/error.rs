@@ -34,11 +34,18 @@ pub enum HttpError {
     #[error("no verified caller")]
     Unauthenticated,
     /// The caller was not granted the scope the route needs (403,
-    /// [`super::scopes::RequireScope`]).
+    /// [`super::authorization::RequireScope`]).
     #[error("the caller lacks scope {scope}")]
     InsufficientScope {
         /// The scope the route needs.
         scope: String,
+    },
+    /// The caller's front door authorized a route (IAM) that is not the one served, or
+    /// none (a catch-all or greedy route, a function URL): 403.
+    #[error("the front door authorized {authorized:?}, not the route served")]
+    RouteNotAuthorized {
+        /// The route the front door authorized, as it named it.
+        authorized: Option<String>,
     },
     /// The request's path is one the front door and the service could read as two
     /// different routes: dot segments, encoded slashes (400, [`super::paths`]).
@@ -140,6 +147,14 @@ impl HttpError {
                 .with_detail(format!(
                     "this route needs the scope {scope}, which the caller was not granted"
                 )),
+            Self::RouteNotAuthorized { authorized } => {
+                let authorized = authorized
+                    .as_deref()
+                    .map_or_else(|| "no route".to_owned(), |route| format!("the route {route}"));
+                Problem::new(S::FORBIDDEN, "route-not-authorized", "Route not authorized").with_detail(format!(
+                    "the front door authorized {authorized} for this caller, not the one served; authorize each route of the API itself"
+                ))
+            }
             Self::AmbiguousPath { detail } => Problem::new(S::BAD_REQUEST, "ambiguous-path", "Ambiguous path")
                 .with_detail(format!("{detail}; send the path as it is routed, without them")),
             Self::IdempotencyKeyReused => Problem::new(

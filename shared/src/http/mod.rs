@@ -7,8 +7,8 @@
 //! - [`caller`]: who calls ([`Caller`]): the issuer and subject the front door verified
 //!   (a JWT, IAM or Lambda authorizer), with its scopes, or the development caller where
 //!   sign-in is off.
-//! - [`scopes`]: [`RequireScope`], the route layer that serves only callers granted the
-//!   route's scope, whatever path or front-door route brought the request.
+//! - [`authorization`]: [`RequireScope`], the route layer that serves only callers
+//!   granted the route's scope, whatever path or front-door route brought the request.
 //! - `paths` (feature `lambda`): paths with dot segments or encoded slashes refused
 //!   before routing, since the front door and the function could route them apart.
 //! - [`headers`]: the `Idempotency-Key` and `If-Match` extractors, and ETags.
@@ -62,6 +62,7 @@
 //! ```
 
 mod answer;
+pub mod authorization;
 pub mod caller;
 #[cfg(feature = "lambda")]
 pub mod compression;
@@ -79,12 +80,12 @@ mod progress;
 pub mod request_id;
 mod retry;
 pub mod scope;
-pub mod scopes;
 #[cfg(feature = "lambda")]
 pub mod stage;
 pub mod status;
 pub mod trace;
 
+pub use authorization::RequireScope;
 pub use caller::{Authentication, Caller, Scopes};
 #[cfg(feature = "lambda")]
 pub use compression::UncompressedThroughRestApiLayer;
@@ -96,6 +97,5 @@ pub use json::JsonBody;
 pub use problem::{encode_item_key, FieldError, Problem, TRANSACTION_ID_HEADER, TRANSACTION_ITEM_HEADER};
 pub use retry::{ATTEMPTS as RETRY_ATTEMPTS, FIRST_PAUSE as RETRY_FIRST_PAUSE};
 pub use scope::{enforce_deadline, Answer, Begun, Deadlines, Progress, RequestScope};
-pub use scopes::RequireScope;
 #[cfg(feature = "lambda")]
 pub use stage::serve_under_stage;

@@ -25,6 +25,7 @@ use lambda_http::RequestExt;
 
 /// `router`, served under API Gateway's stage (see the module's documentation). Requests
 /// that did not come through API Gateway pass unchanged.
+///
 /// Paths the front door and the function could route apart are refused first
 /// ([`super::paths`]).
 pub fn serve_under_stage(router: Router) -> Router {

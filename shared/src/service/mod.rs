@@ -267,6 +267,9 @@ impl Running {
         }
         let text = std::env::var(LISTEN_ADDR).unwrap_or_else(|_| DEFAULT_LISTEN_ADDR.to_owned());
         let address: SocketAddr = text.parse().map_err(|_| ServiceError::ListenAddr { text })?;
+        self.settings
+            .check_listen_address(address)
+            .map_err(|error| crate::settings::SettingsError { errors: vec![error] })?;
         let listener = tokio::net::TcpListener::bind(address)
             .await
             .map_err(|source| ServiceError::Listen { address, source })?;

@@ -45,7 +45,7 @@ pub enum Authentication {
     Jwt,
     /// Nobody signs in: a request without a verified caller is the development caller
     /// (`off`, the default elsewhere). Anyone who can reach the service is that caller;
-    /// refused on Lambda unless `OUTBOX_AUTH_OFF_ON_LAMBDA=allow`.
+    /// refused on Lambda unless `OUTBOX_AUTH_OFF_EXPOSED=allow`.
     Off,
 }
 
@@ -170,6 +170,9 @@ pub struct Settings {
     /// What an API request without a verified caller gets: 401 on Lambda by default, the
     /// development caller elsewhere.
     pub authentication: Authentication,
+    /// Whether the operator allowed sign-in off where others can reach the service
+    /// (`OUTBOX_AUTH_OFF_EXPOSED=allow`).
+    pub auth_off_exposed: bool,
 }
 
 /// The variables, by the names `template.yaml` uses.
@@ -229,12 +232,14 @@ pub mod vars {
     pub const SERVICE_NAME: &str = "OUTBOX_SERVICE_NAME";
     /// `jwt` or `off`: whether an API request must carry a caller its front door
     /// verified (401 without one), or is served as the development caller; by default
-    /// `jwt` on Lambda, `off` elsewhere. `off` is refused on Lambda unless
-    /// [`AUTH_OFF_ON_LAMBDA`] is `allow`.
+    /// `jwt` on Lambda, `off` elsewhere. `off` is refused where others can reach the
+    /// service (on Lambda, or a local server listening beyond loopback) unless
+    /// [`AUTH_OFF_EXPOSED`] is `allow`.
     pub const AUTH: &str = "OUTBOX_AUTH";
-    /// `allow`: the operator means `OUTBOX_AUTH=off` on Lambda (a demo stack open to
-    /// anyone, `cargo lambda watch`); without it, `off` there is refused at start.
-    pub const AUTH_OFF_ON_LAMBDA: &str = "OUTBOX_AUTH_OFF_ON_LAMBDA";
+    /// `allow`: the operator means `OUTBOX_AUTH=off` where others can reach the service
+    /// (a demo stack open to anyone, `cargo lambda watch`, a container's server on
+    /// `0.0.0.0`); without it, `off` there is refused at start.
+    pub const AUTH_OFF_EXPOSED: &str = "OUTBOX_AUTH_OFF_EXPOSED";
 }
 
 /// One setting that is wrong.
@@ -287,6 +292,23 @@ const LAMBDA_RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
 const LAMBDA_FUNCTION_NAME: &str = "AWS_LAMBDA_FUNCTION_NAME";
 
 impl Settings {
+    /// Whether a local server of these settings may listen on `address`: not with sign-in
+    /// off beyond loopback (anyone who reaches the address would be the development
+    /// caller), unless the operator allowed it ([`vars::AUTH_OFF_EXPOSED`]).
+    pub fn check_listen_address(&self, address: std::net::SocketAddr) -> Result<(), SettingError> {
+        if self.authentication != Authentication::Off || address.ip().is_loopback() || self.auth_off_exposed {
+            return Ok(());
+        }
+        Err(SettingError {
+            variable: vars::AUTH.to_owned(),
+            problem: format!(
+                "off while listening on {address}, beyond loopback, serves whoever reaches it as the one development \
+                 caller; listen on 127.0.0.1, require sign-in, or set {}=allow to mean it",
+                vars::AUTH_OFF_EXPOSED
+            ),
+        })
+    }
+
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, SettingsError> {
         Self::from_lookup(|name| std::env::var(name).ok())
@@ -380,16 +402,15 @@ impl Settings {
                 Authentication::Jwt
             }),
         };
-        // On Lambda, sign-in off makes every caller the one development caller, who reads
-        // and changes whatever any caller could: only an operator who says so gets it.
-        let off_allowed = match reader.text(vars::AUTH_OFF_ON_LAMBDA).as_deref() {
+        // Where others can reach the service, sign-in off makes every caller the one
+        // development caller, who reads and changes whatever any caller could: only an
+        // operator who says so gets it (a local server's address is checked where it
+        // binds, `Settings::check_listen_address`).
+        let off_allowed = match reader.text(vars::AUTH_OFF_EXPOSED).as_deref() {
             None => false,
             Some("allow") => true,
             Some(other) => {
-                reader.fail(
-                    vars::AUTH_OFF_ON_LAMBDA,
-                    format!("must be allow or unset, not {other:?}"),
-                );
+                reader.fail(vars::AUTH_OFF_EXPOSED, format!("must be allow or unset, not {other:?}"));
                 false
             }
         };
@@ -400,7 +421,7 @@ impl Settings {
                     "off on Lambda serves every request as the one development caller, who reads and changes what \
                      every caller owns; behind a JWT, IAM or Lambda authorizer leave it jwt (the caller comes from \
                      whichever verified it), or set {}=allow to mean it",
-                    vars::AUTH_OFF_ON_LAMBDA
+                    vars::AUTH_OFF_EXPOSED
                 ),
             );
         }
@@ -472,6 +493,7 @@ impl Settings {
                 fifo_groups,
                 service_name,
                 authentication,
+                auth_off_exposed: off_allowed,
             }),
             _ => Err(SettingsError { errors: reader.errors }),
         }

@@ -62,7 +62,7 @@ fn callers_must_sign_in_on_lambda_unless_chosen_otherwise() {
         let mut pairs = lambda.to_vec();
         pairs.push((vars::AUTH, value));
         // Off on Lambda only where the operator says so explicitly.
-        pairs.push((vars::AUTH_OFF_ON_LAMBDA, "allow"));
+        pairs.push((vars::AUTH_OFF_EXPOSED, "allow"));
         assert_eq!(settings(&pairs).unwrap().authentication, chosen, "{value}");
         assert_eq!(
             settings(&[(vars::AUTH, value)]).unwrap().authentication,
@@ -88,23 +88,30 @@ fn sign_in_off_on_lambda_is_refused_unless_the_operator_says_so() {
     let error = only_error(&lambda);
     assert_eq!(error.variable, vars::AUTH);
     assert!(
-        error.problem.contains("development caller") && error.problem.contains(vars::AUTH_OFF_ON_LAMBDA),
+        error.problem.contains("development caller") && error.problem.contains(vars::AUTH_OFF_EXPOSED),
         "{error}"
     );
     let mut wrong = lambda.to_vec();
-    wrong.push((vars::AUTH_OFF_ON_LAMBDA, "yes"));
+    wrong.push((vars::AUTH_OFF_EXPOSED, "yes"));
     let errors = settings(&wrong).unwrap_err().errors;
     assert!(
         errors
             .iter()
-            .any(|error| error.variable == vars::AUTH_OFF_ON_LAMBDA && error.problem.contains("allow")),
+            .any(|error| error.variable == vars::AUTH_OFF_EXPOSED && error.problem.contains("allow")),
         "{errors:?}"
     );
-    // Off Lambda, sign-in off needs no word of the operator's: nobody else reaches it.
-    assert_eq!(
-        settings(&[(vars::AUTH, "off")]).unwrap().authentication,
-        Authentication::Off
-    );
+    // Off Lambda, sign-in off needs no word of the operator's on loopback, where nobody
+    // else reaches it; beyond loopback it does.
+    let local = settings(&[(vars::AUTH, "off")]).unwrap();
+    assert_eq!(local.authentication, Authentication::Off);
+    assert!(local.check_listen_address("127.0.0.1:3000".parse().unwrap()).is_ok());
+    assert!(local.check_listen_address("[::1]:3000".parse().unwrap()).is_ok());
+    let exposed = local.check_listen_address("0.0.0.0:3000".parse().unwrap()).unwrap_err();
+    assert!(exposed.problem.contains(vars::AUTH_OFF_EXPOSED), "{exposed}");
+    let allowed = settings(&[(vars::AUTH, "off"), (vars::AUTH_OFF_EXPOSED, "allow")]).unwrap();
+    assert!(allowed.check_listen_address("0.0.0.0:3000".parse().unwrap()).is_ok());
+    let signed_in = settings(&[(vars::AUTH, "jwt")]).unwrap();
+    assert!(signed_in.check_listen_address("0.0.0.0:3000".parse().unwrap()).is_ok());
 }
 
 #[test]

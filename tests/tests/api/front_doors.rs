@@ -275,6 +275,11 @@ async fn every_front_door_names_its_caller_by_issuer_and_subject() {
         "IAM authorized no route: {}",
         catch_all.body
     );
+    assert_eq!(
+        catch_all.body["type"], "/problems/route-not-authorized",
+        "{}",
+        catch_all.body
+    );
     let rest_iam = |resource: &str| {
         rest_api(
             Method::POST,
@@ -356,4 +361,133 @@ async fn every_front_door_names_its_caller_by_issuer_and_subject() {
         "another issuer's alice: {}",
         other.body
     );
+}
+
+/// Paths the URL parser rewrites on their way to the router are refused too: tabs and
+/// line breaks it drops (`/x/.\t./orders` routes as `/orders`), and a `Host` header that
+/// carries a path of its own, which an ALB event's URL is built from (`host:
+/// alb.example/orders#` makes `/anything/else` route as `/orders`). Nothing is written.
+#[tokio::test]
+async fn paths_the_url_parser_rewrites_are_refused() {
+    let app = signed_in_app();
+    let order = new_order();
+    for raw_path in ["/x/.\t./orders", "/x/..\n/orders", "/x/\r../orders"] {
+        let reply = app
+            .send(http_api(
+                Method::POST,
+                raw_path,
+                "$default",
+                jwt("writer", &["orders/write"]),
+                Some(&order),
+            ))
+            .await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{raw_path:?}: {}", reply.body);
+        assert_eq!(reply.body["type"], "/problems/ambiguous-path", "{raw_path:?}");
+    }
+    let mut alb: Value = serde_json::from_str(include_str!("../../fixtures/sam_alb_create_order.json")).unwrap();
+    alb["path"] = json!("/anything/else");
+    alb["headers"]["host"] = json!("alb.example/orders#");
+    alb["headers"].as_object_mut().unwrap().remove("accept-encoding");
+    let request = lambda_http::request::from_str(&alb.to_string()).expect("an ALB event");
+    assert_eq!(request.uri().path(), "/orders", "the URL the ALB event makes");
+    let mut request = request.map(|body| Body::from(body.to_vec()));
+    request
+        .extensions_mut()
+        .insert(Caller::new("writer").with_scopes(["orders/write"]));
+    let reply = app.send(request).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    assert_eq!(reply.body["type"], "/problems/ambiguous-path");
+    nothing_written(&app, "rewritten paths");
+}
+
+/// Callers of the front doors that share one credential among people are told apart by
+/// what the front door verified of each: the users of a Cognito identity pool share its
+/// role, and are each their identity. HTTP API events of payload format 1.0 carry their
+/// JWT and Lambda authorizers' callers as 2.0 does. A Lambda authorizer's issuer is its
+/// own: it never names another front door's caller, and an issuer with white space in
+/// it (which would make two pairs one id) names no caller.
+#[tokio::test]
+async fn identities_behind_shared_credentials_and_every_payload_format_are_callers() {
+    let app = signed_in_app();
+    let order = new_order();
+    let pool_user = |identity: &str| {
+        json!({"iam": {"accountId": "111122223333", "callerId": "AROA:CognitoIdentityCredentials",
+            "userArn": "arn:aws:sts::111122223333:assumed-role/Cognito_Auth_Role/CognitoIdentityCredentials",
+            "cognitoIdentity": {"amr": ["authenticated"], "identityId": identity,
+                "identityPoolId": "us-east-1:pool"}}})
+    };
+    let alices = app
+        .send(http_api(
+            Method::POST,
+            "/orders",
+            "POST /orders",
+            pool_user("us-east-1:alice"),
+            Some(&order),
+        ))
+        .await;
+    assert_eq!(alices.status, StatusCode::CREATED, "{}", alices.body);
+    let path = format!("/orders/{}", alices.body["id"].as_str().unwrap());
+    let as_bob = app
+        .send(http_api(
+            Method::GET,
+            &path,
+            "GET /orders/{id}",
+            pool_user("us-east-1:bob"),
+            None,
+        ))
+        .await;
+    assert_eq!(
+        as_bob.status,
+        StatusCode::NOT_FOUND,
+        "Bob shares Alice's role, not her orders: {}",
+        as_bob.body
+    );
+    let as_alice = app
+        .send(http_api(
+            Method::GET,
+            &path,
+            "GET /orders/{id}",
+            pool_user("us-east-1:alice"),
+            None,
+        ))
+        .await;
+    assert_eq!(as_alice.status, StatusCode::OK, "{}", as_alice.body);
+
+    // Payload format 1.0: the HTTP API's authorizers under `requestContext.authorizer`.
+    let format_1 = |authorizer: Value, method: Method, path: &str, body: Option<&Value>| {
+        rest_api(method, path, path, authorizer, Value::Null, body)
+    };
+    let jwt_1 = json!({"jwt": {"claims": {"sub": "carol", "iss": ISSUER}, "scopes": ["orders/write", "orders/read"]}});
+    let placed = app.send(format_1(jwt_1, Method::POST, "/orders", Some(&order))).await;
+    assert_eq!(placed.status, StatusCode::CREATED, "JWT, payload 1.0: {}", placed.body);
+    let carols = format!("/orders/{}", placed.body["id"].as_str().unwrap());
+    let read = app.send(signed_in(Some("carol"), Method::GET, &carols, None)).await;
+    assert_eq!(
+        read.status,
+        StatusCode::OK,
+        "payload 1.0's carol is 2.0's: {}",
+        read.body
+    );
+    let lambda_1 = json!({"lambda": {"sub": "dave", "scope": "orders/write"}});
+    let placed = app
+        .send(format_1(lambda_1, Method::POST, "/orders", Some(&order)))
+        .await;
+    assert_eq!(
+        placed.status,
+        StatusCode::CREATED,
+        "Lambda authorizer, payload 1.0: {}",
+        placed.body
+    );
+
+    // A Lambda authorizer that names the issuer of the JWT authorizer's carol is not her.
+    let claiming = json!({"lambda": {"sub": "carol", "iss": ISSUER, "scope": "orders/read"}});
+    let claimed = app
+        .send(http_api(Method::GET, &carols, "GET /orders/{id}", claiming, None))
+        .await;
+    assert_eq!(claimed.status, StatusCode::NOT_FOUND, "{}", claimed.body);
+    let spaced = json!({"jwt": {"claims": {"sub": "carol", "iss": "https://a b"}, "scopes": ["orders/read"]}});
+    let refused = app
+        .send(http_api(Method::GET, &carols, "GET /orders/{id}", spaced, None))
+        .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{}", refused.body);
 }

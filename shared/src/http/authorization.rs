@@ -25,8 +25,11 @@
 //! A request is served when its [`Caller`] has the scope ([`Caller::has_scope`]: the
 //! development caller has all of them), or, for a caller whose front door authorized the
 //! route itself (IAM, [`Scopes::Route`]), when the route the front door authorized is the
-//! route being served (`POST /orders/{id}/items`, as API Gateway names it). Else 403
-//! (`insufficient-scope`), or 401 without a caller where the service requires one.
+//! route being served (`POST /orders/{id}/items`, as API Gateway names it: the route's
+//! parameters named as the router names them, no `ANY` method, no greedy `{proxy+}` or
+//! catch-all route, no base path of a custom domain). Else 403 (`insufficient-scope`, or
+//! `route-not-authorized` for such a caller), or 401 without a caller where the service
+//! requires one.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -59,12 +62,18 @@ impl RequireScope {
     /// Whether `request` may be served: `Ok`, or the answer that refuses it.
     pub fn check(&self, request: &Request) -> Result<(), HttpError> {
         let caller = Caller::required(request.extensions())?;
-        if caller.has_scope(&self.scope) || authorized_route(&caller, request) {
+        if caller.has_scope(&self.scope) {
             return Ok(());
         }
-        Err(HttpError::InsufficientScope {
-            scope: self.scope.to_string(),
-        })
+        match caller.scopes() {
+            Scopes::Route(_) if authorized_route(&caller, request) => Ok(()),
+            Scopes::Route(authorized) => Err(HttpError::RouteNotAuthorized {
+                authorized: authorized.clone(),
+            }),
+            _ => Err(HttpError::InsufficientScope {
+                scope: self.scope.to_string(),
+            }),
+        }
     }
 }
 
