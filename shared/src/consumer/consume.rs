@@ -9,7 +9,7 @@ use tracing::Instrument;
 use super::in_order::{self, Gate};
 use super::{ConsumerName, Delivery, Handler, HandlerError, Incoming, MessageIds, NoId, Requeue};
 use crate::metrics::Unit;
-use crate::ports::{Clock, CommitError, CommitRequest, IdSource, Publisher, Store, StoreError};
+use crate::ports::{Clock, CommitError, CommitRequest, IdSource, ItemKey, Publisher, Store, StoreError};
 use crate::protocol::Position;
 use crate::protocol::{OutboxRecord, OutboxState, OutgoingMessage, TxnId};
 use crate::publish::{publish_all, PublishFailure, RetryPolicy};
@@ -25,6 +25,16 @@ pub const ROUNDS: u32 = 6;
 /// The wait before a round that follows contention or an unknown outcome; doubled for
 /// each further one.
 pub(super) const ROUND_DELAY: Duration = Duration::from_millis(25);
+
+/// What the gate of an in-order message decided, once what it asks is done.
+pub(super) enum Verdict {
+    /// Its predecessor was applied: run the handler.
+    Apply,
+    /// It was kept, and its predecessor was found applied right after: read it all again.
+    Again,
+    /// Nothing more to do: a duplicate, kept, sent back, or failed.
+    Done(Result<ConsumeOutcome, ConsumeError>),
+}
 
 /// The ports a consumer uses.
 #[derive(Clone)]
@@ -65,8 +75,21 @@ pub enum ConsumeOutcome {
     /// Processed before, its messages out: acknowledged with nothing done.
     Duplicate,
     /// In order ([`super::Handler::in_order`]): its predecessor in its chain was not
-    /// applied yet. A copy of it went back to its queue, to come again after `delay`, and
-    /// this delivery is acknowledged: waiting never counts toward the dead-letter queue.
+    /// applied yet, and the consumer keeps it ([`crate::ports::KeptMessage`]): whoever
+    /// applies the predecessor applies it right after, in the same invocation. This
+    /// delivery is acknowledged (it is kept), and on a standard source queue a reminder
+    /// copy comes back after [`super::in_order::REMINDER_DELAY`] while it still waits.
+    Kept {
+        /// The last `seq` of its chain applied.
+        applied: u64,
+        /// Its own `seq`.
+        seq: u64,
+    },
+    /// In order ([`super::Handler::in_order`]): its predecessor in its chain was not
+    /// applied yet, and it could not be kept (the store keeps no messages, or it is too
+    /// large to keep, [`super::in_order::MAX_KEPT_BYTES`]). A copy of it went back to its
+    /// queue, to come again after `delay`, and this delivery is acknowledged: waiting
+    /// never counts toward the dead-letter queue.
     Waiting {
         /// The last `seq` of its chain applied.
         applied: u64,
@@ -85,6 +108,7 @@ impl ConsumeOutcome {
             Self::Resumed { .. } => "resumed",
             Self::Adopted { .. } => "adopted",
             Self::Duplicate => "duplicate",
+            Self::Kept { .. } => "kept",
             Self::Waiting { .. } => "waiting",
         }
     }
@@ -171,6 +195,18 @@ pub enum ConsumeError {
         applied: u64,
         /// Its own `seq`.
         seq: u64,
+    },
+    /// In order: the message was applied (or found applied), but a message kept after it
+    /// could not be applied, nor handed back to its queue to be tried on its own (a FIFO
+    /// source, no [`super::Requeue`], or the send failed): this delivery fails, so that it
+    /// comes back and its next delivery, a duplicate, tries the kept message again.
+    #[error("seq {seq} of its chain, kept after this message, could not be applied nor handed back to its queue")]
+    KeptNotApplied {
+        /// The kept message's `seq`.
+        seq: u64,
+        /// Why it could not be applied.
+        #[source]
+        source: Box<ConsumeError>,
     },
     /// Its position attributes are there but cannot be read.
     #[error(transparent)]
@@ -277,10 +313,37 @@ impl Consumer {
     }
 
     /// Processes one delivered message: acknowledge it if this returns `Ok`.
+    ///
+    /// In order, once the message is applied (or found applied), the messages kept after it
+    /// in its chain are applied too, each in turn, before this returns ([`Self::drain`]).
     pub async fn consume(&self, delivery: &Delivery) -> Result<ConsumeOutcome, ConsumeError> {
-        let incoming = self.message_ids.read(delivery).inspect_err(|error| {
-            tracing::error!(queue_message_id = %delivery.message_id, error = %error, "message without a usable id: failed, never processed without dedup");
-        })?;
+        let (result, placed) = self.consume_once(delivery).await;
+        let (Ok(outcome), Some(position)) = (&result, placed) else {
+            return result;
+        };
+        if matches!(outcome, ConsumeOutcome::Kept { .. } | ConsumeOutcome::Waiting { .. }) {
+            return result;
+        }
+        self.drain(&position).await?;
+        // A copy that waited (a reminder, or one handed back) may have been kept: applied
+        // now, its kept message goes, after those kept above it (see `drain`).
+        if in_order::waited(delivery, self.ports.clock.now()).0 > 0 {
+            self.forget_kept(&in_order::kept_key(self.name.as_str(), &position, position.seq))
+                .await;
+        }
+        result
+    }
+
+    /// [`Self::consume`] without the drain: the outcome, and the message's position where it
+    /// is placed and the consumer applies in order.
+    async fn consume_once(&self, delivery: &Delivery) -> (Result<ConsumeOutcome, ConsumeError>, Option<Position>) {
+        let incoming = match self.message_ids.read(delivery) {
+            Ok(incoming) => incoming,
+            Err(error) => {
+                tracing::error!(queue_message_id = %delivery.message_id, error = %error, "message without a usable id: failed, never processed without dedup");
+                return (Err(error.into()), None);
+            }
+        };
         let txn_id = self.txn_id(incoming.id.as_str());
         // Its processing continues its sender's trace; what the handler emits carries
         // this span's context. How it ended (a duplicate, an adopted run) is on the span.
@@ -299,6 +362,7 @@ impl Consumer {
             true => incoming.position().map_err(ConsumeError::Position),
             false => Ok(None),
         };
+        let position = placed.as_ref().ok().cloned().flatten();
         let result = match (placed, self.handler.entity(&incoming).map_err(ConsumeError::Handler)) {
             (Err(error), _) | (Ok(Some(_)), Err(error)) => Err(error),
             // In order, in entity mode the chain's position is kept in the entity's key,
@@ -330,7 +394,7 @@ impl Consumer {
             Ok(outcome) => span.record("outcome", outcome.as_str()),
             Err(_) => span.record("outcome", "failed"),
         };
-        result
+        (result, position)
     }
 
     async fn consume_incoming(
@@ -368,8 +432,10 @@ impl Consumer {
                 let gate = in_order::gate(self.name.as_str(), position, &mut staging)
                     .await
                     .map_err(ConsumeError::Read)?;
-                if let Some(result) = self.not_applied(gate, position, delivery).await {
-                    return result;
+                match self.not_applied(gate, position, delivery, None).await {
+                    Verdict::Apply => {}
+                    Verdict::Again => continue,
+                    Verdict::Done(result) => return result,
                 }
             }
             self.handler
@@ -437,15 +503,16 @@ impl Consumer {
     }
 
     /// What an in-order message the gate did not let through comes to: a duplicate
-    /// (acknowledged), a wait ([`Self::wait`]), or a failure where its chain restarted.
-    /// `None`: the gate let it through.
+    /// (acknowledged), kept or a wait ([`Self::wait`]), or a failure where its chain
+    /// restarted. `entity`: the handler's entity, where the position is kept in its key.
     pub(super) async fn not_applied(
         &self,
         gate: Gate,
         position: &Position,
         delivery: &Delivery,
-    ) -> Option<Result<ConsumeOutcome, ConsumeError>> {
-        Some(match gate {
+        entity: Option<&ItemKey>,
+    ) -> Verdict {
+        Verdict::Done(match gate {
             Gate::Duplicate { applied } => {
                 tracing::info!(
                     seq = position.seq,
@@ -454,7 +521,7 @@ impl Consumer {
                 );
                 Ok(ConsumeOutcome::Duplicate)
             }
-            Gate::Wait { applied } => self.wait(delivery, position, applied).await,
+            Gate::Wait { applied } => return self.wait(delivery, position, applied, entity).await,
             Gate::Restarted { applied, version } => {
                 let restarted = ConsumeError::ChainRestarted {
                     seq: position.seq,
@@ -465,31 +532,240 @@ impl Consumer {
                 tracing::warn!(error = %restarted, "its chain restarted; failing the message");
                 Err(restarted)
             }
-            Gate::Apply => return None,
+            Gate::Apply => return Verdict::Apply,
         })
     }
 
-    /// An in-order message whose predecessor was not applied: a copy goes back to its
-    /// queue to come again after a delay that grows with its waits, and the delivery in
-    /// hand is acknowledged; without a way back, it fails (and counts toward the
-    /// dead-letter queue). Either way the oldest wait is measured, for the operator's
-    /// alarm.
-    async fn wait(
-        &self,
-        delivery: &Delivery,
-        position: &Position,
-        applied: u64,
-    ) -> Result<ConsumeOutcome, ConsumeError> {
+    /// An in-order message whose predecessor was not applied: kept, so that whoever
+    /// applies the predecessor applies it right after ([`Self::drain`]), and acknowledged;
+    /// where it cannot be kept, a copy goes back to its queue to come again after a delay
+    /// that grows with its waits ([`Self::send_back`]). Either way the oldest wait is
+    /// measured, for the operator's alarm.
+    ///
+    /// Kept, the position is read once more: the predecessor may have been applied
+    /// between the gate's read and the keep, by an invocation that looked for this message
+    /// before it was kept and found none. Reads are strongly consistent, so one of the two
+    /// sees the other's write: the applier reads the kept message after its commit, and
+    /// the keeper the position after its keep. Then the keeper applies it itself
+    /// ([`Verdict::Again`]).
+    async fn wait(&self, delivery: &Delivery, position: &Position, applied: u64, entity: Option<&ItemKey>) -> Verdict {
         let now = self.ports.clock.now();
         let (waits, since) = in_order::waited(delivery, now);
-        crate::metrics::MetricRecord::new(self.service.clone(), now)
+        let seq = position.seq;
+        let mut metrics = crate::metrics::MetricRecord::new(self.service.clone(), now)
             .add(
                 "InOrderWaitAge",
                 Unit::Milliseconds,
                 [now.since(since).as_millis() as f64],
             )
-            .count("InOrderWaits", 1)
-            .emit();
+            .count("InOrderWaits", 1);
+        if !in_order::fits_kept(delivery) {
+            metrics.emit();
+            tracing::warn!(seq, applied, "too large to keep; it waits on its queue");
+            return Verdict::Done(self.send_back(delivery, position, applied, waits, since).await);
+        }
+        let key = in_order::kept_key(self.name.as_str(), position, seq);
+        let mut kept_delivery = delivery.clone();
+        kept_delivery.receipt = String::new();
+        kept_delivery.receive_count = 1;
+        let kept = crate::ports::KeptMessage {
+            key: key.clone(),
+            delivery: kept_delivery,
+            kept_at: since,
+            expires_at: now.plus(self.retention),
+        };
+        match self.ports.store.keep_message(&kept).await {
+            Ok(()) => {}
+            Err(error) => {
+                metrics.emit();
+                match error {
+                    StoreError::Unsupported(_) => {}
+                    error => {
+                        tracing::warn!(seq, applied, error = %error, "keeping the message failed; it waits on its queue")
+                    }
+                }
+                return Verdict::Done(self.send_back(delivery, position, applied, waits, since).await);
+            }
+        }
+        metrics = metrics.count("InOrderKept", 1);
+        metrics.emit();
+        match self.applied_now(position, entity).await {
+            Ok(now_applied) if now_applied + 1 >= seq => {
+                tracing::info!(
+                    seq,
+                    applied = now_applied,
+                    "its predecessor was applied meanwhile; applying it"
+                );
+                // Applied by this invocation now, its kept message goes first: if this
+                // invocation stops, the delivery in hand (not acknowledged) comes back.
+                self.forget_kept(&key).await;
+                return Verdict::Again;
+            }
+            Ok(_) => {}
+            // Kept all the same: the next delivery reads the position again.
+            Err(error) => return Verdict::Done(Err(ConsumeError::Read(error))),
+        }
+        tracing::info!(seq, applied, chain = %position.chain, entity = %position.entity, "waiting for the message's predecessor; kept");
+        self.remind(delivery, position, waits, since).await;
+        Verdict::Done(Ok(ConsumeOutcome::Kept { applied, seq }))
+    }
+
+    /// The last `seq` of `position`'s chain applied, read now: in `entity`'s key where the
+    /// consumer keeps it there (else, or where the key keeps none, the position item).
+    pub(super) async fn applied_now(&self, position: &Position, entity: Option<&ItemKey>) -> Result<u64, StoreError> {
+        let store = self.ports.store.as_ref();
+        if let Some(key) = entity {
+            let name = in_order::applied_name(self.name.as_str(), position);
+            let held = match store.get_keys(std::slice::from_ref(key)).await {
+                Ok(mut keys) => keys
+                    .remove(key)
+                    .and_then(|read| read.applied.get(&name).map(|held| held.seq)),
+                Err(StoreError::Unsupported(_)) => store
+                    .get_entity(key)
+                    .await?
+                    .and_then(|entity| entity.applied.get(&name).map(|held| held.seq)),
+                Err(error) => return Err(error),
+            };
+            if let Some(seq) = held {
+                return Ok(seq);
+            }
+        }
+        Ok(in_order::read_position_item(self.name.as_str(), position, store)
+            .await?
+            .map_or(0, |(seq, _)| seq))
+    }
+
+    /// On a standard source queue, a reminder copy of a kept message, to come back after
+    /// [`in_order::REMINDER_DELAY`]: if the message still waits then, it measures the wait
+    /// again (the alarm) and goes back once more; if its predecessor was applied and
+    /// nothing applied it (a kept message no invocation reached), it applies it. A
+    /// reminder that cannot be sent is only logged: the message is kept.
+    async fn remind(&self, delivery: &Delivery, position: &Position, waits: u32, since: crate::time::Timestamp) {
+        let Some(requeue) = self.requeue.as_ref().filter(|_| delivery.group_id.is_none()) else {
+            return;
+        };
+        let extra = in_order::wait_attributes(waits + 1, since);
+        if let Err(error) = requeue
+            .requeue(
+                &in_order::without_earlier_wait(delivery),
+                &extra,
+                in_order::REMINDER_DELAY,
+            )
+            .await
+        {
+            tracing::warn!(seq = position.seq, error = %error, "sending a kept message's reminder failed; the message stays kept");
+        }
+    }
+
+    /// Removes a kept message applied (or a copy of one applied); a failure leaves it to
+    /// its TTL (read again, it is a duplicate).
+    async fn forget_kept(&self, key: &str) {
+        match self.ports.store.remove_kept(key).await {
+            Ok(()) | Err(StoreError::Unsupported(_)) => {}
+            Err(error) => tracing::warn!(key, error = %error, "removing a kept message failed; it expires"),
+        }
+    }
+
+    /// After the message at `position` was applied (or found applied): applies the
+    /// messages kept after it in its chain, `seq + 1`, `seq + 2`, ..., each through the
+    /// whole of [`Self::consume`]'s processing (its record, its gate, its handler, its
+    /// commit moving the position, its messages), until a `seq` that is not kept. Then it
+    /// removes them, the highest first: until then each is read again, as a duplicate, by
+    /// the next delivery of this message if this invocation stops, so none above a kept
+    /// one is ever stranded.
+    ///
+    /// A kept message that fails (its handler, the store) is handed back to its source
+    /// queue as a copy of its own, to be tried and to fail as any message does (toward the
+    /// dead-letter queue), and the drain stops there. Where it cannot be handed back (a
+    /// FIFO source, no [`super::Requeue`], the send failed), this delivery fails
+    /// ([`ConsumeError::KeptNotApplied`]) and its next delivery tries again.
+    pub(super) async fn drain(&self, position: &Position) -> Result<usize, ConsumeError> {
+        let mut drained: Vec<String> = Vec::new();
+        let mut seq = position.seq;
+        let failure = loop {
+            let key = in_order::kept_key(self.name.as_str(), position, seq + 1);
+            let kept = match self.ports.store.get_kept(&key).await {
+                Ok(Some(kept)) => kept,
+                Ok(None) | Err(StoreError::Unsupported(_)) => break None,
+                Err(error) => break Some((seq + 1, ConsumeError::Read(error))),
+            };
+            match self.consume_once(&kept.delivery).await.0 {
+                // Not its turn after all (its position is not the one its key says).
+                Ok(ConsumeOutcome::Kept { .. } | ConsumeOutcome::Waiting { .. }) => break None,
+                Ok(outcome) => {
+                    let now = self.ports.clock.now();
+                    tracing::info!(
+                        seq = seq + 1,
+                        outcome = outcome.as_str(),
+                        kept_ms = now.since(kept.kept_at).as_millis() as u64,
+                        "applied a kept message after its predecessor"
+                    );
+                    crate::metrics::MetricRecord::new(self.service.clone(), now)
+                        .add(
+                            "InOrderKeptAge",
+                            Unit::Milliseconds,
+                            [now.since(kept.kept_at).as_millis() as f64],
+                        )
+                        .emit();
+                    drained.push(key);
+                    seq += 1;
+                }
+                Err(error) => {
+                    tracing::warn!(seq = seq + 1, error = %error, "a kept message failed after its predecessor; handing it back to its queue");
+                    match self.hand_back(&kept.delivery).await {
+                        Ok(()) => break None,
+                        Err(()) => break Some((seq + 1, error)),
+                    }
+                }
+            }
+        };
+        let count = drained.len();
+        for key in drained.iter().rev() {
+            self.forget_kept(key).await;
+        }
+        match failure {
+            None => Ok(count),
+            Some((seq, error)) => Err(ConsumeError::KeptNotApplied {
+                seq,
+                source: Box::new(error),
+            }),
+        }
+    }
+
+    /// A kept message that failed, handed back to its standard source queue as a copy of
+    /// its own (marked as having waited, so that applied it removes its kept message), to
+    /// come in a second. `Err` where it cannot be.
+    async fn hand_back(&self, delivery: &Delivery) -> Result<(), ()> {
+        let Some(requeue) = self.requeue.as_ref().filter(|_| delivery.group_id.is_none()) else {
+            return Err(());
+        };
+        let now = self.ports.clock.now();
+        let (waits, since) = in_order::waited(delivery, now);
+        let extra = in_order::wait_attributes(waits + 1, since);
+        requeue
+            .requeue(
+                &in_order::without_earlier_wait(delivery),
+                &extra,
+                in_order::wait_delay(0),
+            )
+            .await
+            .map_err(|error| {
+                tracing::warn!(error = %error, "handing a kept message back failed");
+            })
+    }
+
+    /// An in-order message whose predecessor was not applied and that cannot be kept: a
+    /// copy goes back to its queue to come again after a delay that grows with its waits,
+    /// and the delivery in hand is acknowledged; without a way back, it fails (and counts
+    /// toward the dead-letter queue).
+    async fn send_back(
+        &self,
+        delivery: &Delivery,
+        position: &Position,
+        applied: u64,
+        waits: u32,
+        since: crate::time::Timestamp,
+    ) -> Result<ConsumeOutcome, ConsumeError> {
         let seq = position.seq;
         let failed = ConsumeError::Waiting { applied, seq };
         let requeue = match (&self.requeue, &delivery.group_id) {

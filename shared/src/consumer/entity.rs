@@ -24,7 +24,7 @@
 use std::sync::Arc;
 use tracing::Instrument;
 
-use super::consume::{Consumer, HANDLER_RUNS, ROUNDS, ROUND_DELAY};
+use super::consume::{Consumer, Verdict, HANDLER_RUNS, ROUNDS, ROUND_DELAY};
 use super::in_order;
 use super::{ConsumeError, ConsumeOutcome, Incoming};
 use crate::ports::Delivery;
@@ -248,8 +248,10 @@ impl Consumer {
                         .map_err(ConsumeError::Read)?,
                 };
                 let gate = in_order::judge(held, position);
-                if let Some(result) = self.not_applied(gate, position, delivery).await {
-                    return result;
+                match self.not_applied(gate, position, delivery, Some(&key)).await {
+                    Verdict::Apply => {}
+                    Verdict::Again => continue,
+                    Verdict::Done(result) => return result,
                 }
             }
             self.handler

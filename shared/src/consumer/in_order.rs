@@ -47,6 +47,33 @@ pub fn position_key(consumer: &str, position: &Position) -> ItemKey {
     ItemKey::protocol(format!("IN#AT#{consumer}#{}#{}", position.chain, position.entity))
 }
 
+/// The key under which consumer `consumer` keeps message `seq` of `position`'s chain and
+/// entity while its predecessor is not applied ([`crate::ports::KeptMessage`]): every copy
+/// of one message is kept in one place, and whoever applies `seq - 1` finds it there.
+pub fn kept_key(consumer: &str, position: &Position, seq: u64) -> String {
+    format!("IN#KEPT#{consumer}#{}#{}#{seq}", position.chain, position.entity)
+}
+
+/// The most a message may weigh (its body and attributes, names and values) to be kept:
+/// its item must stay within DynamoDB's 400 KB with the key and the rest. A heavier one
+/// waits on its queue instead ([`wait_delay`]); SQS's own limit is lower unless raised.
+pub const MAX_KEPT_BYTES: usize = 350 * 1024;
+
+/// Whether `delivery` is light enough to keep ([`MAX_KEPT_BYTES`]).
+pub fn fits_kept(delivery: &Delivery) -> bool {
+    let attributes: usize = delivery
+        .attributes
+        .iter()
+        .map(|(name, value)| name.len() + value.len())
+        .sum();
+    delivery.body.len() + attributes + delivery.message_id.len() <= MAX_KEPT_BYTES
+}
+
+/// How long after keeping a message its reminder comes back (on a standard source queue):
+/// the reminder only measures the wait for the alarm and applies the message if nothing
+/// else did, so it comes as late as SQS lets it.
+pub const REMINDER_DELAY: Duration = MAX_WAIT_DELAY;
+
 /// The name under which consumer `consumer` keeps, in its entity's key (entity mode),
 /// the last message it applied of `position`'s chain and entity.
 pub fn applied_name(consumer: &str, position: &Position) -> String {

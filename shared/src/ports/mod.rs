@@ -14,7 +14,8 @@ pub use inbox::{requeued_attributes, Delivery, Inbox, Requeue};
 pub use publisher::{EntryFailure, PublishError, Publisher};
 pub use store::{
     BusinessWrite, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, InvalidItemKey,
-    ItemKey, KeyRead, NativeAction, NativeItem, OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
+    ItemKey, KeptMessage, KeyRead, NativeAction, NativeItem, OutboxReads, Store, StoreError, TombstoneOutcome,
+    VersionedItem,
 };
 
 /// An error from outside this crate (an SDK, a socket), kept whole as a source.

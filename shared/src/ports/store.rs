@@ -361,6 +361,28 @@ pub enum FenceOutcome {
     Recorded(OutboxRecord),
 }
 
+/// A message an in-order consumer keeps until it has applied the message's predecessor
+/// (docs/PROTOCOL.md section 15, "Kept messages"): the delivery as it came, with what it
+/// takes to process it again in whichever invocation applies the predecessor. It is an
+/// item of the consumer's own (one per message, so a predecessor and its successors are
+/// never one write), read and written whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptMessage {
+    /// Where it is kept ([`crate::consumer::in_order::kept_key`]): the consumer's, the
+    /// chain's, the entity's and the message's `seq`, so that every copy of one message
+    /// is kept in one place.
+    pub key: String,
+    /// The message as delivered: its queue id, body, string attributes, FIFO group and
+    /// trace header (its receipt is empty and its receive count 1: a kept message is
+    /// acknowledged, and no queue holds it any more).
+    pub delivery: super::Delivery,
+    /// When it was kept.
+    pub kept_at: Timestamp,
+    /// When it expires (the consumer's retention from `kept_at`, which outlives every way
+    /// its predecessor can still arrive): it reads as absent from then on.
+    pub expires_at: Timestamp,
+}
+
 /// The table of business items and protocol records.
 ///
 /// Reads are strongly consistent: they see every write acknowledged before they began.
@@ -546,6 +568,29 @@ pub trait Store: Send + Sync {
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
         let _ = (txn_id, now, expires_at);
         Err(StoreError::Unsupported("the entity mode"))
+    }
+
+    /// Keeps `kept` (an in-order consumer's message that came before its predecessor), in
+    /// one write that replaces whatever was kept under its key (another copy of the same
+    /// message). The default answers [`StoreError::Unsupported`], and the consumer sends
+    /// the message back to its queue instead: a store that wraps another forwards it.
+    async fn keep_message(&self, kept: &KeptMessage) -> Result<(), StoreError> {
+        let _ = kept;
+        Err(StoreError::Unsupported("kept messages"))
+    }
+
+    /// Reads the message kept under `key`, strongly consistent; `None` where none is (or it
+    /// expired). The default answers [`StoreError::Unsupported`].
+    async fn get_kept(&self, key: &str) -> Result<Option<KeptMessage>, StoreError> {
+        let _ = key;
+        Err(StoreError::Unsupported("kept messages"))
+    }
+
+    /// Removes the message kept under `key` (applied, or a copy of one applied); removing
+    /// one that is not there is harmless. The default answers [`StoreError::Unsupported`].
+    async fn remove_kept(&self, key: &str) -> Result<(), StoreError> {
+        let _ = key;
+        Err(StoreError::Unsupported("kept messages"))
     }
 }
 

@@ -16,6 +16,7 @@ mod commit;
 mod entity;
 pub(crate) mod entity_attributes;
 mod fence;
+mod kept;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -36,8 +37,8 @@ use crate::aws::item::{
     part_pk, split_messages, Item, Reader, PART_BYTES,
 };
 use crate::ports::{
-    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, KeyRead,
-    NativeAction, OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
+    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, KeptMessage,
+    KeyRead, NativeAction, OutboxReads, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{Applied, IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::settings::TableLayout;
@@ -398,6 +399,18 @@ impl Store for DynamoStore {
 
     async fn put_dispatched(&self, txn_id: TxnId, now: Timestamp, expires_at: Timestamp) -> Result<(), StoreError> {
         self.put_dispatched_record(txn_id, now, expires_at).await
+    }
+
+    async fn keep_message(&self, kept: &KeptMessage) -> Result<(), StoreError> {
+        self.put_kept(kept).await
+    }
+
+    async fn get_kept(&self, key: &str) -> Result<Option<KeptMessage>, StoreError> {
+        self.read_kept(key).await
+    }
+
+    async fn remove_kept(&self, key: &str) -> Result<(), StoreError> {
+        self.delete_kept(key).await
     }
 }
 

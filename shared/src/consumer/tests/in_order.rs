@@ -170,13 +170,36 @@ async fn explore(
         let order: Vec<String> = schedule.iter().map(|d| d.message_id.clone()).collect();
         for delivery in &schedule {
             match consumer.consume(delivery).await {
-                Ok(ConsumeOutcome::Waiting { .. }) => waited += 1,
+                Ok(ConsumeOutcome::Kept { .. }) => waited += 1,
                 Ok(ConsumeOutcome::Duplicate) => duplicates += 1,
                 Ok(_) => {}
                 Err(error) => panic!("{order:?}: {error}"),
             }
         }
-        // What waits comes again, after its delay, until nothing is left.
+        // Nothing stalls: every message is applied once its predecessor is, by whichever
+        // delivery applied that one, before any reminder comes.
+        for (entity, last) in [("ORDER#a", 3), ("ORDER#b", 1)] {
+            let position = Position::from_attributes(&placed(entity, last).attributes)
+                .unwrap()
+                .unwrap();
+            let key: ItemKey = format!("APPLIED#{entity}").parse().unwrap();
+            assert_eq!(
+                consumer.applied_now(&position, Some(&key)).await.unwrap(),
+                last,
+                "{order:?}: {entity} applied to its last message with no wait"
+            );
+            for seq in 1..=last {
+                let key = crate::consumer::in_order::kept_key("ordered", &position, seq);
+                assert!(
+                    crate::ports::Store::get_kept(backend.store.as_ref(), &key)
+                        .await
+                        .unwrap()
+                        .is_none(),
+                    "{order:?}: {key} applied and no longer kept"
+                );
+            }
+        }
+        // The reminders come, after their delay, as duplicates.
         for _ in 0..20 {
             clock.advance(Duration::from_secs(1000));
             let copies = inbox
@@ -188,10 +211,8 @@ async fn explore(
             }
             for copy in &copies {
                 match consumer.consume(copy).await {
-                    Ok(ConsumeOutcome::Waiting { .. }) => waited += 1,
                     Ok(ConsumeOutcome::Duplicate) => duplicates += 1,
-                    Ok(_) => {}
-                    Err(error) => panic!("{order:?}: {error}"),
+                    other => panic!("{order:?}: a reminder of a message applied: {other:?}"),
                 }
                 inbox.ack(std::slice::from_ref(&copy.receipt)).await.unwrap();
             }
@@ -270,18 +291,63 @@ async fn in_entity_mode_every_delivery_order_applies_each_message_once_in_chain_
     assert!(waited > 0 && duplicates > 0, "both paths reached");
 }
 
-/// Without a way back (no requeue, or a FIFO queue), a waiting message fails: the queue
-/// brings it back, and nothing of it was applied.
+/// Without a way back (no requeue, or a FIFO queue), a message ahead of its predecessor
+/// is kept all the same, and applied by the delivery of its predecessor.
 #[tokio::test]
-async fn without_a_way_back_a_waiting_message_fails() {
+async fn without_a_way_back_a_message_ahead_is_kept_and_applied_after_its_predecessor() {
     let (_clock, backend, consumer) = ordered_world(Arc::new(Recording));
+    match consumer.consume(&placed("ORDER#a", 3)).await {
+        Ok(ConsumeOutcome::Kept { applied: 0, seq: 3 }) => {}
+        other => panic!("{other:?}"),
+    }
     match consumer.consume(&placed("ORDER#a", 2)).await {
-        Err(ConsumeError::Waiting { applied: 0, seq: 2 }) => {}
+        Ok(ConsumeOutcome::Kept { applied: 0, seq: 2 }) => {}
         other => panic!("{other:?}"),
     }
     assert!(applied(&backend, "ORDER#a").await.is_empty());
+    assert!(matches!(
+        consumer.consume(&placed("ORDER#a", 1)).await.unwrap(),
+        ConsumeOutcome::Processed { .. }
+    ));
+    assert_eq!(
+        applied(&backend, "ORDER#a").await,
+        [1, 2, 3],
+        "applied by seq 1's delivery"
+    );
+    assert_eq!(
+        consumer.consume(&placed("ORDER#a", 2)).await.unwrap(),
+        ConsumeOutcome::Duplicate
+    );
+}
+
+/// A message too large to keep ([`crate::consumer::in_order::MAX_KEPT_BYTES`]) waits on
+/// its queue as before: sent back with a delay that grows, or, without a way back, failed,
+/// to come back with the queue's visibility timeout. Nothing of it was applied.
+#[tokio::test]
+async fn a_message_too_large_to_keep_waits_on_its_queue() {
+    let heavy = || {
+        let mut delivery = placed("ORDER#a", 2);
+        delivery.body = json!({ "seq": 2, "pad": "x".repeat(crate::consumer::in_order::MAX_KEPT_BYTES) }).to_string();
+        delivery
+    };
+    let (_clock, backend, consumer) = ordered_world(Arc::new(Recording));
+    match consumer.consume(&heavy()).await {
+        Err(ConsumeError::Waiting { applied: 0, seq: 2 }) => {}
+        other => panic!("{other:?}"),
+    }
+    let (_clock, _backend, queue, _inbox, requeueing) = requeueing_world(Arc::new(Recording));
+    match requeueing.consume(&heavy()).await {
+        Ok(ConsumeOutcome::Waiting {
+            applied: 0,
+            seq: 2,
+            delay,
+        }) => assert_eq!(delay, Duration::from_secs(1)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(queue.len(), 1, "its copy went back");
+    assert!(applied(&backend, "ORDER#a").await.is_empty());
     consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
-    consumer.consume(&placed("ORDER#a", 2)).await.unwrap();
+    consumer.consume(&heavy()).await.unwrap();
     assert_eq!(applied(&backend, "ORDER#a").await, [1, 2]);
 }
 
@@ -443,10 +509,10 @@ async fn in_entity_mode_a_chain_continues_from_its_position_item() {
     );
 }
 
-/// A waiting message's copy adds one attribute: a message that carries 9 goes back (the
+/// A kept message's reminder adds one attribute: a message that carries 9 gets one (the
 /// copy carries SQS's most, 10), and so does a copy of an earlier copy that carried the
 /// wait in two attributes (they are replaced, its waits counted on); one that carries 10
-/// cannot, and fails, to come back with the queue's visibility timeout.
+/// gets none, and is kept all the same.
 #[tokio::test]
 async fn a_waiting_copy_keeps_within_ten_attributes() {
     use crate::consumer::in_order::{WAITING_SINCE_ATTRIBUTE, WAITS_ATTRIBUTE, WAIT_ATTRIBUTE};
@@ -463,9 +529,9 @@ async fn a_waiting_copy_keeps_within_ten_attributes() {
     assert_eq!(nine.attributes.len(), 9);
     assert!(matches!(
         consumer.consume(&nine).await.unwrap(),
-        ConsumeOutcome::Waiting { .. }
+        ConsumeOutcome::Kept { .. }
     ));
-    clock.advance(Duration::from_secs(10));
+    clock.advance(Duration::from_secs(901));
     let copies = inbox
         .receive(10, Duration::ZERO, Duration::from_secs(30))
         .await
@@ -487,9 +553,9 @@ async fn a_waiting_copy_keeps_within_ten_attributes() {
     assert_eq!(earlier.attributes.len(), 9);
     assert!(matches!(
         consumer.consume(&earlier).await.unwrap(),
-        ConsumeOutcome::Waiting { .. }
+        ConsumeOutcome::Kept { .. }
     ));
-    clock.advance(Duration::from_secs(10));
+    clock.advance(Duration::from_secs(901));
     let copies = inbox
         .receive(10, Duration::ZERO, Duration::from_secs(30))
         .await
@@ -504,56 +570,58 @@ async fn a_waiting_copy_keeps_within_ten_attributes() {
     let ten = with_own(2, 7);
     assert_eq!(ten.attributes.len(), 10);
     match consumer.consume(&ten).await {
-        Err(ConsumeError::Waiting { applied: 0, seq: 2 }) => {}
+        Ok(ConsumeOutcome::Kept { applied: 0, seq: 2 }) => {}
         other => panic!("{other:?}"),
     }
-    assert!(queue.is_empty(), "no copy went back");
+    assert!(queue.is_empty(), "no reminder went back");
     assert!(applied(&backend, "ORDER#a").await.is_empty());
+    consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
+    assert_eq!(
+        applied(&backend, "ORDER#a").await,
+        [1, 2, 3],
+        "kept all the same, seq 3 too"
+    );
 }
 
-/// A consumer that never sees one message of a chain (a filter policy dropped it) waits
-/// for it for good, visibly: the later message comes back again and again, its delay
-/// growing to the longest, its copy counting its waits from the first, and it is never
-/// applied nor failed (so never in the dead-letter queue): what the wait-age alarm shows.
+/// A consumer that never sees one message of a chain (a filter policy dropped it) keeps
+/// the later message for good, visibly: its reminder comes back every
+/// [`crate::consumer::in_order::REMINDER_DELAY`], counting its waits from the first (the
+/// wait-age alarm), and it is never applied nor failed (so never in the dead-letter queue).
 #[tokio::test]
 async fn a_message_behind_one_the_consumer_never_sees_waits_for_good_and_says_so() {
     let (clock, backend, _queue, inbox, consumer) = requeueing_world(Arc::new(Recording));
     let first_wait = crate::ports::Clock::now(clock.as_ref());
     consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
     // Seq 2 was filtered away; seq 3 comes.
-    let mut delays = Vec::new();
-    match consumer.consume(&placed("ORDER#a", 3)).await.unwrap() {
-        ConsumeOutcome::Waiting {
-            applied: 1,
-            seq: 3,
-            delay,
-        } => delays.push(delay.as_secs()),
-        other => panic!("{other:?}"),
-    }
-    for _ in 0..12 {
-        clock.advance(Duration::from_secs(901));
+    assert_eq!(
+        consumer.consume(&placed("ORDER#a", 3)).await.unwrap(),
+        ConsumeOutcome::Kept { applied: 1, seq: 3 }
+    );
+    for round in 1..=12 {
+        clock.advance(Duration::from_secs(899));
+        let early = inbox
+            .receive(10, Duration::ZERO, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(early.is_empty(), "a reminder comes after 900 s, not before");
+        clock.advance(Duration::from_secs(2));
         let copies = inbox
             .receive(10, Duration::ZERO, Duration::from_secs(30))
             .await
             .unwrap();
-        assert_eq!(copies.len(), 1, "the waiting message comes back");
+        assert_eq!(copies.len(), 1, "the reminder comes back");
         let (waits, since) = crate::consumer::in_order::waited(&copies[0], crate::ports::Clock::now(clock.as_ref()));
         assert_eq!(
-            (waits as usize, since),
-            (delays.len(), first_wait),
+            (waits, since),
+            (round, first_wait),
             "it counts its waits from the first"
         );
-        match consumer.consume(&copies[0]).await.unwrap() {
-            ConsumeOutcome::Waiting {
-                applied: 1,
-                seq: 3,
-                delay,
-            } => delays.push(delay.as_secs()),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(
+            consumer.consume(&copies[0]).await.unwrap(),
+            ConsumeOutcome::Kept { applied: 1, seq: 3 }
+        );
         inbox.ack(std::slice::from_ref(&copies[0].receipt)).await.unwrap();
     }
-    assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 900, 900, 900]);
     assert_eq!(applied(&backend, "ORDER#a").await, [1], "never applied past the gap");
 }
 
@@ -578,10 +646,10 @@ impl Handler for FailingSecond {
     }
 }
 
-/// A predecessor that failed to the dead-letter queue holds its successor waiting, never
-/// in the dead-letter queue itself; once the handler is fixed, a redrive of the
-/// dead-letter queue releases both: the predecessor applied, then the successor at its
-/// next wait, each once, in chain order.
+/// A predecessor that failed to the dead-letter queue holds its successor kept, never in
+/// the dead-letter queue itself; once the handler is fixed, a redrive of the dead-letter
+/// queue releases both: the predecessor applied, and the successor right after it, by the
+/// same delivery, each once, in chain order.
 #[tokio::test]
 async fn a_redrive_of_the_predecessor_releases_the_message_waiting_for_it() {
     const MAX_RECEIVES: u32 = 3;
@@ -630,8 +698,8 @@ async fn a_redrive_of_the_predecessor_releases_the_message_waiting_for_it() {
         outcomes
     };
     let mut log = Vec::new();
-    // Seq 2 fails on each of its receives and moves to the dead-letter queue; seq 3
-    // waits behind it, again and again, and stays in the source queue.
+    // Seq 2 fails on each of its receives and moves to the dead-letter queue; seq 3 is
+    // kept behind it, its reminder in the source queue.
     for _ in 0..8 {
         log.extend(round().await);
         clock.advance(Duration::from_secs(31));
@@ -642,17 +710,242 @@ async fn a_redrive_of_the_predecessor_releases_the_message_waiting_for_it() {
         1,
         "only the failed predecessor is dead-lettered: {log:?}"
     );
-    assert!(log.iter().any(|line| line.ends_with("waiting")), "{log:?}");
-    assert_eq!(queue.len(), 1, "the waiting message is in the source queue: {log:?}");
+    assert!(log.iter().any(|line| line.ends_with("kept")), "{log:?}");
+    assert_eq!(
+        queue.len(),
+        1,
+        "the kept message's reminder is in the source queue: {log:?}"
+    );
 
-    // The handler fixed, the dead-letter queue redriven: seq 2 applies, then seq 3 when
-    // its wait ends.
+    // The handler fixed, the dead-letter queue redriven: seq 2 applies, and seq 3 with it.
     handler.failing.store(false, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(dead_letters.move_all_to(&queue), 1);
+    log.extend(round().await);
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2, 3], "{log:?}");
     for _ in 0..12 {
         log.extend(round().await);
         clock.advance(Duration::from_secs(901));
     }
     assert_eq!(applied(&backend, "ORDER#a").await, [1, 2, 3], "{log:?}");
     assert!(queue.is_empty() && dead_letters.is_empty(), "{log:?}");
+}
+
+/// The embedded store, running a hook (once) right before it keeps a message: what
+/// another invocation does between the keeper's read of the position and its keep.
+struct KeepHook {
+    inner: Arc<crate::embedded::EmbeddedStore>,
+    hook: std::sync::Mutex<Option<futures_util::future::BoxFuture<'static, ()>>>,
+}
+
+#[async_trait]
+impl crate::ports::Store for KeepHook {
+    async fn commit(&self, request: &crate::ports::CommitRequest) -> Result<(), crate::ports::CommitError> {
+        self.inner.commit(request).await
+    }
+    async fn get_items(
+        &self,
+        keys: &[ItemKey],
+    ) -> Result<BTreeMap<ItemKey, crate::ports::VersionedItem>, crate::ports::StoreError> {
+        self.inner.get_items(keys).await
+    }
+    async fn get_keys(
+        &self,
+        keys: &[ItemKey],
+    ) -> Result<BTreeMap<ItemKey, crate::ports::KeyRead>, crate::ports::StoreError> {
+        self.inner.get_keys(keys).await
+    }
+    async fn get_outboxes(
+        &self,
+        txn_ids: &[crate::protocol::TxnId],
+    ) -> Result<BTreeMap<crate::protocol::TxnId, crate::protocol::OutboxRecord>, crate::ports::StoreError> {
+        self.inner.get_outboxes(txn_ids).await
+    }
+    async fn get_idempotency(
+        &self,
+        slot: &crate::protocol::IdempotencySlot,
+    ) -> Result<Option<crate::protocol::IdempotencyRecord>, crate::ports::StoreError> {
+        self.inner.get_idempotency(slot).await
+    }
+    async fn put_tombstone(
+        &self,
+        txn_id: crate::protocol::TxnId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<crate::ports::TombstoneOutcome, crate::ports::StoreError> {
+        self.inner.put_tombstone(txn_id, now, expires_at).await
+    }
+    async fn mark_dispatched(
+        &self,
+        records: &[crate::protocol::OutboxRecord],
+        expires_at: Timestamp,
+    ) -> Vec<Result<(), crate::ports::StoreError>> {
+        self.inner.mark_dispatched(records, expires_at).await
+    }
+    async fn keep_message(&self, kept: &crate::ports::KeptMessage) -> Result<(), crate::ports::StoreError> {
+        let hook = self.hook.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook.await;
+        }
+        self.inner.keep_message(kept).await
+    }
+    async fn get_kept(&self, key: &str) -> Result<Option<crate::ports::KeptMessage>, crate::ports::StoreError> {
+        self.inner.get_kept(key).await
+    }
+    async fn remove_kept(&self, key: &str) -> Result<(), crate::ports::StoreError> {
+        self.inner.remove_kept(key).await
+    }
+}
+
+/// Two invocations at once: one keeps seq 2 while the other applies seq 1 and looks for
+/// seq 2 before it is kept, finding none. The keeper reads the position again after its
+/// keep, finds seq 1 applied, and applies seq 2 itself: nothing is stranded.
+#[tokio::test]
+async fn a_message_kept_while_its_predecessor_is_applied_is_not_stranded() {
+    let (clock, backend, applier) = ordered_world(Arc::new(Recording));
+    let applier = Arc::new(applier);
+    let store = Arc::new(KeepHook {
+        inner: backend.store.clone(),
+        hook: std::sync::Mutex::new(None),
+    });
+    let hooked = {
+        let applier = applier.clone();
+        Box::pin(async move {
+            assert!(matches!(
+                applier.consume(&placed("ORDER#a", 1)).await.unwrap(),
+                ConsumeOutcome::Processed { .. }
+            ));
+        })
+    };
+    *store.hook.lock().unwrap() = Some(hooked);
+    let mut ports = backend.consumer_ports(clock.clone());
+    ports.store = store;
+    let keeper = Consumer::new(
+        "ordered".parse().unwrap(),
+        ports,
+        Arc::new(Recording),
+        Duration::from_secs(3600),
+    );
+    let outcome = keeper.consume(&placed("ORDER#a", 2)).await.unwrap();
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2], "{outcome:?}");
+    assert!(matches!(outcome, ConsumeOutcome::Processed { .. }), "{outcome:?}");
+    let position = Position::from_attributes(&placed("ORDER#a", 2).attributes)
+        .unwrap()
+        .unwrap();
+    let key = crate::consumer::in_order::kept_key("ordered", &position, 2);
+    assert!(
+        crate::ports::Store::get_kept(backend.store.as_ref(), &key)
+            .await
+            .unwrap()
+            .is_none(),
+        "applied, and no longer kept"
+    );
+}
+
+/// Copies of a kept message are kept in one place and applied once.
+#[tokio::test]
+async fn copies_of_a_kept_message_are_applied_once() {
+    let (_clock, backend, consumer) = ordered_world(Arc::new(Recording));
+    for _ in 0..3 {
+        assert_eq!(
+            consumer.consume(&placed("ORDER#a", 2)).await.unwrap(),
+            ConsumeOutcome::Kept { applied: 0, seq: 2 }
+        );
+    }
+    consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
+    assert_eq!(
+        consumer.consume(&placed("ORDER#a", 2)).await.unwrap(),
+        ConsumeOutcome::Duplicate
+    );
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2]);
+}
+
+/// A kept message whose handler fails once its predecessor is applied is handed back to
+/// its queue as a message of its own (in a second), to be tried and to fail as any message
+/// does; the predecessor's delivery succeeds. Fixed, the copy applies it, and its kept
+/// message goes.
+#[tokio::test]
+async fn a_kept_message_that_fails_after_its_predecessor_is_handed_back_to_its_queue() {
+    let handler = Arc::new(FailingSecond { failing: true.into() });
+    let (clock, backend, queue, inbox, consumer) = requeueing_world(handler.clone());
+    assert!(matches!(
+        consumer.consume(&placed("ORDER#a", 2)).await.unwrap(),
+        ConsumeOutcome::Kept { .. }
+    ));
+    assert_eq!(queue.len(), 1, "its reminder");
+    assert!(matches!(
+        consumer.consume(&placed("ORDER#a", 1)).await.unwrap(),
+        ConsumeOutcome::Processed { .. }
+    ));
+    assert_eq!(applied(&backend, "ORDER#a").await, [1]);
+    assert_eq!(queue.len(), 2, "handed back beside its reminder");
+    clock.advance(Duration::from_secs(1));
+    let copies = inbox
+        .receive(10, Duration::ZERO, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(copies.len(), 1, "the copy handed back comes in a second");
+    assert!(
+        matches!(consumer.consume(&copies[0]).await, Err(ConsumeError::Handler(_))),
+        "it fails as any message does, toward the dead-letter queue"
+    );
+    handler.failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(matches!(
+        consumer.consume(&copies[0]).await.unwrap(),
+        ConsumeOutcome::Processed { .. }
+    ));
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2]);
+    let position = Position::from_attributes(&placed("ORDER#a", 2).attributes)
+        .unwrap()
+        .unwrap();
+    let key = crate::consumer::in_order::kept_key("ordered", &position, 2);
+    assert!(crate::ports::Store::get_kept(backend.store.as_ref(), &key)
+        .await
+        .unwrap()
+        .is_none());
+}
+
+/// Where a failing kept message cannot be handed back (no way back, or a FIFO source), the
+/// predecessor's delivery fails in its stead, saying so: it comes back, a duplicate, and
+/// tries the kept message again; nothing is lost.
+#[tokio::test]
+async fn without_a_way_back_a_failing_kept_message_fails_its_predecessors_delivery() {
+    let handler = Arc::new(FailingSecond { failing: true.into() });
+    let (_clock, backend, consumer) = ordered_world(handler.clone());
+    consumer.consume(&placed("ORDER#a", 2)).await.unwrap();
+    match consumer.consume(&placed("ORDER#a", 1)).await {
+        Err(error @ ConsumeError::KeptNotApplied { seq: 2, .. }) => {
+            assert!(error.to_string().contains("seq 2"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(applied(&backend, "ORDER#a").await, [1]);
+    handler.failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        consumer.consume(&placed("ORDER#a", 1)).await.unwrap(),
+        ConsumeOutcome::Duplicate
+    );
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2]);
+}
+
+/// On a FIFO source, a message ahead of its predecessor in its group (a consumer upstream
+/// published them out of order, or a redrive brought the predecessor back later) is kept,
+/// not failed: it does not take its group toward the dead-letter queue, and it is applied
+/// by its predecessor's delivery, in the same batch.
+#[tokio::test]
+async fn on_a_fifo_source_a_message_ahead_of_its_predecessor_is_kept_not_failed() {
+    let (_clock, backend, consumer) = ordered_world(Arc::new(Recording));
+    let grouped = |seq: u64| {
+        let mut delivery = placed("ORDER#a", seq);
+        delivery.group_id = Some("ORDER#a".into());
+        delivery
+    };
+    let report = consumer.consume_batch(&[grouped(3), grouped(2), grouped(1)]).await;
+    assert!(report.failed_message_ids().is_empty(), "{report:?}");
+    let outcomes: Vec<&str> = report
+        .items
+        .iter()
+        .map(|item| item.result.as_ref().unwrap().as_str())
+        .collect();
+    assert_eq!(outcomes, ["kept", "kept", "processed"]);
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2, 3]);
 }

@@ -24,8 +24,8 @@ pub use history::StoreEvent;
 use state::{idempotency_key, outbox_key, Item, State};
 
 use crate::ports::{
-    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, KeyRead,
-    Store, StoreError, TombstoneOutcome, VersionedItem,
+    Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, KeptMessage,
+    KeyRead, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{
     Applied, AppliedPositions, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId,
@@ -378,6 +378,31 @@ impl Store for EmbeddedStore {
         let record = OutboxRecord::committed(txn_id, Vec::new(), now, expires_at);
         state.insert(outbox_key(txn_id), Item::Outbox(Box::new(record)));
         state.record(|| StoreEvent::MarkedDispatched { txn_id, at: clock_now });
+        Ok(())
+    }
+
+    async fn keep_message(&self, kept: &KeptMessage) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        state.sweep(now);
+        state.insert(kept.key.clone(), Item::Kept(Box::new(kept.clone())));
+        Ok(())
+    }
+
+    async fn get_kept(&self, key: &str) -> Result<Option<KeptMessage>, StoreError> {
+        let now = self.clock.now();
+        let state = self.lock();
+        Ok(match Self::live(&state, key, now) {
+            Some(Item::Kept(kept)) => Some(kept.as_ref().clone()),
+            _ => None,
+        })
+    }
+
+    async fn remove_kept(&self, key: &str) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        if matches!(state.items.get(key), Some(Item::Kept(_))) {
+            state.items.remove(key);
+        }
         Ok(())
     }
 }

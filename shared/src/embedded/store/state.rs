@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::history::StoreEvent;
+use crate::ports::KeptMessage;
 use crate::protocol::{AppliedPositions, ChainHeads, IdempotencyRecord, IdempotencySlot, OutboxRecord, TxnId};
 use crate::time::Timestamp;
 
@@ -44,6 +45,8 @@ pub(super) enum Item {
     },
     Outbox(Box<OutboxRecord>),
     Idempotency(Box<IdempotencyRecord>),
+    /// A message an in-order consumer keeps until its predecessor is applied.
+    Kept(Box<KeptMessage>),
 }
 
 impl Item {
@@ -58,7 +61,7 @@ impl Item {
         match self {
             Self::Business { version, heads, .. } => Some((true, *version, heads)),
             Self::Vacant { version, heads, .. } => Some((false, *version, heads)),
-            Self::Outbox(_) | Self::Idempotency(_) => None,
+            Self::Outbox(_) | Self::Idempotency(_) | Self::Kept(_) => None,
         }
     }
 
@@ -67,6 +70,7 @@ impl Item {
             Self::Business { .. } | Self::Vacant { .. } => false,
             Self::Outbox(record) => record.is_expired(now),
             Self::Idempotency(record) => record.is_expired(now),
+            Self::Kept(kept) => kept.expires_at <= now,
         }
     }
 
@@ -75,6 +79,7 @@ impl Item {
             Self::Business { .. } | Self::Vacant { .. } => None,
             Self::Outbox(record) => record.expires_at,
             Self::Idempotency(record) => Some(record.expires_at),
+            Self::Kept(kept) => Some(kept.expires_at),
         }
     }
 }
