@@ -40,10 +40,10 @@ within one region, not measurements; set your own with --latency):
 VARIANTS (one request each: read one item, write it under its version, publish one event):
   (a) plain-put          GetItem + conditional PutItem, no event (the PutItem is its latency only)
   (b) dual-write         plain-put + SendMessage of the event: not atomic, the cost floor
-  (c) outbox-sequential  the outbox, control send before the read: SendMessage (control), then
-                         GetItem, then TransactWriteItems; inline publishing off
-  (d) outbox             the outbox as the orders API uses it: SendMessage (control) overlapped
-                         with GetItem, then TransactWriteItems; inline publishing off
+  (c) outbox-sequential  the outbox's default, the control send with the commit: GetItem, then
+                         SendMessage (control), then TransactWriteItems; inline publishing off
+  (d) outbox             the control send beside the read (send_control): SendMessage (control)
+                         overlapped with GetItem, then TransactWriteItems; inline publishing off
   (e) outbox-inline      (d) + SendMessageBatch + BatchWriteItem (publish and mark dispatched
                          before answering: OUTBOX_INLINE_PUBLISH=before)
   (f) outbox-entity      (d) in entity mode (begin_entity: the control message names the item):

@@ -1,6 +1,6 @@
 //! Measures the latency the outbox adds to a request: the request path on the embedded
 //! backend, each port call slowed by the latency of the AWS call it stands for
-//! (docs/PROTOCOL.md section 3): the control send before the read or overlapped with it, inline
+//! (docs/PROTOCOL.md section 3): the control send after the read or overlapped with it, inline
 //! publishing off and on, in the transactional form and in entity mode (one conditional
 //! write of the item, issue 21), a change of an existing item and a create of a new one,
 //! next to baselines that write without an outbox.

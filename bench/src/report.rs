@@ -791,7 +791,7 @@ mod tests {
     #[test]
     fn calls_show_the_overlap() {
         assert_eq!(calls(Variant::DualWrite), "get+put+send");
-        assert_eq!(calls(Variant::OutboxSequential), "send+get+transact");
+        assert_eq!(calls(Variant::OutboxSequential), "get+send+transact");
         assert_eq!(calls(Variant::Outbox), "max(send,get)+transact");
         assert_eq!(calls(Variant::OutboxInline), "max(send,get)+transact+batch+update");
         assert_eq!(calls(Variant::OutboxEntity), "max(send,get)+update");

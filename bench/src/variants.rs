@@ -1,7 +1,8 @@
 //! The variants measured, and what one request does in each: the same business step
 //! (read one item, write it back under its version, publish one event) made without the
-//! outbox, as baselines (a, b), and with it: the control send before the read (c) or
-//! overlapped with it (d), and (d) with inline publishing (e); and in entity mode (issue
+//! outbox, as baselines (a, b), and with it: the control send with the commit, after the
+//! read (c, the library's default), or overlapped with the read (d), and (d) with inline
+//! publishing (e); and in entity mode (issue
 //! 21, `docs/ENTITY_MODE.md`), the commit one conditional write of the item instead of a
 //! transaction, inline publishing off (f) and on (g); and (e) and (g) publishing after the
 //! answer (h, i; issue 29). Beside these changes of an existing item, a create of an item
@@ -46,14 +47,16 @@ pub enum Variant {
     /// between the two loses the event, a failed send after the write leaves it unsent):
     /// the cost floor of publishing, without the guarantee.
     DualWrite,
-    /// (c) The outbox with the control send sequential before the read: `begin` awaits the
-    /// `SendMessage`, then the transaction reads. Inline publishing off: the control
-    /// worker publishes about a second later (the first check's delay).
+    /// (c) The outbox with the control send not overlapped with the read, the library's
+    /// default: `begin` sends nothing, the transaction reads, and the commit sends the
+    /// control message and waits for its acknowledgement before its write (a refusal
+    /// decided by the read would have cost nothing more). Inline publishing off: the
+    /// control worker publishes about a second later (the first check's delay).
     OutboxSequential,
-    /// (d) The outbox as the orders API uses it: the control send overlapped with the read
-    /// (`tokio::join!` of `begin_within` and the store's `get_keys`, the read handed to the
-    /// transaction), then the put under the version read, the event, the commit. Inline
-    /// publishing off.
+    /// (d) The outbox with the control send overlapped with the read
+    /// ([`Transaction::send_control`] beside the store's `get_keys`, `tokio::join!`, the
+    /// read handed to the transaction), for a handler that will write for sure; then the
+    /// put under the version read, the event, the commit. Inline publishing off.
     Outbox,
     /// (e) (d) with inline publishing (the library's default): the request publishes and
     /// marks the record dispatched itself before answering.
@@ -151,7 +154,8 @@ impl Variant {
         match self {
             Variant::PlainPut => &[&[Call::Get], &[Call::Put]],
             Variant::DualWrite => &[&[Call::Get], &[Call::Put], &[Call::Send]],
-            Variant::OutboxSequential => &[&[Call::Send], &[Call::Get], &[Call::Transact]],
+            // The read, then the commit: its control send, then its transaction.
+            Variant::OutboxSequential => &[&[Call::Get], &[Call::Send], &[Call::Transact]],
             // The dispatch after the answer is not on the request's path.
             Variant::Outbox | Variant::OutboxAfter => &[&[Call::Send, Call::Get], &[Call::Transact]],
             Variant::OutboxInline => &[
@@ -365,10 +369,10 @@ impl Rig {
         }
     }
 
-    /// The outbox variants: begin (the control message) and read, one after the other
-    /// (c) or overlapped as the orders API does (d, e, h; f, g, i begin in entity mode,
-    /// naming the item, as the orders API's `change_order`); put under the version read,
-    /// emit one event, commit.
+    /// The outbox variants: begin and read, the control message sent by the commit (c),
+    /// or sent beside the read (d, e, h; f, g, i begin in entity mode, naming the item,
+    /// as the orders API's `change_order` does); put under the version read, emit one
+    /// event, commit.
     async fn outbox_request(&self, outbox: &Outbox, key: ItemKey) -> Result<(), BenchError> {
         let deadline = self.clock.now().plus(REQUEST_DEADLINE);
         let (mut txn, item) = if self.variant == Variant::OutboxSequential {
@@ -392,12 +396,12 @@ impl Rig {
         self.check_dispatch(committed.inline)
     }
 
-    /// Begins the request's transaction (in entity mode on `key` where the variant is)
-    /// while reading `key` across its lives, as the orders API does
-    /// (`tokio::join!(begin(..), read(state, id))`), and hands the read to the
-    /// transaction ([`outbox::request::Transaction::note_read`]): a create of the key is
-    /// pinned to the version read, and the event is placed in the item's history, as if
-    /// the transaction had read it itself.
+    /// Begins the request's transaction (in entity mode on `key` where the variant is) and
+    /// sends its control message ([`Transaction::send_control`]) while reading `key`
+    /// across its lives, and hands the read to the transaction
+    /// ([`outbox::request::Transaction::note_read`]): a create of the key is pinned to the
+    /// version read, and the event is placed in the item's history, as if the transaction
+    /// had read it itself.
     async fn begin_beside_read(
         &self,
         outbox: &Outbox,
@@ -405,11 +409,13 @@ impl Rig {
         deadline: Timestamp,
     ) -> Result<(Transaction, KeyRead), BenchError> {
         let begin = async {
-            if self.variant.entity_mode() {
-                outbox.begin_entity_within(key.clone(), deadline).await
+            let txn = if self.variant.entity_mode() {
+                outbox.begin_entity_within(key.clone(), deadline).await?
             } else {
-                outbox.begin_within(deadline).await
-            }
+                outbox.begin_within(deadline).await?
+            };
+            txn.send_control().await?;
+            Ok::<_, outbox::request::TxnError>(txn)
         };
         let (txn, reads) = tokio::join!(begin, outbox.store().get_keys(std::slice::from_ref(key)));
         let (mut txn, mut reads) = (txn?, reads?);

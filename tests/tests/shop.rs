@@ -11,14 +11,15 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
-use outbox::aws::AwsClients;
 use outbox::control::poller::poll_once;
 use outbox::control::{ControlPath, ControlPorts};
 use outbox::embedded::ManualClock;
 use outbox::native::NativeOutbox;
-use outbox::ports::Clock;
-use outbox::request::TxnStatus;
-use outbox::settings::Timing;
+use outbox::ports::{Clock, ControlQueue, QueueError, RandomIds};
+use outbox::protocol::ControlMessage;
+use outbox::request::{Outbox, RequestPorts, TxnStatus};
+use outbox::settings::{Timing, TransactionLimits};
+use outbox_tests::calls::CallCounter;
 use outbox_tests::conformance::{events, Backend};
 use outbox_tests::emulator::{emulator, unique_name};
 use outbox_tests::single_table::{create_single_table, single_table_layout};
@@ -52,14 +53,17 @@ struct Reply {
     body: Value,
 }
 
-/// A fresh shop table holding `SKU-1` with 10 units in stock.
+/// A fresh shop table holding `SKU-1` with 10 units in stock; every call of the shop and
+/// of the outbox counted on the wire (`backend.wire`).
 async fn world() -> World {
-    let clients = AwsClients::new(&emulator().sdk_config().await);
+    let wire = CallCounter::default();
+    let clients = wire.clients(&emulator().sdk_config().await);
     let table = unique_name("shop");
     create_single_table(&clients.dynamodb, &table).await;
     let catalog = DynamoCatalog::new(clients.dynamodb.clone(), &table);
     catalog.add_product(SKU, "tools", 10).await.expect("seed the product");
-    let backend = Backend::aws_on(clients, Some(single_table_layout(&table))).await;
+    let mut backend = Backend::aws_on(clients, Some(single_table_layout(&table))).await;
+    backend.wire = Some(wire);
     let outbox = NativeOutbox::new(backend.outbox(timing())).expect("the DynamoDB store");
     World {
         backend,
@@ -186,6 +190,39 @@ async fn the_shops_own_condition_failing_is_a_409_naming_its_action_and_nothing_
     );
 }
 
+/// The shop's own refusals, decided by its read of the product (more units than are
+/// available, a product that does not exist), cost that read alone: counted on the wire,
+/// one `GetItem` each and nothing else (no `SendMessage`, no tombstone `PutItem`), and
+/// the answers name no transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_decided_by_the_read_sends_nothing_and_writes_nothing() {
+    let world = world().await;
+    let app = world.app(Arc::new(world.catalog.clone()));
+    let wire = world.backend.wire.as_ref().expect("counted");
+    wire.reset();
+    let out_of_stock = world.send(&app, reserve("r-1", 11, None)).await;
+    assert_eq!(out_of_stock.status, StatusCode::CONFLICT, "{}", out_of_stock.body);
+    assert_eq!(out_of_stock.body["type"], "/problems/out-of-stock");
+    let missing = Request::builder()
+        .method(Method::POST)
+        .uri("/products/SKU-9/reservations")
+        .header("content-type", "application/json")
+        .body(Body::from(json!({"reservation_id": "r-2", "quantity": 1}).to_string()))
+        .unwrap();
+    let missing = world.send(&app, missing).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.body);
+    assert_eq!(
+        wire.counts(),
+        [("GetItem".to_owned(), 2)].into(),
+        "the two reads of the product, and nothing else"
+    );
+    for reply in [&out_of_stock, &missing] {
+        assert!(!reply.headers.contains_key("x-transaction-id"), "{:?}", reply.headers);
+        assert_eq!(reply.body["transaction_id"], Value::Null);
+    }
+    assert_eq!(world.stock().await.reserved, 0);
+}
+
 /// Reads every product as if nothing were reserved.
 struct Stale(DynamoCatalog);
 
@@ -200,18 +237,20 @@ impl Catalog for Stale {
     }
 }
 
-/// Reads the product, but first lets a control worker whose clock is past the commit
-/// window handle the request's control message: it tombstones the transaction while the
-/// handler still works on it.
-struct TombstoneWhileReading {
-    inner: DynamoCatalog,
+/// The control queue, but each send is followed, before it returns, by a control worker
+/// whose clock is past the commit window handling the message: it tombstones the
+/// transaction between its control message (which goes out with the commit) and its
+/// commit.
+struct TombstoneOnSend {
+    inner: Arc<dyn ControlQueue>,
     backend_inbox: Arc<dyn outbox::ports::ControlInbox>,
     late_worker: ControlPath,
 }
 
 #[async_trait]
-impl Catalog for TombstoneWhileReading {
-    async fn product(&self, sku: &str) -> Result<Option<Product>, CatalogError> {
+impl ControlQueue for TombstoneOnSend {
+    async fn send(&self, message: &ControlMessage, delay: Duration) -> Result<(), QueueError> {
+        self.inner.send(message, delay).await?;
         let report = poll_once(self.backend_inbox.as_ref(), &self.late_worker, Duration::from_secs(2))
             .await
             .expect("poll");
@@ -221,7 +260,7 @@ impl Catalog for TombstoneWhileReading {
             .map(|item| item.result.as_ref().map_or("failed", |outcome| outcome.as_str()))
             .collect();
         assert_eq!(outcomes, ["tombstoned"], "the worker tombstoned the transaction");
-        self.inner.product(sku).await
+        Ok(())
     }
 }
 
@@ -240,11 +279,26 @@ async fn a_commit_that_comes_after_its_tombstone_is_refused_and_writes_nothing()
         },
         timing(),
     );
-    let app = world.app(Arc::new(TombstoneWhileReading {
-        inner: world.catalog.clone(),
-        backend_inbox: world.backend.inbox.clone(),
-        late_worker,
-    }));
+    let ports = RequestPorts {
+        store: world.backend.store.clone(),
+        control_queue: Arc::new(TombstoneOnSend {
+            inner: world.backend.control_queue.clone(),
+            backend_inbox: world.backend.inbox.clone(),
+            late_worker,
+        }),
+        clock: world.backend.clock.clone(),
+        ids: Arc::new(RandomIds),
+    };
+    let outbox = Outbox::new(ports, timing(), TransactionLimits::default());
+    let app = router(
+        Shop {
+            outbox: NativeOutbox::new(outbox).expect("the DynamoDB store"),
+            catalog: Arc::new(world.catalog.clone()),
+            writes: world.catalog.clone(),
+            events: events(),
+        },
+        Duration::from_secs(10),
+    );
     let reply = world.send(&app, reserve("r-late", 1, None)).await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", reply.body);
     assert_eq!(reply.body["type"], "/problems/commit-window-expired");

@@ -46,6 +46,7 @@ fn result_name(result: &ApiResult) -> &'static str {
         ApiResult::Answered(Err(TxnError::Abandoned { .. })) => "a task's commit refused: abandoned before it began",
         ApiResult::Answered(Err(_)) => "other failure",
         ApiResult::Abandoned { settlement, .. } => match settlement {
+            Settlement::NothingSent => "abandoned, nothing sent",
             Settlement::Tombstoned => "abandoned, tombstoned",
             Settlement::AlreadyTombstoned => "abandoned, already tombstoned",
             Settlement::LeftToWorker => "abandoned, left to the worker",
@@ -99,13 +100,17 @@ fn one_transaction(inline: bool) -> SimConfig {
         preemption_bound: None,
         step_checks: false,
         vacant: false,
+        sends_early: false,
     }
 }
 
 /// One transaction, every interleaving and every crash point or fault (one per
 /// schedule): the invariants and liveness hold in each. Returns how schedules ended.
-fn explore_one_transaction(name: &str, inline: bool) -> BTreeMap<&'static str, usize> {
-    let config = one_transaction(inline);
+fn explore_one_transaction(name: &str, inline: bool, sends_early: bool) -> BTreeMap<&'static str, usize> {
+    let config = SimConfig {
+        sends_early,
+        ..one_transaction(inline)
+    };
     let started = Instant::now();
     let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
     let (mut schedules, mut with_fault, mut tombstoned, mut redrives, mut longest) = (0, 0, 0, 0, 0);
@@ -160,72 +165,93 @@ fn assert_reached(endings: &BTreeMap<&str, usize>, expected: &[&str]) {
     }
 }
 
+/// One transaction, every interleaving with the worker and every crash point or fault:
+/// its control message sent with the commit (the default), and sent before its read
+/// ([`SimConfig::sends_early`], as a handler that will write for sure does).
 #[test]
 fn every_interleaving_and_crash_point_of_one_transaction_keeps_the_invariants() {
-    let endings = explore_one_transaction("exhaustive", false);
-    // The exploration must really branch: every kind of ending is reached.
-    assert_reached(
-        &endings,
-        &[
-            "committed",
-            "commit window expired",
-            "control send failed",
-            "api crashed",
-        ],
-    );
+    for (name, sends_early) in [("exhaustive", false), ("exhaustive, sent early", true)] {
+        let endings = explore_one_transaction(name, false, sends_early);
+        // The exploration must really branch: every kind of ending is reached.
+        assert_reached(
+            &endings,
+            &[
+                "committed",
+                "commit window expired",
+                "control send failed",
+                "api crashed",
+            ],
+        );
+    }
 }
 
 /// One transaction that its request abandons after its read (a no-op, a 404): every
-/// interleaving with the worker and every crash point or fault, the request path's
-/// tombstone write included. Without a fault it costs one control message (no deferral);
-/// the invariants hold in every schedule, the abandoned transaction never commits, and a
+/// interleaving with the worker and every crash point or fault. Its control message goes
+/// out with the commit, so nothing of it is ever sent: no control message in any schedule,
+/// fault or not, and the abandon settles nothing. Sent before the read
+/// ([`SimConfig::sends_early`]), the request path's tombstone write settles it (a fault on
+/// it included): without a fault it costs one control message (no deferral). The
+/// invariants hold in every schedule, the abandoned transaction never commits, and a
 /// request told "tombstoned" left a tombstone.
 #[test]
 fn an_abandoned_transaction_is_settled_by_its_tombstone_at_every_crash_point() {
-    let config = SimConfig {
-        abandon_every: 1,
-        ..one_transaction(false)
-    };
-    let started = Instant::now();
-    let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut schedules = 0;
-    // Control messages sent for the transaction: how many schedules sent each number,
-    // without a fault and with one.
-    let (mut clean, mut faulty): (BTreeMap<usize, usize>, BTreeMap<usize, usize>) = Default::default();
-    let mut prefix = Some(Vec::new());
-    while let Some(choices) = prefix {
-        let mut chooser = DepthFirst::new(choices.clone());
-        let outcome = run_schedule(&mut chooser, &config)
-            .unwrap_or_else(|error| panic!("abandon: schedule {choices:?}: {error}"));
-        if let Err(violation) = outcome.observed.check() {
-            panic!("abandon: schedule {choices:?}: {violation}\n{:#?}", outcome.observed);
+    for sends_early in [false, true] {
+        let name = if sends_early { "abandon, sent early" } else { "abandon" };
+        let config = SimConfig {
+            abandon_every: 1,
+            sends_early,
+            ..one_transaction(false)
+        };
+        let started = Instant::now();
+        let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut schedules = 0;
+        // Control messages sent for the transaction: how many schedules sent each number,
+        // without a fault and with one.
+        let (mut clean, mut faulty): (BTreeMap<usize, usize>, BTreeMap<usize, usize>) = Default::default();
+        let mut prefix = Some(Vec::new());
+        while let Some(choices) = prefix {
+            let mut chooser = DepthFirst::new(choices.clone());
+            let outcome = run_schedule(&mut chooser, &config)
+                .unwrap_or_else(|error| panic!("{name}: schedule {choices:?}: {error}"));
+            if let Err(violation) = outcome.observed.check() {
+                panic!("{name}: schedule {choices:?}: {violation}\n{:#?}", outcome.observed);
+            }
+            assert_eq!(outcome.redrives, 0, "{name}: schedule {choices:?} needed a redrive");
+            let sent: usize = outcome.observed.control_sent.values().sum();
+            let histogram = if outcome.faults == 0 { &mut clean } else { &mut faulty };
+            *histogram.entry(sent).or_default() += 1;
+            schedules += 1;
+            *endings.entry(ending(&outcome)).or_default() += 1;
+            prefix = chooser.next_prefix();
         }
-        assert_eq!(outcome.redrives, 0, "abandon: schedule {choices:?} needed a redrive");
-        let sent: usize = outcome.observed.control_sent.values().sum();
-        let histogram = if outcome.faults == 0 { &mut clean } else { &mut faulty };
-        *histogram.entry(sent).or_default() += 1;
-        schedules += 1;
-        *endings.entry(ending(&outcome)).or_default() += 1;
-        prefix = chooser.next_prefix();
+        println!(
+            "{name}: {schedules} schedules of one abandoned transaction in {:.2?}; control messages sent (number: schedules) without a fault {clean:?}, with one {faulty:?}; endings: {endings:?}",
+            started.elapsed()
+        );
+        if !sends_early {
+            // Nothing sent, whatever happens: the abandon has nothing to settle.
+            assert!(
+                clean.keys().chain(faulty.keys()).all(|sent| *sent == 0),
+                "{clean:?} {faulty:?}"
+            );
+            assert_reached(&endings, &["abandoned, nothing sent", "api crashed"]);
+            continue;
+        }
+        // The request-first order settles it at once: one control message. Only a handler
+        // slower than the first check delay (the clock moved on before its tombstone)
+        // costs one deferral more.
+        assert_eq!(clean.first_key_value().map(|(sent, _)| *sent), Some(1), "{clean:?}");
+        assert!(clean.keys().all(|sent| *sent <= 2), "{clean:?}");
+        assert_reached(
+            &endings,
+            &[
+                "abandoned, tombstoned",
+                "abandoned, already tombstoned",
+                "abandoned, left to the worker",
+                "api crashed",
+            ],
+        );
     }
-    println!(
-        "abandon: {schedules} schedules of one abandoned transaction in {:.2?}; control messages sent (number: schedules) without a fault {clean:?}, with one {faulty:?}; endings: {endings:?}",
-        started.elapsed()
-    );
-    // The request-first order settles it at once: one control message. Only a handler
-    // slower than the first check delay (the clock moved on before its tombstone) costs
-    // one deferral more.
-    assert_eq!(clean.first_key_value().map(|(sent, _)| *sent), Some(1), "{clean:?}");
-    assert!(clean.keys().all(|sent| *sent <= 2), "{clean:?}");
-    assert_reached(
-        &endings,
-        &[
-            "abandoned, tombstoned",
-            "abandoned, already tombstoned",
-            "abandoned, left to the worker",
-            "api crashed",
-        ],
-    );
 }
 
 /// A commit that times out with its request still on the way, racing the tombstone its
@@ -535,13 +561,14 @@ fn a_commit_in_flight_behind_refusals_and_a_failed_settlement_is_answered_unknow
 /// The deadline middleware under the simulated clock: requests go through an axum router
 /// with `enforce_deadline` (a 2 s timeout), and timers fire when the clock passes them,
 /// so the middleware's backstop and the request path's deadlines cut operations short.
-/// Three set-ups: every placement of one fault (a request that commits, and one that
-/// abandons with a 404 the middleware settles), and every sequence of up to two faults on
+/// The set-ups: every placement of one fault (a request that commits, one that abandons
+/// with a 404 having sent nothing, and one that abandons after sending its control message
+/// early, which the middleware settles), and every sequence of up to two faults on
 /// the commit and the settling write (a commit applied or still on its way, a settling
 /// write that fails). Each under the request-first order and 30 random orders, in which
 /// the clock moves past the deadlines at random points. Every answer is checked: a
 /// success only for a committed transaction, "nothing written" only for one that never
-/// commits, and once a transaction began, the answer names it.
+/// commits, and once a transaction's control message was sent, the answer names it.
 #[test]
 fn the_deadline_middleware_answers_truthfully_when_time_runs_out() {
     fn commit_and_settle(op: Op) -> Vec<Fault> {
@@ -562,6 +589,14 @@ fn the_deadline_middleware_answers_truthfully_when_time_runs_out() {
             "middleware, abandoned",
             over_http(SimConfig {
                 abandon_every: 1,
+                ..one_transaction(false)
+            }),
+        ),
+        (
+            "middleware, abandoned after an early send",
+            over_http(SimConfig {
+                abandon_every: 1,
+                sends_early: true,
                 ..one_transaction(false)
             }),
         ),
@@ -855,6 +890,9 @@ fn random_config(seed: u64) -> SimConfig {
         preemption_bound: None,
         step_checks: false,
         vacant: false,
+        // Half send their control message before their read (drawn last, so that the
+        // draws above stay as they were for every seed).
+        sends_early: rng.bool(),
     }
 }
 
@@ -990,7 +1028,8 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             deadline: (seed % 2 == 1).then(|| Duration::from_secs(2)),
             retry_loop: Some(op),
             inline: false,
-            // The settling write's loop is reached by a request that abandons.
+            // The settling write's loop is reached by a request that abandons after its
+            // control message was sent (one never sent has nothing to settle).
             abandon_every: usize::from(op == Op::Tombstone),
             faults_only: None,
             middleware: None,
@@ -1007,6 +1046,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             preemption_bound: None,
             step_checks: false,
             vacant: false,
+            sends_early: op == Op::Tombstone,
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {
@@ -1226,12 +1266,13 @@ fn entity_mode_inline_publishing_keeps_the_invariants_at_every_crash_point() {
     assert!(tally.entries_removed > 0, "{tally:?}");
 }
 
-/// Entity mode, settling: an abandoned transaction (its tombstone record, no fence), and
-/// a commit whose attempts time out with their requests on the way (late ghosts of the
-/// one conditional write) racing the fence the request path writes into the counter to
-/// settle it, and the worker's. Every sequence of up to two faults on the commit, and
-/// every placement of one fault for the abandon, under the request-first order and 40
-/// random orders. A request told "fenced" never committed; one told "committed" did.
+/// Entity mode, settling: an abandoned transaction (nothing to settle when nothing of it
+/// was sent; sent early, its tombstone record, no fence), and a commit whose attempts
+/// time out with their requests on the way (late ghosts of the one conditional write)
+/// racing the fence the request path writes into the counter to settle it, and the
+/// worker's. Every sequence of up to two faults on the commit, and every placement of one
+/// fault for the abandons, under the request-first order and 40 random orders. A request
+/// told "fenced" never committed; one told "committed" did.
 #[test]
 fn entity_mode_a_late_commit_racing_its_fence_keeps_the_invariants() {
     let started = Instant::now();
@@ -1252,6 +1293,14 @@ fn entity_mode_a_late_commit_racing_its_fence_keeps_the_invariants() {
                 ..in_entity_mode(one_transaction(false))
             },
         ),
+        (
+            "abandoned after an early send",
+            SimConfig {
+                abandon_every: 1,
+                sends_early: true,
+                ..in_entity_mode(one_transaction(false))
+            },
+        ),
     ];
     for (name, config) in setups {
         for outcome in run_fault_sequences(name, &config, 40) {
@@ -1264,6 +1313,7 @@ fn entity_mode_a_late_commit_racing_its_fence_keeps_the_invariants() {
         &[
             "committed",
             "fenced (unknown, settled by its tombstone)",
+            "abandoned, nothing sent",
             "abandoned, tombstoned",
             "abandoned, already tombstoned",
         ],
@@ -1346,6 +1396,7 @@ fn entity_mode_every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful(
             retry_loop: Some(op),
             inline: op == Op::Publish,
             abandon_every: usize::from(op == Op::Tombstone),
+            sends_early: op == Op::Tombstone,
             ..in_entity_mode(one_transaction(false))
         };
         let mut prefix = Some(Vec::new());
@@ -1400,6 +1451,14 @@ fn entity_mode_the_deadline_middleware_answers_truthfully() {
             "abandoned",
             over_http(SimConfig {
                 abandon_every: 1,
+                ..one_transaction(false)
+            }),
+        ),
+        (
+            "abandoned after an early send",
+            over_http(SimConfig {
+                abandon_every: 1,
+                sends_early: true,
                 ..one_transaction(false)
             }),
         ),
@@ -1929,6 +1988,7 @@ fn entity_mode_clocks_skewed_by_up_to_an_hour_keep_the_invariants() {
             preemption_bound: None,
             step_checks: false,
             vacant: false,
+            sends_early: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let outcome = run_caught(&mut chooser, &config).unwrap_or_else(|error| panic!("skew seed {seed}: {error}"));
@@ -1996,6 +2056,7 @@ fn transactions_that_outlive_their_request_keep_the_invariants() {
         &tally.endings,
         &[
             "a task's commit refused: abandoned before it began",
+            "abandoned, nothing sent",
             "abandoned, tombstoned",
             "abandoned, found committed (a task's commit landed first)",
             "abandoned, left to the worker",
@@ -2059,6 +2120,7 @@ fn entity_mode_items_deleted_and_created_again_keep_the_invariants() {
             preemption_bound: None,
             step_checks: false,
             vacant: false,
+            sends_early: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let outcome = run_caught(&mut chooser, &config).unwrap_or_else(|error| panic!("delete seed {seed}: {error}"));
@@ -2219,6 +2281,7 @@ fn entity_mode_marks_past_their_time_make_room_after_the_retention() {
             preemption_bound: None,
             step_checks: false,
             vacant: false,
+            sends_early: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let mut outcome =
@@ -2465,6 +2528,8 @@ fn explore_two_transactions_on_one_entity(name: &str, keyed: &'static [usize]) -
         preemption_bound: Some(bound),
         step_checks: false,
         vacant: false,
+        // As in the other bounded explorations (see `bounded_base`).
+        sends_early: true,
         ..in_entity_mode(one_transaction(true))
     };
     let started = Instant::now();
@@ -2725,12 +2790,19 @@ fn explore_bounded(name: &str, config: &SimConfig) -> BoundedTally {
 /// The bounded explorations' base: entity mode, one item, one request, one worker, a
 /// 2 s window (the first check at 1 s defers once, the second fences), the per-step
 /// checks on, at most `SIM_PREEMPTIONS` preemptions (2 unless set).
+/// The requests of the entity-mode explorations send their control message before their
+/// read ([`SimConfig::sends_early`]), as every request did before the message moved to the
+/// commit: these explorations are about fences, late attempts and an item's lives, which
+/// the moment of the send does not change, and so keep their figures (docs/PROTOCOL.md,
+/// "Bounded exhaustive checking"). The send at the commit is explored by the one-
+/// transaction explorations and the random sweeps.
 fn bounded_base() -> SimConfig {
     SimConfig {
         timing: sim_timing(2),
         preemption_bound: Some(preemptions()),
         step_checks: true,
         vacant: false,
+        sends_early: true,
         ..in_entity_mode(one_transaction(false))
     }
 }

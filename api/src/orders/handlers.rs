@@ -6,7 +6,7 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::header::{ETAG, LOCATION};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use outbox::http::HttpError;
 use outbox::metrics::{MetricRecord, Unit};
@@ -18,7 +18,7 @@ use uuid::Uuid;
 use outbox::http::{etag, Answer, Begun, Caller, Idempotency, Idempotent, IfMatch, RequestScope};
 
 use super::model::{self, CreateOrder, Event, LineItem, Order, OrderView};
-use crate::error::{ApiError, FieldError, Problem, TRANSACTION_ID_HEADER};
+use crate::error::{ApiError, FieldError, Problem};
 use crate::extract::{JsonBody, Path};
 use crate::rules::{self, schema};
 use crate::state::AppState;
@@ -116,6 +116,22 @@ async fn commit(
             .with_event(EVENT_SOURCE, event.name);
         txn.emit(message);
     }
+    // Nothing of the transaction was sent before: a refusal decided by the reads cost
+    // them alone. Its control message goes out now, timed on its own (the commit would
+    // send it first anyway).
+    let started = Instant::now();
+    let sent = txn.send_control().await;
+    MetricRecord::new(state.outbox.service_name().to_owned(), state.outbox.clock().now())
+        .add(
+            "ControlSendLatency",
+            Unit::Milliseconds,
+            [started.elapsed().as_secs_f64() * 1000.0],
+        )
+        .emit();
+    sent.map_err(|error| match precondition {
+        true => HttpError::Precondition(error),
+        false => HttpError::Transaction(error),
+    })?;
     let started = Instant::now();
     let result = scope.commit(txn, answer).await;
     let refused_late = matches!(
@@ -136,27 +152,18 @@ async fn commit(
 }
 
 /// Begins the request's transaction within its deadline (recorded in the request's
-/// scope, so that even a timeout names it), or finds the request a repeat to replay.
-/// Begins the request's transaction; `entity`: in entity mode, for a change to that one
-/// existing item (one conditional write instead of a transaction, where it can be).
+/// scope), or finds the request a repeat to replay; `entity`: in entity mode, for a change
+/// to that one existing item (one conditional write instead of a transaction, where it
+/// can be). Nothing is sent yet: the control message goes out with the commit.
 async fn begin(
-    state: &AppState,
     scope: &RequestScope,
     entity: Option<ItemKey>,
     idempotency: Option<Idempotency>,
 ) -> Result<Begun<Transaction>, ApiError> {
-    let started = Instant::now();
     let result = match entity {
         Some(key) => scope.begin_entity(key, idempotency).await,
         None => scope.begin(idempotency).await,
     };
-    MetricRecord::new(state.outbox.service_name().to_owned(), state.outbox.clock().now())
-        .add(
-            "ControlSendLatency",
-            Unit::Milliseconds,
-            [started.elapsed().as_secs_f64() * 1000.0],
-        )
-        .emit();
     Ok(result?)
 }
 
@@ -189,7 +196,7 @@ pub async fn orders_create(
     // read to expect it absent at version 0, and commits into the order itself in one
     // write, as a change does (an Idempotency-Key's record takes the transactional form).
     let id = Uuid::now_v7();
-    let txn = match begin(&state, &scope, Some(order_key(id)), idempotency).await? {
+    let txn = match begin(&scope, Some(order_key(id)), idempotency).await? {
         Begun::Replay(replay) => return Ok(replay),
         Begun::Started(txn) => txn,
     };
@@ -236,26 +243,22 @@ async fn change_order(
     decide: impl FnOnce(&Order) -> Result<Option<(Order, Event)>, ApiError>,
 ) -> Result<Response, ApiError> {
     let keyed = idempotency.is_some();
-    // The control message goes out while the order is read; the commit waits for both.
-    // A change to one existing order: entity mode.
-    let (txn, loaded) = tokio::join!(begin(state, scope, Some(order_key(id)), idempotency), read(state, id));
+    // A change to one existing order: entity mode. The transaction begins beside the
+    // order's read (under a key, its look-up of a repeat overlaps the read), and nothing
+    // of it is sent until the commit: a refusal decided by the read (no such order,
+    // another caller's, If-Match failed) or by the rules costs the read alone, sends no
+    // control message, writes no tombstone, and names no transaction, since none exists
+    // outside the process.
+    let (txn, loaded) = tokio::join!(begin(scope, Some(order_key(id)), idempotency), read(state, id));
     let txn = match txn {
         Ok(Begun::Replay(replay)) => return Ok(replay),
         Ok(Begun::Started(txn)) => Ok(txn),
         Err(error) => Err(error),
     };
-    // Once the control message went out, every answer names the transaction, the
-    // refusals decided after it included: the client can always ask what became of it.
-    let txn_id = txn.as_ref().ok().map(Transaction::id);
-    let named = |error: ApiError| match txn_id {
-        Some(txn_id) => error.in_transaction(txn_id),
-        None => error,
-    };
-    let (loaded, key_read) = loaded.map_err(named)?;
-    let (order, version) =
-        owned_by(loaded, caller).ok_or_else(|| named(ApiError::NotFound(format!("no order {id}"))))?;
+    let (loaded, key_read) = loaded?;
+    let (order, version) = owned_by(loaded, caller).ok_or_else(|| ApiError::NotFound(format!("no order {id}")))?;
     if !if_match.allows(version) {
-        return Err(named(ApiError::PreconditionFailed));
+        return Err(ApiError::PreconditionFailed);
     }
     let mut txn = txn?;
     // Read beside the begin: the transaction places its event in the order's history
@@ -263,28 +266,20 @@ async fn change_order(
     if let Some(key_read) = key_read {
         txn.note_read(order_key(id), key_read);
     }
-    let change = match decide(&order).map_err(named)? {
+    let change = match decide(&order)? {
         Some((next, event)) => Change {
             status: StatusCode::OK,
             view: next.view(version + 1),
             created: false,
             write: Some((next, ExpectedVersion::Exactly(version), event)),
         },
-        // Nothing changes, nothing is emitted. Without a key there is nothing to commit
-        // (the deadline middleware tombstones the transaction before answering, and its
-        // control message finds it settled); with one, the answer is committed so that
-        // repeats replay it.
+        // Nothing changes, nothing is emitted. Without a key there is nothing to commit,
+        // and nothing of the transaction was sent (the deadline middleware finds nothing
+        // to settle); with one, the answer is committed so that repeats replay it.
         None if !keyed => {
             let Answer {
-                status,
-                mut headers,
-                body,
-                ..
+                status, headers, body, ..
             } = order_response(StatusCode::OK, &order.view(version), false);
-            headers.insert(
-                TRANSACTION_ID_HEADER,
-                HeaderValue::from_str(&txn.id().to_string()).expect("ids are ASCII"),
-            );
             return Ok((status, headers, body).into_response());
         }
         None => Change {
@@ -310,9 +305,7 @@ async fn change_order(
             ("x-transaction-item" = inline(schema::TransactionItem)), ("Link" = inline(schema::StatusLink)),
             ("Idempotent-Replayed" = inline(schema::Replayed)))),
         (status = 400, description = "The path cannot be read, malformed JSON, or an invalid header", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json",
-            headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
-                ("Link" = inline(schema::StatusLink)))),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Cancelled, or changed concurrently", body = Problem, content_type = "application/problem+json",
             headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
                 ("Link" = inline(schema::StatusLink)))),
@@ -321,9 +314,7 @@ async fn change_order(
                 ("Link" = inline(schema::StatusLink)))),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid id or fields, a full order, or an idempotency key reused", body = Problem, content_type = "application/problem+json",
-            headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
-                ("Link" = inline(schema::StatusLink)))),
+        (status = 422, description = "Invalid id or fields, a full order, or an idempotency key reused", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Nothing written, or outcome unknown (see transaction_id)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = inline(schema::RetryAfter)), ("x-transaction-id" = inline(schema::TransactionId)),
                 ("x-transaction-item" = inline(schema::TransactionItem)), ("Link" = inline(schema::StatusLink)))),
@@ -358,18 +349,14 @@ pub async fn orders_add_item(
             ("x-transaction-item" = inline(schema::TransactionItem)), ("Link" = inline(schema::StatusLink)),
             ("Idempotent-Replayed" = inline(schema::Replayed)))),
         (status = 400, description = "The path cannot be read, or an invalid header", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json",
-            headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
-                ("Link" = inline(schema::StatusLink)))),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Cancelled, or changed concurrently", body = Problem, content_type = "application/problem+json",
             headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
                 ("Link" = inline(schema::StatusLink)))),
         (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json",
             headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
                 ("Link" = inline(schema::StatusLink)))),
-        (status = 422, description = "Invalid id or SKU, or an idempotency key reused", body = Problem, content_type = "application/problem+json",
-            headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
-                ("Link" = inline(schema::StatusLink)))),
+        (status = 422, description = "Invalid id or SKU, or an idempotency key reused", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Nothing written, or outcome unknown (see transaction_id)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = inline(schema::RetryAfter)), ("x-transaction-id" = inline(schema::TransactionId)),
                 ("x-transaction-item" = inline(schema::TransactionItem)), ("Link" = inline(schema::StatusLink)))),
@@ -402,18 +389,14 @@ pub async fn orders_remove_item(
             ("x-transaction-item" = inline(schema::TransactionItem)), ("Link" = inline(schema::StatusLink)),
             ("Idempotent-Replayed" = inline(schema::Replayed)))),
         (status = 400, description = "The path cannot be read, or an invalid header", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json",
-            headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
-                ("Link" = inline(schema::StatusLink)))),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Changed concurrently", body = Problem, content_type = "application/problem+json",
             headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
                 ("Link" = inline(schema::StatusLink)))),
         (status = 412, description = "If-Match does not match", body = Problem, content_type = "application/problem+json",
             headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
                 ("Link" = inline(schema::StatusLink)))),
-        (status = 422, description = "Invalid id, or an idempotency key reused", body = Problem, content_type = "application/problem+json",
-            headers(("x-transaction-id" = inline(schema::TransactionId)), ("x-transaction-item" = inline(schema::TransactionItem)),
-                ("Link" = inline(schema::StatusLink)))),
+        (status = 422, description = "Invalid id, or an idempotency key reused", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Nothing written, or outcome unknown (see transaction_id)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = inline(schema::RetryAfter)), ("x-transaction-id" = inline(schema::TransactionId)),
                 ("x-transaction-item" = inline(schema::TransactionItem)), ("Link" = inline(schema::StatusLink)))),

@@ -3,8 +3,8 @@
 //! protocol (docs/PROTOCOL.md sections 3 and 4; docs/HOW_IT_WORKS.md "Settling in the request path").
 //!
 //! Everything runs the real code over the embedded backend: the request path
-//! ([`Outbox`]: begin with its control message overlapped with the read, as the orders
-//! API does, then commit, and with inline publishing its publish and mark) and the
+//! ([`Outbox`]: begin with its control message sent beside the read
+//! (`Transaction::send_control`), as a handler that will write for sure does, then commit, and with inline publishing its publish and mark) and the
 //! control path ([`ControlPath`] behind [`outbox::control::poller::acknowledge`], as the local
 //! poller runs it). Every port call takes a modelled AWS latency in virtual time
 //! ([`ports`]), and a discrete-event executor ([`executor`]) interleaves the requests
@@ -365,8 +365,8 @@ fn order_key(index: usize) -> ItemKey {
     format!("ORDER#{index:06}").parse().expect("a valid key")
 }
 
-/// One request: begin (the control send) overlapped with the read, as the orders API
-/// does; one new item (in entity mode, a change to an existing one, begun naming it); one
+/// One request: begin and the control send overlapped with the read, as a handler that
+/// will write for sure does; one new item (in entity mode, a change to an existing one, begun naming it); one
 /// event; commit (with inline publishing, publish and mark).
 async fn request(
     outbox: &Outbox,
@@ -377,11 +377,13 @@ async fn request(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let key = order_key(index);
     let begin = async {
-        if entity {
-            outbox.begin_entity(key.clone()).await
+        let txn = if entity {
+            outbox.begin_entity(key.clone()).await?
         } else {
-            outbox.begin().await
-        }
+            outbox.begin().await?
+        };
+        txn.send_control().await?;
+        Ok::<_, outbox::request::TxnError>(txn)
     };
     let (txn, items) = join2(begin, outbox.store().get_items(std::slice::from_ref(&key))).await;
     let (mut txn, items) = (txn?, items?);

@@ -1,7 +1,10 @@
 //! `POST /products` adds a product with its stock and emits `ProductAdded`;
 //! `POST /products/{id}/reservations` takes units off its stock and emits
 //! `StockReserved`. Each reads, decides and stages; a concurrent change of the same
-//! product makes the step run again rather than answer 409.
+//! product makes the step run again rather than answer 409. A refusal decided by the
+//! read (the product exists, is missing, or is out of stock) costs the read alone: the
+//! transaction's control message goes out with its commit, so nothing of it was sent, and
+//! the answer names no transaction.
 
 use axum::extract::Path;
 use axum::http::StatusCode;
@@ -79,7 +82,7 @@ pub async fn create(
                     "Product exists",
                     "nothing was written",
                 );
-                return Err(exists.in_transaction(txn.id()));
+                return Err(exists);
             }
             txn.put(key.clone(), json!(product), ExpectedVersion::Absent);
             txn.emit(event(
@@ -106,13 +109,13 @@ pub async fn reserve(
             let txn_id = txn.id();
             let Some(item) = txn.get(key).await? else {
                 let missing = refusal(StatusCode::NOT_FOUND, "not-found", "Not found", "no such product");
-                return Err(missing.in_transaction(txn_id));
+                return Err(missing);
             };
             let mut product: Product = serde_json::from_value(item.data)
                 .map_err(|_| HttpError::Misconfigured { problem: "a stored product cannot be read" })?;
             if product.stock < quantity {
                 let detail = format!("{} left; nothing was written", product.stock);
-                return Err(refusal(StatusCode::CONFLICT, "out-of-stock", "Out of stock", &detail).in_transaction(txn_id));
+                return Err(refusal(StatusCode::CONFLICT, "out-of-stock", "Out of stock", &detail));
             }
             product.stock -= quantity;
             txn.put(key.clone(), json!(product), ExpectedVersion::Exactly(item.version));

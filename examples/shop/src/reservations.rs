@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use outbox::http::problem::respond;
 use outbox::http::{Answer, Begun, FieldError, HttpError, Idempotent, Problem, RequestScope};
-use outbox::protocol::{Message, TxnId};
+use outbox::protocol::Message;
 use outbox::request::TxnError;
 use serde::{Deserialize, Serialize};
 
@@ -69,15 +69,6 @@ pub enum ShopError {
     /// The catalog could not be read.
     #[error(transparent)]
     Catalog(#[from] CatalogError),
-    /// A refusal decided after the transaction began: answered naming it.
-    #[error("in transaction {txn_id}")]
-    InTransaction {
-        /// The transaction, which never commits.
-        txn_id: TxnId,
-        /// The refusal.
-        #[source]
-        error: Box<ShopError>,
-    },
 }
 
 impl From<TxnError> for ShopError {
@@ -87,13 +78,6 @@ impl From<TxnError> for ShopError {
 }
 
 impl ShopError {
-    fn in_transaction(self, txn_id: TxnId) -> Self {
-        Self::InTransaction {
-            txn_id,
-            error: Box::new(self),
-        }
-    }
-
     /// The answer.
     pub fn problem(&self) -> Problem {
         use StatusCode as S;
@@ -135,7 +119,6 @@ impl ShopError {
             Self::Catalog(_) => Problem::new(S::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable")
                 .with_detail("nothing was written; retry the request")
                 .retryable(),
-            Self::InTransaction { txn_id, error } => error.problem().naming(*txn_id),
         }
     }
 }
@@ -189,20 +172,20 @@ pub async fn reserve(
 ) -> Result<Response, ShopError> {
     let Path(sku) = sku.map_err(|rejection| ShopError::Malformed(rejection.body_text()))?;
     let request = parse(&sku, &body)?;
+    // Nothing of the transaction is sent until its commit: a refusal decided by the read
+    // (no such product, not enough stock) costs the read alone, and names no transaction.
     let mut txn = match scope.begin_native(idempotency).await? {
         Begun::Replay(replay) => return Ok(replay),
         Begun::Started(txn) => txn,
     };
-    let txn_id = txn.id();
     let product: Product = shop
         .catalog
         .product(&sku)
-        .await
-        .map_err(|error| ShopError::from(error).in_transaction(txn_id))?
-        .ok_or_else(|| ShopError::NotFound(sku.clone()).in_transaction(txn_id))?;
+        .await?
+        .ok_or_else(|| ShopError::NotFound(sku.clone()))?;
     if request.quantity > product.available() {
         let available = product.available();
-        return Err(ShopError::OutOfStock { available }.in_transaction(txn_id));
+        return Err(ShopError::OutOfStock { available });
     }
     txn.action(shop.writes.reserve_stock(&sku, request.quantity, product.stock));
     txn.action(

@@ -9,9 +9,9 @@ pub enum Progress {
     /// No transaction yet: nothing can have been written.
     #[default]
     NotBegun,
-    /// The transaction began (its control message was sent) and its commit was not
-    /// tried: nothing was written; the middleware tombstones it before answering (or, if
-    /// that fails, its control message does).
+    /// The transaction began and its commit was not tried: nothing was written. If its
+    /// control message was sent, the middleware tombstones it before answering (or, if
+    /// that fails, its control message does); if not, nothing of it left the process.
     Begun(TxnId),
     /// Its commit was tried: it may have applied.
     Committing(TxnId),

@@ -9,19 +9,24 @@
 //! handler a deadline a margin before it ([`RequestScope::deadline`]), which the outbox's
 //! commit and its retries keep to. If the handler still has not answered half a margin
 //! before the end (a stalled read, say), the middleware answers instead, from the
-//! progress the scope recorded: before the transaction began, a plain timeout; after it
-//! began but before its commit was tried, a timeout that names it and says nothing was
+//! progress the scope recorded: before the transaction's control message was sent, a plain
+//! timeout (nothing of it left the process, and nothing of it ever will); after it was
+//! sent but before the commit was tried, a timeout that names it and says nothing was
 //! written; once its commit was in flight, "outcome unknown" naming it, unless the
 //! transaction's tombstone can still be written, which makes it "nothing written". A 503
-//! that cannot name its transaction is thus given only before one began.
+//! that cannot name its transaction is thus given only while nothing of it was sent.
 //!
 //! A transaction the handler began and did not commit (it answered 404, or found nothing
-//! to change) is settled by the middleware before the answer goes out: it writes the
-//! transaction's tombstone ([`Outbox::abandon`]), so that the control message finds it
-//! settled at its first check instead of deferring until the commit window ends. From
-//! then on a commit of it is refused (a task the handler spawned that commits after the
-//! answer gets [`TxnError::Abandoned`], nothing written); one that began before is fenced,
-//! in its item in entity mode.
+//! to change) is settled by the middleware before the answer goes out
+//! ([`Outbox::abandon`]). If its control message was not sent (the default: it goes out
+//! with the first commit attempt), nothing is written or sent: the refusal costs the
+//! handler's reads alone, and the answer names no transaction, since none exists outside
+//! the process. If it was sent ([`Transaction::send_control`]), the middleware writes the
+//! transaction's tombstone, so that the control message finds it settled at its first
+//! check instead of deferring until the commit window ends, and the answer names it. Either
+//! way a commit of it is refused from then on (a task the handler spawned that commits
+//! after the answer gets [`TxnError::Abandoned`], nothing sent or written); one that began
+//! before is fenced, in its item in entity mode.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -73,6 +78,10 @@ struct ScopeState {
     /// The item the transaction commits into, if it was begun in entity mode: its
     /// settling write is the fence there.
     begun_entity: Option<crate::ports::ItemKey>,
+    /// The transaction's control message was sent (the queue acknowledged it): abandoning
+    /// it once it is no longer live writes its tombstone, and without this nothing (while
+    /// it is live, the request path's own state decides).
+    sent: bool,
     /// The request's key and fingerprint, given at begin: the answer is stored under it.
     idempotency: Option<Idempotency>,
     /// The middleware answered for a handler that overran: no transaction begins in this
@@ -96,7 +105,8 @@ pub enum Begun<T> {
     /// The request repeats one, under the same idempotency key, that committed: its
     /// stored answer, with `Idempotent-Replayed: true`. Nothing began.
     Replay(Response),
-    /// The transaction began (its control message is sent).
+    /// The transaction began (nothing of it is sent yet: its control message goes out
+    /// with its commit, or with [`Transaction::send_control`]).
     Started(T),
 }
 
@@ -240,12 +250,14 @@ impl RequestScope {
         state.beginning = None;
         state.begun_on = None;
         state.begun_entity = None;
+        state.sent = false;
         true
     }
 
-    /// Settles transaction `txn_id`, begun in this scope, with its tombstone by
-    /// `deadline` (see [`Outbox::abandon`]): how far the transaction had got when it was
-    /// abandoned (final: no commit of it starts after), and the settlement, `None` when no
+    /// Settles transaction `txn_id`, begun in this scope (see [`Outbox::abandon`]): with
+    /// nothing if nothing of it was sent ([`Settlement::NothingSent`]), else with its
+    /// tombstone by `deadline`: how far the transaction had got when it was abandoned
+    /// (final: no send or commit of it starts after), and the settlement, `None` when no
     /// transaction began in it.
     async fn abandon(&self, txn_id: TxnId, deadline: Timestamp) -> (Progress, Option<Settlement>) {
         // Decided under the scope's lock, which the commit hook takes too, so that what
@@ -261,6 +273,12 @@ impl RequestScope {
             };
             let committing = matches!(progress, Progress::Committing(_));
             let entity = match outbox.claim_abandoned(txn_id) {
+                // Its control message and its commit are refused from now on: nothing of
+                // it left the process, nor ever will, and nothing needs writing.
+                Abandoned::Unsent => return (progress, Some(Settlement::NothingSent)),
+                // Dropped without a commit, before its control message was sent (its hook
+                // would have said so): the same.
+                Abandoned::Unknown if !committing && !state.sent => return (progress, Some(Settlement::NothingSent)),
                 // Nothing of it can land: its tombstone record settles it (a fence raises
                 // the item's mark, which costs a transaction and sends older transactions
                 // on the item to the transactional form).
@@ -268,8 +286,9 @@ impl RequestScope {
                 // A commit under way, or cut off midway (a task the handler spawned):
                 // fenced in its entity.
                 Abandoned::WhileCommitting(begun_in) => begun_in,
-                // No longer live: dropped without a commit (the hook would have said so),
-                // or its commit ended (the handler overran it): the fence finds its entry.
+                // No longer live: dropped without a commit (the hook would have said so)
+                // after its control message was sent, or its commit ended (the handler
+                // overran it): the fence finds its entry.
                 Abandoned::Unknown => state.begun_entity.clone().filter(|_| committing),
             };
             (progress, outbox, entity)
@@ -282,15 +301,12 @@ impl RequestScope {
 
     /// Closes the scope for a handler that overran, under its lock: from now on no
     /// transaction is admitted, and one still beginning is abandoned as it starts (its
-    /// commit refused). Returns how far the request got: a begin under way counts as
-    /// begun (its control message may be out; it can no longer commit).
+    /// control message and its commit refused: nothing of it is ever sent). Returns how
+    /// far the request got.
     fn close(&self) -> Progress {
         let mut state = self.state();
         state.closed = true;
-        match (state.progress, state.beginning) {
-            (Progress::NotBegun, Some(txn_id)) => Progress::Begun(txn_id),
-            (progress, _) => progress,
-        }
+        state.progress
     }
 
     /// Commits `txn` with `answer` (stored for replays under the idempotency key given at
@@ -378,23 +394,23 @@ impl BeginWatch for RequestScope {
         }
     }
 
-    fn not_started(&self) {
-        self.state().beginning = None;
-    }
-
     fn started(&self, outbox: &Outbox, txn: &mut Transaction) {
         {
             let mut state = self.state();
             if state.closed {
                 // Begun while the middleware answered for the overrun, which told the
-                // client nothing was written: it may not commit now.
+                // client nothing was written: nothing of it may be sent now.
                 let _ = outbox.claim_abandoned(txn.id());
-                tracing::warn!(txn_id = %txn.id(), "a transaction began after its request was answered; its commit will be refused");
+                tracing::warn!(txn_id = %txn.id(), "a transaction began after its request was answered; its control message and its commit will be refused");
             }
             state.begun_on = Some(outbox.clone());
             state.begun_entity = txn.entity().cloned();
             state.progress = Progress::Begun(txn.id());
         }
+        let state = self.state.clone();
+        txn.on_control_send(move |_| {
+            state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).sent = true;
+        });
         let state = self.state.clone();
         txn.on_commit_attempt(move |txn_id| {
             state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).progress = Progress::Committing(txn_id);
@@ -516,8 +532,9 @@ fn lambda_deadline(request: &Request) -> Option<u64> {
 
 /// The middleware: gives each request its [`RequestScope`], answers for a handler that
 /// overruns, and settles a transaction the handler began and left without committing
-/// (a 404, a no-op, an early return on an error): it writes the transaction's tombstone
-/// before answering, so that its control message finds it settled. Install it with
+/// (a 404, a no-op, an early return on an error): nothing to write if its control message
+/// was not sent (its send and its commit are refused from then on), else its tombstone,
+/// written before answering, so that its control message finds it settled. Install it with
 /// `axum::middleware::from_fn_with_state(Deadlines::new(outbox, timeout), enforce_deadline)`.
 pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: Request, next: Next) -> Response {
     let clock = deadlines.outbox.clock().clone();
@@ -542,16 +559,20 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
     let progress = scope.progress();
     match answered {
         Some(mut response) => {
+            let mut nothing_sent = false;
             if let Progress::Begun(txn_id) = progress {
-                // This write only spares the control worker its deferrals: it may delay
+                // A write here only spares the control worker its deferrals: it may delay
                 // the answer by a moment, no more.
                 let by = crate::request::settle_bound(clock.now(), Some(settle_by));
-                scope.abandon(txn_id, by).await;
+                nothing_sent = scope.abandon(txn_id, by).await.1 == Some(Settlement::NothingSent);
             }
-            // Once a transaction began, every answer names it: a 404 or a no-op too; in
-            // entity mode with its item, where a status read finds it after dispatch.
+            // Once something of a transaction may be out, every answer names it: a 404 or
+            // a no-op too; in entity mode with its item, where a status read finds it after
+            // dispatch. One that sent nothing has nothing to ask about.
             if let Progress::Begun(txn_id) | Progress::Committing(txn_id) = progress {
-                scope.name_in(response.headers_mut(), txn_id);
+                if !nothing_sent {
+                    scope.name_in(response.headers_mut(), txn_id);
+                }
             }
             response
         }
@@ -562,11 +583,14 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
             let answer = match progress {
                 Progress::Begun(txn_id) | Progress::Committing(txn_id) => {
                     match scope.abandon(txn_id, settle_by).await {
+                        // Nothing of it was sent, nor ever will be: a plain timeout.
+                        (_, Some(Settlement::NothingSent)) => Progress::NotBegun,
                         // Settled now: nothing was written and nothing can be.
                         (_, Some(settlement)) if settlement.never_committed() => Progress::Begun(txn_id),
                         // It committed, but the handler's answer is lost with it.
                         (_, Some(Settlement::Committed(_))) => Progress::Committing(txn_id),
-                        // Still beginning when the scope closed: it can no longer commit.
+                        // Begun without the scope and handed to its commit: as far as the
+                        // scope saw it get.
                         (_, None) => progress,
                         // Not settled: as far as it had got when it was abandoned.
                         (seen, _) => seen,

@@ -12,7 +12,10 @@ use crate::time::Timestamp;
 pub const COMMIT_ATTEMPTS: u32 = 5;
 
 impl Transaction {
-    /// Commits everything staged atomically with the outbox record.
+    /// Commits everything staged atomically with the outbox record, sending the control
+    /// message first if it was not sent yet: the commit waits for the queue's
+    /// acknowledgement ([`TxnError::ControlSend`] if it does not come: nothing written).
+    /// A commit that cannot be tried (too large, or the deadline passed) sends nothing.
     ///
     /// A commit that fails is settled before this returns (docs/PROTOCOL.md section 3): the
     /// request path writes the transaction's tombstone, so its control message finds it
@@ -39,8 +42,22 @@ impl Transaction {
         // The error of an attempt whose outcome was unknown, when a definite refusal
         // came after it.
         let mut unknown: Option<CommitError> = None;
+        // Nothing of it has left the process yet: a commit that cannot be tried sends
+        // nothing, and the control message goes out now, before anything can land (an
+        // abandon before the send refuses it). While it is on its way nothing can have
+        // been written, so the commit has not begun: an abandon meanwhile writes only the
+        // tombstone record, and refuses the commit below.
+        if self.sent_at().is_none() {
+            self.check_limits()?;
+            let attempts_until = self.deadline.map(|deadline| deadline.minus(SETTLE_RESERVE));
+            if attempts_until.is_some_and(|until| self.outbox.ports.clock.now() >= until) {
+                return Err(TxnError::DeadlineExceeded { txn_id });
+            }
+            self.send_control_by(attempts_until).await?;
+        }
         // Under the request path's lock: an abandon before this point refuses the commit
-        // (nothing was sent); one after it fences what may land.
+        // (no attempt was sent; the abandon's tombstone settles the control message);
+        // one after it fences what may land.
         if !self.outbox.live.start_commit(txn_id) {
             tracing::error!("the transaction was abandoned before its commit; nothing was written");
             return Err(TxnError::Abandoned { txn_id });
@@ -122,7 +139,9 @@ impl Transaction {
         self.check_limits()?;
         let ports = &self.outbox.ports;
         let timing = &self.outbox.timing;
-        let window_end = self.first_sent_at.plus(timing.max_commit_duration);
+        // The window starts when the control message was sent, as the message says.
+        let first_sent_at = self.sent_at().expect("the control message is sent before the commit");
+        let window_end = first_sent_at.plus(timing.max_commit_duration);
         let attempts_until = self.deadline.map(|deadline| deadline.minus(SETTLE_RESERVE));
 
         // `unknown` holds the error of an earlier attempt whose outcome is unknown: from

@@ -217,13 +217,26 @@ async fn a_create_begun_in_entity_mode_commits_in_the_transactional_form() {
     );
 }
 
-/// A transaction abandoned before any commit was sent needs no fence (none can land):
-/// its record's tombstone settles it, and the item stays as it was.
+/// A transaction abandoned before any commit was sent needs no fence (none can land).
+/// Abandoned before its control message was sent too (the default: it goes out with the
+/// commit), it costs nothing: no record, no message, the item as it was. Its control
+/// message sent early ([`super::Transaction::send_control`]), its record's tombstone
+/// settles it, and the item stays as it was.
 #[tokio::test]
 async fn an_abandoned_transaction_is_tombstoned_without_a_fence_in_its_item() {
     let world = world(true).await;
+    let history = world.backend.store.history().len();
     let txn = world.outbox.begin_entity(order()).await.unwrap();
     let txn_id = txn.id();
+    assert!(txn.get(&order()).await.unwrap().is_some(), "a read, then the refusal");
+    assert_eq!(txn.abandon().await, Settlement::NothingSent);
+    assert_eq!(world.record(txn_id).await, None, "no tombstone");
+    assert_eq!(world.backend.store.history().len(), history, "nothing written");
+    assert_eq!(world.settle_control().await, [], "no control message");
+
+    let txn = world.outbox.begin_entity(order()).await.unwrap();
+    let txn_id = txn.id();
+    txn.send_control().await.unwrap();
     assert_eq!(txn.abandon().await, Settlement::Tombstoned);
     let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
     assert!(entity.entries.is_empty(), "no fence: {:?}", entity.entries);
@@ -382,22 +395,39 @@ impl Store for HeldCommit {
 
 /// A handler hands its transaction to a task (or a channel) and answers; the request is
 /// settled by abandoning the transaction. The task's commit, coming after, is refused
-/// and writes nothing (before, in entity mode, it applied beside the tombstone).
+/// and writes nothing (before, in entity mode, it applied beside the tombstone). Abandoned
+/// before its control message was sent, nothing of it is ever sent: the late commit sends
+/// no control message either. Sent early, the abandon's tombstone settles it.
 #[tokio::test]
 async fn a_commit_after_its_transaction_was_abandoned_is_refused_and_writes_nothing() {
-    let world = world(false).await;
-    let mut txn = world.outbox.begin_entity(order()).await.unwrap();
-    let txn_id = txn.id();
-    txn.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
-    txn.emit(Message::json(events(), &json!({"type": "LineAdded"})).unwrap());
-    assert_eq!(world.outbox.abandon(txn_id, None).await, Settlement::Tombstoned);
-    let late = tokio::spawn(txn.commit()).await.unwrap();
-    assert!(matches!(late, Err(TxnError::Abandoned { .. })), "{late:?}");
-    let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
-    assert_eq!(entity.item.version, 1, "nothing applied");
-    assert!(entity.entries.is_empty());
-    assert_eq!(world.record(txn_id).await.unwrap().state, OutboxState::Tombstone);
-    assert_eq!(world.entity_commits(txn_id), (0, 0));
+    for sent_early in [false, true] {
+        let world = world(false).await;
+        let mut txn = world.outbox.begin_entity(order()).await.unwrap();
+        let txn_id = txn.id();
+        if sent_early {
+            txn.send_control().await.unwrap();
+        }
+        txn.put(order(), json!({"lines": 2}), ExpectedVersion::Exactly(1));
+        txn.emit(Message::json(events(), &json!({"type": "LineAdded"})).unwrap());
+        let settled = world.outbox.abandon(txn_id, None).await;
+        let late = tokio::spawn(txn.commit()).await.unwrap();
+        assert!(matches!(late, Err(TxnError::Abandoned { .. })), "{late:?}");
+        let entity = world.backend.store.get_entity(&order()).await.unwrap().unwrap();
+        assert_eq!(entity.item.version, 1, "nothing applied");
+        assert!(entity.entries.is_empty());
+        assert_eq!(world.entity_commits(txn_id), (0, 0));
+        let record = world.record(txn_id).await.map(|record| record.state);
+        let controls = world.settle_control().await;
+        if sent_early {
+            assert_eq!(settled, Settlement::Tombstoned);
+            assert_eq!(record, Some(OutboxState::Tombstone));
+            assert_eq!(controls.len(), 1, "{controls:?}");
+        } else {
+            assert_eq!(settled, Settlement::NothingSent);
+            assert_eq!(record, None, "nothing written");
+            assert_eq!(controls, [], "no control message: the late commit sent none");
+        }
+    }
 }
 
 /// The abandon comes while the commit is on its way (a task committing past the answer):

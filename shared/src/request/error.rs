@@ -7,7 +7,8 @@ use crate::protocol::{IdempotencySlot, TxnId};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TxnError {
-    /// The control message could not be sent; nothing was written.
+    /// The control message could not be sent (at the commit, or when the handler sent it
+    /// early, [`crate::request::Transaction::send_control`]); nothing was written.
     #[error("transaction {txn_id}: the control message could not be sent")]
     ControlSend {
         /// The transaction.
@@ -33,8 +34,8 @@ pub enum TxnError {
         txn_id: TxnId,
     },
     /// The request's deadline came before the commit was tried; nothing was written,
-    /// and this transaction can never commit now (the request path or its control
-    /// message tombstones it).
+    /// and this transaction can never commit now (if its control message was sent, the
+    /// request path or that message tombstones it; if not, nothing of it was sent).
     #[error("transaction {txn_id}: the request's deadline passed before the commit")]
     DeadlineExceeded {
         /// The transaction.
@@ -113,8 +114,9 @@ pub enum TxnError {
     },
     /// The transaction was abandoned ([`crate::request::Outbox::abandon`], or the HTTP
     /// glue settling a request answered without it) before its commit began: the commit
-    /// was refused, and nothing was written. A handler that commits after its request was
-    /// answered (a spawned task) meets this.
+    /// was refused (and its control message too, if it had not been sent), and nothing
+    /// was written. A handler that commits after its request was answered (a spawned
+    /// task) meets this.
     #[error("transaction {txn_id} was abandoned before its commit")]
     Abandoned {
         /// The transaction.

@@ -1,25 +1,29 @@
-//! The request path (docs/PROTOCOL.md section 3): a transactional session that sends the
-//! delayed control message, stages business writes and messages, and commits them with
-//! the outbox record in one atomic write.
+//! The request path (docs/PROTOCOL.md section 3): a transactional session that stages
+//! business writes and messages, sends the delayed control message when the transaction
+//! first needs it, and commits them with the outbox record in one atomic write.
 //!
 //! ```text
-//! begin ── send control message (delay) ──► acknowledged?  no ─► ControlSend (nothing written)
-//!   │ yes
+//! begin ── pick the id (nothing sent, nothing written)
 //!   ├── reads (strongly consistent), business logic: put / delete / check / emit
 //!   ▼
-//! commit ── one atomic write: business writes (versioned) + outbox record + idempotency record
+//! commit ── send control message (delay) ──► acknowledged?  no ─► ControlSend (nothing written)
+//!   │ yes
+//!   ├── one atomic write: business writes (versioned) + outbox record + idempotency record
 //!   ├── applied: publish the messages, mark the record dispatched (inline publishing)
 //!   └── refused, or outcome unknown: write the tombstone (settles it; decides an unknown)
-//! abandon (no commit) ── write the tombstone
+//! abandon (no commit) ── nothing, if the control message was not sent; else write the tombstone
 //! ```
 //!
 //! The modules: [`Outbox`] begins transactions ([`watch_begins`] lets a request scope see
-//! each); a [`Transaction`] stages reads, writes and messages, and its commit is tried
-//! and settled (`commit`, `settle`); `inline` publishes a committed transaction's messages,
-//! before the answer or, through [`after_answer`], right after it; [`TxnError`] says why a transaction did not commit.
+//! each); a [`Transaction`] stages reads, writes and messages, sends its control message
+//! when first needed (`control_send`), and its commit is tried and settled (`commit`,
+//! `settle`); `inline` publishes a committed transaction's messages, before the answer or,
+//! through [`after_answer`], right after it; [`TxnError`] says why a transaction did not
+//! commit.
 
 pub mod after_answer;
 mod commit;
+mod control_send;
 #[cfg(test)]
 mod entity_tests;
 mod error;

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use super::after_answer::AfterAnswer;
+use super::control_send::ControlSend;
 use super::live::Live;
-use super::settle::within;
 use super::turns::Turns;
 use super::watch::BEGIN_WATCH;
 use super::{Transaction, TxnError};
-use crate::ports::{Clock, ControlQueue, IdSource, ItemKey, Publisher, QueueError, Store, StoreError};
+use crate::ports::{Clock, ControlQueue, IdSource, ItemKey, Publisher, Store, StoreError};
 use crate::protocol::{ControlMessage, FifoGrouping, OutboxState, TxnId};
 use crate::settings::{InlinePublish, Settings, Timing, TransactionLimits};
 use crate::staging::Staging;
@@ -155,11 +155,15 @@ impl Outbox {
         &self.ports.clock
     }
 
-    /// Begins a transaction: picks its id and sends its control message, returning once
-    /// the queue has acknowledged it. Nothing is written before that. Its commit may take
-    /// as long as its retries need, within the commit window.
+    /// Begins a transaction: picks its id. Nothing is sent or written yet: its control
+    /// message goes out when the transaction first needs it, just before its first commit
+    /// attempt (or when the handler asks, [`Transaction::send_control`]), and the commit
+    /// waits for the queue's acknowledgement. So a handler that refuses after its reads
+    /// (not found, not yours, out of stock, a failed precondition) costs its reads and
+    /// nothing more. Its commit may take as long as its retries need, within the commit
+    /// window, which starts when its control message is sent.
     pub async fn begin(&self) -> Result<Transaction, TxnError> {
-        self.begin_with(None, None).await
+        self.begin_with(None, None)
     }
 
     /// Begins a transaction that changes one existing item, `key`, in entity mode
@@ -170,71 +174,54 @@ impl Outbox {
     /// commits in the transactional form, with the same guarantees (the fence that settles
     /// it blocks both forms).
     pub async fn begin_entity(&self, key: ItemKey) -> Result<Transaction, TxnError> {
-        self.begin_with(None, Some(key)).await
+        self.begin_with(None, Some(key))
     }
 
     /// [`Self::begin_entity`] within `deadline`, as [`Self::begin_within`].
     pub async fn begin_entity_within(&self, key: ItemKey, deadline: Timestamp) -> Result<Transaction, TxnError> {
-        self.begin_with(Some(deadline), Some(key)).await
+        self.begin_with(Some(deadline), Some(key))
     }
 
     /// Begins a transaction that must be answered by `deadline` (an HTTP request's
     /// deadline, less a margin to answer): the control send is cut short there, commit
-    /// attempts [`super::SETTLE_RESERVE`] before it (no retry starts after that), and the
-    /// tombstone that settles a failed commit is written by it. A commit cut short in
-    /// flight is then [`TxnError::Fenced`] (nothing written), `Ok` (it had applied), or
-    /// [`TxnError::Ambiguous`] if the tombstone could not be written in time; a deadline
-    /// that passes before the commit is tried is [`TxnError::DeadlineExceeded`] (nothing
-    /// written). Each names the transaction.
+    /// attempts [`super::SETTLE_RESERVE`] before it (no retry starts after that, nor the
+    /// control send the commit makes), and the tombstone that settles a failed commit is
+    /// written by it. A commit cut short in flight is then [`TxnError::Fenced`] (nothing
+    /// written), `Ok` (it had applied), or [`TxnError::Ambiguous`] if the tombstone could
+    /// not be written in time; a deadline that passes before the commit is tried is
+    /// [`TxnError::DeadlineExceeded`] (nothing written). Each names the transaction.
     pub async fn begin_within(&self, deadline: Timestamp) -> Result<Transaction, TxnError> {
-        self.begin_with(Some(deadline), None).await
+        self.begin_with(Some(deadline), None)
     }
 
     #[tracing::instrument(name = "begin", skip_all, fields(txn_id))]
-    async fn begin_with(&self, deadline: Option<Timestamp>, entity: Option<ItemKey>) -> Result<Transaction, TxnError> {
+    fn begin_with(&self, deadline: Option<Timestamp>, entity: Option<ItemKey>) -> Result<Transaction, TxnError> {
         let now = self.ports.clock.now();
         let txn_id = self.ports.ids.next_txn_id(now);
         // The request scope running on this task, if any, sees every transaction begun
-        // in it, however it is begun, and may refuse a second one before anything is sent.
+        // in it, however it is begun, and may refuse a second one.
         let watch = BEGIN_WATCH.try_with(Arc::clone).ok();
         if let Some(watch) = &watch {
             watch.admit(txn_id)?;
         }
         tracing::Span::current().record("txn_id", tracing::field::display(txn_id));
-        // The worker's handling links the request's trace.
+        // Built now, sent later: the worker's handling links the request's trace, through
+        // this span.
         let mut control = ControlMessage::first(txn_id, now)
             .with_trace(crate::telemetry::current())
             .with_retention(self.timing.retention);
         if let Some(key) = &entity {
             control = control.with_entity(key.clone());
         }
-        let send = self.ports.control_queue.send(&control, self.timing.first_check_delay);
-        // Whether or not a send cut short reached the queue, nothing will be committed:
-        // a control message for a transaction that never commits only tombstones it.
-        let sent = match within(self.ports.clock.as_ref(), deadline, send).await {
-            Some(sent) => sent.map_err(|source| TxnError::ControlSend { txn_id, source }),
-            None => Err(TxnError::ControlSend {
-                txn_id,
-                source: QueueError::Unavailable("the request's deadline passed during the send".into()),
-            }),
-        };
-        if let Err(error) = sent {
-            if let Some(watch) = &watch {
-                watch.not_started();
-            }
-            return Err(error);
-        }
         let mut txn = Transaction {
             outbox: self.clone(),
             txn_id,
-            first_sent_at: now,
+            control: ControlSend::new(control),
             deadline,
             staging: Staging::new(txn_id, Arc::clone(&self.ports.store)),
             on_commit: Vec::new(),
             idempotency: None,
-            _live: self
-                .live
-                .begun(txn_id, entity.clone(), now, now.plus(self.timing.max_commit_duration)),
+            _live: self.live.begun(txn_id, entity.clone(), now),
             entity,
             entity_barred: false,
             entity_attempted: false,

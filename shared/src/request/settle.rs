@@ -50,6 +50,9 @@ pub(super) async fn within<T>(
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Settlement {
+    /// Nothing of the transaction had been sent (no control message, no commit) and now
+    /// nothing ever will be: it never committed and never can, and nothing needed writing.
+    NothingSent,
     /// The tombstone is written: the transaction never committed and never can; its
     /// control message finds it settled.
     Tombstoned,
@@ -65,12 +68,13 @@ pub enum Settlement {
 impl Settlement {
     /// Whether the transaction certainly never committed.
     pub fn never_committed(&self) -> bool {
-        matches!(self, Self::Tombstoned | Self::AlreadyTombstoned)
+        matches!(self, Self::NothingSent | Self::Tombstoned | Self::AlreadyTombstoned)
     }
 
     /// A short name for logs and metrics.
     pub fn as_str(&self) -> &'static str {
         match self {
+            Self::NothingSent => "nothing_sent",
             Self::Tombstoned => "tombstoned",
             Self::AlreadyTombstoned => "already_tombstoned",
             Self::Committed(_) => "committed",
@@ -80,11 +84,14 @@ impl Settlement {
 }
 
 impl Outbox {
-    /// Abandons transaction `txn_id`, begun on this request path (or a clone of it): writes
-    /// its tombstone (the same conditional put the control worker writes,
-    /// `attribute_not_exists`), by `deadline` if there is one, so that its control message
-    /// finds it settled at the first check instead of deferring until the window ends.
-    /// Never fails itself: what it cannot write, the control message settles.
+    /// Abandons transaction `txn_id`, begun on this request path (or a clone of it). If
+    /// neither its control message nor its commit was sent, nothing is: from now on both
+    /// are refused, and nothing of it ever leaves the process ([`Settlement::NothingSent`],
+    /// nothing written). Otherwise it writes its tombstone (the same conditional put the
+    /// control worker writes, `attribute_not_exists`), by `deadline` if there is one, so
+    /// that its control message finds it settled at the first check instead of deferring
+    /// until the window ends. Never fails itself: what it cannot write, the control
+    /// message settles.
     ///
     /// A commit of it tried later fails ([`super::TxnError::Abandoned`], nothing written),
     /// wherever the transaction went (a task spawned past the answer, a channel). A commit
@@ -121,6 +128,12 @@ impl Outbox {
     /// message settles T in the right item.
     pub async fn abandon_in(&self, txn_id: TxnId, entity: Option<&ItemKey>, deadline: Option<Timestamp>) -> Settlement {
         let fence_in = match self.live.abandon(txn_id) {
+            // Its control message and its commit are now refused: nothing of it exists
+            // outside the process, nor ever will.
+            Abandoned::Unsent => {
+                tracing::info!(%txn_id, "abandoned before anything of it was sent: nothing to settle");
+                return Settlement::NothingSent;
+            }
             // Its commit is now refused: nothing of it can land.
             Abandoned::BeforeCommit => None,
             Abandoned::WhileCommitting(begun_in) => begun_in.or_else(|| entity.cloned()),

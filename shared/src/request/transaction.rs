@@ -50,14 +50,18 @@ pub struct Committed {
     pub inline: InlineDispatch,
 }
 
-/// One transaction of the request path, from `begin` to `commit`. To give it up, call
-/// [`Transaction::abandon`]: it writes the tombstone at once. Dropping it without
-/// committing is safe too (a crash does that): its control message tombstones it, after
-/// deferring until the commit window ends.
+/// One transaction of the request path, from `begin` to `commit`. Its control message goes
+/// out when it is first needed: just before the first commit attempt, or when the handler
+/// asks ([`Transaction::send_control`]). To give it up, call [`Transaction::abandon`]:
+/// before its control message was sent it writes nothing (nothing of it left the process),
+/// after it writes the tombstone at once. Dropping it without committing is safe too (a
+/// crash does that): a transaction never sent leaves nothing, one sent is tombstoned by its
+/// control message, after deferring until the commit window ends.
 pub struct Transaction {
     pub(super) outbox: Outbox,
     pub(super) txn_id: TxnId,
-    pub(super) first_sent_at: Timestamp,
+    /// Its control message, and whether and when it was sent.
+    pub(super) control: super::control_send::ControlSend,
     pub(super) deadline: Option<Timestamp>,
     /// The business writes (portable, and native through [`crate::native`]) and messages.
     pub(crate) staging: Staging,
@@ -167,13 +171,16 @@ impl Transaction {
         self.idempotency = Some((slot, fingerprint, response));
     }
 
-    /// Abandons the transaction: writes its tombstone now, within its deadline (see
-    /// [`Outbox::abandon`]). For a handler that decided, after `begin`, not to commit (a
-    /// no-op, a 404 or 409 found by its reads).
+    /// Abandons the transaction (see [`Outbox::abandon`]). For a handler that decided,
+    /// after `begin`, not to commit (a no-op, a 404 or 409 found by its reads). If its
+    /// control message was not sent, nothing is written or sent
+    /// ([`Settlement::NothingSent`]); otherwise its tombstone is written now, within its
+    /// deadline.
     pub async fn abandon(self) -> Settlement {
         let by = settle_bound(self.outbox.ports.clock.now(), self.deadline);
         // No commit of it was sent (a commit takes the transaction), so none can land:
-        // its record's tombstone settles it, in entity mode too.
+        // nothing settles it if its control message was not sent either, its record's
+        // tombstone otherwise, in entity mode too.
         self.outbox
             .abandon_in(self.txn_id, self.entity.as_ref(), Some(by))
             .await

@@ -9,12 +9,11 @@ use crate::protocol::TxnId;
 /// runs on this task, however they are begun: through it, or with [`Outbox::begin`]
 /// directly. Installed with [`watch_begins`].
 pub trait BeginWatch: Send + Sync {
-    /// Before a transaction begins (nothing sent yet): an error refuses it. Admitting
-    /// one holds the request's place until [`Self::started`] or [`Self::not_started`].
+    /// Before a transaction begins: an error refuses it. Admitting one holds the
+    /// request's place until [`Self::started`], which follows at once.
     fn admit(&self, txn_id: TxnId) -> Result<(), TxnError>;
-    /// The admitted transaction could not begin (its control message was not sent).
-    fn not_started(&self);
-    /// Once it began (its control message acknowledged): record it, and hook its commit.
+    /// Once it began (nothing of it sent yet): record it, and hook its control send and
+    /// its commit.
     fn started(&self, outbox: &Outbox, txn: &mut Transaction);
 }
 

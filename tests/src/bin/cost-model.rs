@@ -61,6 +61,9 @@ const API_MS_INLINE_ON: f64 = 56.6;
 const API_MS_ENTITY_INLINE_OFF: f64 = 15.8;
 const API_MS_ENTITY_INLINE_ON: f64 = 42.1;
 const API_MS_NSERVICEBUS: f64 = 43.7;
+/// A request refused after its read, with nothing of its transaction sent: the read (5)
+/// plus the same 5.7 ms of overhead.
+const API_MS_REFUSED: f64 = 10.7;
 const API_MS_STREAMS: f64 = 18.7;
 const WORKER_MS_PER_BATCH: f64 = 20.0;
 /// A consumed message's handling, modelled the same way (the same latencies summed, plus
@@ -244,11 +247,27 @@ impl Rig {
         }
     }
 
-    /// A transaction abandoned after `begin`, settled in the request path.
-    async fn abandon(&self, outbox: &Outbox, control: &ControlPath) -> Flow {
+    /// A transaction abandoned after `begin` and its reads (a 404, 409 or 412 they
+    /// decided). By default its control message goes out with the commit, so nothing of
+    /// it was sent: the abandon writes nothing and nothing reaches the control path. Sent
+    /// early (`send_control`, as every `begin` did before), its tombstone is written in
+    /// the request path and its control message finds it settled.
+    async fn abandon(&self, outbox: &Outbox, control: &ControlPath, sent_early: bool) -> Flow {
         self.reset();
         let txn = outbox.begin().await.expect("begin");
         let id = txn.id();
+        if !sent_early {
+            assert_eq!(txn.abandon().await, Settlement::NothingSent);
+            let (request_calls, request) = self.snapshot();
+            assert_eq!(request_calls, counts(&[]), "refused after its reads: request path");
+            return Flow {
+                request,
+                control: Bill::new(),
+                checks: 0,
+                written: self.meter.written(),
+            };
+        }
+        txn.send_control().await.expect("the control message");
         assert_eq!(txn.abandon().await, Settlement::Tombstoned);
         let (request_calls, request) = self.snapshot();
         let written = self.meter.written();
@@ -268,13 +287,15 @@ impl Rig {
         }
     }
 
-    /// Entity mode (issue 28): a transaction begun on an existing order and abandoned
-    /// before its commit began (`settled`: the request path writes its tombstone record,
-    /// no fence, since its commit is refused from then on), or one whose commit may be
-    /// under way (a commit of unknown outcome, modelled by `Outbox::abandon_in` naming the
-    /// order for a transaction the request path no longer holds): the fence, one
-    /// `TransactWriteItems` of two actions. The worker then reads the record, and the
-    /// order for an entry beside the tombstone; nothing is pruned later.
+    /// Entity mode (issue 28): a transaction begun on an existing order, its control
+    /// message sent, and abandoned before its commit began (`settled`: the request path
+    /// writes its tombstone record, no fence, since its commit is refused from then on),
+    /// or one whose commit may be under way (a commit of unknown outcome, modelled by
+    /// `Outbox::abandon_in` naming the order for a transaction the request path no longer
+    /// holds): the fence, one `TransactWriteItems` of two actions. The worker then reads
+    /// the record, and the order for an entry beside the tombstone; nothing is pruned
+    /// later. (Abandoned before its control message was sent, as a refusal decided by the
+    /// reads is by default, it costs nothing: see [`Rig::abandon`].)
     async fn abandon_in_entity(&self, outbox: &Outbox, control: &ControlPath, fenced: bool, n: usize) -> Flow {
         let key: ItemKey = format!("ORDER#{n}").parse().unwrap();
         let first_check = Timing::default().first_check_delay;
@@ -287,6 +308,7 @@ impl Rig {
         self.reset();
         let txn = outbox.begin_entity(key.clone()).await.expect("begin in entity mode");
         let id = txn.id();
+        txn.send_control().await.expect("the control message");
         let settlement = if fenced {
             drop(txn);
             outbox.abandon_in(id, Some(&key), None).await
@@ -316,10 +338,14 @@ impl Rig {
         }
     }
 
-    /// A transaction dropped after `begin` (a crash), left to its control message.
+    /// A transaction dropped after its control message was sent (a crash), left to that
+    /// message.
     async fn drop_txn(&self, outbox: &Outbox, control: &ControlPath, timing: Timing) -> Flow {
         self.reset();
-        let id = outbox.begin().await.expect("begin").id();
+        let txn = outbox.begin().await.expect("begin");
+        txn.send_control().await.expect("the control message");
+        let id = txn.id();
+        drop(txn);
         let (request_calls, request) = self.snapshot();
         let (control_calls, control_bill, checks) = self.settle(control, id, timing.first_check_delay).await;
         let written = self.meter.written();
@@ -1440,7 +1466,8 @@ async fn run(batch_size: f64) {
     let (create_on1, create_sizes_on1) = rig.create_in_entity(&inline, &control, true, true, 15).await;
     let (create_off1, create_sizes_off1) = rig.create_in_entity(&plain, &control, false, true, 16).await;
     let (fresh_on1, fresh_sizes_on1) = rig.create_in_entity(&inline, &control, true, false, 17).await;
-    let abandoned = rig.abandon(&plain, &control).await;
+    let abandoned = rig.abandon(&plain, &control, true).await;
+    let refused = rig.abandon(&plain, &control, false).await;
     let entity_abandoned = rig.abandon_in_entity(&plain, &control, false, 21).await;
     let entity_fenced = rig.abandon_in_entity(&plain, &control, true, 22).await;
     // Left to its control message: measured with a 3 s window (2 checks), and the
@@ -1637,6 +1664,14 @@ async fn run(batch_size: f64) {
             .counted(&sum(&[&abandoned.request, &abandoned.control]))
             .worker(abandoned.checks as f64, batch)
             .lambda(1.0, API_MS_INLINE_OFF);
+        // The default: nothing of the transaction was sent, so the read and the
+        // invocation, as long as the read, are the whole bill (no worker invocation
+        // either).
+        let mut refused_cost = Cost::default();
+        refused_cost
+            .modelled("GetItem (business read)", 1.0, 0.0, read)
+            .counted(&sum(&[&refused.request, &refused.control]))
+            .lambda(1.0, API_MS_REFUSED);
         let in_entity = |flow: &Flow| {
             let mut cost = Cost::default();
             cost.modelled("GetItem (business read)", 1.0, 0.0, read)
@@ -1762,9 +1797,20 @@ async fn run(batch_size: f64) {
         out.push((
             "abandoned transactions (decided by the reads: 404/409/412)".to_owned(),
             vec![
-                ("this outbox, settled in the request path".to_owned(), in_request),
                 (
-                    "this outbox in entity mode, settled in the request path (its commit had not begun)".to_owned(),
+                    "this outbox, refused after its reads (now: nothing sent, nothing written)".to_owned(),
+                    refused_cost,
+                ),
+                (
+                    "this outbox, its control message sent at begin, settled in the request path (before: every \
+                     begin sent it; now only Transaction::send_control)"
+                        .to_owned(),
+                    in_request,
+                ),
+                (
+                    "this outbox in entity mode, its control message sent, settled in the request path (its commit \
+                     had not begun)"
+                        .to_owned(),
                     entity_settled,
                 ),
                 (
@@ -1810,6 +1856,30 @@ async fn run(batch_size: f64) {
             );
         }
     }
+
+    // A refused request (404/409/412 decided by the reads), before and after its control
+    // message moved to the commit: the row of each in the abandoned transactions' table.
+    let refusal = |scenarios: &[(String, Vec<(String, Cost)>)], prefix: &str| -> f64 {
+        scenarios
+            .iter()
+            .find(|(title, _)| title.starts_with("abandoned transactions"))
+            .and_then(|(_, rows)| rows.iter().find(|(name, _)| name.starts_with(prefix)))
+            .map(|(_, cost)| cost.dollars().3)
+            .expect("the row")
+    };
+    let (before, now) = (
+        "this outbox, its control message sent at begin",
+        "this outbox, refused after its reads",
+    );
+    println!(
+        "\nrefused request (404/409/412 decided by the reads), per million: before (its control message sent at \
+         begin, its tombstone written at the answer, the worker's check) ${:.2} (worker batch 1) / ${:.2} (batch 10); \
+         now (nothing sent, nothing written: the read and the invocation) ${:.2} / ${:.2}",
+        refusal(&low, before),
+        refusal(&high, before),
+        refusal(&low, now),
+        refusal(&high, now)
+    );
 
     let ours = ours_committed(&on1, API_MS_INLINE_ON, 1.0).dollars().3;
     let ours_off = ours_committed(&off1, API_MS_INLINE_OFF, 1.0).dollars().3;

@@ -123,10 +123,12 @@ pub async fn the_request_path_in_entity_mode_commits_into_the_item_and_dispatche
 
     // Late: the worker's window (two seconds) ends before the commit is tried; it fences
     // the order. The request path's own window is a minute (a clock behind the worker's),
-    // so its commit goes to the table, which refuses it.
+    // so its commit goes to the table, which refuses it. Its control message was sent
+    // early (it goes out with the commit otherwise), so that the worker has it to handle.
     let short = self::timing(Duration::from_secs(2));
     let late = add_line(&outbox, &order).await;
     let late_id = late.id();
+    late.send_control().await.expect("the control message");
     let settled = b
         .handle_until_settled(&b.control(short), late_id, short.first_check_delay, |_| {})
         .await;

@@ -868,11 +868,14 @@ fn poll(actor: &mut Actor) -> Poll<End> {
     actor.future.as_mut().poll(&mut Context::from_waker(Waker::noop()))
 }
 
-/// The request: T in entity mode on K, read, incremented, `messages` big messages
-/// emitted, committed.
+/// The request: T in entity mode on K, its control message sent before its read (as a
+/// handler that will write for sure sends it, [`outbox::request::Transaction::send_control`]:
+/// the workers have it to handle from the start), read, incremented, `messages` big
+/// messages emitted, committed.
 async fn request(outbox: Outbox, messages: usize) -> Result<Committed, TxnError> {
     let key: ItemKey = COUNTER.parse().expect("a valid key");
     let mut txn = outbox.begin_entity(key.clone()).await?;
+    txn.send_control().await?;
     let current = txn.get(&key).await?.expect("the counter exists");
     let count = current.data["count"].as_u64().expect("a count") + 1;
     txn.put(

@@ -120,7 +120,8 @@ pub struct SimConfig {
     /// create over the vacant key at the version it reads, racing the requests, their
     /// late and held commits, and the workers.
     pub deletes: bool,
-    /// Once, at a random step after every request ended, the clock jumps past the
+    /// Once, at a random step after every request ended and while every worker is
+    /// between batches, the clock jumps past the
     /// retention and the sent marks' margin (`FORGET_MARGIN`): records expire, control
     /// messages turn stale, and a worker reading a counter full of marks drops them. With
     /// AWS's signature check modelled ([`Self::aws_signatures`]), which refuses a request
@@ -146,6 +147,11 @@ pub struct SimConfig {
     /// table, a transaction without messages), so that requests read its key vacant at
     /// version 2 and create it again over the vacant key, at the version read.
     pub vacant: bool,
+    /// Every request (and every transaction of the deleter) sends its control message
+    /// before its read ([`outbox::request::Transaction::send_control`]), as a handler that
+    /// will write for sure does; otherwise it goes out with the commit, and a request that
+    /// abandons after its read sends nothing.
+    pub sends_early: bool,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -165,11 +171,11 @@ pub enum ApiResult {
     /// The request path answered.
     Answered(Result<Committed, TxnError>),
     /// The request abandoned its transaction after its read, and the request path's
-    /// tombstone write found this.
+    /// abandon found this (nothing to settle, or what its tombstone write found).
     Abandoned {
         /// The transaction.
         txn_id: TxnId,
-        /// What the tombstone write found.
+        /// What the abandon found.
         settlement: Settlement,
     },
     /// The API crashed before answering.
@@ -182,7 +188,8 @@ pub enum ApiResult {
         named: Option<TxnId>,
         /// Whether the answer says the outcome is unknown (`/problems/outcome-unknown`).
         unknown: bool,
-        /// The transaction the handler began, if it got that far.
+        /// The transaction the handler began, if its control message was sent (from
+        /// then on every answer names it).
         began: Option<TxnId>,
         /// Whether the middleware answered for a handler that overran.
         timed_out: bool,
@@ -655,6 +662,7 @@ impl World {
         entity: bool,
         spawns: bool,
         after_answer: bool,
+        sends_early: bool,
     ) -> Actor {
         let (id, own_gate) = self.gate();
         // A request that hands its transaction to a task, or its dispatch to run after
@@ -691,13 +699,25 @@ impl World {
             };
         }
         let future: ActorFuture = match middleware {
-            Some(timeout) => {
-                Box::pin(async move { End::Request(increment_over_http(outbox, timeout, key, abandons, entity).await) })
-            }
+            Some(timeout) => Box::pin(async move {
+                End::Request(increment_over_http(outbox, timeout, key, abandons, entity, sends_early).await)
+            }),
             None => {
                 let hand_to = (spawns && abandons).then(|| self.handed.clone());
                 Box::pin(async move {
-                    End::Request(increment(&outbox, key, idempotency, deadline, abandons, entity, hand_to).await)
+                    End::Request(
+                        increment(
+                            &outbox,
+                            key,
+                            idempotency,
+                            deadline,
+                            abandons,
+                            entity,
+                            sends_early,
+                            hand_to,
+                        )
+                        .await,
+                    )
                 })
             }
         };
@@ -761,7 +781,7 @@ impl World {
     /// transaction while the counter holds entries or changes; it reads the counter,
     /// waiting, while it holds entries), then the create of the vacant key at the version
     /// read ([`ExpectedVersion::AbsentAt`]). The worker publishes them.
-    fn deleter(&mut self, key: ItemKey, entity: bool, spins: bool) -> Actor {
+    fn deleter(&mut self, key: ItemKey, entity: bool, spins: bool, sends_early: bool) -> Actor {
         const TRIES: usize = 6;
         // Reads of the counter while it holds entries, before a delete is tried anyway.
         const WAITS: usize = 4;
@@ -807,7 +827,7 @@ impl World {
                         }
                         clock.sleep(Duration::from_secs(1)).await;
                     }
-                    if delete_or_create(&outbox, &key, entity, create).await {
+                    if delete_or_create(&outbox, &key, entity, create, sends_early).await {
                         break;
                     }
                 }
@@ -920,14 +940,18 @@ fn seed(backend: &EmbeddedBackend, ids: &SimIds, now: Timestamp, timing: Timing,
 /// (`create`), with an event and an audit entry about it. Whether it is done: committed,
 /// or found done already (the key vacant for a delete, live for a create: an attempt of
 /// an earlier try applied late, or a request created the counter); otherwise it is tried
-/// again in a new transaction.
-async fn delete_or_create(outbox: &Outbox, key: &ItemKey, entity: bool, create: bool) -> bool {
+/// again in a new transaction. With `sends_early`, each transaction sends its control
+/// message before its read.
+async fn delete_or_create(outbox: &Outbox, key: &ItemKey, entity: bool, create: bool, sends_early: bool) -> bool {
     let begun = if entity {
         outbox.begin_entity(key.clone()).await
     } else {
         outbox.begin().await
     };
     let Ok(mut txn) = begun else { return false };
+    if sends_early && txn.send_control().await.is_err() {
+        return false;
+    }
     let read = match txn.get(key).await {
         Ok(read) => read,
         Err(_) => {
@@ -960,7 +984,9 @@ async fn delete_or_create(outbox: &Outbox, key: &ItemKey, entity: bool, create: 
 /// emit one event and one FIFO audit entry about it; or, when it `abandons`, give up the
 /// transaction after the read (a no-op, a 404). With `hand_to`, an abandoning request
 /// stages its increment and hands the transaction to a task of its own, which commits it
-/// (past the answer); then it abandons the transaction, as the HTTP glue does.
+/// (past the answer); then it abandons the transaction, as the HTTP glue does. With
+/// `sends_early`, it sends its control message before its read.
+#[allow(clippy::too_many_arguments)]
 async fn increment(
     outbox: &Outbox,
     key: ItemKey,
@@ -968,6 +994,7 @@ async fn increment(
     deadline: Option<Duration>,
     abandons: bool,
     entity: bool,
+    sends_early: bool,
     hand_to: Option<Handed>,
 ) -> ApiResult {
     let result = async {
@@ -979,6 +1006,9 @@ async fn increment(
             (None, true) => outbox.begin_entity(key.clone()).await?,
         };
         let mut txn = txn;
+        if sends_early {
+            txn.send_control().await?;
+        }
         let current = txn.get(&key).await?;
         if let (true, Some(handed)) = (abandons, &hand_to) {
             let txn_id = txn.id();
@@ -1023,13 +1053,14 @@ async fn stage_increment(
 /// The business logic of a request through the deadline middleware: the same increment,
 /// in an axum handler that begins through its [`RequestScope`] and commits through it;
 /// a request that abandons answers 404 and leaves the middleware to settle its
-/// transaction.
+/// transaction. With `sends_early`, it sends its control message before its read.
 async fn increment_over_http(
     outbox: Outbox,
     timeout: Duration,
     key: ItemKey,
     abandons: bool,
     entity: bool,
+    sends_early: bool,
 ) -> ApiResult {
     use axum::response::IntoResponse;
     use outbox::http::{Answer, Deadlines, HttpError, RequestScope};
@@ -1047,7 +1078,12 @@ async fn increment_over_http(
             let outbox::http::Begun::Started(mut txn) = begun else {
                 unreachable!("a request without a key is never a replay")
             };
-            *handler_began.lock().expect("lock") = Some(txn.id());
+            // Once its control message is out, every answer must name it.
+            let began = handler_began.clone();
+            txn.on_control_send(move |txn_id| *began.lock().expect("lock") = Some(txn_id));
+            if sends_early {
+                txn.send_control().await.map_err(HttpError::from)?;
+            }
             let current = txn.get(&key).await.map_err(HttpError::from)?;
             if abandons {
                 return Ok(axum::http::StatusCode::NOT_FOUND.into_response());
@@ -1200,11 +1236,17 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             config.entity,
             config.spawned_commits,
             config.after_answer,
+            config.sends_early,
         ));
     }
     if config.deletes {
         for key in &counters {
-            actors.push(world.deleter(key.clone(), config.entity, config.preemption_bound.is_none()));
+            actors.push(world.deleter(
+                key.clone(),
+                config.entity,
+                config.preemption_bound.is_none(),
+                config.sends_early,
+            ));
         }
     }
     for _ in 0..config.workers {
@@ -1332,9 +1374,17 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             world.clock.advance(jump_sizes[chooser.pick(jump_sizes.len())]);
             continue;
         }
-        // Only once every request has ended: a request paused between its window check
-        // and its send for longer than the retention is another matter (see the test).
-        if retention_jump && api_results.iter().all(Option::is_some) && chooser.chance(6) {
+        // Only once every request has ended and every worker is between batches: a
+        // request paused between its window check and its send, or a worker between its
+        // read and its write (a fence decided before the jump, landing after the proof of
+        // a commit it would have found expired), for longer than the retention is another
+        // matter (see the test): an invocation lasts at most 15 minutes, and AWS refuses a
+        // request signed longer ago than that.
+        let workers_idle = actors
+            .iter()
+            .filter(|actor| matches!(actor.kind, Kind::Worker))
+            .all(|actor| waiting.get(&actor.id) == Some(&Op::Receive));
+        if retention_jump && workers_idle && api_results.iter().all(Option::is_some) && chooser.chance(6) {
             retention_jump = false;
             world
                 .clock

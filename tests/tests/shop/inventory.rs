@@ -81,6 +81,7 @@ async fn tally(running: &Running, product: &str) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no_aws() {
     let (running, app) = inventory().await;
+    running.embedded.as_ref().expect("the embedded backend").record();
     let (status, _, product) = call(&app, "POST", "/products", Some(json!({"product_id": "p1", "stock": 3}))).await;
     assert_eq!(status, StatusCode::CREATED, "{product}");
     let (status, _, again) = call(&app, "POST", "/products", Some(json!({"product_id": "p1", "stock": 9}))).await;
@@ -89,8 +90,8 @@ async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no
         (StatusCode::CONFLICT, Some("/problems/product-exists"))
     );
     assert!(
-        again["transaction_id"].is_string(),
-        "a refusal after the begin names the transaction: {again}"
+        again["transaction_id"].is_null(),
+        "a refusal decided by the read names no transaction (nothing of it was sent): {again}"
     );
 
     // Six reservations of one unit at once on a stock of three: three are made, three
@@ -127,7 +128,7 @@ async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no
 
     // The ready status route, reached by the link every answer naming a transaction
     // carries: a reservation (begun on its product: the link carries the item) reads
-    // dispatched, a refusal after the begin tombstoned.
+    // dispatched.
     let (_, headers, reserved) = made[0];
     let txn = reserved["reservation_id"].as_str().unwrap();
     let link = status_link(headers);
@@ -149,14 +150,35 @@ async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no
         .iter()
         .find(|(status, ..)| *status == StatusCode::CONFLICT)
         .unwrap();
-    let link = status_link(headers);
-    assert!(link.contains(refused["transaction_id"].as_str().unwrap()), "{link}");
-    let (status, _, read) = call(&app, "GET", &link, None).await;
-    assert_eq!(
-        (status, read["status"].as_str()),
-        (StatusCode::OK, Some("tombstoned")),
-        "{read}"
-    );
+    assert!(refused["transaction_id"].is_null(), "{refused}");
+    assert!(headers.get("link").is_none(), "{headers:?}");
+
+    // Refusals decided by the read cost it alone: the product that exists, the stock that
+    // is gone, a product that is missing send no control message and write nothing (no
+    // tombstone), and name no transaction.
+    let embedded = running.embedded.as_ref().expect("the embedded backend");
+    let sent = embedded.control_queue.queue().sent().len();
+    let tombstones = || {
+        embedded
+            .store
+            .history()
+            .into_iter()
+            .filter(|event| matches!(event, outbox::embedded::StoreEvent::Tombstoned { .. }))
+            .count()
+    };
+    let tombstoned = tombstones();
+    for (uri, body, kind) in [
+        ("/products", json!({"product_id": "p1", "stock": 9}), "product-exists"),
+        ("/products/p1/reservations", json!({"quantity": 1}), "out-of-stock"),
+        ("/products/p7/reservations", json!({"quantity": 1}), "not-found"),
+    ] {
+        let (_, headers, read) = call(&app, "POST", uri, Some(body)).await;
+        assert_eq!(read["type"], format!("/problems/{kind}"), "{read}");
+        assert!(read["transaction_id"].is_null(), "{read}");
+        assert!(headers.get("x-transaction-id").is_none(), "{headers:?}");
+    }
+    assert_eq!(embedded.control_queue.queue().sent().len(), sent, "no control message");
+    assert_eq!(tombstones(), tombstoned, "no tombstone");
     let (status, _, read) = call(&app, "GET", "/transactions/not-an-id", None).await;
     assert_eq!(
         (status, read["type"].as_str()),
