@@ -605,8 +605,12 @@ impl Consumer {
             // Kept all the same: the next delivery reads the position again.
             Err(error) => return Verdict::Done(Err(ConsumeError::Read(error))),
         }
+        if !self.remind(delivery, position, waits, since).await {
+            // Kept, but acknowledged only with its reminder on its way: the reminder is
+            // what keeps a kept message alive (each keep sets its expiry anew).
+            return Verdict::Done(Err(ConsumeError::Waiting { applied, seq }));
+        }
         tracing::info!(seq, applied, chain = %position.chain, entity = %position.entity, "waiting for the message's predecessor; kept");
-        self.remind(delivery, position, waits, since).await;
         Verdict::Done(Ok(ConsumeOutcome::Kept { applied, seq }))
     }
 
@@ -637,23 +641,37 @@ impl Consumer {
 
     /// On a standard source queue, a reminder copy of a kept message, to come back after
     /// [`in_order::REMINDER_DELAY`]: if the message still waits then, it measures the wait
-    /// again (the alarm) and goes back once more; if its predecessor was applied and
-    /// nothing applied it (a kept message no invocation reached), it applies it. A
-    /// reminder that cannot be sent is only logged: the message is kept.
-    async fn remind(&self, delivery: &Delivery, position: &Position, waits: u32, since: crate::time::Timestamp) {
+    /// again (the alarm), keeps the message anew (its expiry from then) and goes back once
+    /// more; if its predecessor was applied and nothing applied the message (a kept message
+    /// no invocation reached), it applies it. `false` where the reminder could not be sent
+    /// (the delivery then fails, and comes back to keep and remind again); a message that
+    /// carries 10 attributes already gets none, and is kept for the retention. Nothing to
+    /// send on a FIFO source or without a [`super::Requeue`].
+    async fn remind(
+        &self,
+        delivery: &Delivery,
+        position: &Position,
+        waits: u32,
+        since: crate::time::Timestamp,
+    ) -> bool {
         let Some(requeue) = self.requeue.as_ref().filter(|_| delivery.group_id.is_none()) else {
-            return;
+            return true;
         };
         let extra = in_order::wait_attributes(waits + 1, since);
-        if let Err(error) = requeue
-            .requeue(
-                &in_order::without_earlier_wait(delivery),
-                &extra,
-                in_order::REMINDER_DELAY,
-            )
-            .await
-        {
-            tracing::warn!(seq = position.seq, error = %error, "sending a kept message's reminder failed; the message stays kept");
+        let copy = in_order::without_earlier_wait(delivery);
+        if crate::ports::requeued_attributes(&copy, &extra).is_err() {
+            tracing::warn!(
+                seq = position.seq,
+                "a kept message with 10 attributes gets no reminder; it is kept for the retention"
+            );
+            return true;
+        }
+        match requeue.requeue(&copy, &extra, in_order::REMINDER_DELAY).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(seq = position.seq, error = %error, "sending a kept message's reminder failed; the delivery fails and comes back");
+                false
+            }
         }
     }
 

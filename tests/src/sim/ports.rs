@@ -10,7 +10,7 @@
 //! ([`Op::Tombstone`], late: [`Op::LateTombstone`]), whether the request path settles with
 //! it or the control worker writes it past the window.
 
-use outbox::ports::ExpectedVersion;
+use outbox::ports::{ExpectedVersion, KeptMessage};
 use outbox::protocol::Applied;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -736,6 +736,26 @@ impl Store for GatedStore {
             Fault::Fail => Err(StoreError::Unavailable(injected("dedup record put refused"))),
             Fault::None | Fault::Duplicate | Fault::FirstEntryFails | Fault::Busy => put().await,
         }
+    }
+
+    /// An in-order consumer's keep of a message that came before its predecessor: a write,
+    /// meeting what a mark meets.
+    async fn keep_message(&self, kept: &KeptMessage) -> Result<(), StoreError> {
+        gated!(self.gate, Op::Mark, self.inner.keep_message(kept).await,
+            failed => Err(StoreError::Unavailable(injected("keep refused"))),
+            lost => Err(StoreError::Unavailable(injected("keep reply lost"))))
+    }
+
+    async fn get_kept(&self, key: &str) -> Result<Option<KeptMessage>, StoreError> {
+        gated!(self.gate, Op::Read, self.inner.get_kept(key).await,
+            failed => Err(StoreError::Unavailable(injected("kept message read failed"))),
+            lost => Err(StoreError::Unavailable(injected("kept message read reply lost"))))
+    }
+
+    async fn remove_kept(&self, key: &str) -> Result<(), StoreError> {
+        gated!(self.gate, Op::Mark, self.inner.remove_kept(key).await,
+            failed => Err(StoreError::Unavailable(injected("kept message removal refused"))),
+            lost => Err(StoreError::Unavailable(injected("kept message removal reply lost"))))
     }
 }
 
