@@ -21,7 +21,8 @@ use crate::report;
 pub struct Request<'a> {
     /// The stack whose names to use.
     pub stack: &'a str,
-    /// How the `events` destination is published: `sqs`, `sns` or `eventbridge`.
+    /// How the `events` destination is published: `sqs`, `sqs-fifo`, `sns` or
+    /// `eventbridge`.
     pub events_via: &'a str,
     /// The consumer whose settings to print rather than the API's and the worker's.
     pub consumer: Option<ConsumerRequest>,
@@ -39,7 +40,7 @@ pub struct ConsumerRequest {
 }
 
 impl<'a> Request<'a> {
-    /// Reads `[STACK] [--events-via sqs|sns|eventbridge] [--consumer NAME [--source DEST]
+    /// Reads `[STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME [--source DEST]
     /// [--publishes DEST]...]`; the error says what is wrong with the arguments.
     pub fn parse(args: &[&'a str]) -> Result<Self, String> {
         let mut request = Request {
@@ -96,7 +97,7 @@ fn destination(text: &str) -> Result<DestinationName, String> {
 pub async fn run(request: Request<'_>, usage: &str) -> ExitCode {
     let Some(mut names) = ResourceNames::for_stack(request.stack).with_events_via(request.events_via) else {
         eprintln!(
-            "--events-via takes sqs, sns or eventbridge, not {:?}\n{usage}",
+            "--events-via takes sqs, sqs-fifo, sns or eventbridge, not {:?}\n{usage}",
             request.events_via
         );
         return ExitCode::from(2);

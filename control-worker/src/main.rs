@@ -10,7 +10,7 @@
 //! - `control-worker redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL]`: moves a
 //!   dead-letter queue's messages back to its source queue: the one whose redrive policy
 //!   names it (the control queue's, a destination queue's), or the one given.
-//! - `control-worker bootstrap [STACK] [--events-via sqs|sns|eventbridge] [--consumer NAME
+//! - `control-worker bootstrap [STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME
 //!   [--source DEST] [--publishes DEST]...]`: creates the table and queues of
 //!   `template.yaml` for stack STACK (default `outbox`), with the `events` destination
 //!   published to its queue directly (the default), through an SNS topic the queue
@@ -60,7 +60,7 @@ async fn shutdown_signal() {
     tracing::info!("shutting down after the batch in hand");
 }
 
-const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | bootstrap [STACK] [--events-via sqs|sns|eventbridge] [--consumer NAME [--source DEST] [--publishes DEST]...]";
+const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | bootstrap [STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME [--source DEST] [--publishes DEST]...]";
 
 #[tokio::main]
 async fn main() -> ExitCode {

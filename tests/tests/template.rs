@@ -198,9 +198,10 @@ fn grants(template: &Yaml, function: &str) -> BTreeMap<String, BTreeSet<Grant>> 
 /// The events destination's kinds, as `EventsDestinationKind` names them: the parameter
 /// value, the condition that holds for it, the backend's destination of that kind, and
 /// what names the resource its publish action is granted on.
-fn kinds() -> [(&'static str, &'static str, DestinationName, &'static str); 3] {
+fn kinds() -> [(&'static str, &'static str, DestinationName, &'static str); 4] {
     [
         ("sqs", "PublishesToQueue", events(), "EventsQueue"),
+        ("sqs-fifo", "PublishesToFifoQueue", audit(), "EventsQueue"),
         ("sns", "PublishesToTopic", fanout(), "EventsTopic"),
         ("eventbridge", "PublishesToBus", bus(), "EventsBus"),
     ]
@@ -810,7 +811,10 @@ fn each_kind_of_events_destination_is_named_for_the_code_and_delivered_to_the_ev
         let filled = entry
             .replace(
                 "${EventsQueue}",
-                "https://sqs.us-east-1.amazonaws.com/123456789012/s-events",
+                match kind {
+                    "sqs-fifo" => "https://sqs.us-east-1.amazonaws.com/123456789012/s-events.fifo",
+                    _ => "https://sqs.us-east-1.amazonaws.com/123456789012/s-events",
+                },
             )
             .replace("${EventsTopic}", "arn:aws:sns:us-east-1:123456789012:s-events")
             .replace("${EventsBus}", "s-events");
@@ -845,6 +849,70 @@ fn each_kind_of_events_destination_is_named_for_the_code_and_delivered_to_the_ev
     assert_eq!(when(source, "PublishesToTopic").as_str(), Some("EventsTopic"));
     assert_eq!(when(principal, "PublishesToBus").as_str(), Some("events.amazonaws.com"));
     assert_eq!(when(source, "PublishesToBus").as_str(), Some("EventsRule.Arn"));
+}
+
+/// A FIFO events destination (`EventsDestinationKind` sqs-fifo): the events queue is a FIFO
+/// queue named `{stack}-events.fifo` with a FIFO dead-letter queue, the functions that
+/// publish name it `sqs-fifo` (each entity's events in one message group, the settings'
+/// default) and may send to it alone, no service delivers to it (no queue policy), and the
+/// shipping consumer reads it.
+#[test]
+fn a_fifo_events_destination_is_a_fifo_queue_grouped_by_entity() {
+    let stack = Deployment::with(&[("EventsDestinationKind", "sqs-fifo")]);
+    let resources = stack.resources();
+    let queue = &resources["EventsQueue"]["Properties"];
+    assert_eq!(queue["FifoQueue"], json!(true));
+    assert_eq!(queue["QueueName"], json!({"Fn::Sub": "${AWS::StackName}-events.fifo"}));
+    let dead_letters = &resources["EventsDeadLetterQueue"]["Properties"];
+    assert_eq!(dead_letters["FifoQueue"], json!(true));
+    assert_eq!(
+        dead_letters["QueueName"],
+        json!({"Fn::Sub": "${AWS::StackName}-events-dlq.fifo"})
+    );
+    for function in PRODUCERS {
+        let destinations = stack.environment(function)[vars::DESTINATIONS].clone();
+        assert_eq!(
+            destinations,
+            json!({"Fn::Sub": "events=sqs-fifo:${EventsQueue}"}),
+            "{function}"
+        );
+        let sends: Vec<serde_json::Value> = resources[function]["Properties"]["Policies"][0]["Statement"]
+            .as_array()
+            .expect("statements")
+            .iter()
+            .filter(|statement| statement["Resource"] == json!({"Fn::GetAtt": ["EventsQueue", "Arn"]}))
+            .cloned()
+            .collect();
+        assert_eq!(
+            sends.len(),
+            1,
+            "{function}: one statement on the events queue: {sends:?}"
+        );
+        assert_eq!(sends[0]["Action"], json!(["sqs:SendMessage"]), "{function}");
+    }
+    let settings = Settings::from_lookup(|name| match name {
+        vars::BACKEND => Some("aws".to_owned()),
+        vars::TABLE_NAME => Some("t".to_owned()),
+        vars::CONTROL_QUEUE_URL => Some("https://sqs.us-east-1.amazonaws.com/123456789012/c".to_owned()),
+        vars::DESTINATIONS => {
+            Some("events=sqs-fifo:https://sqs.us-east-1.amazonaws.com/123456789012/s-events.fifo".to_owned())
+        }
+        _ => None,
+    })
+    .expect("the settings read the FIFO destination");
+    assert_eq!(
+        settings.fifo_groups,
+        outbox::protocol::FifoGrouping::Entity,
+        "grouped by entity"
+    );
+    assert!(
+        !resources.contains_key("EventsQueuePolicy"),
+        "no service delivers to a FIFO events queue"
+    );
+    assert_eq!(
+        stack.environment("ShippingFunction")["OUTBOX_CONSUMER_QUEUE_URL"],
+        json!({"Ref": "EventsQueue"})
+    );
 }
 
 /// EventBridge (`EventsDestinationKind` eventbridge): the events go to a bus the stack
@@ -998,12 +1066,36 @@ fn the_bootstrap_makes_what_the_template_declares() {
         [shipping::SHIPMENTS.parse().unwrap()],
     );
     let names = outbox::aws::ResourceNames::for_stack("stack").with_consumer(shipping_consumer);
-    let queue_name = |resource: &str| {
-        resources[resource]["Properties"]["QueueName"]
+    // The name a deployment with `holding` gives (the events queues' names depend on
+    // EventsDestinationKind: FIFO with sqs-fifo).
+    let queue_name_when = |resource: &str, holding: &str| {
+        when(&resources[resource]["Properties"]["QueueName"], holding)
             .as_str()
             .unwrap_or_else(|| panic!("{resource} has no QueueName"))
             .replace("${AWS::StackName}", "stack")
     };
+    let queue_name = |resource: &str| queue_name_when(resource, "PublishesToQueue");
+    // The bootstrap's FIFO events destination is the template's.
+    let fifo = outbox::aws::ResourceNames::for_stack("stack")
+        .with_events_via("sqs-fifo")
+        .expect("a kind the bootstrap makes")
+        .with_consumer(outbox::aws::ConsumerResource::for_stack(
+            "stack",
+            "shipping".parse().unwrap(),
+            "events".parse().unwrap(),
+            [shipping::SHIPMENTS.parse().unwrap()],
+        ));
+    let fifo_queue = fifo.destinations[0].1.queue().to_owned();
+    assert_eq!(fifo_queue, queue_name_when("EventsQueue", "PublishesToFifoQueue"));
+    assert_eq!(
+        "stack-events-dlq.fifo",
+        queue_name_when("EventsDeadLetterQueue", "PublishesToFifoQueue")
+    );
+    assert_eq!(
+        fifo.consumer.expect("the worked consumer").source_queue,
+        fifo_queue,
+        "the consumer reads the FIFO events queue"
+    );
     let seconds = |resource: &str, attribute: &str| {
         std::time::Duration::from_secs(resources[resource]["Properties"][attribute].as_i64().unwrap() as u64)
     };

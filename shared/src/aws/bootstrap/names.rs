@@ -100,7 +100,12 @@ impl ResourceNames {
     /// The same names with `consumer` behind them. When no destination is named like its
     /// source, one is added on its source queue, made like every destination's (with a
     /// dead-letter queue): a consumer may read what another one publishes.
-    pub fn with_consumer(mut self, consumer: ConsumerResource) -> Self {
+    pub fn with_consumer(mut self, mut consumer: ConsumerResource) -> Self {
+        // A destination of the stack's: the consumer reads its queue, whatever it is named
+        // (`{stack}-events.fifo` for a FIFO events destination).
+        if let Some((_, resource)) = self.destinations.iter().find(|(name, _)| *name == consumer.source) {
+            consumer.source_queue = resource.queue().to_owned();
+        }
         if !self.destinations.iter().any(|(name, _)| *name == consumer.source) {
             self.destinations.push((
                 consumer.source.clone(),
@@ -114,16 +119,24 @@ impl ResourceNames {
     }
 
     /// The same names with the `events` destination published through `kind`: `sqs` (the
-    /// queue `{stack}-events` itself, as [`ResourceNames::for_stack`] has it), `sns` (a
-    /// topic `{stack}-events` the queue subscribes to) or `eventbridge` (a bus
-    /// `{stack}-events` whose rule targets the queue), as `template.yaml`'s
-    /// `EventsDestinationKind` does. `None` for any other kind.
+    /// queue `{stack}-events` itself, as [`ResourceNames::for_stack`] has it), `sqs-fifo`
+    /// (the FIFO queue `{stack}-events.fifo`, each entity's events in one message group,
+    /// so an in-order consumer receives them in commit order), `sns` (a topic
+    /// `{stack}-events` the queue subscribes to) or `eventbridge` (a bus `{stack}-events`
+    /// whose rule targets the queue), as `template.yaml`'s `EventsDestinationKind` does.
+    /// `None` for any other kind.
     pub fn with_events_via(mut self, kind: &str) -> Option<Self> {
         let events: DestinationName = "events".parse().expect("valid name");
         let (_, resource) = self.destinations.iter_mut().find(|(name, _)| *name == events)?;
         let queue = resource.queue().to_owned();
         *resource = match kind {
             "sqs" => DestinationResource::Queue { queue },
+            "sqs-fifo" => DestinationResource::Queue {
+                queue: match queue.strip_suffix(".fifo") {
+                    Some(_) => queue,
+                    None => format!("{queue}.fifo"),
+                },
+            },
             "sns" => DestinationResource::Topic {
                 topic: queue.clone(),
                 queue,
