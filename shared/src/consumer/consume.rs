@@ -315,7 +315,8 @@ impl Consumer {
     /// Processes one delivered message: acknowledge it if this returns `Ok`.
     ///
     /// In order, once the message is applied (or found applied), the messages kept after it
-    /// in its chain are applied too, each in turn, before this returns ([`Self::drain`]).
+    /// in its chain are applied too, each in turn, before this returns (docs/PROTOCOL.md
+    /// section 15, the kept messages).
     pub async fn consume(&self, delivery: &Delivery) -> Result<ConsumeOutcome, ConsumeError> {
         let (result, placed) = self.consume_once(delivery).await;
         let (Ok(outcome), Some(position)) = (&result, placed) else {

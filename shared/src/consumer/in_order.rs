@@ -10,10 +10,11 @@
 //! ([`crate::ports::Store::keep_applied`]); otherwise in an item of its own
 //! ([`position_key`]) that the message's commit moves under a condition on its version.
 //! A message at
-//! or below it is a duplicate; one beyond the next waits: it is sent back to its queue
-//! to come again after a delay that grows with its waits ([`wait_delay`]), and the
-//! delivery in hand is acknowledged, so that waiting never counts toward the dead-letter
-//! queue. A message at or below it from a later version of its entity than the one
+//! or below it is a duplicate; one beyond the next is kept ([`kept_key`],
+//! [`crate::ports::KeptMessage`]) and acknowledged, and whoever applies its predecessor
+//! applies it right after; a message that cannot be kept ([`MAX_KEPT_BYTES`]) waits on its
+//! queue instead, sent back to come again after a delay that grows with its waits
+//! ([`wait_delay`]), so that waiting never counts toward the dead-letter queue. A message at or below it from a later version of its entity than the one
 //! applied last is no duplicate but a chain that restarted: it fails, visibly, instead of
 //! being dropped. A message without a position is applied as it comes.
 

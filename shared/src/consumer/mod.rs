@@ -97,8 +97,9 @@ pub trait Handler: Send + Sync {
 
     /// Whether the consumer applies each source entity's messages in the order their
     /// entity committed them ([`in_order`]): a message whose predecessor in its chain was
-    /// not applied yet waits (sent back to its queue to come again in seconds, growing),
-    /// one at or below the last applied is a duplicate. `false`, the default, applies
+    /// not applied yet is kept ([`crate::ports::KeptMessage`]) and applied right after its
+    /// predecessor, by whichever delivery applies that one; one at or below the last
+    /// applied is a duplicate. `false`, the default, applies
     /// messages as they come. Messages without a position ([`Incoming::position`]) are
     /// applied as they come either way. With [`Self::entity`], the chain's position is kept
     /// in that entity's key and moved by its own write (no write more); without, the
