@@ -213,12 +213,15 @@ async fn settle_on_the_wire(
     (calls, handled)
 }
 
-/// An abandoned transaction costs its one control message and one tombstone write in the
-/// request path, and one read when the control message comes; one left to its control
-/// message (dropped, as a crash leaves it) costs a read per check, a deferral per check
-/// within the window, and the tombstone. Counted on the wire; printed for the note.
+/// A transaction abandoned before its control message was sent (the default: it goes out
+/// with the commit) costs nothing on the wire. One abandoned after its control message was
+/// sent early (`Transaction::send_control`) costs that message and one tombstone write in
+/// the request path, and one read when the control message comes; one left to its control
+/// message (dropped after its send, as a crash leaves it) costs a read per check, a
+/// deferral per check within the window, and the tombstone. Counted on the wire; printed
+/// for the note.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_abandoned_transaction_costs_one_control_message_and_one_tombstone_write() {
+async fn an_abandoned_transaction_costs_nothing_unsent_and_one_control_message_and_one_tombstone_write_sent() {
     let counter = CallCounter::default();
     let backend = Backend::aws_with(counter.clients(&emulator().sdk_config().await)).await;
     // A 3 s window: a transaction left to its control message is checked at 1 s,
@@ -230,6 +233,11 @@ async fn an_abandoned_transaction_costs_one_control_message_and_one_tombstone_wr
     let outbox = backend.outbox(timing);
     let control = backend.control(timing);
 
+    counter.reset();
+    let txn = outbox.begin().await.expect("begin");
+    assert_eq!(txn.abandon().await, Settlement::NothingSent);
+    assert_eq!(counter.counts(), counts(&[]), "abandoned before its control message");
+
     // The request path bounds its tombstone write to SETTLE_RESERVE (200 ms): a busy
     // emulator's first writes to a new table can take longer, and the transaction is
     // then left to the worker, which counts differently: measured again (at most three
@@ -239,6 +247,7 @@ async fn an_abandoned_transaction_costs_one_control_message_and_one_tombstone_wr
         tries += 1;
         counter.reset();
         let txn = outbox.begin().await.expect("begin");
+        txn.send_control().await.expect("the control message");
         let abandoned = txn.id();
         let settled = txn.abandon().await;
         if settled == Settlement::Tombstoned || tries == 3 {
@@ -266,7 +275,10 @@ async fn an_abandoned_transaction_costs_one_control_message_and_one_tombstone_wr
     assert_eq!(checks, 1);
 
     counter.reset();
-    let dropped = outbox.begin().await.expect("begin").id();
+    let txn = outbox.begin().await.expect("begin");
+    txn.send_control().await.expect("the control message");
+    let dropped = txn.id();
+    drop(txn);
     let request = counter.counts();
     let (worker, checks) = settle_on_the_wire(&backend, &control, &counter, dropped, timing.first_check_delay).await;
     println!("dropped, left to its control message: request path {request:?}, control path {worker:?} over {checks} control message(s)");

@@ -163,8 +163,12 @@ async fn a_transaction_beyond_its_limits_is_refused_before_anything_is_written()
     assert!(matches!(txn.commit().await, Err(TxnError::TooLarge { .. })));
     assert_eq!(
         f.outbox.status(txn_id).await.unwrap(),
-        TxnStatus::Tombstoned,
-        "nothing but its tombstone written"
+        TxnStatus::Unknown,
+        "nothing written, not even a tombstone"
+    );
+    assert!(
+        f.backend.control_queue.queue().sent().is_empty(),
+        "refused before its control message was sent"
     );
 
     let mut txn = f.outbox.begin().await.unwrap();
@@ -302,8 +306,15 @@ async fn a_control_send_failure_writes_nothing() {
         },
         TransactionLimits::default(),
     );
-    assert!(matches!(broken.begin().await, Err(TxnError::ControlSend { .. })));
+    // Nothing is sent at begin: the send fails with the commit (or with an early
+    // `send_control`), and nothing is written.
+    let mut txn = broken.begin().await.unwrap();
+    txn.put(key("ITEM#1"), json!({"n": 1}), ExpectedVersion::Absent);
+    assert!(matches!(txn.commit().await, Err(TxnError::ControlSend { .. })));
+    let early = broken.begin().await.unwrap();
+    assert!(matches!(early.send_control().await, Err(TxnError::ControlSend { .. })));
     assert!(f.backend.store.outbox_records().is_empty());
+    assert!(f.backend.store.get_items(&[key("ITEM#1")]).await.unwrap().is_empty());
 }
 
 /// The request path over a store whose commits stall as `stall` says.
@@ -515,12 +526,21 @@ async fn a_commit_that_lands_after_an_unsettled_deadline_was_reported_ambiguous_
     );
 }
 
-/// An abandoned transaction is tombstoned by the request path: its control message finds
-/// it settled at the first check, with no deferral.
+/// A transaction abandoned before its control message was sent leaves nothing: no record,
+/// no control message. One abandoned after its control message was sent
+/// (`Transaction::send_control`) is tombstoned by the request path: its control message
+/// finds it settled at the first check, with no deferral.
 #[tokio::test]
 async fn an_abandoned_transaction_is_tombstoned_at_once_and_its_first_check_finds_it_settled() {
     let f = fixture();
     let txn = f.outbox.begin().await.unwrap();
+    let txn_id = txn.id();
+    assert_eq!(txn.abandon().await, outbox::request::Settlement::NothingSent);
+    assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Unknown);
+    assert!(f.backend.control_queue.queue().sent().is_empty());
+
+    let txn = f.outbox.begin().await.unwrap();
+    txn.send_control().await.unwrap();
     let txn_id = txn.id();
     assert_eq!(txn.abandon().await, outbox::request::Settlement::Tombstoned);
     assert_eq!(f.outbox.status(txn_id).await.unwrap(), TxnStatus::Tombstoned);

@@ -57,6 +57,7 @@ macro_rules! conformance_suite {
             a_fence_meeting_a_committed_split_record_finds_it_whole,
             an_entity_commit_of_a_tombstone_entry_is_refused,
             the_request_path_in_entity_mode_commits_into_the_item_and_dispatches_once,
+            a_refusal_after_the_reads_sends_nothing_and_writes_nothing,
             sent_marks_prove_their_commits_while_they_are_kept,
             a_late_attempt_never_applies_to_a_later_life_of_its_item,
             messages_carry_their_place_in_their_entitys_history,

@@ -1,7 +1,8 @@
 //! The conformance case of the request path in entity mode (docs/PROTOCOL.md section 11), end to
 //! end through `Outbox` and `ControlPath`: a change to one existing item is committed into
 //! it with one conditional write, dispatched by the control path or inline, and fenced
-//! past its window so that a late commit of it fails.
+//! past its window so that a late commit of it fails; and a transaction refused after
+//! its reads, which sends and writes nothing.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use outbox::control::ControlPath;
 use outbox::ports::{Clock, ExpectedVersion, FenceOutcome, ItemKey};
 use outbox::protocol::sent_marks::{FORGET_MARGIN, MAX_SENT_MARKS};
 use outbox::protocol::{Message, OutboxState, TxnId};
-use outbox::request::{AfterAnswer, InlineDispatch, Outbox, Transaction, TxnError, TxnStatus};
+use outbox::request::{AfterAnswer, InlineDispatch, Outbox, Settlement, Transaction, TxnError, TxnStatus};
 use outbox::settings::Timing;
 use serde_json::json;
 
@@ -309,4 +310,81 @@ pub async fn sent_marks_prove_their_commits_while_they_are_kept(b: &Backend) {
         "{}: {fenced:?}",
         b.name
     );
+}
+
+/// A transaction refused after its reads (a 404, 409 or 412 its reads decide), in both
+/// forms: begun, its item read, abandoned. Nothing of it was sent, so nothing is: no control
+/// message comes, and nothing is written (no tombstone record, no fence, the item as it
+/// was); on AWS the reads alone reach the wire. A commit of one, tried after it was
+/// abandoned (a task the handler gave it to), is refused and sends nothing either.
+pub async fn a_refusal_after_the_reads_sends_nothing_and_writes_nothing(b: &Backend) {
+    let timing = timing(Duration::from_secs(60));
+    let outbox = b.outbox(timing);
+    let order = key(&format!("ORDER#{}", TxnId::new_v7()));
+    let mut create = outbox.begin().await.expect("begin");
+    create.put(order.clone(), json!({"lines": 1}), ExpectedVersion::Absent);
+    let created = create.commit().await.expect("the create");
+    b.handle_until_settled(&b.control(timing), created.txn_id, timing.first_check_delay, |_| {})
+        .await;
+    let before = b.wire.as_ref().map(|wire| wire.counts());
+
+    let mut refused: Vec<TxnId> = Vec::new();
+    for entity in [false, true] {
+        let txn = match entity {
+            true => outbox.begin_entity(order.clone()).await,
+            false => outbox.begin().await,
+        }
+        .expect("begin");
+        let read = txn.get(&order).await.expect("read").expect("the order exists");
+        // `If-Match: "7"`, say: the version read is another one, and the handler refuses.
+        assert_ne!(read.version, 7, "{}", b.name);
+        refused.push(txn.id());
+        assert_eq!(txn.abandon().await, Settlement::NothingSent, "{}", b.name);
+    }
+    let late = add_line(&outbox, &order).await;
+    let late_id = late.id();
+    refused.push(late_id);
+    assert_eq!(
+        outbox.abandon(late_id, None).await,
+        Settlement::NothingSent,
+        "{}",
+        b.name
+    );
+    let refused_commit = late.commit().await;
+    assert!(
+        matches!(refused_commit, Err(TxnError::Abandoned { txn_id }) if txn_id == late_id),
+        "{}: {refused_commit:?}",
+        b.name
+    );
+
+    if let (Some(wire), Some(before)) = (&b.wire, before) {
+        let mut made = wire.counts();
+        for (operation, count) in before {
+            if let Some(now) = made.get_mut(&operation) {
+                *now -= count;
+            }
+        }
+        made.retain(|_, count| *count > 0);
+        let reads: usize = made.values().sum();
+        assert!(
+            made.keys()
+                .all(|operation| operation == "BatchGetItem" || operation == "GetItem")
+                && reads == 3,
+            "{}: the three reads and nothing else on the wire: {made:?}",
+            b.name
+        );
+    }
+    b.wait(timing.first_check_delay).await;
+    let deliveries = b
+        .inbox
+        .receive(10, Duration::from_secs(1), b.visibility_timeout)
+        .await
+        .expect("receive");
+    assert!(deliveries.is_empty(), "{}: no control message: {deliveries:?}", b.name);
+    for txn_id in refused {
+        assert!(record(b, txn_id).await.is_none(), "{}: no record of {txn_id}", b.name);
+    }
+    let entity = b.store.get_entity(&order).await.unwrap().expect("the order");
+    assert_eq!(entity.item.version, 1, "{}", b.name);
+    assert!(entity.entries.is_empty() && entity.fence.is_none(), "{}", b.name);
 }
