@@ -83,18 +83,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         backend.publisher.queue(&events).map(|q| q.bodies())
     );
 
-    println!("\n2. A transaction whose API crashed before committing.");
-    let abandoned = outbox.begin().await?.id();
-    println!("  began {abandoned}, then nothing: the control worker waits out the commit window");
+    println!("\n2. A transaction whose API crashed in its commit, once its control message was sent.");
+    let crashed = outbox.begin().await?;
+    crashed.send_control().await?;
+    let abandoned = crashed.id();
+    drop(crashed);
+    println!(
+        "  began {abandoned}, sent its control message, then nothing: the control worker waits out the commit window"
+    );
     run_worker().await?;
     println!("  status now {:?}", outbox.status(abandoned).await?);
 
-    println!("\n3. A transaction whose commit comes too late.");
+    println!("\n3. A transaction whose commit comes too late: its control message sent, then the API stalls.");
     let mut late = outbox.begin().await?;
     late.emit(Message::json(
         events.clone(),
         &json!({"type": "OrderCancelled", "order_id": "1"}),
     )?);
+    late.send_control().await?;
     run_worker().await?;
     println!(
         "  commit after the window: {:?}",
