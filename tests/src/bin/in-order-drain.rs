@@ -127,13 +127,19 @@ fn settings() -> Settings {
     settings
 }
 
+/// One message to send: its body, its attributes, and two more strings as each source
+/// takes them.
+type Outgoing = (String, BTreeMap<String, String>, String, String);
+
+/// Sends a batch of messages to the source's queue.
+type SendBatch = Box<dyn Fn(Vec<Outgoing>) -> futures::future::BoxFuture<'static, ()>>;
+
 /// Where one run's messages go and come from, and the store the consumer writes.
 struct Source {
     store: Arc<dyn Store>,
     inbox: Arc<dyn Inbox>,
     requeue: Option<Arc<dyn Requeue>>,
-    send:
-        Box<dyn Fn(Vec<(String, BTreeMap<String, String>, String, String)>) -> futures::future::BoxFuture<'static, ()>>,
+    send: SendBatch,
 }
 
 fn embedded_source(clock: Arc<dyn Clock>) -> (Source, EmbeddedBackend) {
@@ -144,7 +150,7 @@ fn embedded_source(clock: Arc<dyn Clock>) -> (Source, EmbeddedBackend) {
         .expect("events")
         .clone();
     let inbox = EmbeddedInbox::new(queue.clone(), clock);
-    let send = Box::new(move |batch: Vec<(String, BTreeMap<String, String>, String, String)>| {
+    let send = Box::new(move |batch: Vec<Outgoing>| {
         for (body, attributes, _, _) in batch {
             queue
                 .send(SendRequest {
@@ -186,7 +192,7 @@ async fn emulator_source(fifo: bool, clock: Arc<dyn Clock>) -> Source {
         clock,
     ));
     let sqs = clients.sqs.clone();
-    let send = Box::new(move |batch: Vec<(String, BTreeMap<String, String>, String, String)>| {
+    let send = Box::new(move |batch: Vec<Outgoing>| {
         let (sqs, url) = (sqs.clone(), url.clone());
         Box::pin(async move {
             for chunk in batch.chunks(10) {
