@@ -32,6 +32,7 @@
 pub mod aws;
 pub mod consumer;
 pub mod control;
+pub mod counter;
 pub mod destination;
 mod earlier;
 pub mod embedded;

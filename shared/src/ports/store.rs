@@ -485,6 +485,20 @@ pub trait Store: Send + Sync {
         Err(CommitError::EntityUnsupported)
     }
 
+    /// Writes a counter commit (entity mode, [`crate::counter`]) as one conditional write
+    /// that reads nothing first: the additions within their bounds, the entry with its
+    /// messages stamped from the item as it was, the version and the chain heads moved. An
+    /// entry of this very attempt there already is `Ok` with the values now, as for
+    /// [`Self::commit_entity`]; a bound refuses the change
+    /// ([`crate::counter::CounterError::Refused`]).
+    async fn commit_counter(
+        &self,
+        commit: &crate::counter::CounterCommit,
+    ) -> Result<crate::counter::CounterCommitted, crate::counter::CounterError> {
+        let _ = commit;
+        Err(CommitError::EntityUnsupported.into())
+    }
+
     /// Removes transaction `txn_id`'s entry from item `key`, touching nothing else: a
     /// change made meanwhile is kept, and an item deleted meanwhile is not brought back.
     /// Removing an entry that is not there is harmless.

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 
 mod commit;
+mod counter;
 mod entity;
 mod history;
 mod state;
@@ -274,6 +275,16 @@ impl Store for EmbeddedStore {
         let mut state = self.lock();
         state.sweep(now);
         entity::commit(&mut state, commit, now)
+    }
+
+    async fn commit_counter(
+        &self,
+        commit: &crate::counter::CounterCommit,
+    ) -> Result<crate::counter::CounterCommitted, crate::counter::CounterError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        state.sweep(now);
+        counter::commit(&mut state, commit, now)
     }
 
     async fn keep_applied(
