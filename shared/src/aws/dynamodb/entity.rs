@@ -37,6 +37,7 @@ use crate::time::Timestamp;
 use super::applied::{self, applied_of};
 use super::branches::{reached, Branch};
 use super::chain::ChainSets;
+use super::counter::placed_attributes;
 use super::entity_attributes::{
     entries_of, fence_of, sent_of, FENCE_ATTRIBUTE, NO_FENCE, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE,
 };
@@ -179,9 +180,21 @@ where
     }
 }
 
+/// The clauses (each after `, `) that remove what a counter commit of T kept beside its
+/// entry ([`super::counter`]), with their names; removing what is not there is harmless.
+fn placed_removals(names: &mut HashMap<String, String>, txn_id: TxnId) -> String {
+    placed_attributes(txn_id)
+        .enumerate()
+        .map(|(index, attribute)| {
+            names.insert(format!("#placed{index}"), attribute);
+            format!(", #placed{index}")
+        })
+        .collect()
+}
+
 /// One request per call, as for the transactional commit: the SDK would retry a request
 /// that timed out and report only the last one's error (docs/PROTOCOL.md section 3).
-fn one_request() -> aws_sdk_dynamodb::config::Builder {
+pub(super) fn one_request() -> aws_sdk_dynamodb::config::Builder {
     aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled())
 }
 
@@ -384,16 +397,17 @@ impl DynamoStore {
     }
 
     pub(super) async fn drop_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
-        let names = HashMap::from([
+        let mut names = HashMap::from([
             ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
             ("#txn".to_owned(), txn_id.to_string()),
         ]);
+        let placed = placed_removals(&mut names, txn_id);
         let result = self
             .client
             .update_item()
             .table_name(&self.layout.table)
             .set_key(Some(self.key(key.as_str())))
-            .update_expression("REMOVE #outbox.#txn")
+            .update_expression(format!("REMOVE #outbox.#txn{placed}"))
             // Never creates the item again, nor a map on an item without one.
             .condition_expression("attribute_exists(#outbox.#txn)")
             .set_expression_attribute_names(Some(names))
@@ -422,17 +436,18 @@ impl DynamoStore {
         expires_at: Timestamp,
         max_marks: usize,
     ) -> Result<(), StoreError> {
-        let names = HashMap::from([
+        let mut names = HashMap::from([
             ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
             ("#sent".to_owned(), SENT_ATTRIBUTE.to_owned()),
             ("#txn".to_owned(), txn_id.to_string()),
         ]);
+        let placed = placed_removals(&mut names, txn_id);
         let result = self
             .client
             .update_item()
             .table_name(&self.layout.table)
             .set_key(Some(self.key(key.as_str())))
-            .update_expression("REMOVE #outbox.#txn SET #sent.#txn = :until")
+            .update_expression(format!("REMOVE #outbox.#txn{placed} SET #sent.#txn = :until"))
             // Never creates the item again, nor a mark without the entry it replaces.
             .condition_expression("attribute_exists(#outbox.#txn) AND attribute_exists(#sent) AND size(#sent) < :max")
             .set_expression_attribute_names(Some(names))

@@ -54,7 +54,9 @@ pub(crate) fn entries_of(layout: &TableLayout, item: &Item) -> Result<BTreeMap<T
             }
             Ok((txn_id, record))
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        // A counter commit's entry is placed from what it kept beside it.
+        .and_then(|mut entries| super::counter::place(layout, item, &mut entries).map(|()| entries))
 }
 
 /// The sent marks of an item as stored, read back.

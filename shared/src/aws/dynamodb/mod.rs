@@ -13,6 +13,7 @@ mod batch;
 pub mod branches;
 pub(crate) mod chain;
 mod commit;
+mod counter;
 mod entity;
 pub(crate) mod entity_attributes;
 mod fence;
@@ -365,6 +366,14 @@ impl Store for DynamoStore {
     #[tracing::instrument(skip_all, fields(key = %commit.key, txn_id = %commit.entry.txn_id))]
     async fn commit_entity(&self, commit: &EntityCommit) -> Result<(), CommitError> {
         self.write_entity(commit).await
+    }
+
+    #[tracing::instrument(skip_all, fields(key = %commit.key, txn_id = %commit.entry.txn_id))]
+    async fn commit_counter(
+        &self,
+        commit: &crate::counter::CounterCommit,
+    ) -> Result<crate::counter::CounterCommitted, crate::counter::CounterError> {
+        self.write_counter(commit).await
     }
 
     async fn remove_entry(&self, key: &ItemKey, txn_id: TxnId) -> Result<(), StoreError> {
