@@ -32,6 +32,10 @@ use tower::ServiceExt;
 #[path = "shop/inventory.rs"]
 mod inventory_example;
 
+/// A busy item of the inventory example, on both backends.
+#[path = "shop/hot_item.rs"]
+mod hot_item;
+
 const SKU: &str = "SKU-1";
 
 fn timing() -> Timing {

@@ -95,7 +95,7 @@ pub use idempotency::Idempotency;
 pub use idempotent::Idempotent;
 pub use json::JsonBody;
 pub use problem::{encode_item_key, FieldError, Problem, TRANSACTION_ID_HEADER, TRANSACTION_ITEM_HEADER};
-pub use retry::{ATTEMPTS as RETRY_ATTEMPTS, FIRST_PAUSE as RETRY_FIRST_PAUSE};
+pub use retry::RETRY_PAUSE_CAP;
 pub use scope::{enforce_deadline, Answer, Begun, Deadlines, Progress, RequestScope};
 #[cfg(feature = "lambda")]
 pub use stage::serve_under_stage;

@@ -41,7 +41,7 @@ pub use after_answer::AfterAnswer;
 pub use commit::COMMIT_ATTEMPTS;
 pub use error::TxnError;
 pub use inline::InlineDispatch;
-pub use outbox::{Outbox, RequestPorts, TxnStatus, DEFAULT_SERVICE};
+pub use outbox::{Outbox, RequestPorts, TxnStatus, CONFLICT_RETRY_PAUSE, DEFAULT_SERVICE};
 pub use settle::{settle_bound, Settlement, SETTLE_ATTEMPTS, SETTLE_RESERVE};
 pub use transaction::{Committable, Committed, Transaction};
 pub use watch::{watch_begins, BeginWatch};

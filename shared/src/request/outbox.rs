@@ -1,10 +1,13 @@
 //! The entry point of the request path: its ports, and beginning transactions.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::after_answer::AfterAnswer;
 use super::control_send::ControlSend;
 use super::live::Live;
+#[cfg(feature = "axum")]
+use super::turns::Turn;
 use super::turns::Turns;
 use super::watch::BEGIN_WATCH;
 use super::{Transaction, TxnError};
@@ -51,7 +54,16 @@ pub struct Outbox {
     pub(super) fifo_groups: FifoGrouping,
     /// Its publishers' turns per entity (shared by its clones).
     pub(super) turns: Arc<Turns>,
+    /// Its requests' turns per entity, for their read-decide-commit steps (shared by its
+    /// clones).
+    pub(super) entity_turns: Arc<Turns>,
+    /// The first pause before a step that met a version conflict runs again.
+    pub(super) conflict_retry_pause: Duration,
 }
+
+/// The first pause before a request's step that met a version conflict runs again
+/// (before jitter), unless the settings say otherwise.
+pub const CONFLICT_RETRY_PAUSE: Duration = Duration::from_millis(10);
 
 impl Outbox {
     /// The request path over `ports`, with `timing` and `limits` from the settings.
@@ -67,7 +79,46 @@ impl Outbox {
             sent_marks: crate::protocol::sent_marks::MAX_SENT_MARKS,
             fifo_groups: FifoGrouping::Entity,
             turns: Arc::default(),
+            entity_turns: Arc::default(),
+            conflict_retry_pause: CONFLICT_RETRY_PAUSE,
         }
+    }
+
+    /// This request path, a step that met a version conflict running again after a
+    /// pause drawn up to `pause`, then up to twice as long each time
+    /// ([`CONFLICT_RETRY_PAUSE`] by default).
+    pub fn with_conflict_retry_pause(mut self, pause: Duration) -> Self {
+        self.conflict_retry_pause = pause.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The first pause before a step that met a version conflict runs again, before
+    /// jitter.
+    pub fn conflict_retry_pause(&self) -> Duration {
+        self.conflict_retry_pause
+    }
+
+    /// This request path as another process's would be over the same ports: transactions
+    /// and turns of its own, nothing shared with this one's. For tests and benchmarks
+    /// that play several Lambda environments in one process.
+    pub fn as_another_process(&self) -> Self {
+        Self {
+            live: Arc::default(),
+            turns: Arc::default(),
+            entity_turns: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// Waits for this process's turn to change entity `key` until `deadline` (`None`: the
+    /// deadline passed first): the request that took it before lets go when its step
+    /// has committed or given up. An entity nobody holds is taken at once.
+    #[cfg(feature = "axum")]
+    pub(crate) async fn entity_turn(&self, key: &ItemKey, deadline: Option<Timestamp>) -> Option<Turn<'_>> {
+        let clock = self.ports.clock.as_ref();
+        // No deadline: as long as the holders take.
+        let wait = deadline.map_or(Duration::from_secs(24 * 3600), |deadline| deadline.since(clock.now()));
+        self.entity_turns.take(clock, key, wait).await
     }
 
     /// This request path, giving each message its emitter gave no FIFO group the group
@@ -92,6 +143,7 @@ impl Outbox {
     pub fn from_settings(ports: RequestPorts, settings: &Settings, publisher: Arc<dyn Publisher>) -> Self {
         let outbox = Self::new(ports, settings.timing, settings.limits)
             .with_service_name(&settings.service_name)
+            .with_conflict_retry_pause(settings.conflict_retry_pause)
             .with_fifo_groups(settings.fifo_groups);
         match settings.inline_publish {
             InlinePublish::AfterAnswer => outbox.with_publishing_after_answer(publisher, AfterAnswer::on_tokio()),

@@ -12,6 +12,10 @@
 //! sending, then leaves out what that one sent: one send of its own. Publishers in other
 //! processes (other Lambda environments) know nothing of each other, and send the
 //! earlier ones again first, as before.
+//!
+//! Requests that change one entity take turns the same way, in turns of their own
+//! ([`super::Outbox::entity_turn`]): their read-decide-commit steps then follow each other
+//! instead of invalidating each other's reads.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -41,8 +45,9 @@ struct Sent {
     order: VecDeque<TxnId>,
 }
 
-/// A publisher's turn on its entity: the next one waits until it is dropped.
-pub(super) struct Turn<'a> {
+/// A turn on an entity (a publisher's, or a request's read-decide-commit step): the
+/// next one waits until it is dropped.
+pub(crate) struct Turn<'a> {
     turns: &'a Turns,
     key: ItemKey,
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,

@@ -164,6 +164,10 @@ pub struct Settings {
     /// history they are placed in (the default: each entity's messages in commit order),
     /// or by transaction.
     pub fifo_groups: FifoGrouping,
+    /// The first pause before a request's step that met a version conflict runs again
+    /// (drawn at random up to it, then up to twice as long each time, until the request's
+    /// deadline): it spreads requests of other processes that contend for one item.
+    pub conflict_retry_pause: Duration,
     /// The `Service` dimension of the request path's metrics: this service's name, so
     /// that each service committing through the outbox counts its own.
     pub service_name: String,
@@ -227,6 +231,9 @@ pub mod vars {
     /// `entity` (default) or `transaction`: the FIFO group of a message its emitter gave
     /// none.
     pub const FIFO_GROUPS: &str = "OUTBOX_FIFO_GROUPS";
+    /// Milliseconds, 1 to 1000, default 10: the first pause before a request's step that
+    /// met a version conflict runs again.
+    pub const CONFLICT_RETRY_PAUSE_MS: &str = "OUTBOX_CONFLICT_RETRY_PAUSE_MS";
     /// The `Service` dimension of the request path's metrics; by default the
     /// executable's name (`api`, `shop`), or `outbox`.
     pub const SERVICE_NAME: &str = "OUTBOX_SERVICE_NAME";
@@ -393,6 +400,12 @@ impl Settings {
                 FifoGrouping::Entity
             }
         };
+        let conflict_retry_pause = Duration::from_millis(reader.count(
+            vars::CONFLICT_RETRY_PAUSE_MS,
+            crate::request::CONFLICT_RETRY_PAUSE.as_millis() as usize,
+            1,
+            1000,
+        ) as u64);
         let on_lambda = lookup(LAMBDA_RUNTIME_API).is_some();
         let authentication = match reader.text(vars::AUTH) {
             None if on_lambda => Authentication::Jwt,
@@ -491,6 +504,7 @@ impl Settings {
                 max_request_bytes,
                 inline_publish,
                 fifo_groups,
+                conflict_retry_pause,
                 service_name,
                 authentication,
                 auth_off_exposed: off_allowed,

@@ -447,3 +447,20 @@ fn the_write_region_is_a_regions_name_or_unset() {
         assert!(errors[0].problem.contains("such as us-east-1"), "{}", errors[0]);
     }
 }
+
+/// The first pause before a conflicting step runs again: 10 ms unless set, in
+/// milliseconds from 1 to 1000.
+#[test]
+fn the_conflict_retry_pause_is_milliseconds_within_bounds() {
+    assert_eq!(settings(&[]).unwrap().conflict_retry_pause, Duration::from_millis(10));
+    assert_eq!(
+        settings(&[(vars::CONFLICT_RETRY_PAUSE_MS, "40")])
+            .unwrap()
+            .conflict_retry_pause,
+        Duration::from_millis(40)
+    );
+    for wrong in ["0", "1001", "x"] {
+        let error = only_error(&[(vars::CONFLICT_RETRY_PAUSE_MS, wrong)]);
+        assert_eq!(error.variable, vars::CONFLICT_RETRY_PAUSE_MS, "{wrong}");
+    }
+}

@@ -242,8 +242,9 @@ fn a_second_consumer_of_one_destination_is_refused() {
         .is_ok());
 }
 
-/// Two requests read the same version of an item before either commits; the later
-/// commit meets a version conflict, and its step runs again and commits.
+/// Two requests of two processes read the same version of an item before either
+/// commits; the later commit meets a version conflict, and its step runs again and
+/// commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_that_met_a_version_conflict_runs_again_and_commits() {
     let running = Service::new(embedded_settings()).start().await.unwrap();
@@ -279,8 +280,9 @@ async fn a_step_that_met_a_version_conflict_runs_again_and_commits() {
             )
         }
     };
+    // Two processes (requests of one process take turns, and would not meet).
     let first = tokio::spawn(increment(RequestScope::new(running.outbox.clone(), None)));
-    let second = tokio::spawn(increment(RequestScope::new(running.outbox.clone(), None)));
+    let second = tokio::spawn(increment(RequestScope::new(running.outbox.as_another_process(), None)));
     let (first, second) = (first.await.unwrap(), second.await.unwrap());
     let statuses = [&first.0, &second.0].map(|result| result.as_ref().map_err(|error| error.to_string()).copied());
     assert_eq!(
@@ -298,5 +300,138 @@ async fn a_step_that_met_a_version_conflict_runs_again_and_commits() {
         .await
         .unwrap();
     assert_eq!(items[&key].data["n"], 2, "both increments landed");
+    running.stop().await;
+}
+
+/// Adds 1 to `key`'s `n` through `retry_conflicts`, pausing `think` between the read and
+/// the stage; `before_stage` runs there too (a rival's write, say). The answer and how
+/// many times the step ran.
+async fn increment_in(
+    scope: RequestScope,
+    key: ItemKey,
+    think: Duration,
+    before_stage: impl Fn() -> futures::future::BoxFuture<'static, ()>,
+) -> (Result<axum::response::Response, HttpError>, u32) {
+    let rounds = std::sync::atomic::AtomicU32::new(0);
+    let answer = scope
+        .retry_conflicts(Some(key.clone()), None, |mut txn| {
+            let (key, rounds, before_stage) = (key.clone(), &rounds, &before_stage);
+            async move {
+                rounds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let item = txn.get(&key).await?.expect("the counter exists");
+                tokio::time::sleep(think).await;
+                before_stage().await;
+                let n = item.data["n"].as_u64().unwrap();
+                txn.put(key, json!({"n": n + 1}), ExpectedVersion::Exactly(item.version));
+                Ok::<_, HttpError>((txn, Answer::json(StatusCode::OK, &json!({"n": n + 1}))))
+            }
+        })
+        .await;
+    (answer, rounds.load(std::sync::atomic::Ordering::SeqCst))
+}
+
+async fn counter(running: &Running, key: &ItemKey) -> u64 {
+    let items = running
+        .outbox
+        .store()
+        .get_items(std::slice::from_ref(key))
+        .await
+        .unwrap();
+    items[key].data["n"].as_u64().unwrap()
+}
+
+async fn new_counter(running: &Running, key: &ItemKey) {
+    let mut txn = running.outbox.begin().await.unwrap();
+    txn.put(key.clone(), json!({"n": 0}), ExpectedVersion::Absent);
+    txn.commit().await.unwrap();
+}
+
+/// Requests of one process that change one entity take turns for their whole step:
+/// the second reads what the first committed, however long the first takes to decide,
+/// and neither meets a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_of_one_process_on_one_entity_take_turns_and_never_conflict() {
+    let running = Service::new(embedded_settings()).start().await.unwrap();
+    let key: ItemKey = "COUNTER#turns".parse().unwrap();
+    new_counter(&running, &key).await;
+    let nothing = || -> futures::future::BoxFuture<'static, ()> { Box::pin(async {}) };
+    let both = (0..2).map(|_| {
+        let (scope, key) = (RequestScope::new(running.outbox.clone(), None), key.clone());
+        tokio::spawn(async move {
+            let (answer, rounds) = increment_in(scope, key, Duration::from_millis(100), nothing).await;
+            (
+                answer
+                    .map(|response| response.status())
+                    .map_err(|error| error.to_string()),
+                rounds,
+            )
+        })
+    });
+    let results: Vec<_> = futures::future::join_all(both)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        results,
+        [(Ok(StatusCode::OK), 1), (Ok(StatusCode::OK), 1)],
+        "each step ran once: the second waited for the first instead of racing it"
+    );
+    assert_eq!(counter(&running, &key).await, 2);
+    running.stop().await;
+}
+
+/// A step that meets a conflict at every commit (a rival of another process changes
+/// the item between its read and its commit, each time) runs again for as long as the
+/// request's deadline leaves room, not a fixed number of times, and then answers a 503
+/// naming its last transaction, with nothing of it written: never a 409 for a change
+/// the business rule allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_keeps_meeting_conflicts_retries_until_its_deadline_then_answers_503_with_nothing_written() {
+    let running = Service::new(embedded_settings()).start().await.unwrap();
+    let key: ItemKey = "COUNTER#rival".parse().unwrap();
+    new_counter(&running, &key).await;
+    let rival = running.outbox.clone();
+    let rivals = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let bump = {
+        let (key, rivals) = (key.clone(), rivals.clone());
+        move || -> futures::future::BoxFuture<'static, ()> {
+            let (rival, key, rivals) = (rival.clone(), key.clone(), rivals.clone());
+            Box::pin(async move {
+                let mut txn = rival.begin_entity(key.clone()).await.unwrap();
+                let item = txn.get(&key).await.unwrap().unwrap();
+                let n = item.data["n"].as_u64().unwrap();
+                txn.put(key, json!({"n": n + 1}), ExpectedVersion::Exactly(item.version));
+                txn.commit().await.unwrap();
+                rivals.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            })
+        }
+    };
+    let clock = running.outbox.clock().clone();
+    let deadline = clock.now().plus(Duration::from_millis(1500));
+    let scope = RequestScope::new(running.outbox.as_another_process(), Some(deadline));
+    let started = Instant::now();
+    let (answer, rounds) = increment_in(scope, key.clone(), Duration::from_millis(5), bump).await;
+    let took = started.elapsed();
+    let response = axum::response::IntoResponse::into_response(answer.expect_err("never committed"));
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("/problems/timeout")),
+        "{body}"
+    );
+    assert!(body["transaction_id"].is_string(), "names its transaction: {body}");
+    assert!(
+        rounds > 4,
+        "ran again until the deadline, not a fixed count: {rounds} rounds"
+    );
+    assert!(took < Duration::from_millis(1500), "answered by its deadline: {took:?}");
+    assert_eq!(
+        counter(&running, &key).await,
+        rivals.load(std::sync::atomic::Ordering::SeqCst),
+        "only the rival's changes were written"
+    );
     running.stop().await;
 }
