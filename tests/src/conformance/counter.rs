@@ -30,8 +30,8 @@ fn counter(b: &Backend, item: &str, txn: TxnId, add: Add) -> CounterCommit {
 /// the bound, none conflicts; the three messages take seq 1, 2, 3 on the item's chain
 /// with each one's `after` the version of the one before (the first meets no head yet,
 /// the others count on from it), and the entries read back carry the same places. A
-/// repeat of an applied commit takes nothing more; a commit after its fence is refused;
-/// an absent item is missing.
+/// repeat of an applied commit takes nothing more (even with room under its bound); a
+/// commit after its fence is refused; an absent item is missing.
 pub async fn counters_under_a_bound_never_conflict_and_keep_their_place(b: &Backend) {
     let item = format!("STOCK#{}", TxnId::new_v7());
     let now = b.clock.now();
@@ -113,17 +113,28 @@ pub async fn counters_under_a_bound_never_conflict_and_keep_their_place(b: &Back
         other => panic!("{}: a counter commit after its fence: {other:?}", b.name),
     }
     // A give within its cap applies on top (its chain has a head now).
-    let give = b
-        .store
-        .commit_counter(&counter(b, &item, TxnId::new_v7(), Add::give_up_to("stock", 2, 10)))
-        .await
-        .expect("a give");
+    let give_commit = counter(b, &item, TxnId::new_v7(), Add::give_up_to("stock", 2, 10));
+    let give = b.store.commit_counter(&give_commit).await.expect("a give");
     assert_eq!(give.values["stock"], 2, "{}", b.name);
     let position = give.messages[0].position.clone().unwrap();
     assert_eq!(
         (position.seq, position.version, position.after),
         (4, 5, 4),
         "{}",
+        b.name
+    );
+    // Its repeat, with room under the cap, still adds nothing: it finds its entry.
+    let again = b
+        .store
+        .commit_counter(&give_commit)
+        .await
+        .expect("a repeat of the give");
+    assert_eq!(again.messages, give.messages, "{}", b.name);
+    let entity = b.store.get_entity(&key(&item)).await.unwrap().unwrap();
+    assert_eq!(
+        (entity.item.version, entity.item.data["stock"].as_i64()),
+        (5, Some(2)),
+        "{}: a repeat adds nothing",
         b.name
     );
     let missing = format!("STOCK#{}", TxnId::new_v7());
