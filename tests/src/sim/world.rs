@@ -1069,30 +1069,32 @@ async fn increment_over_http(
     let began: Arc<std::sync::Mutex<Option<TxnId>>> = Arc::default();
     let handler_began = began.clone();
     let handler = move |scope: RequestScope| async move {
-        let result: Result<axum::response::Response, HttpError> = async {
-            let begun = if entity {
-                scope.begin_entity(key.clone(), None).await?
-            } else {
-                scope.begin(None).await?
-            };
-            let outbox::http::Begun::Started(mut txn) = begun else {
-                unreachable!("a request without a key is never a replay")
-            };
-            // Once its control message is out, every answer must name it.
-            let began = handler_began.clone();
-            txn.on_control_send(move |txn_id| *began.lock().expect("lock") = Some(txn_id));
-            if sends_early {
-                txn.send_control().await.map_err(HttpError::from)?;
-            }
-            let current = txn.get(&key).await.map_err(HttpError::from)?;
-            if abandons {
-                return Ok(axum::http::StatusCode::NOT_FOUND.into_response());
-            }
-            let count = stage(&mut txn, key, current);
-            let answer = Answer::json(axum::http::StatusCode::OK, &count);
-            scope.commit(txn, answer).await
-        }
-        .await;
+        // Through the retry of version conflicts, as a handler whose business rule may
+        // still allow the change would: each attempt a new transaction, the answer the
+        // last one's.
+        let on = entity.then(|| key.clone());
+        let result: Result<axum::response::Response, HttpError> = scope
+            .retry_conflicts(on, None, |mut txn| {
+                let (key, began) = (key.clone(), handler_began.clone());
+                async move {
+                    // Once its control message is out, every answer must name it (the
+                    // last attempt's: an earlier one met a conflict, nothing written).
+                    *began.lock().expect("lock") = None;
+                    txn.on_control_send(move |txn_id| *began.lock().expect("lock") = Some(txn_id));
+                    if sends_early {
+                        txn.send_control().await.map_err(HttpError::from)?;
+                    }
+                    let current = txn.get(&key).await.map_err(HttpError::from)?;
+                    if abandons {
+                        let missing =
+                            outbox::http::Problem::new(axum::http::StatusCode::NOT_FOUND, "not-found", "Not found");
+                        return Err(HttpError::from(missing));
+                    }
+                    let count = stage(&mut txn, key, current);
+                    Ok((txn, Answer::json(axum::http::StatusCode::OK, &count)))
+                }
+            })
+            .await;
         result.into_response()
     };
     let app = axum::Router::new()
