@@ -1979,5 +1979,103 @@ async fn run(batch_size: f64) {
             ours_committed(flow, api_ms, batch).print_breakdown(batch);
         }
     }
+    rig.counter_costs().await;
     println!("(measured in {:.1} s)", started.elapsed().as_secs_f64());
+}
+
+impl Rig {
+    /// A take of one unit of stock under its bound, with one message: the request path's
+    /// DynamoDB calls only (the control message, the dispatch and the settling are those of
+    /// any entity-mode commit, and the same for both), as a counter commit (one `UpdateItem`
+    /// that reads nothing, [`outbox::counter`]) and as the read-modify-write of today (a
+    /// consistent `GetItem`, then the `UpdateItem` at the version read). Write units by
+    /// DynamoDB's rule for `UpdateItem` (the larger of the item before and after), read
+    /// units by the item read; a conflict under contention costs the read-modify-write one
+    /// more read and one more (failed, still charged) write per retry, and the counter none.
+    async fn counter_costs(&self) {
+        use outbox::counter::{Add, CounterCommit};
+        use outbox::ports::{Clock, EntityCommit};
+        use outbox::protocol::{stamp_chain, OutboxRecord, OutgoingMessage};
+
+        let store = &self.backend.store;
+        let key: ItemKey = format!("STOCK#{}", TxnId::new_v7()).parse().expect("a key");
+        let now = self.backend.clock.now();
+        let expires = now.plus(Duration::from_secs(7 * 24 * 3600));
+        let message = |txn: TxnId| {
+            let body = Message::json(
+                "events".parse().expect("a destination"),
+                &json!({"type": "StockTaken", "sku": key.as_str(), "quantity": 1}),
+            )
+            .expect("serialisable");
+            vec![OutgoingMessage::new(txn, 0, body)]
+        };
+        let data = json!({"name": "Desk lamp, brass", "price_cents": 4_990, "stock": 1_000});
+        store
+            .commit_entity(&EntityCommit {
+                key: key.clone(),
+                data: data.clone(),
+                expected: ExpectedVersion::Absent,
+                entry: OutboxRecord::committed(TxnId::new_v7(), Vec::new(), now, expires),
+                checks_fence: true,
+                applied: None,
+            })
+            .await
+            .expect("the item");
+        let take = |txn: TxnId| CounterCommit {
+            key: key.clone(),
+            adds: vec![Add::take("stock", 1)],
+            entry: OutboxRecord::committed(txn, message(txn), now, expires),
+            checks_fence: true,
+        };
+        // The first message of the item's chain takes the ordinary form: its head is made.
+        store
+            .commit_counter(&take(TxnId::new_v7()))
+            .await
+            .expect("a first take");
+        let before_counter = self.stored_size(&key).await;
+        self.reset();
+        store.commit_counter(&take(TxnId::new_v7())).await.expect("a take");
+        let (counter_calls, _) = self.snapshot();
+        let after_counter = self.stored_size(&key).await;
+        let counter_wru = write_units(before_counter.max(after_counter));
+
+        let before = self.stored_size(&key).await;
+        self.reset();
+        let read = store.get_keys(std::slice::from_ref(&key)).await.expect("a read");
+        let read = &read[&key];
+        let live = read.item.as_ref().expect("live");
+        let txn = TxnId::new_v7();
+        let mut messages = message(txn);
+        stamp_chain(&mut messages, &key, read.version + 1, &read.heads);
+        let mut data = live.data.clone();
+        data["stock"] = json!(data["stock"].as_i64().expect("stock") - 1);
+        store
+            .commit_entity(&EntityCommit {
+                key: key.clone(),
+                data,
+                expected: ExpectedVersion::Exactly(read.version),
+                entry: OutboxRecord::committed(txn, messages, now, expires),
+                checks_fence: true,
+                applied: None,
+            })
+            .await
+            .expect("a read-modify-write");
+        let (rmw_calls, _) = self.snapshot();
+        let after_rmw = self.stored_size(&key).await;
+        let rmw_wru = write_units(before.max(after_rmw));
+        let rmw_rru = read_units(before);
+        let dollars = |wru: f64, rru: f64| wru * PER_MILLION_WRU + rru * PER_MILLION_RRU;
+        println!("\n== a counter under a bound (take 1 unit, 1 message), request path's DynamoDB calls ==");
+        println!(
+            "counter commit: calls {counter_calls:?}; item {before_counter} -> {after_counter} bytes; {counter_wru} WRU, 0 RRU: \
+             ${:.3} per million, and the same under contention (no conflict, no retry)",
+            dollars(counter_wru, 0.0)
+        );
+        println!(
+            "read-modify-write: calls {rmw_calls:?}; item {before} -> {after_rmw} bytes; {rmw_wru} WRU, {rmw_rru} RRU: \
+             ${:.3} per million uncontended, + ${:.3} per million per conflict retried",
+            dollars(rmw_wru, rmw_rru),
+            dollars(rmw_wru, rmw_rru)
+        );
+    }
 }
