@@ -436,6 +436,20 @@ impl Consumer {
                 match self.not_applied(gate, position, delivery, None).await {
                     Verdict::Apply => {}
                     Verdict::Again => continue,
+                    // The position may have been moved by this message's own commit since
+                    // step 1 read no record: another invocation applied it meanwhile (a
+                    // drain that took its kept copy), and may stop before publishing.
+                    // Acknowledged as a duplicate only with that commit's messages out:
+                    // once this copy's kept message is gone, nothing else would send them.
+                    Verdict::Done(Ok(ConsumeOutcome::Duplicate)) => {
+                        return match self.read(txn_id).await? {
+                            Some(record) if record.state == OutboxState::Pending => {
+                                let messages = self.dispatch(&record).await?;
+                                Ok(ConsumeOutcome::Resumed { messages })
+                            }
+                            _ => Ok(ConsumeOutcome::Duplicate),
+                        };
+                    }
                     Verdict::Done(result) => return result,
                 }
             }

@@ -59,6 +59,7 @@ use serde_json::{json, Value};
 
 use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
+use super::in_order_effects::{self, out, pair_faults};
 use super::ports::{late_op, GatedClock, GatedPublisher, GatedStore, InFlight};
 
 /// The consumer's name.
@@ -93,6 +94,10 @@ pub struct InOrderConfig {
     /// nothing for `ORDER#a`'s seq 2 and for `ORDER#b` ([`writes_nothing`]), so that the
     /// consumer keeps the positions in the item's key, moved by its write or alone.
     pub entity: bool,
+    /// The pair ([`super::in_order_effects`]): the queue holds `ORDER#a`'s seq 1 and 2
+    /// alone, the handler emits one message to `out` for each it applies, and the checks
+    /// add C2 to C5 (C5 at each acknowledgement) and that no kept message is left behind.
+    pub pair: bool,
 }
 
 impl InOrderConfig {
@@ -106,6 +111,17 @@ impl InOrderConfig {
             max_deliveries: 20,
             max_steps: 3_000,
             entity: false,
+            pair: false,
+        }
+    }
+
+    /// The pair ([`Self::pair`]) in the transactional mode: at most `max_in_flight`
+    /// deliveries at once, one crash anywhere at most ([`pair_faults`]).
+    pub fn pair(max_in_flight: usize, fault_budget: usize) -> Self {
+        Self {
+            pair: true,
+            faults: pair_faults,
+            ..Self::new(max_in_flight, fault_budget)
         }
     }
 
@@ -158,6 +174,10 @@ pub struct InOrderCounts {
     /// Entity mode: positions moved alone ([`StoreEvent::AppliedKept`]), on a live item
     /// and on a key that holds none.
     pub kept: (usize, usize),
+    /// The pair: messages the handler's commits sent to `out` (copies included), and
+    /// acknowledgements checked against C5.
+    pub emitted: usize,
+    pub acks_checked: usize,
 }
 
 impl InOrderCounts {
@@ -177,6 +197,8 @@ impl InOrderCounts {
         self.applied += other.applied;
         self.kept.0 += other.kept.0;
         self.kept.1 += other.kept.1;
+        self.emitted += other.emitted;
+        self.acks_checked += other.acks_checked;
     }
 
     /// Deliveries that ended as `name`.
@@ -293,6 +315,8 @@ fn deliveries() -> Vec<SendRequest> {
 /// its entity, and writes nothing for the messages of [`writes_nothing`].
 struct Recording {
     entity: bool,
+    /// The pair: emits one message to `out` for each message it applies.
+    emits: bool,
 }
 
 /// The messages the handler writes nothing for in entity mode: `ORDER#a`'s seq 2 (its
@@ -327,6 +351,10 @@ impl Handler for Recording {
             .and_then(|item| item.data["seqs"].as_array().cloned())
             .unwrap_or_default();
         seqs.push(json!(position.seq));
+        if self.emits {
+            let body = json!({ "entity": position.entity.as_str(), "seq": position.seq });
+            staging.emit(Message::json(out(), &body).expect("serialisable"));
+        }
         let expected = read.map_or(ExpectedVersion::Absent, |item| ExpectedVersion::Exactly(item.version));
         staging.put(key, json!({ "seqs": seqs }), expected);
         Ok(())
@@ -394,6 +422,8 @@ struct Actor {
     kind: Kind,
     /// The delivery's receipt, and the message's place (a consumer's).
     receipt: Option<(String, String)>,
+    /// The message's place (a consumer's), for the pair's C5 at its acknowledgement.
+    position: Option<Position>,
     future: Pin<Box<dyn Future<Output = End>>>,
 }
 
@@ -413,15 +443,24 @@ struct World {
     next_actor: ActorId,
     /// Entity mode ([`InOrderConfig::entity`]).
     entity: bool,
+    /// The pair ([`InOrderConfig::pair`]).
+    pair: bool,
+    /// The messages on the queue at the start.
+    messages: Vec<SendRequest>,
 }
 
 impl World {
-    fn new(entity: bool) -> Self {
+    fn new(entity: bool, pair: bool) -> Self {
         let clock = start_clock();
-        let backend = EmbeddedBackend::new(clock.clone(), [(events(), false)]);
+        let backend = EmbeddedBackend::new(clock.clone(), [(events(), false), (out(), false)]);
         backend.record();
         let queue = backend.publisher.queue(&events()).expect("events").clone();
-        for request in deliveries() {
+        let messages = if pair {
+            in_order_effects::pair(produced())
+        } else {
+            deliveries()
+        };
+        for request in messages.clone() {
             queue.send(request).expect("the queue takes the producer's messages");
         }
         let inbox = EmbeddedInbox::new(queue.clone(), clock.clone());
@@ -435,6 +474,8 @@ impl World {
             ids: Arc::new(Ids(AtomicU64::new(1))),
             next_actor: 0,
             entity,
+            pair,
+            messages,
         }
     }
 
@@ -494,17 +535,21 @@ impl World {
             inner: self.inbox.clone(),
             gate,
         });
-        let handler = Arc::new(Recording { entity: self.entity });
+        let handler = Arc::new(Recording {
+            entity: self.entity,
+            emits: self.pair,
+        });
         let consumer = Consumer::new(CONSUMER.parse().expect("valid"), ports, handler, RETENTION).with_requeue(requeue);
-        let place = Position::from_attributes(&delivery.attributes)
-            .ok()
-            .flatten()
+        let position = Position::from_attributes(&delivery.attributes).ok().flatten();
+        let place = position
+            .as_ref()
             .map_or_else(|| "unplaced".to_owned(), |p| format!("{} seq {}", p.entity, p.seq));
         let receipt = Some((delivery.receipt.clone(), place));
         Actor {
             id,
             kind: Kind::Consumer,
             receipt,
+            position,
             future: Box::pin(async move { End::Consumed(consumer.consume(&delivery).await) }),
         }
     }
@@ -522,6 +567,7 @@ impl World {
                     id,
                     kind: Kind::Ghost,
                     receipt: None,
+                    position: None,
                     future: Box::pin(
                         async move { End::Ghost(late_op(store, queue, gate, late, None, None, None).await) },
                     ),
@@ -562,7 +608,7 @@ enum Action {
 /// that each placed message was applied once, in chain order, none skipped; an `Err`
 /// names what broke (or the livelock) and the schedule.
 pub fn run_in_order_schedule(chooser: &mut dyn Chooser, config: &InOrderConfig) -> Result<InOrderOutcome, String> {
-    let mut world = World::new(config.entity);
+    let mut world = World::new(config.entity, config.pair);
     let mut counts = InOrderCounts {
         schedules: 1,
         ..InOrderCounts::default()
@@ -670,6 +716,7 @@ pub fn run_in_order_schedule(chooser: &mut dyn Chooser, config: &InOrderConfig) 
             Op::Commit => "commit",
             Op::Mark => "mark",
             Op::Read => "read",
+            Op::Publish => "publish",
             _ => "other",
         };
         match fault {
@@ -704,6 +751,13 @@ pub fn run_in_order_schedule(chooser: &mut dyn Chooser, config: &InOrderConfig) 
                 let actor = actors.swap_remove(position);
                 let (receipt, place) = actor.receipt.expect("a consumer's");
                 let name = outcome_name(&result);
+                if let (true, Ok(outcome), Some(placed)) = (world.pair, &result, &actor.position) {
+                    trace.push(format!("    {place}: {name}"));
+                    in_order_effects::check_ack(&world.backend, CONSUMER, placed, outcome)
+                        .map_err(|violation| fail(&trace, violation))?;
+                    trace.pop();
+                    counts.acks_checked += 1;
+                }
                 *counts.outcomes.entry(name).or_default() += 1;
                 counts.waits += usize::from(matches!(
                     result,
@@ -739,6 +793,16 @@ pub fn run_in_order_schedule(chooser: &mut dyn Chooser, config: &InOrderConfig) 
     } else {
         counts.applied = check(&world).map_err(|violation| fail(&trace, violation))?;
     }
+    if config.pair {
+        let first = world
+            .messages
+            .first()
+            .and_then(|request| Position::from_attributes(&request.attributes).ok().flatten());
+        let position = first.ok_or("the pair's queue holds no placed message")?;
+        let length = world.messages.len() as u64;
+        counts.emitted = in_order_effects::check_effects(&world.backend, CONSUMER, &position, length, RETENTION)
+            .map_err(|violation| fail(&trace, violation))?;
+    }
     Ok(InOrderOutcome {
         steps,
         faults,
@@ -755,7 +819,7 @@ pub fn run_in_order_schedule(chooser: &mut dyn Chooser, config: &InOrderConfig) 
 fn check(world: &World) -> Result<usize, String> {
     let fail = |detail: String| Err(format!("in-order consumer violated: {detail}"));
     let mut chains: BTreeMap<ItemKey, (Position, u64)> = BTreeMap::new();
-    for request in produced() {
+    for request in &world.messages {
         let position = Position::from_attributes(&request.attributes)
             .map_err(|error| error.to_string())?
             .ok_or("the producer published an unplaced message")?;

@@ -38,6 +38,7 @@ mod expression;
 mod fence_split;
 mod gate;
 mod in_order;
+mod in_order_effects;
 pub mod invariants;
 mod ports;
 mod split;
@@ -54,6 +55,7 @@ pub use fence_split::{
 };
 pub use gate::{Fault, Op};
 pub use in_order::{in_order_faults, produced, run_in_order_schedule, InOrderConfig, InOrderCounts, InOrderOutcome};
+pub use in_order_effects::pair_faults;
 pub use split::{run_split_schedule, SplitConfig, SplitCounts, SplitOutcome};
 pub use world::{
     run_schedule, sim_timing, AfterAnswerRuns, ApiResult, ChainCounts, LateOps, LoopEnds, Outcome, SimConfig,
