@@ -129,6 +129,14 @@ def count_overtaken(events):
 
 
 def queue_depth(sqs, url):
+    """The messages in the queue, visible or in flight, that are not delayed."""
+    return queue_counts(sqs, url)[0]
+
+
+def queue_counts(sqs, url):
+    """The messages in the queue (visible or in flight), and the delayed ones apart: a kept
+    message's reminder comes back only after its delay (15 minutes), whether or not the
+    message was applied meanwhile, and then finds it applied."""
     attributes = sqs.get_queue_attributes(
         QueueUrl=url,
         AttributeNames=[
@@ -137,7 +145,10 @@ def queue_depth(sqs, url):
             "ApproximateNumberOfMessagesDelayed",
         ],
     )["Attributes"]
-    return sum(int(attributes.get(name, "0")) for name in attributes)
+    waiting = int(attributes.get("ApproximateNumberOfMessages", "0")) + int(
+        attributes.get("ApproximateNumberOfMessagesNotVisible", "0")
+    )
+    return waiting, int(attributes.get("ApproximateNumberOfMessagesDelayed", "0"))
 
 
 def scan(dynamodb, table, prefix):
@@ -247,7 +258,7 @@ def main():
             else:
                 quiet_since = None
             time.sleep(0.5)
-        left = queue_depth(sqs, source)
+        left, reminders = queue_counts(sqs, source)
 
         out = drain(sqs, shipments)
         shipment_items = scan(dynamodb, table, "SHIPMENT#")
@@ -311,6 +322,9 @@ def main():
     problems = []
     if left:
         problems.append(f"{left} messages left in the source queue")
+    # Each delivery the consumer kept sent one reminder, delayed; no other message may wait.
+    if reminders > consumed_lines["kept"]:
+        problems.append(f"{reminders} delayed messages in the source queue, more than the {consumed_lines['kept']} kept deliveries' reminders")
     if sorted(shipments_per_order) != sorted(placed) or any(count != 1 for count in shipments_per_order.values()):
         problems.append(f"shipments per order: {dict(Counter(shipments_per_order.values()))} for {len(placed)} orders")
     if len(bodies_per_id) != len(placed) or sorted(received_orders) != sorted(placed):
@@ -344,7 +358,8 @@ def main():
         f" shipments {sum(shipments_per_order.values())} ({len(shipments_per_order)} orders, at most {max(shipments_per_order.values(), default=0)} each);"
         f" ShipmentRequested received {len(out)} times under {len(bodies_per_id)} ids, one body each,"
         f" {losers} naming an uncommitted run's shipment;"
-        f" consumer records {dict(states)}; outbox entries left in shipments {entries_left}; lost {len(lost)}"
+        f" consumer records {dict(states)}; outbox entries left in shipments {entries_left}; lost {len(lost)};"
+        f" {reminders} kept messages' reminders still delayed in the source queue"
     )
     if problems:
         print("FAILED: " + "; ".join(problems), file=sys.stderr)
