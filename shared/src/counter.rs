@@ -157,6 +157,10 @@ pub struct CounterCommitted {
     pub values: BTreeMap<String, i64>,
     /// The entry's messages with the positions the write gave them.
     pub messages: Vec<OutgoingMessage>,
+    /// The item's pending entries of other transactions as the write found them, in
+    /// commit order, their messages placed: what a publisher that keeps order sends
+    /// first. The write reads nothing before, so this is the only sight of them it has.
+    pub earlier: Vec<OutboxRecord>,
 }
 
 /// Why a counter commit did not apply.

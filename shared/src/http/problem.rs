@@ -220,6 +220,11 @@ pub fn transaction_problem(error: &TxnError, precondition: bool) -> Problem {
         }
         TxnError::VersionConflict { .. } => Problem::new(S::CONFLICT, "version-conflict", "Conflict")
             .with_detail("the resource changed while the request ran; nothing was written"),
+        TxnError::Refused { refusal, .. } => Problem::new(S::CONFLICT, "out-of-bounds", "Out of bounds")
+            .with_detail(format!("{refusal}; nothing was written")),
+        TxnError::NoSuchItem { .. } => {
+            Problem::new(S::NOT_FOUND, "not-found", "Not found").with_detail("no such resource; nothing was written")
+        }
         TxnError::ActionCancelled { .. } => Problem::new(S::CONFLICT, "conflict", "Conflict")
             .with_detail("the change conflicts with the resource's current state; nothing was written"),
         TxnError::TooLarge { reason, .. } => {

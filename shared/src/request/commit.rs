@@ -1,6 +1,7 @@
 //! A transaction's commit: its attempts, and the settling write that decides a failed or
 //! unknown one (docs/PROTOCOL.md section 3).
 
+use super::counters::CounterOutcome;
 use super::inline::Behind;
 use super::settle::{settle_bound, within, COMMIT_RETRY_DELAY, SETTLE_RESERVE};
 use super::{Committed, Settlement, Transaction, TxnError};
@@ -47,6 +48,17 @@ impl Transaction {
         // abandon before the send refuses it). While it is on its way nothing can have
         // been written, so the commit has not begun: an abandon meanwhile writes only the
         // tombstone record, and refuses the commit below.
+        // Additions to counters are checked, and where the counter form does not apply
+        // turned into a read-modify-write, before anything else: a refusal then costs
+        // the read alone.
+        if let Err(error) = self.prepare_counters().await {
+            if self.sent_at().is_some() {
+                // Its control message is out: the tombstone spares the worker its wait.
+                let by = settle_bound(self.outbox.ports.clock.now(), self.deadline);
+                self.outbox.abandon_in(txn_id, self.entity.as_ref(), Some(by)).await;
+            }
+            return Err(error);
+        }
         if self.sent_at().is_none() {
             self.check_limits()?;
             let attempts_until = self.deadline.map(|deadline| deadline.minus(SETTLE_RESERVE));
@@ -99,6 +111,16 @@ impl Transaction {
                 // An attempt whose outcome was unknown applied after all: dispatched in
                 // the form it was found in (an entry in the entity, or a record).
                 tracing::warn!(error = %error, "the commit applied after all");
+                if self.counter_form_applies() {
+                    // A counter commit read nothing, and the settling write tells
+                    // nothing of the entries before it: the control worker, which
+                    // reads the item, publishes them in order.
+                    return Ok(Committed {
+                        txn_id,
+                        message_ids,
+                        inline: super::InlineDispatch::LeftToWorker,
+                    });
+                }
                 let committed = match &request {
                     Some(request) if found.state == OutboxState::Pending => request.outbox.clone(),
                     _ => found,
@@ -174,11 +196,41 @@ impl Transaction {
                 *request = Some(self.request(now));
             }
             let sent = request.as_ref().expect("just built");
-            let entity_form = self.entity_form(sent);
-            self.entity_attempted |= entity_form.is_some();
-            let outcome = match &entity_form {
-                Some(entity) => within(ports.clock.as_ref(), attempts_until, ports.store.commit_entity(entity)).await,
-                None => {
+            let counter = self.counter_commit(sent);
+            let entity_form = if counter.is_some() {
+                None
+            } else {
+                self.entity_form(sent)
+            };
+            self.entity_attempted |= entity_form.is_some() || counter.is_some();
+            let mut placed = None;
+            let outcome = match (&counter, &entity_form) {
+                (Some(counter), _) => {
+                    match within(
+                        ports.clock.as_ref(),
+                        attempts_until,
+                        ports.store.commit_counter(counter),
+                    )
+                    .await
+                    {
+                        None => None,
+                        Some(result) => match self.counter_outcome(result) {
+                            Ok(done) => {
+                                placed = Some(done);
+                                Some(Ok(()))
+                            }
+                            // A refusal is authoritative even after an attempt of
+                            // unknown outcome: had that attempt applied, this one would
+                            // have found its entry (or its sent mark) first.
+                            Err(CounterOutcome::Answer(error)) => return Err(error),
+                            Err(CounterOutcome::Commit(error)) => Some(Err(error)),
+                        },
+                    }
+                }
+                (None, Some(entity)) => {
+                    within(ports.clock.as_ref(), attempts_until, ports.store.commit_entity(entity)).await
+                }
+                (None, None) => {
                     let commit = ports.store.commit_native(sent, &self.staging.native);
                     within(ports.clock.as_ref(), attempts_until, commit).await
                 }
@@ -186,6 +238,9 @@ impl Transaction {
             let error = match outcome {
                 Some(Ok(())) => {
                     tracing::info!(messages = sent.outbox.messages.len(), "committed");
+                    if let Some(done) = placed {
+                        self.counter_placed(request.as_mut().expect("just sent"), done);
+                    }
                     return Ok(());
                 }
                 Some(Err(error)) => error,
@@ -286,7 +341,11 @@ impl Transaction {
     /// Publishes a committed transaction's messages in the request path, in the form it
     /// was committed in.
     async fn dispatch(&self, sent: &CommitRequest, committed: &OutboxRecord) -> super::InlineDispatch {
-        let entry_in = self.entity_form(sent).and(self.entity.as_ref());
+        if self.counter_settled {
+            return super::InlineDispatch::NothingToPublish;
+        }
+        let entity_form = self.counter_form_applies() || self.entity_form(sent).is_some();
+        let entry_in = self.entity.as_ref().filter(|_| entity_form);
         self.outbox
             .dispatch_committed(entry_in, self.behind(committed), committed, self.deadline)
             .await
@@ -302,10 +361,10 @@ impl Transaction {
             .iter()
             .find_map(|message| message.position.as_ref().map(|position| position.entity.clone()))
             .or_else(|| self.entity.clone())?;
-        Some(Behind {
-            entries: self.staging.entries_read(&key, self.txn_id),
-            key,
-        })
+        let mut entries = self.staging.entries_read(&key, self.txn_id);
+        // A counter commit read nothing: the write itself saw the entries before it.
+        entries.extend(self.counter_earlier.iter().cloned());
+        Some(Behind { entries, key })
     }
 
     fn check_limits(&self) -> Result<(), TxnError> {

@@ -49,6 +49,25 @@ pub enum TxnError {
         /// The item.
         key: ItemKey,
     },
+    /// An addition to a counter of the transaction's entity ([`crate::request::Transaction::add`])
+    /// would take it out of its bounds, or the field holds no whole number: the business
+    /// rule refused the change, and nothing was written.
+    #[error("transaction {txn_id}: {refusal}")]
+    Refused {
+        /// The transaction.
+        txn_id: TxnId,
+        /// Which bound, and what the field holds.
+        refusal: crate::counter::Refusal,
+    },
+    /// The item the transaction adds to ([`crate::request::Transaction::add`]) is not
+    /// there; nothing was written.
+    #[error("transaction {txn_id}: item {key} does not exist")]
+    NoSuchItem {
+        /// The transaction.
+        txn_id: TxnId,
+        /// The item.
+        key: ItemKey,
+    },
     /// One of the application's native actions was cancelled (its condition failed, or
     /// DynamoDB refused it); nothing was written. See [`crate::native`].
     #[error("transaction {txn_id}: the application's action {index} was cancelled ({code})")]
@@ -144,6 +163,8 @@ impl TxnError {
             | Self::CommitWindowExpired { txn_id }
             | Self::DeadlineExceeded { txn_id }
             | Self::VersionConflict { txn_id, .. }
+            | Self::Refused { txn_id, .. }
+            | Self::NoSuchItem { txn_id, .. }
             | Self::ActionCancelled { txn_id, .. }
             | Self::IdempotencyKeyUsed { txn_id, .. }
             | Self::TooLarge { txn_id, .. }

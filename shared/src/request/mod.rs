@@ -24,6 +24,7 @@
 pub mod after_answer;
 mod commit;
 mod control_send;
+mod counters;
 #[cfg(test)]
 mod entity_tests;
 mod error;

@@ -277,6 +277,9 @@ impl Outbox {
             entity,
             entity_barred: false,
             entity_attempted: false,
+            counters: Vec::new(),
+            counter_earlier: Vec::new(),
+            counter_settled: false,
         };
         if let Some(watch) = watch {
             watch.started(self, &mut txn);

@@ -76,6 +76,14 @@ pub struct Transaction {
     /// A commit of it in entity form was sent: an attempt of unknown outcome is then
     /// fenced in the item.
     pub(super) entity_attempted: bool,
+    /// The additions to counters of its entity ([`Transaction::add`]).
+    pub(super) counters: Vec<crate::counter::Add>,
+    /// The entity's pending entries of earlier transactions that its counter commit
+    /// found: they go out before its messages where order is kept.
+    pub(super) counter_earlier: Vec<crate::protocol::OutboxRecord>,
+    /// Its counter commit found its entry settled already (a repeat of a write that
+    /// applied): nothing is left to publish.
+    pub(super) counter_settled: bool,
     /// Its place among the request path's live transactions, for abandoning it.
     pub(super) _live: super::live::LiveGuard,
 }

@@ -25,6 +25,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditi
 
 use crate::aws::item::{business_from_item, n, s, Item, Reader};
 use crate::counter::{apply_all, chains_of, stamp, CounterCommit, CounterCommitted, CounterError};
+use crate::earlier::{entries_before, pending_entries};
 use crate::ports::{CommitError, EntityCommit, ExpectedVersion, ItemKey, StoreError};
 use crate::protocol::{ChainHead, ChainHeads, OutboxRecord, TxnId};
 use crate::settings::TableLayout;
@@ -159,6 +160,7 @@ fn judge(layout: &TableLayout, commit: &CounterCommit, old: Option<Item>) -> Ver
                 version,
                 values: values_in(layout, commit, &old),
                 messages: found.messages.clone(),
+                earlier: entries_before(entries.values(), found),
             })
         } else {
             Err(CommitError::Superseded { txn_id }.into())
@@ -169,6 +171,7 @@ fn judge(layout: &TableLayout, commit: &CounterCommit, old: Option<Item>) -> Ver
             version,
             values: values_in(layout, commit, &old),
             messages: Vec::new(),
+            earlier: Vec::new(),
         }));
     }
     match fence_of(layout, &old) {
@@ -308,6 +311,9 @@ impl DynamoStore {
                 let version = reader.version().unwrap_or(0);
                 let heads = heads_of(&self.layout, &old).map_err(|error| CommitError::Ambiguous(Box::new(error)))?;
                 let messages = stamp(&commit.key, version, &heads, &commit.entry.messages);
+                let earlier = entries_of(&self.layout, &old)
+                    .map(|entries| pending_entries(entries.values(), commit.entry.txn_id))
+                    .map_err(|error| CommitError::Ambiguous(Box::new(error)))?;
                 let values = values_in(&self.layout, commit, &old)
                     .into_iter()
                     .map(|(field, value)| {
@@ -323,6 +329,7 @@ impl DynamoStore {
                     version: version + 1,
                     values,
                     messages,
+                    earlier,
                 })))
             }
             Err(error) => match condition_failed(&error) {
@@ -352,6 +359,9 @@ impl DynamoStore {
         let mut data = live.data;
         let values = apply_all(&commit.adds, &mut data)?;
         let messages = stamp(&commit.key, live.version, &heads, &commit.entry.messages);
+        let earlier = entries_of(&self.layout, old)
+            .map(|entries| pending_entries(entries.values(), commit.entry.txn_id))
+            .map_err(|error| CommitError::Ambiguous(Box::new(error)))?;
         let entity_commit = EntityCommit {
             key: commit.key.clone(),
             data: data.clone(),
@@ -368,6 +378,7 @@ impl DynamoStore {
             version: live.version + 1,
             values,
             messages,
+            earlier,
         })
     }
 }

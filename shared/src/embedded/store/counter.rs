@@ -4,6 +4,7 @@
 
 use super::{entity, EmbeddedStore, Item, State};
 use crate::counter::{apply_all, stamp, CounterCommit, CounterCommitted, CounterError};
+use crate::earlier::{entries_before, pending_entries};
 use crate::ports::{CommitError, EntityCommit, ExpectedVersion};
 use crate::protocol::OutboxRecord;
 use crate::time::Timestamp;
@@ -50,6 +51,7 @@ pub(super) fn commit(
                 version: *version,
                 values: values_now(commit, json),
                 messages: found.messages.clone(),
+                earlier: entries_before(entries.values(), found),
             })
         } else {
             Err(CommitError::Superseded { txn_id }.into())
@@ -61,6 +63,7 @@ pub(super) fn commit(
             version: *version,
             values: values_now(commit, json),
             messages: Vec::new(),
+            earlier: Vec::new(),
         });
     }
     if commit.checks_fence && fence.is_some_and(|fence| fence >= txn_id) {
@@ -69,6 +72,7 @@ pub(super) fn commit(
     let mut data: serde_json::Value = serde_json::from_str(json).expect("the store wrote this JSON itself");
     let values = apply_all(&commit.adds, &mut data)?;
     let messages = stamp(&commit.key, *version, heads, &commit.entry.messages);
+    let earlier = pending_entries(entries.values(), txn_id);
     let version = *version;
     let entity_commit = EntityCommit {
         key: commit.key.clone(),
@@ -86,5 +90,6 @@ pub(super) fn commit(
         version: version + 1,
         values,
         messages,
+        earlier,
     })
 }
