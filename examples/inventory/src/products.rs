@@ -1,17 +1,21 @@
 //! `POST /products` adds a product with its stock and emits `ProductAdded`;
 //! `POST /products/{id}/reservations` takes units off its stock and emits
-//! `StockReserved`. Each reads, decides and stages; a concurrent change of the same
-//! product makes the step run again rather than answer 409. A refusal decided by the
-//! read (the product exists, is missing, or is out of stock) costs the read alone: the
-//! transaction's control message goes out with its commit, so nothing of it was sent, and
-//! the answer names no transaction.
+//! `StockReserved`. Each reads, decides and stages; a reservation adds to the stock as a
+//! counter under a bound, so reservations of one product never conflict, and a
+//! concurrent change met by an add (a create of the same product) makes the step run
+//! again rather than answer 409. A refusal decided by the read (the product exists, is
+//! missing, or is out of stock) costs the read alone: the transaction's control message
+//! goes out with its commit, so nothing of it was sent, and the answer names no
+//! transaction.
 
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::Response;
+use outbox::counter::{Add, Refusal};
 use outbox::http::{Answer, FieldError, HttpError, Idempotent, JsonBody, Problem, RequestScope};
 use outbox::ports::{ExpectedVersion, ItemKey};
 use outbox::protocol::Message;
+use outbox::request::TxnError;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -93,35 +97,54 @@ pub async fn create(
         .await
 }
 
-/// `POST /products/{id}/reservations`: one item changes, so the transaction is in
-/// entity mode (one conditional write, no transaction).
+/// `POST /products/{id}/reservations`: the stock is a counter under a bound, so the
+/// reservation adds to it ([`outbox::request::Transaction::add`]) rather than writing the
+/// product it read: reservations of one product never conflict, and their events keep
+/// their place in its history. The read first lets a sold-out product refuse for the read
+/// alone; a reservation that passes it may still meet the bound in the write (the last
+/// units went meanwhile), and is then refused as out of stock, naming its transaction.
 pub async fn reserve(
     scope: RequestScope,
     Path(id): Path<String>,
     Idempotent { idempotency, body }: Idempotent<JsonBody<NewReservation>>,
 ) -> Result<Response, HttpError> {
     let (key, quantity) = (&product_key(&id)?, body.value.quantity);
-    if quantity == 0 {
+    let Some(amount) = i64::try_from(quantity).ok().filter(|amount| *amount > 0) else {
         return Err(HttpError::Validation(vec![FieldError::new("quantity", "at least 1")]));
-    }
+    };
     scope
         .retry_conflicts(Some(key.clone()), idempotency, |mut txn| async move {
             let txn_id = txn.id();
             let Some(item) = txn.get(key).await? else {
-                let missing = refusal(StatusCode::NOT_FOUND, "not-found", "Not found", "no such product");
-                return Err(missing);
+                return Err(not_found());
             };
-            let mut product: Product = serde_json::from_value(item.data)
+            let product: Product = serde_json::from_value(item.data)
                 .map_err(|_| HttpError::Misconfigured { problem: "a stored product cannot be read" })?;
             if product.stock < quantity {
-                let detail = format!("{} left; nothing was written", product.stock);
-                return Err(refusal(StatusCode::CONFLICT, "out-of-stock", "Out of stock", &detail));
+                return Err(out_of_stock(product.stock));
             }
-            product.stock -= quantity;
-            txn.put(key.clone(), json!(product), ExpectedVersion::Exactly(item.version));
+            txn.add(Add::take("stock", amount));
             let reserved = json!({"type": "StockReserved", "reservation_id": txn_id.to_string(), "product_id": product.product_id, "quantity": quantity});
             txn.emit(event(reserved.clone()));
             Ok((txn, Answer::json(StatusCode::CREATED, &reserved)))
         })
         .await
+        .map_err(|error| match error {
+            // The bound, met in the write: the units went since the read.
+            HttpError::Transaction(TxnError::Refused {
+                txn_id,
+                refusal: Refusal::OutOfBounds { value, .. },
+            }) => out_of_stock(value.max(0).unsigned_abs()).in_transaction(txn_id),
+            HttpError::Transaction(TxnError::NoSuchItem { txn_id, .. }) => not_found().in_transaction(txn_id),
+            other => other,
+        })
+}
+
+fn not_found() -> HttpError {
+    refusal(StatusCode::NOT_FOUND, "not-found", "Not found", "no such product")
+}
+
+fn out_of_stock(left: u64) -> HttpError {
+    let detail = format!("{left} left; nothing was written");
+    refusal(StatusCode::CONFLICT, "out-of-stock", "Out of stock", &detail)
 }

@@ -363,7 +363,12 @@ impl Transaction {
             .or_else(|| self.entity.clone())?;
         let mut entries = self.staging.entries_read(&key, self.txn_id);
         // A counter commit read nothing: the write itself saw the entries before it.
-        entries.extend(self.counter_earlier.iter().cloned());
+        for entry in &self.counter_earlier {
+            if !entries.iter().any(|read| read.txn_id == entry.txn_id) {
+                entries.push(entry.clone());
+            }
+        }
+        entries.sort_by_key(crate::protocol::commit_order);
         Some(Behind { entries, key })
     }
 
