@@ -625,6 +625,70 @@ async fn a_message_behind_one_the_consumer_never_sees_waits_for_good_and_says_so
     assert_eq!(applied(&backend, "ORDER#a").await, [1], "never applied past the gap");
 }
 
+/// A kept message outlives the consumer's retention while it waits: each reminder keeps
+/// it anew, its expiry from then. So when its predecessor comes, later than the retention
+/// after the first keep, the predecessor's delivery applies it right away (not a reminder
+/// up to [`crate::consumer::in_order::REMINDER_DELAY`] later), and the reminder still on
+/// its way comes as a duplicate.
+#[tokio::test]
+async fn a_kept_message_outlives_the_retention_while_its_reminders_come() {
+    let (clock, backend, _queue, inbox, consumer) = requeueing_world(Arc::new(Recording));
+    consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
+    assert_eq!(
+        consumer.consume(&placed("ORDER#a", 3)).await.unwrap(),
+        ConsumeOutcome::Kept { applied: 1, seq: 3 }
+    );
+    let retention = consumer.retention();
+    let kept_since = crate::ports::Clock::now(clock.as_ref());
+    // Its reminders, as a poller takes them, until the retention has passed since it was
+    // first kept, and one more round.
+    let mut reminders = 0;
+    while crate::ports::Clock::now(clock.as_ref()).since(kept_since) <= retention + Duration::from_secs(901) {
+        clock.advance(Duration::from_secs(901));
+        for copy in inbox
+            .receive(10, Duration::ZERO, Duration::from_secs(30))
+            .await
+            .unwrap()
+        {
+            reminders += 1;
+            assert_eq!(
+                consumer.consume(&copy).await.unwrap(),
+                ConsumeOutcome::Kept { applied: 1, seq: 3 }
+            );
+            inbox.ack(std::slice::from_ref(&copy.receipt)).await.unwrap();
+        }
+    }
+    let position = Position::from_attributes(&placed("ORDER#a", 3).attributes)
+        .unwrap()
+        .unwrap();
+    let key = crate::consumer::in_order::kept_key("ordered", &position, 3);
+    let kept = crate::ports::Store::get_kept(backend.store.as_ref(), &key)
+        .await
+        .unwrap();
+    assert!(
+        kept.is_some(),
+        "seq 3 is kept still, {:?} after it was first kept (the retention is {retention:?}), after {reminders} reminders",
+        crate::ports::Clock::now(clock.as_ref()).since(kept_since)
+    );
+    assert!(matches!(
+        consumer.consume(&placed("ORDER#a", 2)).await.unwrap(),
+        ConsumeOutcome::Processed { .. }
+    ));
+    assert_eq!(
+        applied(&backend, "ORDER#a").await,
+        [1, 2, 3],
+        "the predecessor's delivery applies the kept message"
+    );
+    clock.advance(Duration::from_secs(901));
+    let copies = inbox
+        .receive(10, Duration::ZERO, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(copies.len(), 1, "the last reminder");
+    assert_eq!(consumer.consume(&copies[0]).await.unwrap(), ConsumeOutcome::Duplicate);
+    assert_eq!(applied(&backend, "ORDER#a").await, [1, 2, 3]);
+}
+
 /// [`Recording`], but the handler fails `seq` 2 while `failing` is set: a poison message
 /// that reaches the dead-letter queue until it is fixed.
 struct FailingSecond {
