@@ -65,8 +65,29 @@ async fn holding() -> only::Proxied {
     proxied_with(std::time::Duration::from_secs(60)).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_dynamodb_only_branch_is_reached_on_dynamodb_local() {
+/// The scenarios' futures add up to more than a test thread's stack holds: the census
+/// runs on a thread of its own with room for them, its future on the heap.
+#[test]
+fn every_dynamodb_only_branch_is_reached_on_dynamodb_local() {
+    const STACK: usize = 256 << 20;
+    std::thread::Builder::new()
+        .name("census".into())
+        .stack_size(STACK)
+        .spawn(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_stack_size(STACK)
+                .enable_all()
+                .build()
+                .expect("a runtime")
+                .block_on(Box::pin(census()))
+        })
+        .expect("the census's thread")
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+}
+
+async fn census() {
     use Branch::*;
     let mut tally = Tally::default();
     macro_rules! case {
@@ -85,6 +106,15 @@ async fn every_dynamodb_only_branch_is_reached_on_dynamodb_local() {
         TombstoneExistsFromReason
     );
     case!(versions_advance_and_stale_versions_conflict, CommitBusinessConflict);
+    case!(
+        counters_under_a_bound_never_conflict_and_keep_their_place,
+        CounterOwnEntry,
+        CounterFenced,
+        CounterBoundRefused,
+        CounterMissing,
+        CounterOrdinaryForm,
+        CounterVersionMoved
+    );
     case!(an_idempotency_key_commits_once, CommitIdempotencyUsed);
     case!(a_split_outbox_round_trips_and_is_marked_dispatched, MarkDeletesParts);
     case!(
@@ -263,6 +293,14 @@ async fn every_dynamodb_only_branch_is_reached_on_dynamodb_local() {
         EntityOwnEntry,
         EntityOldItemRead,
         FailEntityOldItemRead
+    );
+    scenario!(
+        counter_commits_whose_requests_fail_are_ambiguous,
+        &proxied().await,
+        FailCounterUpdate,
+        CounterOwnEntry,
+        CounterSentMark,
+        CounterOldItemRead
     );
     scenario!(
         settles_whose_requests_fail_keep_the_entry_for_the_worker,

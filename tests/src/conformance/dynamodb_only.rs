@@ -10,6 +10,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
 use outbox::aws::AwsClients;
 use outbox::control::{ControlError, ControlOutcome};
+use outbox::counter::{Add, CounterCommit, CounterError, Refusal};
 use outbox::ports::{
     BusinessWrite, Clock, CommitError, CommitRequest, ControlDelivery, EntityCommit, ExpectedVersion, FenceOutcome,
     ItemKey, StoreError, TombstoneOutcome,
@@ -1209,4 +1210,93 @@ pub async fn settles_whose_requests_fail_keep_the_entry_for_the_worker(p: &Proxi
     let entity = b.store.get_entity(&k).await.unwrap().unwrap();
     assert!(!entity.entries.contains_key(&txn), "removed by the worker");
     assert!(b.drain(&events()).await.is_empty(), "not published again");
+}
+
+/// A counter commit of `name` by `txn`, adding `add` and sending one message.
+fn counter_commit(b: &Backend, name: &str, txn: TxnId, add: Add) -> CounterCommit {
+    let now = b.clock.now();
+    CounterCommit {
+        key: key(name),
+        adds: vec![add],
+        entry: OutboxRecord::committed(
+            txn,
+            messages(txn, &[json!({"added": 1})]),
+            now,
+            whole_second(now.plus(RETENTION)),
+        ),
+        checks_fence: true,
+    }
+}
+
+/// Counter commits whose requests fail are ambiguous, never a refusal, and a repeat finds
+/// what applied: an `UpdateItem` dropped before DynamoDB saw it leaves the item as it
+/// was; one whose reply was lost applied, and its repeat finds its entry (with the values
+/// now) and, once the entry settled, its sent mark, adding nothing either time; an engine
+/// that leaves the old item out of a failed condition has the item read, which judges
+/// the bound.
+pub async fn counter_commits_whose_requests_fail_are_ambiguous(p: &Proxied) {
+    let b = &p.backend;
+    let now = b.clock.now();
+    let name = item_name();
+    let k = key(&name);
+    create(b, &name).await;
+    let n = || async { b.store.get_entity(&k).await.unwrap().unwrap() };
+    b.store
+        .commit_counter(&counter_commit(b, &name, TxnId::new_v7(), Add::give_up_to("n", 1, 10)))
+        .await
+        .expect("the first addition, in the ordinary form");
+    let commit = counter_commit(b, &name, TxnId::new_v7(), Add::give_up_to("n", 1, 10));
+    p.faults.other("UpdateItem", Fault::Drop);
+    let dropped = b.store.commit_counter(&commit).await;
+    p.faults.clear();
+    assert!(
+        matches!(dropped, Err(CounterError::Commit(CommitError::Ambiguous(_)))),
+        "{dropped:?}"
+    );
+    assert_eq!(
+        (n().await.item.version, n().await.item.data["n"].clone()),
+        (2, json!(1)),
+        "not applied"
+    );
+    p.faults.other("UpdateItem", Fault::ReplyLost);
+    let lost = b.store.commit_counter(&commit).await;
+    p.faults.clear();
+    assert!(
+        matches!(lost, Err(CounterError::Commit(CommitError::Ambiguous(_)))),
+        "{lost:?}"
+    );
+    let again = b
+        .store
+        .commit_counter(&commit)
+        .await
+        .expect("the repeat finds its own entry");
+    assert_eq!((again.version, again.values["n"]), (3, 2), "applied once");
+    b.store
+        .settle_entry(&k, commit.entry.txn_id, now, whole_second(now.plus(RETENTION)), 4)
+        .await
+        .expect("the settle");
+    let settled = b
+        .store
+        .commit_counter(&commit)
+        .await
+        .expect("the repeat finds its sent mark");
+    assert!(settled.messages.is_empty(), "{settled:?}");
+    assert_eq!(
+        (n().await.item.version, n().await.item.data["n"].clone()),
+        (3, json!(2)),
+        "adds nothing"
+    );
+    p.faults.other("UpdateItem", Fault::WithoutOldItems);
+    let refused = b
+        .store
+        .commit_counter(&counter_commit(b, &name, TxnId::new_v7(), Add::take("n", 5)))
+        .await;
+    p.faults.clear();
+    assert!(
+        matches!(
+            refused,
+            Err(CounterError::Refused(Refusal::OutOfBounds { value: 2, .. }))
+        ),
+        "{refused:?}"
+    );
 }

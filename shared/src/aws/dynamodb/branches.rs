@@ -92,6 +92,14 @@ branches! {
         FenceVacantKey => "fence: the key is vacant or absent: the form without data raises or checks the mark on the key alone",
         BatchUnprocessedRetried => "batched read or write: keys or items left unprocessed are sent again",
         MarkPartsLeftToExpire => "mark dispatched: the parts' deletes failed or were left unprocessed: left to expire, the record marked",
+        CounterOwnEntry => "counter commit: its own entry in the old item: an earlier request applied, success with the values now",
+        CounterSentMark => "counter commit: its sent mark in the old item: applied and settled, success",
+        CounterFenced => "counter commit: the old item's fence mark is at or above it: fenced",
+        CounterBoundRefused => "counter commit: a bound or a field that is no number, judged on the old item: refused, nothing written",
+        CounterMissing => "counter commit: no live item came back: missing, nothing written",
+        CounterOrdinaryForm => "counter commit: the old item has no entry map or no head for a destination yet: one entity commit stamped from it",
+        CounterVersionMoved => "counter commit: the item changed under its ordinary form: the counter form again",
+        CounterOldItemRead => "counter commit: no old item came back: it is read",
     }
     failures {
         FailRecordBehindRead => "a record behind a failed condition cannot be read (fence, tombstone put): the read's error, no outcome",
@@ -108,6 +116,7 @@ branches! {
         FailSettleUpdate => "settle: the UpdateItem fails (a 5xx): unavailable, the entry kept",
         FailSettleRecordPut => "settle of a full item: the record's put fails: unavailable, the entry kept for the worker",
         FailSettleEntryRemoval => "settle of a full item: the entry's removal after the record's put fails: unavailable, the record dispatched and the entry left for the worker",
+        FailCounterUpdate => "counter commit: the UpdateItem fails (a 5xx, a lost reply): ambiguous, never a refusal",
     }
 }
 

@@ -30,6 +30,7 @@ use crate::ports::{CommitError, EntityCommit, ExpectedVersion, ItemKey, StoreErr
 use crate::protocol::{ChainHead, ChainHeads, OutboxRecord, TxnId};
 use crate::settings::TableLayout;
 
+use super::branches::{reached, Branch};
 use super::chain::heads_of;
 use super::entity::{commit_error, condition_failed};
 use super::entity_attributes::{entries_of, fence_of, sent_of, FENCE_ATTRIBUTE, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
@@ -144,6 +145,7 @@ fn values_in(layout: &TableLayout, commit: &CounterCommit, item: &Item) -> BTree
 fn judge(layout: &TableLayout, commit: &CounterCommit, old: Option<Item>) -> Verdict {
     let txn_id = commit.entry.txn_id;
     let missing = || {
+        reached(Branch::CounterMissing);
         Verdict::Done(Err(CounterError::Missing {
             key: commit.key.clone(),
         }))
@@ -156,6 +158,7 @@ fn judge(layout: &TableLayout, commit: &CounterCommit, old: Option<Item>) -> Ver
     };
     if let Some(found) = entries.get(&txn_id) {
         return Verdict::Done(if commit.entry.is_own(found) {
+            reached(Branch::CounterOwnEntry);
             Ok(CounterCommitted {
                 version,
                 values: values_in(layout, commit, &old),
@@ -167,6 +170,7 @@ fn judge(layout: &TableLayout, commit: &CounterCommit, old: Option<Item>) -> Ver
         });
     }
     if sent_of(layout, &old).is_ok_and(|sent| sent.contains_key(&txn_id)) {
+        reached(Branch::CounterSentMark);
         return Verdict::Done(Ok(CounterCommitted {
             version,
             values: values_in(layout, commit, &old),
@@ -176,6 +180,7 @@ fn judge(layout: &TableLayout, commit: &CounterCommit, old: Option<Item>) -> Ver
     }
     match fence_of(layout, &old) {
         Ok(Some(fence)) if commit.checks_fence && fence >= txn_id => {
+            reached(Branch::CounterFenced);
             return Verdict::Done(Err(CommitError::EntityFenced { txn_id }.into()));
         }
         Ok(_) => {}
@@ -186,8 +191,10 @@ fn judge(layout: &TableLayout, commit: &CounterCommit, old: Option<Item>) -> Ver
     };
     let mut data = live.data;
     if let Err(refusal) = apply_all(&commit.adds, &mut data) {
+        reached(Branch::CounterBoundRefused);
         return Verdict::Done(Err(refusal.into()));
     }
+    reached(Branch::CounterOrdinaryForm);
     Verdict::Ordinary(old)
 }
 
@@ -214,6 +221,7 @@ impl DynamoStore {
             };
             match self.ordinary(commit, &old).await {
                 Err(CounterError::Commit(CommitError::VersionConflict { key })) => {
+                    reached(Branch::CounterVersionMoved);
                     last = Some(CommitError::VersionConflict { key });
                 }
                 done => return done,
@@ -336,13 +344,17 @@ impl DynamoStore {
                 Some(Some(old)) => Ok(judge(&self.layout, commit, Some(old))),
                 Some(None) => {
                     // From an engine that leaves the old item out: read it.
+                    reached(Branch::CounterOldItemRead);
                     let old = self
                         .read_raw(&commit.key)
                         .await
                         .map_err(|error| CommitError::Ambiguous(Box::new(error)))?;
                     Ok(judge(&self.layout, commit, old))
                 }
-                None => Err(commit_error(error).into()),
+                None => {
+                    reached(Branch::FailCounterUpdate);
+                    Err(commit_error(error).into())
+                }
             },
         }
     }
