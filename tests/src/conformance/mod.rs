@@ -61,6 +61,7 @@ macro_rules! conformance_suite {
             the_request_path_in_entity_mode_commits_into_the_item_and_dispatches_once,
             a_refusal_after_the_reads_sends_nothing_and_writes_nothing,
             counters_under_a_bound_never_conflict_and_keep_their_place,
+            a_busy_counter_through_the_request_path_answers_by_its_bound_and_keeps_its_place,
             kept_messages_are_kept_whole_replaced_by_a_later_keep_and_removed_harmlessly,
             sent_marks_prove_their_commits_while_they_are_kept,
             a_late_attempt_never_applies_to_a_later_life_of_its_item,
