@@ -247,6 +247,16 @@ impl Transaction {
                 // Cut short in flight: the request may still reach the table.
                 None => CommitError::Ambiguous("the request's deadline passed while the commit was in flight".into()),
             };
+            // A counter write is conditioned on no version: sent again after an attempt
+            // whose outcome is unknown, it could apply twice (that attempt's entry may
+            // have left the item meanwhile, into its record where the item is full of
+            // sent marks). So it is sent once at most; the settling write decides: it
+            // finds the attempt's entry (or proof), or fences the item so that the
+            // attempt can never land.
+            if counter.is_some() && matches!(error, CommitError::Ambiguous(_)) {
+                tracing::warn!(error = %error, attempt, "counter commit of unknown outcome; settling it");
+                return Err(TxnError::Ambiguous { txn_id, source: error });
+            }
             // The entity form can never apply (the item's fence mark is at or above this
             // transaction, or the entry does not fit the item); nothing was written, and
             // the transactional form, which the fence blocks as well, decides at once.

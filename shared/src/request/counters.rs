@@ -11,6 +11,14 @@
 //! result put at the version read, which a concurrent change makes conflict as any
 //! read-modify-write does. A transaction that adds to its entity does not also put or
 //! delete it.
+//!
+//! A counter write is conditioned on no version, only on the absence of its own entry
+//! and sent mark: once its entry has settled into its record (an item full of sent
+//! marks), a second write of the same transaction would apply again. So the request path
+//! sends it at most once past an unknown outcome: after a timeout or a lost reply it does
+//! not try again, and the settling write decides, finding the transaction's entry or
+//! proof, or raising the item's fence mark to it so that the write still on its way can
+//! never land.
 
 use super::{Transaction, TxnError};
 use crate::counter::{Add, CounterCommit, CounterCommitted, CounterError};

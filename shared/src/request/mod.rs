@@ -24,6 +24,8 @@
 pub mod after_answer;
 mod commit;
 mod control_send;
+#[cfg(test)]
+mod counter_tests;
 mod counters;
 #[cfg(test)]
 mod entity_tests;

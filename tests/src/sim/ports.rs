@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use outbox::counter::{CounterCommit, CounterCommitted, CounterError};
 use outbox::embedded::{EmbeddedStore, ManualClock, StoreEvent};
 use outbox::ports::{
     Clock, CommitError, CommitRequest, ControlDelivery, ControlInbox, ControlQueue, EntityCommit, EntityItem,
@@ -76,6 +77,9 @@ pub(crate) enum LateOp {
     /// `X-Amz-Date` where AWS's signature check is modelled ([`Signatures`]); otherwise it
     /// arrives whenever the scheduler lets it, the worst case.
     EntityCommit(Box<EntityCommit>, Option<Timestamp>),
+    /// A counter commit (one conditional write that reads nothing, stamping its
+    /// messages in the write), with its `X-Amz-Date` as for [`LateOp::EntityCommit`].
+    CounterCommit(Box<CounterCommit>, Option<Timestamp>),
     /// An entity-mode dedup record's put.
     PutDispatched {
         txn_id: TxnId,
@@ -113,7 +117,7 @@ impl LateOp {
     /// The gate its ghost passes.
     pub fn op(&self) -> Op {
         match self {
-            LateOp::Commit(_) | LateOp::EntityCommit(..) => Op::LateCommit,
+            LateOp::Commit(_) | LateOp::EntityCommit(..) | LateOp::CounterCommit(..) => Op::LateCommit,
             LateOp::Tombstone { .. } | LateOp::Fence { .. } => Op::LateTombstone,
             LateOp::Mark { .. }
             | LateOp::PutDispatched { .. }
@@ -316,6 +320,36 @@ async fn entity_commit(
     result
 }
 
+/// `commit` applied to `store` as [`entity_commit`] applies an entity commit: a refusal by
+/// the fence counted in `fenced_out`, and in `refusals` a refusal of a transaction that
+/// committed (a repeat that should have found its entry).
+async fn counter_commit(
+    store: &dyn Store,
+    commit: &CounterCommit,
+    fenced_out: Option<&Arc<std::sync::atomic::AtomicUsize>>,
+    refusals: Option<&Refusals>,
+) -> Result<CounterCommitted, CounterError> {
+    let result = store.commit_counter(commit).await;
+    if let (Err(CounterError::Commit(CommitError::EntityFenced { .. })), Some(count)) = (&result, fenced_out) {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(refusals) = refusals {
+        // A bound or a missing item refusing a transaction that committed is the same
+        // fault as a version refusing it: the repeat did not find its own entry.
+        let as_commit = match &result {
+            Ok(_) => Ok(()),
+            Err(CounterError::Commit(error)) => Err(CommitError::Invalid {
+                reason: error.to_string(),
+            }),
+            Err(CounterError::Refused(_) | CounterError::Missing { .. }) => Err(CommitError::VersionConflict {
+                key: commit.key.clone(),
+            }),
+        };
+        refusals.note(commit.entry.txn_id, &as_commit);
+    }
+    result
+}
+
 /// `request` applied to `store`; a refusal of a committed transaction counted in `refusals`.
 async fn transaction_commit(
     store: &dyn Store,
@@ -374,6 +408,12 @@ pub(crate) async fn late_op(
                 return false;
             }
             let _ = entity_commit(store.as_ref(), &commit, fenced_out, refusals).await;
+        }
+        LateOp::CounterCommit(commit, signed_at) => {
+            if signatures.zip(signed_at).is_some_and(|(aws, at)| aws.refuses(at)) {
+                return false;
+            }
+            let _ = counter_commit(store.as_ref(), &commit, fenced_out, refusals).await;
         }
         LateOp::PutDispatched {
             txn_id,
@@ -578,6 +618,49 @@ impl Store for GatedStore {
             Fault::Late => {
                 self.late(LateOp::EntityCommit(Box::new(commit.clone()), signed_at));
                 Err(CommitError::Ambiguous(injected("entity commit timed out on its way")))
+            }
+        }
+    }
+
+    async fn commit_counter(&self, commit: &CounterCommit) -> Result<CounterCommitted, CounterError> {
+        let signed_at = self.signatures.as_ref().map(Signatures::sign);
+        let fault = self.gate.pass(Op::Commit).await;
+        if let Some(publishers) = &self.publishers {
+            publishers.own(self.gate.actor(), commit.entry.txn_id);
+        }
+        let apply = || async {
+            match self.signatures.as_ref().zip(signed_at) {
+                Some((aws, at)) if aws.refuses(at) => Err(CommitError::Ambiguous(injected(
+                    "AWS refused the request: its X-Amz-Date is more than 15 minutes from AWS's time",
+                ))
+                .into()),
+                _ => {
+                    counter_commit(
+                        self.inner.as_ref(),
+                        commit,
+                        self.fenced_out.as_ref(),
+                        self.refusals.as_ref(),
+                    )
+                    .await
+                }
+            }
+        };
+        match fault {
+            Fault::None | Fault::Duplicate | Fault::FirstEntryFails => apply().await,
+            Fault::CrashBefore => self.gate.crash().await,
+            Fault::CrashAfter => {
+                let _ = apply().await;
+                self.gate.crash().await
+            }
+            Fault::ReplyLost => {
+                let _ = apply().await;
+                Err(CommitError::Ambiguous(injected("counter commit reply lost")).into())
+            }
+            Fault::Fail => Err(CommitError::Unavailable(injected("counter commit refused")).into()),
+            Fault::Busy => Err(CommitError::Contention(injected("counter commit met contention")).into()),
+            Fault::Late => {
+                self.late(LateOp::CounterCommit(Box::new(commit.clone()), signed_at));
+                Err(CommitError::Ambiguous(injected("counter commit timed out on its way")).into())
             }
         }
     }
