@@ -9,11 +9,22 @@
 //! request commits at most one transaction (a retry never applies a change twice); no
 //! answer is a version conflict (the business rule allows every increment); a success
 //! names a committed transaction and "nothing written" one that never commits.
+//!
+//! Random orders seldom let a retry finish (the clock moves to the deadline at any
+//! step), so a second exploration makes it happen: one request runs a number of steps,
+//! the other runs to its end, then the first goes on (its commit meets the other's
+//! change, it reads again and commits in a later round), at every switching point and
+//! with every fault, one per schedule, at every step of either request and the worker:
+//! at the conflicting commit, at the retry's control message, read, commit and settling
+//! write.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use outbox_tests::sim::{run_schedule, sim_timing, ApiResult, Fault, FaultsDepthFirst, Op, SimConfig};
+use outbox_tests::sim::{
+    invariants::Observed, run_schedule, sim_timing, ApiResult, Chooser, DepthFirst, Fault, FaultsDepthFirst, Op,
+    SimConfig,
+};
 
 fn two_contenders(entity: bool) -> SimConfig {
     SimConfig {
@@ -59,7 +70,7 @@ fn commit_and_settle(op: Op) -> Vec<Fault> {
 fn contending_requests_retry_to_their_deadline_and_never_apply_twice_nor_answer_a_conflict() {
     let started = Instant::now();
     let mut answers: BTreeMap<String, usize> = BTreeMap::new();
-    let (mut schedules, mut retried) = (0, 0);
+    let (mut schedules, mut met_conflict, mut completed) = (0, 0, 0);
     for (name, entity) in [("transactional", false), ("entity mode", true)] {
         let config = two_contenders(entity);
         for seed in std::iter::once(None).chain((1..=40).map(Some)) {
@@ -72,63 +83,20 @@ fn contending_requests_retry_to_their_deadline_and_never_apply_twice_nor_answer_
                 fastrand::seed(seed.unwrap_or(0));
                 let outcome = run_schedule(&mut chooser, &config)
                     .unwrap_or_else(|error| panic!("{name}, seed {seed:?}, faults {choices:?}: {error}"));
-                let observed = &outcome.observed;
-                if let Err(violation) = observed.check() {
-                    panic!("{name}, seed {seed:?}, faults {choices:?}: {violation}\n{observed:#?}");
-                }
-                // A retry never applies a change twice: every request transaction that
-                // committed (the ones that sent a control message; the counter's setup
-                // sends none) is the one its request's answer names, never an earlier
-                // attempt it ran again after.
-                let named: Vec<_> = observed
-                    .api_results
-                    .iter()
-                    .filter_map(|result| match result {
-                        ApiResult::Http { named, .. } => *named,
-                        _ => None,
-                    })
-                    .collect();
-                for txn_id in observed
-                    .commits
-                    .keys()
-                    .filter(|txn| observed.control_sent.contains_key(txn))
-                {
-                    assert!(
-                        named.contains(txn_id),
-                        "{name}, seed {seed:?}, faults {choices:?}: {txn_id} committed, and no answer names it\n{observed:#?}"
-                    );
-                }
-                for result in &observed.api_results {
-                    let ApiResult::Http {
-                        status,
-                        timed_out,
-                        unknown,
-                        ..
-                    } = result
-                    else {
-                        panic!("{name}: a request not through the middleware: {result:?}");
-                    };
-                    assert_ne!(
-                        *status, 409,
-                        "{name}, seed {seed:?}, faults {choices:?}: a version conflict answered\n{observed:#?}"
-                    );
-                    let kind = match (status, timed_out, unknown) {
-                        (200..=299, _, _) => "committed",
-                        (_, true, true) | (_, false, true) => "outcome unknown",
-                        (_, _, false) => "nothing written (503)",
-                    };
+                let context = format!("{name}, seed {seed:?}, faults {choices:?}");
+                let tally = check(&context, &outcome.observed);
+                for kind in tally.answers {
                     *answers.entry(format!("{name}: {kind}")).or_default() += 1;
                 }
-                // More transactions sent than requests: a step met a conflict and ran
-                // again.
-                retried += usize::from(observed.control_sent.len() > config.transactions);
+                met_conflict += usize::from(tally.met_conflict);
+                completed += usize::from(tally.completed_retry);
                 schedules += 1;
                 prefix = chooser.next_prefix();
             }
         }
     }
     println!(
-        "retry_conflicts: {schedules} schedules of two contending requests in {:.2?}; {retried} where a request sent more than one control message (a step ran again); answers: {answers:?}",
+        "retry_conflicts, random orders: {schedules} schedules of two contending requests in {:.2?}; {met_conflict} where a step met a conflict and ran again, {completed} where it then committed; answers: {answers:?}",
         started.elapsed()
     );
     for reached in [
@@ -138,5 +106,167 @@ fn contending_requests_retry_to_their_deadline_and_never_apply_twice_nor_answer_
         "entity mode: nothing written (503)",
     ] {
         assert!(answers.contains_key(reached), "{reached} never reached: {answers:?}");
+    }
+}
+
+/// What one schedule's answers were, once checked.
+struct Tally {
+    /// Each answer's kind.
+    answers: Vec<&'static str>,
+    /// Whether a request's step ran more than once (a commit met a version conflict).
+    met_conflict: bool,
+    /// Whether a request's step ran more than once and its request then succeeded: a
+    /// retry that completed.
+    completed_retry: bool,
+}
+
+/// The checks of every schedule (`context` names it): the invariants; every request
+/// transaction that committed is the one its request's answer names, never an earlier
+/// attempt it ran again after (a retry never applies a change twice); no answer is a
+/// version conflict. Crashed requests have no answer to check.
+fn check(context: &str, observed: &Observed) -> Tally {
+    if let Err(violation) = observed.check() {
+        panic!("{context}: {violation}\n{observed:#?}");
+    }
+    // The ones that sent a control message; the counter's setup sends none.
+    let named: Vec<_> = observed
+        .api_results
+        .iter()
+        .filter_map(|result| match result {
+            ApiResult::Http { named, .. } => *named,
+            _ => None,
+        })
+        .collect();
+    let crashed = observed
+        .api_results
+        .iter()
+        .any(|result| matches!(result, ApiResult::Crashed));
+    for txn_id in observed
+        .commits
+        .keys()
+        .filter(|txn| observed.control_sent.contains_key(txn))
+    {
+        // A request that crashed answered nothing, and may have committed.
+        assert!(
+            named.contains(txn_id) || crashed,
+            "{context}: {txn_id} committed, and no answer names it\n{observed:#?}"
+        );
+    }
+    let mut tally = Tally {
+        answers: Vec::new(),
+        met_conflict: false,
+        completed_retry: false,
+    };
+    for result in &observed.api_results {
+        let (status, timed_out, unknown, attempts) = match result {
+            ApiResult::Http {
+                status,
+                timed_out,
+                unknown,
+                attempts,
+                ..
+            } => (*status, *timed_out, *unknown, *attempts),
+            ApiResult::Crashed => {
+                tally.answers.push("crashed");
+                continue;
+            }
+            other => panic!("{context}: a request not through the middleware: {other:?}"),
+        };
+        assert_ne!(status, 409, "{context}: a version conflict answered\n{observed:#?}");
+        tally.answers.push(match (status, timed_out, unknown) {
+            (200..=299, _, _) => "committed",
+            (_, _, true) => "outcome unknown",
+            (_, _, false) => "nothing written (503)",
+        });
+        tally.met_conflict |= attempts > 1;
+        tally.completed_retry |= attempts > 1 && (200..300).contains(&status);
+    }
+    tally
+}
+
+/// The order of one request switching to the other once: the actor that moved last goes
+/// on while it can (the first option under a preemption bound), except at decision
+/// `switch_at`, where the next one moves instead; where the last one cannot move on, the
+/// first that can (the requests, then the worker, then the clock). Faults come
+/// depth-first, as [`FaultsDepthFirst`]'s.
+struct SwitchOnce {
+    switch_at: usize,
+    decisions: usize,
+    faults: DepthFirst,
+}
+
+impl Chooser for SwitchOnce {
+    fn pick(&mut self, _n: usize) -> usize {
+        self.decisions += 1;
+        usize::from(self.decisions - 1 == self.switch_at)
+    }
+
+    fn fault(&mut self, n: usize) -> usize {
+        self.faults.fault(n)
+    }
+
+    fn chance(&mut self, _percent: u32) -> bool {
+        false
+    }
+}
+
+/// Every fault of the request path's steps and the worker's, beyond the commit's
+/// unknown outcomes and contention: a crash before or after, a lost reply, a refusal.
+fn every_step(op: Op) -> Vec<Fault> {
+    use Fault::*;
+    match op {
+        Op::Commit => vec![CrashBefore, CrashAfter, ReplyLost, Fail, Busy, Late],
+        Op::EntityWrite | Op::ControlSend | Op::Tombstone => vec![CrashBefore, CrashAfter, ReplyLost, Fail],
+        Op::Read | Op::Receive => vec![CrashBefore, Fail],
+        Op::LateCommit | Op::LateTombstone | Op::LateSend => vec![Fail],
+        _ => vec![],
+    }
+}
+
+#[test]
+fn a_request_whose_commit_met_a_conflict_reads_again_and_commits_whatever_fails_on_the_way() {
+    let started = Instant::now();
+    let mut answers: BTreeMap<String, usize> = BTreeMap::new();
+    let (mut schedules, mut met_conflict) = (0, 0);
+    let mut completed: BTreeMap<&str, usize> = BTreeMap::new();
+    for (name, entity) in [("transactional", false), ("entity mode", true)] {
+        let config = SimConfig {
+            faults_only: Some(every_step),
+            preemption_bound: Some(1),
+            ..two_contenders(entity)
+        };
+        for switch_at in 0..12 {
+            let mut prefix = Some(Vec::new());
+            while let Some(choices) = prefix {
+                let mut chooser = SwitchOnce {
+                    switch_at,
+                    decisions: 0,
+                    faults: DepthFirst::new(choices.clone()),
+                };
+                fastrand::seed(0);
+                let context = format!("{name}, switching at decision {switch_at}, faults {choices:?}");
+                let outcome = run_schedule(&mut chooser, &config).unwrap_or_else(|error| panic!("{context}: {error}"));
+                let tally = check(&context, &outcome.observed);
+                for kind in tally.answers {
+                    *answers.entry(format!("{name}: {kind}")).or_default() += 1;
+                }
+                met_conflict += usize::from(tally.met_conflict);
+                if tally.completed_retry {
+                    *completed.entry(name).or_default() += 1;
+                }
+                schedules += 1;
+                prefix = chooser.faults.next_prefix();
+            }
+        }
+    }
+    println!(
+        "retry_conflicts, one switch: {schedules} schedules of two contending requests in {:.2?}; {met_conflict} where a step met a conflict and ran again; completed retries: {completed:?}; answers: {answers:?}",
+        started.elapsed()
+    );
+    for name in ["transactional", "entity mode"] {
+        assert!(
+            completed.get(name).is_some_and(|count| *count > 0),
+            "{name}: no schedule where a step met a conflict, read again and committed: {completed:?}"
+        );
     }
 }

@@ -78,8 +78,7 @@ impl RequestScope {
             },
             None => None,
         };
-        let first_pause = outbox.conflict_retry_pause();
-        let mut ceiling = first_pause;
+        let mut backoff = Backoff::new(outbox.conflict_retry_pause());
         let mut round = 0u32;
         loop {
             round += 1;
@@ -97,9 +96,7 @@ impl RequestScope {
                 Err(HttpError::Transaction(TxnError::VersionConflict { txn_id, key })) => (txn_id, key),
                 result => return result.map_err(E::from),
             };
-            // Full jitter: anywhere up to the ceiling, so that contenders that met at
-            // once come back apart.
-            let pause = Duration::from_micros(fastrand::u64(0..=ceiling.as_micros() as u64));
+            let pause = backoff.next_pause();
             // Another attempt needs the pause, about as long as this one took, and the
             // reserve its commit keeps for settling.
             let needs = pause + clock.now().since(started) + SETTLE_RESERVE;
@@ -110,7 +107,6 @@ impl RequestScope {
             }
             tracing::debug!(%txn_id, %key, round, ?pause, "version conflict; reading again");
             clock.sleep(pause).await;
-            ceiling = (ceiling * 2).min(RETRY_PAUSE_CAP.max(first_pause));
         }
     }
 
@@ -120,5 +116,118 @@ impl RequestScope {
             let now = self.outbox().clock().now();
             deadline.since(now) > room
         })
+    }
+}
+
+/// The pauses of one request's retries: full jitter, each drawn at random up to a
+/// ceiling that starts at the first pause and doubles after each draw, up to
+/// [`RETRY_PAUSE_CAP`] (or the first pause, if that is longer).
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    /// The longest the next pause may be.
+    ceiling: Duration,
+    /// The longest any pause may be.
+    cap: Duration,
+}
+
+impl Backoff {
+    /// The pauses after a first one drawn up to `first`.
+    fn new(first: Duration) -> Self {
+        Self {
+            ceiling: first,
+            cap: RETRY_PAUSE_CAP.max(first),
+        }
+    }
+
+    /// The next pause, drawn uniformly from zero to the ceiling (from this thread's
+    /// generator, which a simulation seeds): anywhere in it, so that contenders that met
+    /// at once come back apart, instead of meeting again after the same pause. The
+    /// ceiling then doubles, up to the cap.
+    fn next_pause(&mut self) -> Duration {
+        let pause = Duration::from_micros(fastrand::u64(0..=self.ceiling.as_micros() as u64));
+        self.ceiling = (self.ceiling * 2).min(self.cap);
+        pause
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIRST: Duration = Duration::from_millis(10);
+
+    /// The ceilings of the first rounds from a first pause of 10 ms: doubling, then
+    /// held at the cap.
+    fn ceilings() -> Vec<Duration> {
+        [10, 20, 40, 80, 160, 320, 500, 500, 500, 500]
+            .map(Duration::from_millis)
+            .to_vec()
+    }
+
+    /// Each round's pause stays under its ceiling, and over many requests some come
+    /// close to it: the ceiling doubles from the first pause and stops at the cap (a
+    /// first pause above the cap is the ceiling throughout).
+    #[test]
+    fn pauses_stay_under_a_ceiling_that_doubles_up_to_the_cap() {
+        fastrand::seed(1);
+        let ceilings = ceilings();
+        let mut longest = vec![Duration::ZERO; ceilings.len()];
+        for _ in 0..1_000 {
+            let mut backoff = Backoff::new(FIRST);
+            for (round, ceiling) in ceilings.iter().enumerate() {
+                let pause = backoff.next_pause();
+                assert!(pause <= *ceiling, "round {round}: {pause:?} over {ceiling:?}");
+                longest[round] = longest[round].max(pause);
+            }
+        }
+        for (round, (longest, ceiling)) in longest.iter().zip(&ceilings).enumerate() {
+            assert!(
+                *longest >= ceiling.mul_f64(0.95),
+                "round {round}: the longest of 1,000 pauses is {longest:?}, its ceiling {ceiling:?}"
+            );
+        }
+        let first = Duration::from_millis(800);
+        let mut backoff = Backoff::new(first);
+        let pauses: Vec<Duration> = (0..200).map(|_| backoff.next_pause()).collect();
+        assert!(pauses.iter().all(|pause| *pause <= first), "{pauses:?}");
+        assert!(pauses.iter().any(|pause| *pause >= first.mul_f64(0.95)), "{pauses:?}");
+    }
+
+    /// Full jitter: the pauses at a ceiling spread evenly from zero to it (each tenth of
+    /// it holds about a tenth of them), never all the ceiling (contenders that met would
+    /// meet again) nor all nothing.
+    #[test]
+    fn pauses_spread_evenly_from_zero_to_the_ceiling() {
+        fastrand::seed(2);
+        let mut backoff = Backoff::new(FIRST);
+        // Past the doubling: every pause is drawn up to the cap.
+        for _ in 0..ceilings().iter().filter(|ceiling| **ceiling < RETRY_PAUSE_CAP).count() {
+            backoff.next_pause();
+        }
+        let draws = 10_000;
+        let mut tenths = [0usize; 10];
+        let mut total = Duration::ZERO;
+        let (mut zero, mut ceiling) = (0, 0);
+        for _ in 0..draws {
+            let pause = backoff.next_pause();
+            total += pause;
+            zero += usize::from(pause.is_zero());
+            ceiling += usize::from(pause == RETRY_PAUSE_CAP);
+            let tenth = (pause.as_secs_f64() / RETRY_PAUSE_CAP.as_secs_f64() * 10.0) as usize;
+            tenths[tenth.min(9)] += 1;
+        }
+        let mean = total / draws;
+        assert!(
+            mean >= RETRY_PAUSE_CAP.mul_f64(0.45) && mean <= RETRY_PAUSE_CAP.mul_f64(0.55),
+            "mean pause {mean:?}, not about half of {RETRY_PAUSE_CAP:?}"
+        );
+        assert!(
+            tenths.iter().all(|count| (800..=1_200).contains(count)),
+            "pauses per tenth of the ceiling: {tenths:?}"
+        );
+        assert!(
+            zero < 10 && ceiling < 10,
+            "{zero} pauses of zero, {ceiling} of the ceiling"
+        );
     }
 }

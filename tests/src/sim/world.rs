@@ -193,6 +193,9 @@ pub enum ApiResult {
         began: Option<TxnId>,
         /// Whether the middleware answered for a handler that overran.
         timed_out: bool,
+        /// How many times the handler's read-decide-stage step ran: more than once when a
+        /// commit met a version conflict and the step ran again in a new transaction.
+        attempts: u32,
     },
 }
 
@@ -1068,6 +1071,8 @@ async fn increment_over_http(
 
     let began: Arc<std::sync::Mutex<Option<TxnId>>> = Arc::default();
     let handler_began = began.clone();
+    let attempts: Arc<std::sync::atomic::AtomicU32> = Arc::default();
+    let handler_attempts = attempts.clone();
     let handler = move |scope: RequestScope| async move {
         // Through the retry of version conflicts, as a handler whose business rule may
         // still allow the change would: each attempt a new transaction, the answer the
@@ -1076,6 +1081,7 @@ async fn increment_over_http(
         let result: Result<axum::response::Response, HttpError> = scope
             .retry_conflicts(on, None, |mut txn| {
                 let (key, began) = (key.clone(), handler_began.clone());
+                handler_attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 async move {
                     // Once its control message is out, every answer must name it (the
                     // last attempt's: an earlier one met a conflict, nothing written).
@@ -1130,6 +1136,7 @@ async fn increment_over_http(
             || problem["detail"]
                 .as_str()
                 .is_some_and(|detail| detail.contains("ran out of time")),
+        attempts: attempts.load(std::sync::atomic::Ordering::Relaxed),
     }
 }
 

@@ -173,3 +173,131 @@ async fn a_busy_item_on_dynamodb_local_is_answered_by_the_stock_alone() {
     run(&backend, requests, 1).await;
     run(&backend, requests, knob("HOT_ITEM_PROCESSES", 4)).await;
 }
+
+/// A clock that moves only by the pauses slept on it, and keeps them.
+struct PauseRecorder {
+    clock: outbox::embedded::ManualClock,
+    pauses: std::sync::Mutex<Vec<Duration>>,
+}
+
+#[async_trait::async_trait]
+impl outbox::ports::Clock for PauseRecorder {
+    fn now(&self) -> outbox::time::Timestamp {
+        self.clock.now()
+    }
+
+    async fn sleep(&self, duration: Duration) {
+        self.pauses.lock().unwrap().push(duration);
+        self.clock.sleep(duration).await;
+    }
+
+    async fn timer(&self, duration: Duration) {
+        self.clock.timer(duration).await;
+    }
+}
+
+/// Why contenders of several processes come back apart: a step that meets a conflict
+/// at every commit (a rival of another process changes the item between its read and
+/// its commit, each time), through `retry_conflicts` to its deadline, pauses before each
+/// round for a time drawn at random up to a ceiling that doubles from the first pause
+/// (10 ms) up to the cap (500 ms), spread evenly below it: never the ceiling itself each
+/// time (contenders that met would meet again, all of them, after the same pause), nor
+/// nothing. The clock moves only by the pauses, so 20 s of them take no time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_keeps_meeting_conflicts_pauses_at_random_up_to_a_doubling_ceiling() {
+    use outbox::http::{Answer, HttpError, RequestScope};
+    use outbox::ports::{Clock, ExpectedVersion};
+
+    let backend = Backend::embedded();
+    let recorder = Arc::new(PauseRecorder {
+        clock: outbox::embedded::ManualClock::new(SystemClock.now()),
+        pauses: std::sync::Mutex::default(),
+    });
+    let ports = RequestPorts {
+        store: backend.store.clone(),
+        control_queue: backend.control_queue.clone(),
+        clock: recorder.clone(),
+        ids: Arc::new(RandomIds),
+    };
+    let outbox = Outbox::new(ports, Timing::default(), TransactionLimits::default());
+    let rival = outbox.as_another_process();
+    // More than the rounds 20 s of pauses allow: a request whose pauses took no time
+    // would otherwise never end.
+    const RIVAL_WRITES: usize = 400;
+    let ceilings = |round: usize| Duration::from_millis(10 << round.min(6)).min(Duration::from_millis(500));
+    let (mut at_cap, mut statuses) = (Vec::new(), Vec::new());
+    for request in 0..3 {
+        let key: ItemKey = format!("COUNTER#jitter-{request}").parse().unwrap();
+        let mut txn = outbox.begin().await.unwrap();
+        txn.put(key.clone(), json!({"n": 0}), ExpectedVersion::Absent);
+        txn.commit().await.unwrap();
+        recorder.pauses.lock().unwrap().clear();
+        let rival_writes = std::sync::atomic::AtomicUsize::new(0);
+        let deadline = recorder.now().plus(Duration::from_secs(20));
+        let scope = RequestScope::new(outbox.clone(), Some(deadline));
+        let answer = scope
+            .retry_conflicts(Some(key.clone()), None, |mut txn| {
+                let (key, rival, rival_writes) = (key.clone(), rival.clone(), &rival_writes);
+                async move {
+                    let item = txn.get(&key).await?.expect("the counter exists");
+                    if rival_writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < RIVAL_WRITES {
+                        let mut theirs = rival.begin_entity(key.clone()).await?;
+                        let current = theirs.get(&key).await?.expect("the counter exists");
+                        let n = current.data["n"].as_u64().unwrap();
+                        theirs.put(
+                            key.clone(),
+                            json!({"n": n + 1}),
+                            ExpectedVersion::Exactly(current.version),
+                        );
+                        theirs.commit().await?;
+                    }
+                    let n = item.data["n"].as_u64().unwrap();
+                    txn.put(key, json!({"n": n + 1}), ExpectedVersion::Exactly(item.version));
+                    Ok::<_, HttpError>((txn, Answer::json(StatusCode::OK, &json!({"n": n + 1}))))
+                }
+            })
+            .await;
+        let status = match answer {
+            Ok(response) => response.status(),
+            Err(error) => axum::response::IntoResponse::into_response(error).status(),
+        };
+        let pauses = recorder.pauses.lock().unwrap().clone();
+        for (round, pause) in pauses.iter().enumerate() {
+            assert!(
+                *pause <= ceilings(round),
+                "request {request}, pause {round}: {pause:?} over its ceiling {:?}: {pauses:?}",
+                ceilings(round)
+            );
+        }
+        at_cap.extend(pauses.iter().skip(6).copied());
+        statuses.push((status, pauses.len()));
+    }
+    let cap = Duration::from_millis(500);
+    let mean = at_cap.iter().sum::<Duration>() / at_cap.len().max(1) as u32;
+    let longest = at_cap.iter().max().copied().unwrap_or_default();
+    let of_the_ceiling = at_cap.iter().filter(|pause| **pause == cap).count();
+    let of_nothing = at_cap.iter().filter(|pause| pause.is_zero()).count();
+    println!(
+        "retry pauses at the cap: {} (mean {mean:?}, longest {longest:?}, {of_the_ceiling} of the ceiling, {of_nothing} of nothing); answers and pauses per request: {statuses:?}",
+        at_cap.len()
+    );
+    assert!(
+        mean >= cap.mul_f64(0.3) && mean <= cap.mul_f64(0.7),
+        "the pauses at the cap average {mean:?}, not about half of {cap:?}"
+    );
+    assert!(
+        of_the_ceiling * 10 < at_cap.len() && of_nothing * 10 < at_cap.len(),
+        "of {} pauses, {of_the_ceiling} were the ceiling and {of_nothing} nothing",
+        at_cap.len()
+    );
+    assert!(
+        longest >= cap.mul_f64(0.8),
+        "the ceiling never reached the cap: {longest:?}"
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|(status, rounds)| *status == StatusCode::SERVICE_UNAVAILABLE && *rounds >= 20),
+        "each request retried until its deadline, then answered 503: {statuses:?}"
+    );
+}
