@@ -267,7 +267,7 @@ impl RequestScope {
         // task holding the transaction started in between.
         let (progress, outbox, entity) = {
             let state = self.state();
-            let progress = state.progress;
+            let mut progress = state.progress;
             let Some(outbox) = state.begun_on.clone() else {
                 return (progress, None);
             };
@@ -284,8 +284,15 @@ impl RequestScope {
                 // on the item to the transactional form).
                 Abandoned::BeforeCommit => None,
                 // A commit under way, or cut off midway (a task the handler spawned):
-                // fenced in its entity.
-                Abandoned::WhileCommitting(begun_in) => begun_in,
+                // fenced in its entity. It may have begun before its hook told the scope
+                // (the request path marks it committing, then tells the hooks, and on a
+                // multi-threaded runtime the abandon can come in between): the scope
+                // answers by what the request path saw, never "nothing written" for it
+                // unless the settling write decides so.
+                Abandoned::WhileCommitting(begun_in) => {
+                    progress = Progress::Committing(txn_id);
+                    begun_in
+                }
                 // No longer live: dropped without a commit (the hook would have said so)
                 // after its control message was sent, or its commit ended (the handler
                 // overran it): the fence finds its entry.
@@ -622,5 +629,45 @@ mod tests {
         assert_eq!(request_end(now, timeout, Some(600_000)).as_millis(), 1_010_000);
         assert_eq!(margin(timeout), ANSWER_MARGIN);
         assert_eq!(margin(Duration::from_secs(1)), Duration::from_millis(250));
+    }
+
+    /// The request path marks a commit as begun, then tells its hooks (the scope's among
+    /// them); an abandon in between, from the deadline's backstop on another thread, finds
+    /// the commit under way while the scope still says "begun". If its settling write
+    /// cannot decide (here: its deadline is past), the answer must be "outcome unknown",
+    /// never "nothing written" for a commit that may land.
+    #[tokio::test]
+    async fn an_abandon_between_the_commits_start_and_its_hook_answers_by_the_commit() {
+        use crate::embedded::{EmbeddedBackend, ManualClock};
+        use crate::ports::Clock;
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+        let backend = EmbeddedBackend::new(clock.clone(), [("events".parse().unwrap(), false)]);
+        let outbox = Outbox::new(
+            backend.request_ports(clock.clone()),
+            crate::settings::Timing::default(),
+            crate::settings::TransactionLimits::default(),
+        );
+        let scope = RequestScope::new(outbox.clone(), Some(clock.now().plus(Duration::from_secs(10))));
+        let key: crate::ports::ItemKey = "ORDER#1".parse().unwrap();
+        let Ok(Begun::Started(txn)) = scope.begin_entity(key, None).await else {
+            panic!("begun");
+        };
+        let txn_id = txn.id();
+        txn.send_control().await.expect("the control message");
+        assert_eq!(scope.progress(), Progress::Begun(txn_id));
+        // The commit's start, before its hooks run.
+        assert!(outbox.start_commit_unhooked(txn_id));
+        let past = clock.now().minus(Duration::from_secs(1));
+        let (progress, settlement) = scope.abandon(txn_id, past).await;
+        assert!(
+            settlement.as_ref().is_some_and(|settled| !settled.never_committed()),
+            "{settlement:?}"
+        );
+        assert_eq!(
+            progress,
+            Progress::Committing(txn_id),
+            "answered by the commit under way"
+        );
+        drop(txn);
     }
 }
