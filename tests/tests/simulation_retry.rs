@@ -223,11 +223,17 @@ fn every_step(op: Op) -> Vec<Fault> {
     }
 }
 
+/// Retries that complete: the first request runs `switch_at` decisions, the second runs
+/// to its end, then the first goes on, for every switching point up to 12 and every
+/// fault (one per schedule, depth-first) at every step of both requests and the worker:
+/// the same checks as above, and in each mode some schedule where a request's commit met
+/// a version conflict, its step read again and its request succeeded (the test fails if
+/// retries are never exercised).
 #[test]
 fn a_request_whose_commit_met_a_conflict_reads_again_and_commits_whatever_fails_on_the_way() {
     let started = Instant::now();
     let mut answers: BTreeMap<String, usize> = BTreeMap::new();
-    let (mut schedules, mut met_conflict) = (0, 0);
+    let (mut schedules, mut met_conflict, mut with_a_fault) = (0, 0, 0);
     let mut completed: BTreeMap<&str, usize> = BTreeMap::new();
     for (name, entity) in [("transactional", false), ("entity mode", true)] {
         let config = SimConfig {
@@ -253,6 +259,7 @@ fn a_request_whose_commit_met_a_conflict_reads_again_and_commits_whatever_fails_
                 met_conflict += usize::from(tally.met_conflict);
                 if tally.completed_retry {
                     *completed.entry(name).or_default() += 1;
+                    with_a_fault += usize::from(outcome.faults > 0);
                 }
                 schedules += 1;
                 prefix = chooser.faults.next_prefix();
@@ -260,7 +267,7 @@ fn a_request_whose_commit_met_a_conflict_reads_again_and_commits_whatever_fails_
         }
     }
     println!(
-        "retry_conflicts, one switch: {schedules} schedules of two contending requests in {:.2?}; {met_conflict} where a step met a conflict and ran again; completed retries: {completed:?}; answers: {answers:?}",
+        "retry_conflicts, one switch: {schedules} schedules of two contending requests in {:.2?}; {met_conflict} where a step met a conflict and ran again; completed retries: {completed:?} ({with_a_fault} of them with a fault somewhere); answers: {answers:?}",
         started.elapsed()
     );
     for name in ["transactional", "entity mode"] {

@@ -7,6 +7,10 @@
 //!
 //! Small here (`HOT_ITEM_REQUESTS`, default 20; `HOT_ITEM_PROCESSES`, default 4);
 //! `scripts/hot-item` runs it large on a release build.
+//!
+//! What spreads the contenders of several processes is checked apart, where it can be
+//! seen: the pauses of a step that meets a conflict at every round, on a clock that
+//! moves only by them, drawn at random up to a ceiling that doubles to the cap.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
