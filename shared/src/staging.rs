@@ -112,6 +112,35 @@ impl Staging {
             .insert(key, read);
     }
 
+    /// Whether the commit would place its messages in `key`'s history, changing it, but
+    /// holds no read of the key across its lives to place them from (its item was read
+    /// outside this staging, without its chain heads, [`Self::with_read`]): then
+    /// [`Self::note_heads`] with a read of the key places them.
+    pub(crate) fn lacks_heads_of(&self, key: &ItemKey) -> bool {
+        !self.messages.is_empty()
+            && matches!(
+                self.writes.get(key),
+                Some(BusinessWrite::Put { .. } | BusinessWrite::Delete { .. })
+            )
+            && !self
+                .keys
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .contains_key(key)
+    }
+
+    /// Notes a read of `key` across its lives made after the handler decided, for its
+    /// chain heads only: the reads the handler made are left as they were, and the
+    /// messages are placed from it where it finds the key at the version the change
+    /// expects (else they are not placed, and the commit, conditioned on that version,
+    /// fails anyway).
+    pub(crate) fn note_heads(&self, key: ItemKey, read: KeyRead) {
+        self.keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(key, read);
+    }
+
     /// `expected` for `key` as the commit checks it: a create of a key read as holding no
     /// item expects it at the version read, so that it can only apply to the life it read.
     fn pinned(&self, key: &ItemKey, expected: ExpectedVersion) -> ExpectedVersion {

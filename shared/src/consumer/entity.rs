@@ -258,6 +258,19 @@ impl Consumer {
                 .handle(incoming, &mut staging)
                 .await
                 .map_err(ConsumeError::Handler)?;
+            // A change of the entity with messages places them in its history, as the
+            // transactional mode and the request path do: the entity's read above carries
+            // no chain heads, so the key is read for them (one read more, for a change
+            // with messages only). Read at another version than the handler's, the
+            // messages are not placed, and the commit, conditioned on that version, fails
+            // and runs the handler again.
+            if item.is_some() && staging.lacks_heads_of(&key) {
+                match store.get_keys(std::slice::from_ref(&key)).await {
+                    Ok(mut keys) => staging.note_heads(key.clone(), keys.remove(&key).unwrap_or_default()),
+                    Err(StoreError::Unsupported(_)) => {}
+                    Err(error) => return Err(ConsumeError::Read(error)),
+                }
+            }
             if let Err(reason) = staging.check_limits(&self.limits) {
                 return Err(ConsumeError::Refused(CommitError::TooLarge { reason }));
             }

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use super::backend::{audit, bus, events, fanout, Backend};
 pub use super::chain::*;
+pub use super::consumer_hop::*;
 pub use super::counter::*;
 pub use super::differences::*;
 pub use super::entity::*;
