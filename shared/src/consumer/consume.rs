@@ -8,10 +8,11 @@ use tracing::Instrument;
 
 use super::in_order::{self, Gate};
 use super::{ConsumerName, Delivery, Handler, HandlerError, Incoming, MessageIds, NoId, Requeue};
+use crate::earlier;
 use crate::metrics::Unit;
 use crate::ports::{Clock, CommitError, CommitRequest, IdSource, ItemKey, Publisher, Store, StoreError};
 use crate::protocol::Position;
-use crate::protocol::{OutboxRecord, OutboxState, OutgoingMessage, TxnId};
+use crate::protocol::{DestinationName, OutboxRecord, OutboxState, OutgoingMessage, TxnId};
 use crate::publish::{publish_all, PublishFailure, RetryPolicy};
 use crate::settings::TransactionLimits;
 use crate::staging::Staging;
@@ -207,6 +208,18 @@ pub enum ConsumeError {
         /// Why it could not be applied.
         #[source]
         source: Box<ConsumeError>,
+    },
+    /// Its messages have their place in an entity's history on a destination that keeps
+    /// order, and the entity's earlier transactions still unsent, which go out first,
+    /// could not all be found (a read failed, or more are unsent than one search reads):
+    /// nothing of the message's was sent, and its next delivery tries again.
+    #[error("the earlier unsent transactions of entity {entity} could not all be found")]
+    Earlier {
+        /// The entity.
+        entity: ItemKey,
+        /// Why.
+        #[source]
+        source: crate::ports::BoxError,
     },
     /// Its position attributes are there but cannot be read.
     #[error(transparent)]
@@ -844,6 +857,7 @@ impl Consumer {
         if record.messages.is_empty() {
             return Ok(0);
         }
+        self.send_earlier_first(record).await?;
         let messages: Vec<&OutgoingMessage> = record.messages.iter().collect();
         let clock = self.ports.clock.as_ref();
         let report = publish_all(self.ports.publisher.as_ref(), clock, &messages, self.retry).await;
@@ -855,6 +869,72 @@ impl Consumer {
             });
         }
         Ok(messages.len())
+    }
+
+    /// Before a committed record's (or entry's) messages, where they have their place in
+    /// an entity's history on a destination that keeps order: the messages to such
+    /// destinations of the entity's earlier transactions still unsent, whoever committed
+    /// them (the request path, a worker's, another consumer's, this one's for another
+    /// message), found through the entity's entries and the chain ([`earlier`]), as the
+    /// request path sends them. They stay for their own publishers to settle (FIFO drops
+    /// the copies within its deduplication window). So that a record this consumer marks
+    /// dispatched means, as any other, that everything before it went out, and a later
+    /// transaction's search may stop there.
+    async fn send_earlier_first(&self, record: &OutboxRecord) -> Result<(), ConsumeError> {
+        let publisher = self.ports.publisher.as_ref();
+        let keeps_order = |destination: &DestinationName| publisher.keeps_order(destination);
+        if !earlier::is_ordered(record, &keeps_order) {
+            return Ok(());
+        }
+        let Some(key) = record
+            .messages
+            .iter()
+            .find_map(|message| message.position.as_ref().map(|position| position.entity.clone()))
+        else {
+            return Ok(());
+        };
+        let store = self.ports.store.as_ref();
+        // The entity's entries as they are now (those the handler's read saw may have
+        // gone out since, or more come).
+        let entries = match store.get_keys(std::slice::from_ref(&key)).await {
+            Ok(mut keys) => keys.remove(&key).map(|read| read.entries).unwrap_or_default(),
+            Err(StoreError::Unsupported(_)) => match store.get_entity(&key).await {
+                Ok(entity) => entity.map(|entity| entity.entries).unwrap_or_default(),
+                Err(StoreError::Unsupported(_)) => Default::default(),
+                Err(error) => return Err(ConsumeError::Read(error)),
+            },
+            Err(error) => return Err(ConsumeError::Read(error)),
+        };
+        let entries = earlier::entries_before(entries.values(), record);
+        let found = earlier::unsent_before_sending(store, &keeps_order, &key, entries, record)
+            .await
+            .map_err(|error| ConsumeError::Earlier {
+                entity: key.clone(),
+                source: Box::new(error),
+            })?;
+        let ordered: Vec<&OutgoingMessage> = found
+            .iter()
+            .flat_map(|earlier| &earlier.record().messages)
+            .filter(|message| keeps_order(&message.destination))
+            .collect();
+        if ordered.is_empty() {
+            return Ok(());
+        }
+        let report = publish_all(publisher, self.ports.clock.as_ref(), &ordered, self.retry).await;
+        if let Some(first) = report.failed.values().next() {
+            return Err(ConsumeError::Publish {
+                failed: report.failed.len(),
+                total: ordered.len(),
+                first: first.clone(),
+            });
+        }
+        tracing::info!(
+            earlier = found.len(),
+            messages = ordered.len(),
+            entity = %key,
+            "sent the entity's earlier messages first"
+        );
+        Ok(())
     }
 
     /// Step 4: publishes a committed record's messages, then marks it dispatched with its

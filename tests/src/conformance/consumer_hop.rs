@@ -168,3 +168,35 @@ pub async fn a_consumer_places_what_it_emits_in_both_modes(b: &Backend) {
         b.name
     );
 }
+
+/// A consumer, publishing, sends its entity's earlier transactions still unsent first,
+/// as the request path does: a transaction of the request path committed in the
+/// transactional form whose messages were not sent goes out before the consumer's (found
+/// through the chain), so that a later transaction of the request path, whose search stops
+/// at the consumer's commit (sent), follows them both in order. In either mode.
+pub async fn a_consumer_sends_its_entitys_earlier_transactions_first(b: &Backend) {
+    let silent = b.outbox(timing());
+    let publishing = b.outbox(timing()).with_inline_publisher(b.publisher.clone());
+    let in_entity = consumer(b, "hop-entity", true);
+    let transactional = consumer(b, "hop-transactional", false);
+    let order = key(&format!("ORDER#{}", TxnId::new_v7()));
+    let made = change(&publishing, &order, 0, true).await;
+    assert_eq!(audit_of(b, &order).await, [(made.to_string(), place(1, 1, 0))], "{}", b.name);
+    for (consumer, at) in [(&transactional, 2), (&in_entity, 5)] {
+        let unsent = change(&silent, &order, 10, false).await;
+        let message = format!("{}:0", TxnId::new_v7());
+        let outcome = consumer.consume(&about(&order, &message)).await.unwrap();
+        assert_eq!(outcome, ConsumeOutcome::Processed { messages: 1 }, "{}", b.name);
+        let later = change(&publishing, &order, 20, true).await;
+        assert_eq!(
+            audit_of(b, &order).await,
+            [
+                (unsent.to_string(), place(at, at, at - 1)),
+                (consumer.txn_id(&message).to_string(), place(at + 1, at + 1, at)),
+                (later.to_string(), place(at + 2, at + 2, at + 1)),
+            ],
+            "{}: the earlier transaction first, then the consumer's, then the later one",
+            b.name
+        );
+    }
+}

@@ -2,6 +2,7 @@
 //! acknowledged before its messages went out; `entity` the same in entity mode.
 
 mod entity;
+mod hop;
 mod in_order;
 mod poller;
 
