@@ -44,7 +44,9 @@ impl RequestScope {
     /// Begins a transaction (in entity mode on `entity`, if given), runs `attempt` on it
     /// to read, decide and stage, and commits what it staged with the answer it gives.
     /// On `entity`, the requests of this process take turns: this one waits for those
-    /// before it to finish their step (no longer than the deadline). When the commit
+    /// before it to finish their step (no longer than the deadline); a step that staged
+    /// only additions ([`Transaction::is_counter_commit`]) gives up its turn before its
+    /// commit, which cannot conflict. When the commit
     /// fails on a version conflict (a request of another process changed an item it
     /// read), the whole step runs again in a new transaction, after a pause with jitter
     /// ([`crate::request::Outbox::conflict_retry_pause`], doubling up to
@@ -70,7 +72,7 @@ impl RequestScope {
         let clock = outbox.clock().clone();
         // Held until the step has committed or given up: the next request of this
         // process on the entity then reads what this one left.
-        let _turn = match &entity {
+        let mut turn = match &entity {
             Some(key) => match outbox.entity_turn(key, self.deadline).await {
                 Some(turn) => Some(turn),
                 // Nothing began: nothing of this request left the process.
@@ -92,6 +94,12 @@ impl RequestScope {
                 Begun::Started(txn) => txn,
             };
             let (txn, answer) = attempt(txn).await?;
+            // Additions alone never conflict, whatever the reads saw: the next request
+            // need not wait for this commit (its reads only decide a refusal early,
+            // which the write's bounds decide anyway).
+            if txn.is_counter_commit() {
+                drop(turn.take());
+            }
             let (txn_id, key) = match self.commit(txn, answer).await {
                 Err(HttpError::Transaction(TxnError::VersionConflict { txn_id, key })) => (txn_id, key),
                 result => return result.map_err(E::from),

@@ -38,6 +38,13 @@ impl Transaction {
         self.counters.push(add);
     }
 
+    /// Whether its commit, as staged now, is a counter commit: additions to its entity
+    /// and messages, nothing else written, no native action, no idempotency record. Such
+    /// a commit reads nothing and never meets a version conflict.
+    pub fn is_counter_commit(&self) -> bool {
+        self.counter_form_applies()
+    }
+
     /// The additions staged so far.
     pub fn additions(&self) -> &[Add] {
         &self.counters
