@@ -451,9 +451,16 @@ impl Consumer {
                     Verdict::Again => continue,
                     // The position may have been moved by this message's own commit since
                     // step 1 read no record: another invocation applied it meanwhile (a
-                    // drain that took its kept copy), and may stop before publishing.
-                    // Acknowledged as a duplicate only with that commit's messages out:
-                    // once this copy's kept message is gone, nothing else would send them.
+                    // rival copy, or a drain that took its kept copy), and may stop before
+                    // publishing. Acknowledged as a duplicate only with that commit's
+                    // messages out: once this copy's kept message is gone, nothing else
+                    // would send them. The record and the position are two reads, not one,
+                    // and need not be: the commit that moved the position wrote the record
+                    // in the same transaction, so the record read again after the position
+                    // (strongly consistent, as every read here) finds it: pending, it goes
+                    // out now; dispatched, its messages are out; absent, the message was
+                    // applied so long ago that its record expired, after its dispatch (a
+                    // pending record never expires). (consumer::tests::rival)
                     Verdict::Done(Ok(ConsumeOutcome::Duplicate)) => {
                         return match self.read(txn_id).await? {
                             Some(record) if record.state == OutboxState::Pending => {

@@ -5,6 +5,7 @@ mod entity;
 mod hop;
 mod in_order;
 mod poller;
+mod rival;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
