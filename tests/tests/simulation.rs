@@ -101,6 +101,7 @@ fn one_transaction(inline: bool) -> SimConfig {
         step_checks: false,
         vacant: false,
         sends_early: false,
+        adds: false,
     }
 }
 
@@ -893,6 +894,7 @@ fn random_config(seed: u64) -> SimConfig {
         // Half send their control message before their read (drawn last, so that the
         // draws above stay as they were for every seed).
         sends_early: rng.bool(),
+        adds: false,
     }
 }
 
@@ -1047,6 +1049,7 @@ fn every_retry_loop_is_run_to_its_end_and_its_answer_stays_truthful() {
             step_checks: false,
             vacant: false,
             sends_early: op == Op::Tombstone,
+            adds: false,
         };
         let mut prefix = Some(Vec::new());
         while let Some(choices) = prefix {
@@ -1989,6 +1992,7 @@ fn entity_mode_clocks_skewed_by_up_to_an_hour_keep_the_invariants() {
             step_checks: false,
             vacant: false,
             sends_early: false,
+            adds: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let outcome = run_caught(&mut chooser, &config).unwrap_or_else(|error| panic!("skew seed {seed}: {error}"));
@@ -2121,6 +2125,7 @@ fn entity_mode_items_deleted_and_created_again_keep_the_invariants() {
             step_checks: false,
             vacant: false,
             sends_early: false,
+            adds: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let outcome = run_caught(&mut chooser, &config).unwrap_or_else(|error| panic!("delete seed {seed}: {error}"));
@@ -2282,6 +2287,7 @@ fn entity_mode_marks_past_their_time_make_room_after_the_retention() {
             step_checks: false,
             vacant: false,
             sends_early: false,
+            adds: false,
         };
         let mut chooser = Seeded::new(seed, 8);
         let mut outcome =

@@ -152,6 +152,11 @@ pub struct SimConfig {
     /// will write for sure does; otherwise it goes out with the commit, and a request that
     /// abandons after its read sends nothing.
     pub sends_early: bool,
+    /// Entity mode: each request adds one to its counter ([`outbox::request::Transaction::add`]:
+    /// a counter commit, one write that reads nothing first and places the request's
+    /// messages in the write) instead of putting the count it read plus one; a create
+    /// (the counter not there) stays a put.
+    pub adds: bool,
 }
 
 /// A protocol timing for simulations: a window of `window_seconds`, so that schedules
@@ -666,6 +671,7 @@ impl World {
         spawns: bool,
         after_answer: bool,
         sends_early: bool,
+        adds: bool,
     ) -> Actor {
         let (id, own_gate) = self.gate();
         // A request that hands its transaction to a task, or its dispatch to run after
@@ -703,7 +709,7 @@ impl World {
         }
         let future: ActorFuture = match middleware {
             Some(timeout) => Box::pin(async move {
-                End::Request(increment_over_http(outbox, timeout, key, abandons, entity, sends_early).await)
+                End::Request(increment_over_http(outbox, timeout, key, abandons, entity, sends_early, adds).await)
             }),
             None => {
                 let hand_to = (spawns && abandons).then(|| self.handed.clone());
@@ -717,6 +723,7 @@ impl World {
                             abandons,
                             entity,
                             sends_early,
+                            adds,
                             hand_to,
                         )
                         .await,
@@ -998,6 +1005,7 @@ async fn increment(
     abandons: bool,
     entity: bool,
     sends_early: bool,
+    adds: bool,
     hand_to: Option<Handed>,
 ) -> ApiResult {
     let result = async {
@@ -1015,7 +1023,7 @@ async fn increment(
         let current = txn.get(&key).await?;
         if let (true, Some(handed)) = (abandons, &hand_to) {
             let txn_id = txn.id();
-            stage(&mut txn, key, current);
+            stage(&mut txn, key, current, adds);
             handed.lock().expect("handed lock").push(txn);
             // The answer goes out; the task may start its commit before the settling.
             outbox.clock().sleep(Duration::ZERO).await;
@@ -1025,7 +1033,7 @@ async fn increment(
             let txn_id = txn.id();
             return Ok(Err((txn_id, txn.abandon().await)));
         }
-        Ok::<_, TxnError>(Ok(stage_increment(txn, key, current, idempotency).await?))
+        Ok::<_, TxnError>(Ok(stage_increment(txn, key, current, idempotency, adds).await?))
     };
     match result.await {
         Ok(Ok(committed)) => ApiResult::Answered(Ok(committed)),
@@ -1040,8 +1048,9 @@ async fn stage_increment(
     key: ItemKey,
     current: Option<outbox::ports::VersionedItem>,
     idempotency: Option<IdempotencySlot>,
+    adds: bool,
 ) -> Result<Committed, TxnError> {
-    let count = stage(&mut txn, key, current);
+    let count = stage(&mut txn, key, current, adds);
     if let Some(slot) = idempotency {
         let response = StoredResponse {
             status: 200,
@@ -1064,6 +1073,7 @@ async fn increment_over_http(
     abandons: bool,
     entity: bool,
     sends_early: bool,
+    adds: bool,
 ) -> ApiResult {
     use axum::response::IntoResponse;
     use outbox::http::{Answer, Deadlines, HttpError, RequestScope};
@@ -1096,7 +1106,7 @@ async fn increment_over_http(
                             outbox::http::Problem::new(axum::http::StatusCode::NOT_FOUND, "not-found", "Not found");
                         return Err(HttpError::from(missing));
                     }
-                    let count = stage(&mut txn, key, current);
+                    let count = stage(&mut txn, key, current, adds);
                     Ok((txn, Answer::json(axum::http::StatusCode::OK, &count)))
                 }
             })
@@ -1140,8 +1150,14 @@ async fn increment_over_http(
     }
 }
 
-/// Stages the increment of `current`, with its event and audit entry; the new count.
-fn stage(txn: &mut outbox::request::Transaction, key: ItemKey, current: Option<outbox::ports::VersionedItem>) -> u64 {
+/// Stages the increment of `current`, with its event and audit entry; the new count (as
+/// read plus one: with `adds`, an addition that another may precede).
+fn stage(
+    txn: &mut outbox::request::Transaction,
+    key: ItemKey,
+    current: Option<outbox::ports::VersionedItem>,
+    adds: bool,
+) -> u64 {
     let (count, expected) = match &current {
         Some(item) => (
             item.data["count"].as_u64().expect("counters hold a count") + 1,
@@ -1149,7 +1165,16 @@ fn stage(txn: &mut outbox::request::Transaction, key: ItemKey, current: Option<o
         ),
         None => (1, ExpectedVersion::Absent),
     };
-    txn.put(key.clone(), json!({ "count": count }), expected);
+    if adds && current.is_some() {
+        txn.add(outbox::counter::Add {
+            field: "count".into(),
+            delta: 1,
+            at_least: None,
+            at_most: None,
+        });
+    } else {
+        txn.put(key.clone(), json!({ "count": count }), expected);
+    }
     let events: DestinationName = EVENTS.parse().expect("valid");
     let audit: DestinationName = AUDIT.parse().expect("valid");
     txn.emit(Message::json(events, &json!({ "item": key.as_str(), "count": count })).expect("serialisable"));
@@ -1246,6 +1271,7 @@ pub fn run_schedule(chooser: &mut dyn Chooser, config: &SimConfig) -> Result<Out
             config.spawned_commits,
             config.after_answer,
             config.sends_early,
+            config.adds,
         ));
     }
     if config.deletes {
