@@ -92,7 +92,12 @@ async fn audit_of(b: &Backend, order: &ItemKey) -> Vec<(String, Place)> {
                 .position
                 .unwrap_or_else(|| panic!("{}: a message without its place: {:?}", b.name, delivered.body));
             assert_eq!(&position.entity, order, "{}", b.name);
-            assert_eq!(delivered.group_id, Some(fifo_group_of(order)), "{}: grouped by entity", b.name);
+            assert_eq!(
+                delivered.group_id,
+                Some(fifo_group_of(order)),
+                "{}: grouped by entity",
+                b.name
+            );
             let place = Place {
                 seq: position.seq,
                 version: position.version,
@@ -181,7 +186,12 @@ pub async fn a_consumer_sends_its_entitys_earlier_transactions_first(b: &Backend
     let transactional = consumer(b, "hop-transactional", false);
     let order = key(&format!("ORDER#{}", TxnId::new_v7()));
     let made = change(&publishing, &order, 0, true).await;
-    assert_eq!(audit_of(b, &order).await, [(made.to_string(), place(1, 1, 0))], "{}", b.name);
+    assert_eq!(
+        audit_of(b, &order).await,
+        [(made.to_string(), place(1, 1, 0))],
+        "{}",
+        b.name
+    );
     for (consumer, at) in [(&transactional, 2), (&in_entity, 5)] {
         let unsent = change(&silent, &order, 10, false).await;
         let message = format!("{}:0", TxnId::new_v7());

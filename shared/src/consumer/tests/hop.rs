@@ -126,11 +126,16 @@ impl Hop {
         });
         let mut ports = self.backend.consumer_ports(self.clock.clone());
         ports.publisher = switched.clone();
-        let consumer = Consumer::new(name.parse().unwrap(), ports, Arc::new(Advance { entity_mode }), RETENTION)
-            .with_retry_policy(crate::publish::RetryPolicy {
-                attempts: 1,
-                ..Default::default()
-            });
+        let consumer = Consumer::new(
+            name.parse().unwrap(),
+            ports,
+            Arc::new(Advance { entity_mode }),
+            RETENTION,
+        )
+        .with_retry_policy(crate::publish::RetryPolicy {
+            attempts: 1,
+            ..Default::default()
+        });
         (consumer, switched)
     }
 
@@ -218,7 +223,11 @@ async fn a_consumers_unsent_commit_holds_a_later_transaction_back_until_its_cons
         assert_eq!(hop.audit(), [], "entity mode {entity_mode}: the worker waits too");
         switched.failing.store(false, Ordering::SeqCst);
         let resumed = consumer.consume(&about("q-2", "M:0")).await.unwrap();
-        assert_eq!(resumed, ConsumeOutcome::Resumed { messages: 1 }, "entity mode {entity_mode}");
+        assert_eq!(
+            resumed,
+            ConsumeOutcome::Resumed { messages: 1 },
+            "entity mode {entity_mode}"
+        );
         let sent = hop.work(later).await;
         assert!(
             matches!(sent, Ok(ControlOutcome::Dispatched { .. })),

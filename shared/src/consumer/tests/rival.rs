@@ -120,12 +120,16 @@ async fn a_rival_copy_committing_between_the_record_and_the_position_is_sent_bef
         clock: clock.clone(),
     });
     let rival = Arc::new(
-        Consumer::new("ordered".parse().unwrap(), rival_ports, Arc::new(ApplyAndEmit), RETENTION).with_retry_policy(
-            crate::publish::RetryPolicy {
-                attempts: 1,
-                ..Default::default()
-            },
-        ),
+        Consumer::new(
+            "ordered".parse().unwrap(),
+            rival_ports,
+            Arc::new(ApplyAndEmit),
+            RETENTION,
+        )
+        .with_retry_policy(crate::publish::RetryPolicy {
+            attempts: 1,
+            ..Default::default()
+        }),
     );
     let store = Arc::new(AfterRecordRead {
         inner: backend.store.clone(),
