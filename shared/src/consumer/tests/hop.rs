@@ -72,7 +72,7 @@ impl Handler for Advance {
     }
 
     fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
-        Ok(self.entity_mode.then(|| order_key(message)).transpose()?)
+        self.entity_mode.then(|| order_key(message)).transpose()
     }
 }
 
