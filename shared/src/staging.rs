@@ -282,6 +282,14 @@ impl Staging {
     /// Whether the messages keep within `limits`; if not, which limit they break. Their
     /// bytes are counted as the commit carries them, positioned where they will be, so
     /// that every attribute their sends add counts.
+    /// Checks that every destination takes each message emitted
+    /// ([`crate::protocol::sendable::check`]): one it would refuse for good is refused
+    /// here, before anything is written, rather than block its entity's chain once
+    /// committed.
+    pub(crate) fn check_sendable(&self) -> Result<(), crate::protocol::Unsendable> {
+        self.messages.iter().try_for_each(crate::protocol::sendable::check)
+    }
+
     pub(crate) fn check_limits(&self, limits: &TransactionLimits) -> Result<(), String> {
         let bytes: usize = self
             .messages_to_commit()

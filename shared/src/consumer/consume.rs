@@ -144,6 +144,10 @@ pub enum ConsumeError {
     /// that cannot run them); nothing was written.
     #[error("the commit was refused")]
     Refused(#[source] CommitError),
+    /// The handler emitted a message that every destination would refuse for good;
+    /// nothing was written.
+    #[error("the handler emitted a message that cannot be sent")]
+    Unsendable(#[source] crate::protocol::Unsendable),
     /// Every round met contention or an unknown outcome; an attempt may still apply, and
     /// the next delivery will find its record.
     #[error("the commit was not settled in {ROUNDS} rounds")]
@@ -477,6 +481,7 @@ impl Consumer {
                 .handle(incoming, &mut staging)
                 .await
                 .map_err(ConsumeError::Handler)?;
+            staging.check_sendable().map_err(ConsumeError::Unsendable)?;
             if let Err(reason) = staging.check_limits(&self.limits) {
                 return Err(ConsumeError::Refused(CommitError::TooLarge { reason }));
             }

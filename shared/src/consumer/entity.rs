@@ -271,6 +271,7 @@ impl Consumer {
                     Err(error) => return Err(ConsumeError::Read(error)),
                 }
             }
+            staging.check_sendable().map_err(ConsumeError::Unsendable)?;
             if let Err(reason) = staging.check_limits(&self.limits) {
                 return Err(ConsumeError::Refused(CommitError::TooLarge { reason }));
             }

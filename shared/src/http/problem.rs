@@ -231,6 +231,12 @@ pub fn transaction_problem(error: &TxnError, precondition: bool) -> Problem {
             Problem::new(S::PAYLOAD_TOO_LARGE, "transaction-too-large", "Transaction too large")
                 .with_detail(reason.clone())
         }
+        // A message no destination takes, often the request's own text carried into it
+        // (a character queues refuse): the request cannot be carried out as it is.
+        TxnError::Unsendable { source, .. } => {
+            Problem::new(S::UNPROCESSABLE_ENTITY, "unsendable-message", "Unsendable message")
+                .with_detail(format!("{source}; nothing was written"))
+        }
         // Refused as malformed (an action's expression, two actions on one item): a bug
         // that retrying cannot fix, whose details stay in the log.
         TxnError::NotCommitted {
@@ -306,13 +312,19 @@ mod tests {
                 txn_id,
                 reason: "101 actions".into(),
             },
+            TxnError::Unsendable {
+                txn_id,
+                source: crate::protocol::Unsendable::GroupId {
+                    message: crate::protocol::MessageId::new(txn_id, 0),
+                },
+            },
             TxnError::Ambiguous {
                 txn_id,
                 source: CommitError::Ambiguous("timeout".into()),
             },
         ];
         let statuses: Vec<u16> = errors.iter().map(|e| Problem::from(e).status).collect();
-        assert_eq!(statuses, [503, 503, 503, 409, 409, 413, 503]);
+        assert_eq!(statuses, [503, 503, 503, 409, 409, 413, 422, 503]);
         for error in &errors {
             let problem = Problem::from(error);
             assert_eq!(problem.transaction_id, Some(txn_id.to_string()), "{error}");
@@ -333,8 +345,11 @@ mod tests {
         let problem = Problem::from(&invalid);
         assert_eq!((problem.status, problem.retry_after), (500, None));
         assert!(!problem.detail.unwrap().contains("UpdateExpression"), "no internals");
-        let unknown = Problem::from(&errors[6]);
+        let unknown = Problem::from(&errors[7]);
         assert_eq!(unknown.problem_type, "/problems/outcome-unknown");
+        let unsendable = Problem::from(&errors[6]);
+        assert_eq!(unsendable.problem_type, "/problems/unsendable-message");
+        assert!(unsendable.detail.unwrap().ends_with("nothing was written"));
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@ mod item_key;
 mod message;
 mod outbox_record;
 mod position;
+pub mod sendable;
 pub mod sent_marks;
 mod trace_context;
 mod txn_id;
@@ -24,5 +25,6 @@ pub use position::{
     advance as advance_chain, stamp as stamp_chain, Applied, AppliedPositions, ChainHead, ChainHeads, InvalidPosition,
     Place, Position, ENTITY_ATTRIBUTE, POSITION_ATTRIBUTE,
 };
+pub use sendable::Unsendable;
 pub use trace_context::{InvalidTraceContext, TraceContext, TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE};
 pub use txn_id::{InvalidTxnId, TxnId};

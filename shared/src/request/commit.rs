@@ -383,6 +383,10 @@ impl Transaction {
     }
 
     fn check_limits(&self) -> Result<(), TxnError> {
+        self.staging.check_sendable().map_err(|source| TxnError::Unsendable {
+            txn_id: self.txn_id,
+            source,
+        })?;
         self.staging
             .check_limits(&self.outbox.limits)
             .map_err(|reason| TxnError::TooLarge {

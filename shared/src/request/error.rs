@@ -98,6 +98,16 @@ pub enum TxnError {
         /// Which limit.
         reason: String,
     },
+    /// A message the transaction emitted would be refused for good by every destination
+    /// (a character queues refuse, a reserved attribute name, ...); nothing was written.
+    #[error("transaction {txn_id}: a message cannot be sent")]
+    Unsendable {
+        /// The transaction.
+        txn_id: TxnId,
+        /// Which message, and why.
+        #[source]
+        source: crate::protocol::Unsendable,
+    },
     /// The store could not take the commit (contention, throttling, unavailable, or
     /// refused as invalid); nothing was written.
     #[error("transaction {txn_id}: the store did not take the commit")]
@@ -168,6 +178,7 @@ impl TxnError {
             | Self::ActionCancelled { txn_id, .. }
             | Self::IdempotencyKeyUsed { txn_id, .. }
             | Self::TooLarge { txn_id, .. }
+            | Self::Unsendable { txn_id, .. }
             | Self::NotCommitted { txn_id, .. }
             | Self::Fenced { txn_id, .. }
             | Self::SecondInRequest { txn_id }

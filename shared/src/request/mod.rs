@@ -32,6 +32,8 @@ mod entity_tests;
 mod error;
 mod inline;
 mod live;
+#[cfg(test)]
+mod unsendable_tests;
 #[cfg(feature = "axum")]
 pub(crate) use live::Abandoned;
 mod outbox;
