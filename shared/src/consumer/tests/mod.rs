@@ -6,6 +6,7 @@ mod hop;
 mod in_order;
 mod poller;
 mod rival;
+mod unsendable;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
