@@ -10,12 +10,12 @@
 ifeq ($(filter arm64 x86-64,$(LAMBDA_ARCH)),)
 $(error set LAMBDA_ARCH to arm64 or x86-64, as the Architecture parameter: LAMBDA_ARCH=arm64 sam build --build-in-source)
 endif
-FUNCTIONS := api control-worker shipping
+FUNCTIONS := api control-worker shipping billing
 # Where cargo builds: target/, or CARGO_TARGET_DIR (the test command gives this build a
 # directory of its own, so that it never waits on the lock of the tests' builds).
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: bootstraps build-ApiFunction build-ControlWorkerFunction build-ShippingFunction
+.PHONY: bootstraps build-ApiFunction build-ControlWorkerFunction build-ShippingFunction build-BillingFunction
 
 bootstraps:
 	cargo lambda build --release --$(LAMBDA_ARCH) --locked $(addprefix --bin ,$(FUNCTIONS))
@@ -28,3 +28,6 @@ build-ControlWorkerFunction: bootstraps
 
 build-ShippingFunction: bootstraps
 	cp $(TARGET_DIR)/lambda/shipping/bootstrap "$(ARTIFACTS_DIR)/bootstrap"
+
+build-BillingFunction: bootstraps
+	cp $(TARGET_DIR)/lambda/billing/bootstrap "$(ARTIFACTS_DIR)/bootstrap"

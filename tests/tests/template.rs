@@ -19,7 +19,7 @@ use outbox::control::worker::lambda::handle_event;
 use outbox::destination::Target;
 use outbox::ports::{Clock, RandomIds};
 use outbox::protocol::DestinationName;
-use outbox::protocol::{ControlMessage, TxnId, MESSAGE_ID_ATTRIBUTE};
+use outbox::protocol::{ControlMessage, TxnId, ENTITY_ATTRIBUTE, MESSAGE_ID_ATTRIBUTE, POSITION_ATTRIBUTE};
 use outbox::settings::vars;
 use outbox::settings::{Settings, Timing};
 use outbox::time::Timestamp;
@@ -30,9 +30,16 @@ use serde_json::json;
 use tower::ServiceExt;
 use yaml_rust2::{Yaml, YamlLoader};
 
-/// The functions that commit through the outbox, and the consumer.
+/// The functions that commit through the outbox, and the consumers: shipping of the
+/// events, billing of shipping's shipments.
 const PRODUCERS: [&str; 2] = ["ApiFunction", "ControlWorkerFunction"];
-const FUNCTIONS: [&str; 3] = ["ApiFunction", "ControlWorkerFunction", "ShippingFunction"];
+const CONSUMERS: [&str; 2] = ["ShippingFunction", "BillingFunction"];
+const FUNCTIONS: [&str; 4] = [
+    "ApiFunction",
+    "ControlWorkerFunction",
+    "ShippingFunction",
+    "BillingFunction",
+];
 
 fn template() -> Yaml {
     let text =
@@ -101,7 +108,7 @@ fn every_variable_the_code_reads_is_set_on_each_function() {
         "the recorder saw too little: {consumer:?}"
     );
     for function in FUNCTIONS {
-        let needed = if function == "ShippingFunction" {
+        let needed = if CONSUMERS.contains(&function) {
             &consumer
         } else {
             &needed
@@ -112,7 +119,7 @@ fn every_variable_the_code_reads_is_set_on_each_function() {
         ));
         let missing: Vec<_> = needed.difference(&set).collect();
         assert!(missing.is_empty(), "{function} lacks {missing:?}");
-        if function == "ShippingFunction" {
+        if CONSUMERS.contains(&function) {
             assert!(
                 !set.contains(vars::RETENTION_SECONDS),
                 "the consumer gets the API's {}",
@@ -549,6 +556,56 @@ async fn operations_by_function(destination: DestinationName, inline: bool) -> S
     assert!(report.failed_message_ids().is_empty(), "{report:?}");
     operations.insert(SHIPPING_POLLER, called(&counter));
     keys.insert(SHIPPING_POLLER, keys_named(&counter, &partition_key));
+
+    // The billing consumer: its start-up check of the source queue, then a shipment's
+    // messages as shipping sends them (each with its place in the shipment's history),
+    // the first twice. It publishes nothing.
+    counter.reset();
+    outbox::aws::queue_retention(&clients.sqs, audit_url)
+        .await
+        .expect("the queue's retention");
+    let billing = Consumer::new(
+        "billing".parse().unwrap(),
+        ConsumerPorts {
+            store: backend.store.clone(),
+            publisher: Arc::new(AwsPublisher::new(clients.clone(), BTreeMap::new())),
+            clock: backend.clock.clone(),
+            ids: Arc::new(RandomIds),
+        },
+        Arc::new(billing::Billing),
+        Duration::from_secs(3600),
+    );
+    let order = TxnId::new_v7().to_string();
+    let shipment = |seq: u64, kind: &str| Delivery {
+        message_id: format!("s-{seq}"),
+        receipt: String::new(),
+        body: json!({"type": kind, "order_id": order, "shipment_id": "s-1", "items": 1}).to_string(),
+        attributes: BTreeMap::from([
+            (MESSAGE_ID_ATTRIBUTE.to_owned(), format!("{}:0", TxnId::new_v7())),
+            (ENTITY_ATTRIBUTE.to_owned(), format!("SHIPMENT#{order}")),
+            (
+                POSITION_ATTRIBUTE.to_owned(),
+                format!("chain=shipments;seq={seq};version={};after={seq}", seq + 1),
+            ),
+        ]),
+        group_id: None,
+        receive_count: 1,
+        trace_header: None,
+    };
+    let requested = shipment(1, "ShipmentRequested");
+    for (delivery, outcome) in [
+        (&requested, None),
+        (&requested, Some(ConsumeOutcome::Duplicate)),
+        (&shipment(2, "ShipmentCancelled"), None),
+    ] {
+        let report = billing.consume_batch(std::slice::from_ref(delivery)).await;
+        let result = report.items[0].result.as_ref().expect("consumed");
+        if let Some(outcome) = outcome {
+            assert_eq!(result, &outcome);
+        }
+    }
+    operations.insert("BillingFunction", called(&counter));
+    keys.insert("BillingFunction", keys_named(&counter, &partition_key));
     (operations, keys)
 }
 
@@ -1147,6 +1204,47 @@ fn the_bootstrap_makes_what_the_template_declares() {
         Some(format!("{shipments}=sqs:${{ShipmentsQueue}}").as_str())
     );
     assert_eq!(*queue, queue_name("ShipmentsQueue"));
+
+    // The billing consumer as the scripts bootstrap it: `--consumer billing --source
+    // shipments`: the shipments queue becomes a destination of the stack's, with its
+    // dead-letter queue, as the template has them.
+    let billing_consumer = outbox::aws::ConsumerResource::for_stack(
+        "stack",
+        "billing".parse().unwrap(),
+        shipping::SHIPMENTS.parse().unwrap(),
+        [],
+    );
+    let billing_names = outbox::aws::ResourceNames::for_stack("stack").with_consumer(billing_consumer);
+    let (source, resource) = &billing_names.destinations[1];
+    assert_eq!(source.as_str(), shipping::SHIPMENTS);
+    assert_eq!(resource.queue(), queue_name("ShipmentsQueue"));
+    assert_eq!(
+        format!("{}-dlq", resource.queue()),
+        queue_name("ShipmentsDeadLetterQueue")
+    );
+    assert_eq!(
+        billing_names.destination_visibility_timeout,
+        seconds("ShipmentsQueue", "VisibilityTimeout")
+    );
+    assert_eq!(
+        resources["ShipmentsQueue"]["Properties"]["RedrivePolicy"]["maxReceiveCount"].as_i64(),
+        resources["EventsQueue"]["Properties"]["RedrivePolicy"]["maxReceiveCount"].as_i64(),
+        "the bootstrap makes every destination's queue alike"
+    );
+    let billing = &resources["BillingFunction"]["Properties"]["Environment"]["Variables"];
+    let consumer = billing_names.consumer.expect("the billing consumer");
+    assert_eq!(
+        Some(consumer.name.as_str()),
+        billing[outbox::consumer::consumer_vars::NAME].as_str()
+    );
+    assert_eq!(consumer.source_queue, resource.queue());
+    assert_eq!(
+        billing[outbox::consumer::consumer_vars::QUEUE_URL].as_str(),
+        Some("ShipmentsQueue"),
+        "it consumes the shipments queue (!Ref)"
+    );
+    assert!(consumer.destinations.is_empty());
+    assert_eq!(billing[vars::DESTINATIONS].as_str(), Some(""), "it publishes nothing");
 }
 
 #[test]
@@ -1166,7 +1264,7 @@ fn the_queues_and_the_event_source_follow_the_rules() {
         Some(i64::from(outbox::control::redelivery::MAX_RECEIVE_COUNT)),
         "the control queue's redrive policy is the one the worker's retry backoff is sized for"
     );
-    for queue in ["ControlQueue", "EventsQueue"] {
+    for queue in ["ControlQueue", "EventsQueue", "ShipmentsQueue"] {
         let redrive = &resources[queue]["Properties"]["RedrivePolicy"];
         assert!(
             redrive["maxReceiveCount"].as_i64().unwrap() >= 5,
@@ -1206,6 +1304,31 @@ fn the_queues_and_the_event_source_follow_the_rules() {
         resources["EventsDeadLetterQueue"]["Properties"]["MessageRetentionPeriod"].as_i64(),
         "and from its dead-letter queue's"
     );
+    // The billing consumer on the shipments queue: the same rules.
+    let billing = &resources["BillingFunction"]["Properties"];
+    let shipments_queue = &resources["ShipmentsQueue"]["Properties"];
+    assert!(
+        shipments_queue["VisibilityTimeout"].as_i64().unwrap() >= 6 * billing["Timeout"].as_i64().unwrap(),
+        "shipments queue: visibility timeout under 6 × the consumer's timeout"
+    );
+    let event = &billing["Events"]["ShipmentsQueue"]["Properties"];
+    assert!(event["BatchSize"].as_i64().unwrap() <= 10);
+    assert_eq!(strings(&event["FunctionResponseTypes"]), ["ReportBatchItemFailures"]);
+    let consumer = &billing["Environment"]["Variables"];
+    let number = |yaml: &Yaml| {
+        yaml.as_i64()
+            .or_else(|| yaml.as_str().and_then(|text| text.parse().ok()))
+    };
+    assert_eq!(
+        number(&consumer[outbox::consumer::consumer_vars::SOURCE_RETENTION_SECONDS]),
+        shipments_queue["MessageRetentionPeriod"].as_i64(),
+        "the billing consumer's retention is derived from the shipments queue's own"
+    );
+    assert_eq!(
+        number(&consumer[outbox::consumer::consumer_vars::DLQ_RETENTION_SECONDS]),
+        resources["ShipmentsDeadLetterQueue"]["Properties"]["MessageRetentionPeriod"].as_i64(),
+        "and from its dead-letter queue's"
+    );
     let table = &resources["Table"]["Properties"];
     // The table's TTL, keys and the settings that name them come from the same parameters,
     // whose defaults are the library's.
@@ -1240,7 +1363,10 @@ fn the_queues_and_the_event_source_follow_the_rules() {
     // Built by the Makefile: one cargo invocation for every binary, each function's
     // target copying its own bootstrap.
     let makefile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Makefile")).expect("the Makefile");
-    for (function, binary) in FUNCTIONS.into_iter().zip(["api", "control-worker", "shipping"]) {
+    for (function, binary) in FUNCTIONS
+        .into_iter()
+        .zip(["api", "control-worker", "shipping", "billing"])
+    {
         assert_eq!(
             resources[function]["Metadata"]["BuildMethod"].as_str(),
             Some("makefile")
@@ -1251,7 +1377,7 @@ fn the_queues_and_the_event_source_follow_the_rules() {
         assert!(makefile.contains(&copy), "the Makefile lacks {copy:?}");
     }
     assert!(
-        makefile.contains("FUNCTIONS := api control-worker shipping"),
+        makefile.contains("FUNCTIONS := api control-worker shipping billing"),
         "one invocation builds them all"
     );
     assert_eq!(
@@ -1320,6 +1446,7 @@ fn the_api_logs_each_request_the_concurrency_is_bounded_and_each_skip_says_why()
     for (function, event, parameter) in [
         ("ControlWorkerFunction", "ControlQueue", "ControlWorkerMaxConcurrency"),
         ("ShippingFunction", "EventsQueue", "ShippingMaxConcurrency"),
+        ("BillingFunction", "ShipmentsQueue", "BillingMaxConcurrency"),
     ] {
         let bound = &resources[function]["Properties"]["Events"][event]["Properties"]["ScalingConfig"];
         assert_eq!(bound["MaximumConcurrency"].as_str(), Some(parameter), "{function}");
@@ -2704,10 +2831,15 @@ fn the_dashboard_shows_metrics_the_code_emits_and_queues_of_the_stack() {
         sqs("ApproximateAgeOfOldestMessage", "ControlQueue"),
         sqs("ApproximateNumberOfMessagesVisible", "ControlDeadLetterQueue"),
         sqs("ApproximateNumberOfMessagesVisible", "EventsDeadLetterQueue"),
+        sqs("ApproximateNumberOfMessagesVisible", "ShipmentsDeadLetterQueue"),
         own("CommitLatency", "api"),
     ];
     // Entries beside tombstones and the oldest wait, as their alarms watch them.
-    for alarm in ["EntriesBesideTombstonesAlarm", "ShippingWaitsAlarm"] {
+    for alarm in [
+        "EntriesBesideTombstonesAlarm",
+        "ShippingWaitsAlarm",
+        "BillingWaitsAlarm",
+    ] {
         let alarm = &resources[alarm]["Properties"];
         let dimensions = alarm["Dimensions"]
             .as_array()
