@@ -17,7 +17,18 @@ drives them and the consumers:
    each as its order ended (its lines, cancelled or not: the consumer applies each
    order's events in the order the order committed them, whatever the delivery order),
    one ShipmentRequested id per order received (every copy of it with one body), every
-   consumer record dispatched, nothing lost.
+   consumer record dispatched, nothing lost;
+5. with --billing, the third hop: every message shipping sent to its shipments queue
+   (each with its place in its shipment's history) delivered three times to the billing
+   consumers' source queue, shuffled across shipments (a ShipmentCancelled often before
+   its ShipmentRequested), two copies in one batch; two billing consumers, then a third
+   killed with SIGKILL mid-batch for the second half of the shipments; and the check:
+   each invoice applied its shipment's messages once each, in chain order (its list of
+   applied seqs is 1..n), void exactly when its shipment was cancelled, every billing
+   record dispatched;
+6. every hop's dead-letter queue is empty (the control queue's and the events queue's,
+   and the consumers' source queues'), and one line per hop: messages, copies delivered,
+   consumers killed, violations.
 """
 
 import argparse
@@ -170,28 +181,32 @@ def main():
     parser.add_argument("--work", required=True, help="where the consumers' logs go")
     parser.add_argument("--orders", type=int, default=30, help="orders of the first round")
     parser.add_argument("--killed-orders", type=int, default=30, help="orders of the round whose consumer is killed")
+    parser.add_argument("--billing", help="the billing consumer's binary: run the third hop, shipments to billing")
+    parser.add_argument(
+        "--dead-letter-queue", action="append", default=[], help="a dead-letter queue's URL that must stay empty"
+    )
     args = parser.parse_args()
 
     region = os.environ.get("AWS_REGION", "us-east-1")
     sqs = boto3.client("sqs", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name=region)
     dynamodb = boto3.client("dynamodb", endpoint_url=os.environ["AWS_ENDPOINT_URL_DYNAMODB"], region_name=region)
     table = os.environ["OUTBOX_TABLE_NAME"]
-    source = sqs.create_queue(QueueName="shipping-source", Attributes={"VisibilityTimeout": "5"})["QueueUrl"]
+    source, source_dlq = source_queue(sqs, "shipping-source")
     shipments = sqs.create_queue(QueueName="shipping-shipments")["QueueUrl"]
     consumers = []
 
-    def start_consumer(name):
+    def start_consumer(name, binary=args.shipping, consumer="shipping", queue=None, destinations=None):
         env = dict(os.environ)
         env.update(
-            OUTBOX_CONSUMER_NAME="shipping",
-            OUTBOX_CONSUMER_QUEUE_URL=source,
-            OUTBOX_DESTINATIONS=f"shipments=sqs:{shipments}",
+            OUTBOX_CONSUMER_NAME=consumer,
+            OUTBOX_CONSUMER_QUEUE_URL=queue or source,
+            OUTBOX_DESTINATIONS=f"shipments=sqs:{shipments}" if destinations is None else destinations,
             OUTBOX_SERVICE_NAME=name,
             RUST_LOG="info",
             NO_COLOR="1",
         )
         log = open(os.path.join(args.work, f"{name}.log"), "w")
-        process = subprocess.Popen([args.shipping], env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([binary], env=env, stdout=log, stderr=subprocess.STDOUT)
         consumers.append((name, process, log.name))
         return process, log.name
 
@@ -248,33 +263,20 @@ def main():
         with open(doomed_log) as log:
             killed_after = log.read().count("committed messages=")
 
-        deadline = time.time() + 180
-        quiet_since = None
-        while time.time() < deadline:
-            if queue_depth(sqs, source) == 0:
-                quiet_since = quiet_since or time.time()
-                if time.time() - quiet_since > 6:
-                    break
-            else:
-                quiet_since = None
-            time.sleep(0.5)
+        wait_until_empty(sqs, source)
         left, reminders = queue_counts(sqs, source)
 
         out = drain(sqs, shipments)
         shipment_items = scan(dynamodb, table, "SHIPMENT#")
-        # The consumer's records; its positions (IN#AT#...) are items of their own.
-        records = [item for item in scan(dynamodb, table, "IN#") if not item["pk"]["S"].startswith("IN#AT#")]
+        # The consumer's records; its positions (IN#AT#...) and the messages it kept for
+        # their predecessor (IN#KEPT#...: one whose consumer was killed after applying it,
+        # before removing it, stays until it expires) are items of their own.
+        records = [item for item in scan(dynamodb, table, "IN#") if not item["pk"]["S"].startswith(("IN#AT#", "IN#KEPT#"))]
+        kept_left = len(scan(dynamodb, table, "IN#KEPT#"))
         positions = scan(dynamodb, table, "IN#AT#")
         orders = {order: call(args.api_port, "GET", f"/orders/{order}") for order in placed}
     finally:
-        for name, process, _ in consumers:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for name, process, _ in consumers:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        consumers_stopped(consumers)
 
     shipments_per_order = Counter(item["data"]["M"]["order_id"]["S"] for item in shipment_items)
     # Each run of the handler draws a new shipment id: the committed run's is the stored one.
@@ -359,11 +361,182 @@ def main():
         f" ShipmentRequested received {len(out)} times under {len(bodies_per_id)} ids, one body each,"
         f" {losers} naming an uncommitted run's shipment;"
         f" consumer records {dict(states)}; outbox entries left in shipments {entries_left}; lost {len(lost)};"
-        f" {reminders} kept messages' reminders still delayed in the source queue"
+        f" {reminders} kept messages' reminders still delayed in the source queue; {kept_left} kept messages left in the table"
     )
+    hops = [
+        # The first hop: the API and the control worker publish each event (some twice:
+        # an earlier event sent first by a later publisher), nobody killed.
+        ("orders API -> events", consumed_events, republished + consumed_events, 0, 0),
+        ("events -> shipping", consumed_events, 3 * consumed_events, 1, len(problems)),
+    ]
+    if args.billing:
+        billing_problems, billing_hop = run_billing(args, sqs, dynamodb, table, out, shipment_items, start_consumer, wait_for)
+        hops.append(billing_hop)
+        problems += billing_problems
+        consumers_stopped(consumers)
+    # Every hop's dead-letter queues, what no consumer could take: the first hop's (the
+    # control queue's and the events queue's, named by the caller) and shipping's.
+    for index, urls in [(0, args.dead_letter_queue), (1, [source_dlq])]:
+        for url in urls:
+            waiting, _ = queue_counts(sqs, url)
+            if waiting:
+                problems.append(f"{waiting} messages in the dead-letter queue {url}")
+                hop, messages, copies, kills, violations = hops[index]
+                hops[index] = (hop, messages, copies, kills, violations + 1)
+    for hop, messages, copies, kills, violations in hops:
+        print(f"hop {hop}: {messages} messages, {copies} copies delivered, {kills} consumer(s) killed, {violations} violations")
     if problems:
         print("FAILED: " + "; ".join(problems), file=sys.stderr)
         sys.exit(1)
+
+
+def source_queue(sqs, name):
+    """A consumer's source queue `name` with its dead-letter queue (after 5 receives, as
+    the template's): a 5-second visibility timeout, so that what a killed consumer held
+    comes back soon. Returns both URLs."""
+    dlq = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "5"})
+    url = sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "5", "RedrivePolicy": policy})["QueueUrl"]
+    return url, dlq
+
+
+def consumers_stopped(consumers):
+    """Stops every consumer still running (SIGTERM, then SIGKILL after 30 s)."""
+    for _, process, _ in consumers:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for _, process, _ in consumers:
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def position_of(attributes):
+    """The fields of a message's outbox-position attribute (producer, chain, seq, version,
+    after), empty without one."""
+    return dict(field.split("=", 1) for field in attributes.get("outbox-position", "").split(";") if "=" in field)
+
+
+def wait_until_empty(sqs, url, timeout=180):
+    """Waits until `url` holds no message, visible or in flight (delayed ones aside), for 6 s."""
+    deadline = time.time() + timeout
+    quiet_since = None
+    while time.time() < deadline:
+        if queue_depth(sqs, url) == 0:
+            quiet_since = quiet_since or time.time()
+            if time.time() - quiet_since > 6:
+                return
+        else:
+            quiet_since = None
+        time.sleep(0.5)
+
+
+def run_billing(args, sqs, dynamodb, table, shipped, shipment_items, start_consumer, wait_for):
+    """The third hop: every message shipping sent (`shipped`, as its shipments queue
+    delivered them) three times to the billing consumers, one of them killed; returns the
+    problems found and the hop's figures."""
+    problems = []
+    # One copy of each message, by its id: shipping sends one again where a run of its
+    # that committed it was interrupted before its acknowledgement.
+    by_id = {}
+    bodies = defaultdict(set)
+    for body, attributes in shipped:
+        by_id[attributes.get("outbox-message-id")] = (body, attributes)
+        bodies[attributes.get("outbox-message-id")].add(body)
+    messages = list(by_id.values())
+    if any(len(texts) != 1 for texts in bodies.values()):
+        problems.append("a shipping message id came with two bodies")
+    # Each message's place in its shipment's history: entity SHIPMENT#<order>, chain
+    # shipments, seq 1, 2, ... with no gap and no repeat.
+    chain = defaultdict(list)
+    unplaced = 0
+    for body, attributes in messages:
+        event = json.loads(body)
+        place = position_of(attributes)
+        if attributes.get("outbox-entity") != f"SHIPMENT#{event['order_id']}" or place.get("chain") != "shipments":
+            unplaced += 1
+            continue
+        chain[event["order_id"]].append((int(place["seq"]), event["type"]))
+    if unplaced:
+        problems.append(f"{unplaced} shipping messages without their place in their shipment's history")
+    broken = [order for order, seqs in chain.items() if sorted(s for s, _ in seqs) != list(range(1, len(seqs) + 1))]
+    if broken:
+        problems.append(f"{len(broken)} shipments whose messages' seqs are not 1..n, e.g. {chain[broken[0]]}")
+    shipment_of = {item["data"]["M"]["order_id"]["S"]: item["data"]["M"] for item in shipment_items}
+    source, source_dlq = source_queue(sqs, "billing-source")
+    records_before = {item["pk"]["S"] for item in scan(dynamodb, table, "IN#")}
+
+    # Two rounds, by shipment: the first to two consumers, the second with a third one that
+    # is killed mid-batch.
+    orders = sorted(chain)
+    random.Random(11).shuffle(orders)
+    second = set(orders[len(orders) // 2 :])
+    first_round = [m for m in messages if json.loads(m[0])["order_id"] not in second]
+    second_round = [m for m in messages if json.loads(m[0])["order_id"] in second]
+    random.Random(13).shuffle(first_round)
+    random.Random(17).shuffle(second_round)
+    overtaken = count_overtaken(first_round) + count_overtaken(second_round)
+    billing = dict(binary=args.billing, consumer="billing", queue=source, destinations="")
+    send_copies(sqs, source, first_round, [1, 2])
+    for name in ["billing-1", "billing-2"]:
+        process, log = start_consumer(name, **billing)
+        assert wait_for(log, "polling the source queue", process), f"{name} did not start"
+    send_copies(sqs, source, first_round, [3])
+    doomed, doomed_log = start_consumer("billing-killed", **billing)
+    assert wait_for(doomed_log, "polling the source queue", doomed), "the killed billing consumer did not start"
+    send_copies(sqs, source, second_round, [1, 2, 3])
+    assert wait_for(doomed_log, "committed messages=", doomed, timeout=60), "the killed billing consumer committed nothing"
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait()
+    with open(doomed_log) as log:
+        killed_after = log.read().count("committed messages=")
+    wait_until_empty(sqs, source)
+    left, reminders = queue_counts(sqs, source)
+    dead, _ = queue_counts(sqs, source_dlq)
+
+    invoices = {item["data"]["M"]["order_id"]["S"]: item["data"]["M"] for item in scan(dynamodb, table, "INVOICE#")}
+    records = [
+        item
+        for item in scan(dynamodb, table, "IN#")
+        if item["pk"]["S"] not in records_before and not item["pk"]["S"].startswith(("IN#AT#", "IN#KEPT#"))
+    ]
+    states = Counter(item.get("state", {}).get("S") for item in records)
+    # Each invoice: the seqs it applied are its shipment's 1..n, once each, in order, and
+    # it is void exactly when its shipment was cancelled.
+    unlike = []
+    for order, seqs in chain.items():
+        invoice = invoices.get(order)
+        applied = [int(seq["N"]) for seq in invoice["applied"]["L"]] if invoice else None
+        cancelled = shipment_of.get(order, {}).get("status", {}).get("S") == "cancelled"
+        sent_cancel = any(kind == "ShipmentCancelled" for _, kind in seqs)
+        want_status = "void" if cancelled else "open"
+        if applied != list(range(1, len(seqs) + 1)) or invoice["status"]["S"] != want_status or cancelled != sent_cancel:
+            unlike.append((order, applied, invoice and invoice["status"]["S"], want_status))
+    extra = sorted(set(invoices) - set(chain))
+    if unlike:
+        problems.append(f"{len(unlike)} invoices unlike their shipments, e.g. {unlike[0]}")
+    if extra:
+        problems.append(f"{len(extra)} invoices of no shipment")
+    if left:
+        problems.append(f"{left} messages left in billing's source queue")
+    if dead:
+        problems.append(f"{dead} messages in billing's dead-letter queue")
+    if states != Counter({"dispatched": len(messages)}):
+        problems.append(f"billing's records: {dict(states)} for {len(messages)} messages")
+    applied_total = sum(len(invoice["applied"]["L"]) for invoice in invoices.values())
+    voided = sum(1 for invoice in invoices.values() if invoice["status"]["S"] == "void")
+    print(
+        f"billing end to end: {len(messages)} shipping messages of {len(chain)} shipments ({len(shipped)} received from"
+        f" shipping's queue), each with its place in its shipment's history ({unplaced} without);"
+        f" {3 * len(messages)} deliveries (3 per message, 2 of them in one batch, shuffled across shipments:"
+        f" {overtaken} delivered after a later message of their shipment); a billing consumer killed by SIGKILL after"
+        f" {killed_after} commit(s); invoices {len(invoices)} ({voided} void), {applied_total} messages applied;"
+        f" billing records {dict(states)}; {reminders} kept messages' reminders still delayed; {len(unlike)} invoices"
+        f" unlike their shipments"
+    )
+    return problems, ("shipments -> billing", len(messages), 3 * len(messages), 1, len(problems))
 
 
 if __name__ == "__main__":
