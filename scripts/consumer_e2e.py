@@ -26,7 +26,10 @@ drives them and the consumers:
    each invoice applied its shipment's messages once each, in chain order (its list of
    applied seqs is 1..n), void exactly when its shipment was cancelled, every billing
    record dispatched;
-6. every hop's dead-letter queue is empty (the control queue's and the events queue's,
+6. with --fifo, every queue but the control queue is FIFO, grouped by entity (the events
+   queue as the caller bootstrapped it, `--events-via sqs-fifo`): each entity's messages
+   are delivered in their order, the entities still interleaved;
+7. every hop's dead-letter queue is empty (the control queue's and the events queue's,
    and the consumers' source queues'), and one line per hop: messages, copies delivered,
    consumers killed, violations.
 """
@@ -110,7 +113,8 @@ def drain(sqs, url, want=None, quiet=3.0, timeout=60.0):
 
 def send_copies(sqs, url, events, copies):
     """Sends copy number(s) `copies` of each event: one entry per copy, the copies of an
-    event in one SendMessageBatch."""
+    event in one SendMessageBatch. To a FIFO queue, each in its entity's message group,
+    each copy with a deduplication id of its own (so that SQS delivers every copy)."""
     for index, (body, attributes) in enumerate(events):
         entries = [
             {
@@ -120,8 +124,28 @@ def send_copies(sqs, url, events, copies):
             }
             for copy in copies
         ]
+        if url.endswith(".fifo"):
+            for entry in entries:
+                entry["MessageGroupId"] = attributes.get("outbox-entity") or attributes["outbox-message-id"]
+                entry["MessageDeduplicationId"] = f"{attributes['outbox-message-id']}-{entry['Id']}"
         reply = sqs.send_message_batch(QueueUrl=url, Entries=entries)
         assert not reply.get("Failed"), reply
+
+
+def fifo_order(messages):
+    """`messages` (shuffled) as a FIFO queue grouped by entity delivers them: each entity's
+    in their order in its history, in the places its messages had (the entities still
+    interleaved)."""
+    slots = defaultdict(list)
+    for index, (_, attributes) in enumerate(messages):
+        if "seq" in position_of(attributes):
+            slots[attributes["outbox-entity"]].append(index)
+    ordered = list(messages)
+    for indexes in slots.values():
+        in_order = sorted((messages[index] for index in indexes), key=lambda message: int(position_of(message[1])["seq"]))
+        for index, message in zip(indexes, in_order):
+            ordered[index] = message
+    return ordered
 
 
 def count_overtaken(events):
@@ -181,6 +205,11 @@ def main():
     parser.add_argument("--work", required=True, help="where the consumers' logs go")
     parser.add_argument("--orders", type=int, default=30, help="orders of the first round")
     parser.add_argument("--killed-orders", type=int, default=30, help="orders of the round whose consumer is killed")
+    parser.add_argument(
+        "--fifo",
+        action="store_true",
+        help="FIFO queues grouped by entity (the events queue is the caller's): the consumers' sources and shipments",
+    )
     parser.add_argument("--billing", help="the billing consumer's binary: run the third hop, shipments to billing")
     parser.add_argument(
         "--dead-letter-queue", action="append", default=[], help="a dead-letter queue's URL that must stay empty"
@@ -191,8 +220,13 @@ def main():
     sqs = boto3.client("sqs", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name=region)
     dynamodb = boto3.client("dynamodb", endpoint_url=os.environ["AWS_ENDPOINT_URL_DYNAMODB"], region_name=region)
     table = os.environ["OUTBOX_TABLE_NAME"]
+    global SUFFIX
+    SUFFIX = ".fifo" if args.fifo else ""
     source, source_dlq = source_queue(sqs, "shipping-source")
-    shipments = sqs.create_queue(QueueName="shipping-shipments")["QueueUrl"]
+    shipments = sqs.create_queue(
+        QueueName=f"shipping-shipments{SUFFIX}", Attributes={"FifoQueue": "true"} if args.fifo else {}
+    )["QueueUrl"]
+    shipments_target = f"sqs-fifo:{shipments}" if args.fifo else f"sqs:{shipments}"
     consumers = []
 
     def start_consumer(name, binary=args.shipping, consumer="shipping", queue=None, destinations=None):
@@ -200,7 +234,7 @@ def main():
         env.update(
             OUTBOX_CONSUMER_NAME=consumer,
             OUTBOX_CONSUMER_QUEUE_URL=queue or source,
-            OUTBOX_DESTINATIONS=f"shipments=sqs:{shipments}" if destinations is None else destinations,
+            OUTBOX_DESTINATIONS=f"shipments={shipments_target}" if destinations is None else destinations,
             OUTBOX_SERVICE_NAME=name,
             RUST_LOG="info",
             NO_COLOR="1",
@@ -234,6 +268,8 @@ def main():
         republished = len(received) - len(events)
         assert len(events) == len(placed) + changes, f"{len(events)} events for {len(placed)} orders and {changes} changes"
         random.Random(7).shuffle(events)
+        if args.fifo:
+            events = fifo_order(events)
         overtaken = count_overtaken(events)
         # Copies 1 and 2 of each event in one batch: received together, processed at once.
         send_copies(sqs, source, events, [1, 2])
@@ -384,20 +420,27 @@ def main():
                 hop, messages, copies, kills, violations = hops[index]
                 hops[index] = (hop, messages, copies, kills, violations + 1)
     for hop, messages, copies, kills, violations in hops:
-        print(f"hop {hop}: {messages} messages, {copies} copies delivered, {kills} consumer(s) killed, {violations} violations")
+        kind = "FIFO queues" if args.fifo else "standard queues"
+        print(f"hop {hop} ({kind}): {messages} messages, {copies} copies delivered, {kills} consumer(s) killed, {violations} violations")
     if problems:
         print("FAILED: " + "; ".join(problems), file=sys.stderr)
         sys.exit(1)
 
 
+# ".fifo" when the queues are FIFO (--fifo).
+SUFFIX = ""
+
+
 def source_queue(sqs, name):
     """A consumer's source queue `name` with its dead-letter queue (after 5 receives, as
     the template's): a 5-second visibility timeout, so that what a killed consumer held
-    comes back soon. Returns both URLs."""
-    dlq = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+    comes back soon; both FIFO with --fifo. Returns both URLs."""
+    fifo = {"FifoQueue": "true"} if SUFFIX else {}
+    dlq = sqs.create_queue(QueueName=f"{name}-dlq{SUFFIX}", Attributes=fifo)["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "5"})
-    url = sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "5", "RedrivePolicy": policy})["QueueUrl"]
+    attributes = {"VisibilityTimeout": "5", "RedrivePolicy": policy, **fifo}
+    url = sqs.create_queue(QueueName=f"{name}{SUFFIX}", Attributes=attributes)["QueueUrl"]
     return url, dlq
 
 
@@ -477,6 +520,8 @@ def run_billing(args, sqs, dynamodb, table, shipped, shipment_items, start_consu
     second_round = [m for m in messages if json.loads(m[0])["order_id"] in second]
     random.Random(13).shuffle(first_round)
     random.Random(17).shuffle(second_round)
+    if args.fifo:
+        first_round, second_round = fifo_order(first_round), fifo_order(second_round)
     overtaken = count_overtaken(first_round) + count_overtaken(second_round)
     billing = dict(binary=args.billing, consumer="billing", queue=source, destinations="")
     send_copies(sqs, source, first_round, [1, 2])
