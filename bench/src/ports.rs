@@ -175,6 +175,10 @@ impl SlowStore {
 
 #[async_trait]
 impl Store for SlowStore {
+    fn producer(&self) -> Option<outbox::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
         self.call(StoreOp::Commit).await;
         self.inner.commit(request).await

@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::ports::{CommitError, ItemKey};
-use crate::protocol::{stamp_chain, ChainHeads, OutboxRecord, OutgoingMessage};
+use crate::protocol::{stamp_chain_named, ChainHeads, OutboxRecord, OutgoingMessage, Producer};
 
 /// One addition to a whole number at the top level of an item's data, kept within bounds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,14 +181,21 @@ pub enum CounterError {
 }
 
 /// The messages of a counter commit that took `key` from `version` with chain heads
-/// `heads` (both as they were before it), stamped: the one function the store that writes
-/// and every reader of the entry use.
-pub fn stamp(key: &ItemKey, version: u64, heads: &ChainHeads, messages: &[OutgoingMessage]) -> Vec<OutgoingMessage> {
+/// `heads` (both as they were before it), stamped, naming `producer` (the table, as the
+/// store names it): the one function the store that writes and every reader of the entry
+/// use.
+pub fn stamp(
+    key: &ItemKey,
+    version: u64,
+    heads: &ChainHeads,
+    messages: &[OutgoingMessage],
+    producer: Option<&Producer>,
+) -> Vec<OutgoingMessage> {
     let mut messages = messages.to_vec();
     for message in &mut messages {
         message.position = None;
     }
-    stamp_chain(&mut messages, key, version + 1, heads);
+    stamp_chain_named(&mut messages, key, version + 1, heads, producer);
     messages
 }
 

@@ -220,7 +220,7 @@ impl Staging {
     pub(crate) fn messages_to_commit(&self) -> Vec<OutgoingMessage> {
         let mut messages = self.messages.clone();
         if let Some((entity, version, heads)) = self.positioned_in() {
-            crate::protocol::stamp_chain(&mut messages, &entity, version, &heads);
+            crate::protocol::stamp_chain_named(&mut messages, &entity, version, &heads, self.store.producer().as_ref());
         }
         messages
     }

@@ -100,6 +100,10 @@ impl OddStore {
 
 #[async_trait]
 impl Store for OddStore {
+    fn producer(&self) -> Option<outbox::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
         let (inner, owned) = (self.inner.clone(), request.clone());
         self.stalled(request.writes.first().map(|write| write.key().clone()), move || {

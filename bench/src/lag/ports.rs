@@ -86,6 +86,10 @@ pub struct SimStore {
 
 #[async_trait]
 impl Store for SimStore {
+    fn producer(&self) -> Option<outbox::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
         let result = self.env.call(Call::Transact, self.inner.commit(request)).await;
         if result.is_ok() {

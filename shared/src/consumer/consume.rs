@@ -343,11 +343,14 @@ impl Consumer {
             return result;
         }
         self.drain(&position).await?;
-        // A copy that waited (a reminder, or one handed back) may have been kept: applied
-        // now, its kept message goes, after those kept above it (see `drain`).
-        if in_order::waited(delivery, self.ports.clock.now()).0 > 0 {
-            self.forget_kept(&in_order::kept_key(self.name.as_str(), &position, position.seq))
-                .await;
+        // A copy that waited (a reminder, or one handed back) may have been kept, and so
+        // may a delivery that comes again (an invocation that kept it stopped before its
+        // acknowledgement, or failed to send its reminder): applied now, its kept message
+        // goes, after those kept above it (see `drain`), under every key it may be kept.
+        if in_order::waited(delivery, self.ports.clock.now()).0 > 0 || delivery.receive_count > 1 {
+            for key in in_order::kept_keys(self.name.as_str(), &position, position.producer.is_some()) {
+                self.forget_kept(&key).await;
+            }
         }
         result
     }
@@ -561,7 +564,9 @@ impl Consumer {
                 );
                 Ok(ConsumeOutcome::Duplicate)
             }
-            Gate::Wait { applied } => return self.wait(delivery, position, applied, entity).await,
+            Gate::Wait { applied, unnamed_too } => {
+                return self.wait(delivery, position, applied, unnamed_too, entity).await
+            }
             Gate::Restarted { applied, version } => {
                 let restarted = ConsumeError::ChainRestarted {
                     seq: position.seq,
@@ -588,7 +593,18 @@ impl Consumer {
     /// sees the other's write: the applier reads the kept message after its commit, and
     /// the keeper the position after its keep. Then the keeper applies it itself
     /// ([`Verdict::Again`]).
-    async fn wait(&self, delivery: &Delivery, position: &Position, applied: u64, entity: Option<&ItemKey>) -> Verdict {
+    ///
+    /// `unnamed_too`: its chain names its producer and has no position yet, so its
+    /// predecessor may be a message sent before the producer named itself, whose drain
+    /// looks under the unnamed chain's key: it is kept under both keys.
+    async fn wait(
+        &self,
+        delivery: &Delivery,
+        position: &Position,
+        applied: u64,
+        unnamed_too: bool,
+        entity: Option<&ItemKey>,
+    ) -> Verdict {
         let now = self.ports.clock.now();
         let (waits, since) = in_order::waited(delivery, now);
         let seq = position.seq;
@@ -604,17 +620,24 @@ impl Consumer {
             tracing::warn!(seq, applied, "too large to keep; it waits on its queue");
             return Verdict::Done(self.send_back(delivery, position, applied, waits, since).await);
         }
-        let key = in_order::kept_key(self.name.as_str(), position, seq);
+        let keys = in_order::kept_keys(self.name.as_str(), position, unnamed_too);
         let mut kept_delivery = delivery.clone();
         kept_delivery.receipt = String::new();
         kept_delivery.receive_count = 1;
-        let kept = crate::ports::KeptMessage {
-            key: key.clone(),
-            delivery: kept_delivery,
-            kept_at: since,
-            expires_at: now.plus(self.retention),
-        };
-        match self.ports.store.keep_message(&kept).await {
+        let mut kept = Ok(());
+        for key in &keys {
+            let message = crate::ports::KeptMessage {
+                key: key.clone(),
+                delivery: kept_delivery.clone(),
+                kept_at: since,
+                expires_at: now.plus(self.retention),
+            };
+            kept = self.ports.store.keep_message(&message).await;
+            if kept.is_err() {
+                break;
+            }
+        }
+        match kept {
             Ok(()) => {}
             Err(error) => {
                 metrics.emit();
@@ -638,7 +661,9 @@ impl Consumer {
                 );
                 // Applied by this invocation now, its kept message goes first: if this
                 // invocation stops, the delivery in hand (not acknowledged) comes back.
-                self.forget_kept(&key).await;
+                for key in &keys {
+                    self.forget_kept(key).await;
+                }
                 return Verdict::Again;
             }
             Ok(_) => {}
@@ -655,28 +680,41 @@ impl Consumer {
     }
 
     /// The last `seq` of `position`'s chain applied, read now: in `entity`'s key where the
-    /// consumer keeps it there (else, or where the key keeps none, the position item).
+    /// consumer keeps it there (else, or where the key keeps none, the position item); for
+    /// a chain that names its producer and has no position yet, what it continues from
+    /// ([`in_order::continued`]).
     pub(super) async fn applied_now(&self, position: &Position, entity: Option<&ItemKey>) -> Result<u64, StoreError> {
+        let held = match self.held_now(position, entity).await? {
+            held if !in_order::reads_legacy(held, position) => held,
+            _ => in_order::continued(self.held_now(&position.unnamed(), entity).await?, position),
+        };
+        Ok(held.map_or(0, |(seq, _)| seq))
+    }
+
+    /// The last message of `position`'s own chain applied, read now, where there is one.
+    async fn held_now(
+        &self,
+        position: &Position,
+        entity: Option<&ItemKey>,
+    ) -> Result<Option<in_order::Held>, StoreError> {
         let store = self.ports.store.as_ref();
         if let Some(key) = entity {
             let name = in_order::applied_name(self.name.as_str(), position);
             let held = match store.get_keys(std::slice::from_ref(key)).await {
                 Ok(mut keys) => keys
                     .remove(key)
-                    .and_then(|read| read.applied.get(&name).map(|held| held.seq)),
+                    .and_then(|read| read.applied.get(&name).map(|held| (held.seq, Some(held.version)))),
                 Err(StoreError::Unsupported(_)) => store
                     .get_entity(key)
                     .await?
-                    .and_then(|entity| entity.applied.get(&name).map(|held| held.seq)),
+                    .and_then(|entity| entity.applied.get(&name).map(|held| (held.seq, Some(held.version)))),
                 Err(error) => return Err(error),
             };
-            if let Some(seq) = held {
-                return Ok(seq);
+            if held.is_some() {
+                return Ok(held);
             }
         }
-        Ok(in_order::read_position_item(self.name.as_str(), position, store)
-            .await?
-            .map_or(0, |(seq, _)| seq))
+        in_order::read_position_item(self.name.as_str(), position, store).await
     }
 
     /// On a standard source queue, a reminder copy of a kept message, to come back after

@@ -238,7 +238,7 @@ impl Consumer {
             // read stale is only ever behind: a message is never taken for a duplicate
             // wrongly, and every write below is conditioned on the key as read.)
             if let (Some((position, delivery)), Some((name, _))) = (in_order, &applying) {
-                let held = match positions.get(name) {
+                let own = match positions.get(name) {
                     Some(held) => Some((held.seq, Some(held.version))),
                     // None in the key: a chain this consumer may have applied in the
                     // transactional mode (its position an item of its own) continues
@@ -247,7 +247,22 @@ impl Consumer {
                         .await
                         .map_err(ConsumeError::Read)?,
                 };
-                let gate = in_order::judge(held, position);
+                // A chain that names its producer and has no position yet continues the
+                // unnamed one where it can: in the key (no read more), else in its item.
+                let held = match in_order::reads_legacy(own, position) {
+                    true => {
+                        let unnamed = position.unnamed();
+                        let legacy = match positions.get(&in_order::applied_name(self.name().as_str(), &unnamed)) {
+                            Some(held) => Some((held.seq, Some(held.version))),
+                            None => in_order::read_position_item(self.name().as_str(), &unnamed, store.as_ref())
+                                .await
+                                .map_err(ConsumeError::Read)?,
+                        };
+                        in_order::continued(legacy, position)
+                    }
+                    false => own,
+                };
+                let gate = in_order::judge_named(held, own.is_none(), position);
                 match self.not_applied(gate, position, delivery, Some(&key)).await {
                     Verdict::Apply => {}
                     Verdict::Again => continue,

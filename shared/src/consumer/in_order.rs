@@ -17,6 +17,13 @@
 //! ([`wait_delay`]), so that waiting never counts toward the dead-letter queue. A message at or below it from a later version of its entity than the one
 //! applied last is no duplicate but a chain that restarted: it fails, visibly, instead of
 //! being dropped. A message without a position is applied as it comes.
+//!
+//! A chain is its producer's: where a position names the table whose chain it is
+//! ([`Position::producer`]), the consumer keys what it keeps by the producer too
+//! ([`position_key`], [`applied_name`], [`kept_key`]), so that two tables' chains to one
+//! destination about keys that look alike are never one; a position that names none
+//! keeps the keys it always had, and a named chain with no position of its own yet
+//! continues from that one ([`continued`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -42,17 +49,38 @@ pub const WAITING_SINCE_ATTRIBUTE: &str = "outbox-waiting-since";
 /// The longest delay of a waiting message's copy: SQS's longest `DelaySeconds`.
 pub const MAX_WAIT_DELAY: Duration = Duration::from_secs(900);
 
+/// How a consumer names `position`'s chain in its keys: its destination, and where the
+/// position names its producer, `@` and the producer (`events@orders`), so that two
+/// producers' chains are never one. A destination holds no `@`, and a producer no `#`.
+fn chain_name(position: &Position) -> String {
+    match &position.producer {
+        Some(producer) => format!("{}@{producer}", position.chain),
+        None => position.chain.to_string(),
+    }
+}
+
 /// The key of the item where consumer `consumer` keeps the last `seq` it applied of
-/// `position`'s chain and entity.
+/// `position`'s chain and entity: `IN#AT#{consumer}#{chain}#{entity}`, the chain named
+/// by its producer too where the position names one (`events@orders`).
 pub fn position_key(consumer: &str, position: &Position) -> ItemKey {
-    ItemKey::protocol(format!("IN#AT#{consumer}#{}#{}", position.chain, position.entity))
+    ItemKey::protocol(format!("IN#AT#{consumer}#{}#{}", chain_name(position), position.entity))
 }
 
 /// The key under which consumer `consumer` keeps message `seq` of `position`'s chain and
 /// entity while its predecessor is not applied ([`crate::ports::KeptMessage`]): every copy
 /// of one message is kept in one place, and whoever applies `seq - 1` finds it there.
 pub fn kept_key(consumer: &str, position: &Position, seq: u64) -> String {
-    format!("IN#KEPT#{consumer}#{}#{}#{seq}", position.chain, position.entity)
+    format!("IN#KEPT#{consumer}#{}#{}#{seq}", chain_name(position), position.entity)
+}
+
+/// The keys a message at `position` is kept under: its chain's ([`kept_key`]), and with
+/// `unnamed_too` (a position that names its producer) the unnamed chain's too.
+pub fn kept_keys(consumer: &str, position: &Position, unnamed_too: bool) -> Vec<String> {
+    let mut keys = vec![kept_key(consumer, position, position.seq)];
+    if unnamed_too && position.producer.is_some() {
+        keys.push(kept_key(consumer, &position.unnamed(), position.seq));
+    }
+    keys
 }
 
 /// The most a message may weigh (its body and attributes, names and values) to be kept:
@@ -78,7 +106,43 @@ pub const REMINDER_DELAY: Duration = MAX_WAIT_DELAY;
 /// The name under which consumer `consumer` keeps, in its entity's key (entity mode),
 /// the last message it applied of `position`'s chain and entity.
 pub fn applied_name(consumer: &str, position: &Position) -> String {
-    format!("{consumer}#{}#{}", position.chain, position.entity)
+    format!("{consumer}#{}#{}", chain_name(position), position.entity)
+}
+
+/// The last message applied of a chain, as a consumer keeps it: its `seq`, and its
+/// version where known.
+pub type Held = (u64, Option<u64>);
+
+/// Where a position that names its producer finds no position of its own chain (none of
+/// its producer's messages applied yet), what it continues from: the position the
+/// consumer keeps under the same destination and entity with no producer (`legacy`), as
+/// it kept it before the producer named itself, where it can be this chain's past. A
+/// producer that starts naming itself continues its entities' chains (its next `seq`
+/// after the last it sent unnamed), so such a message continues from there: the next
+/// `seq`, following the message applied last, applies; a later one waits for it. A
+/// legacy position at or beyond the message's `seq`, or whose next `seq` does not follow
+/// it, is another producer's chain that shared the legacy key: the message starts its
+/// own chain (seq 1 applies, a later one waits for its predecessor). A message at `seq`
+/// 1 starts a chain and never continues one.
+pub fn continued(legacy: Option<Held>, position: &Position) -> Option<Held> {
+    let (applied, version) = legacy?;
+    if position.producer.is_none() || position.seq <= 1 || applied >= position.seq {
+        return None;
+    }
+    if applied + 1 == position.seq {
+        if let Some(version) = version {
+            if position.after != version && position.version != version {
+                return None;
+            }
+        }
+    }
+    Some((applied, version))
+}
+
+/// Whether `position` needs the legacy position read ([`continued`]): it names its
+/// producer, is beyond `seq` 1, and its own chain has no position.
+pub fn reads_legacy(named: Option<Held>, position: &Position) -> bool {
+    named.is_none() && position.producer.is_some() && position.seq > 1
 }
 
 /// What the consumer does with a placed message, given what it applied of its chain.
@@ -97,6 +161,10 @@ pub enum Gate {
     Wait {
         /// The last `seq` applied.
         applied: u64,
+        /// It names its producer, and its own chain has no position yet: it may follow a
+        /// message sent before its producer named itself, whose consumer looks for it
+        /// under the unnamed chain's key, so it is kept there too.
+        unnamed_too: bool,
     },
     /// Its `seq` is at or below the position, but it comes from a later version of its
     /// entity than the message applied last (it cannot be an earlier message of the same
@@ -127,9 +195,15 @@ pub async fn gate(
 ) -> Result<Gate, crate::ports::StoreError> {
     let key = position_key(consumer, position);
     let read = staging.get(&key).await?;
-    let applied = read.as_ref().and_then(|item| item.data["applied"].as_u64());
-    let version = read.as_ref().and_then(|item| item.data["version"].as_u64());
-    let gate = judge(applied.map(|seq| (seq, version)), position);
+    let held = read.as_ref().and_then(|item| held_in(&item.data));
+    let held = match reads_legacy(held, position) {
+        true => {
+            let legacy = staging.get(&position_key(consumer, &position.unnamed())).await?;
+            continued(legacy.as_ref().and_then(|item| held_in(&item.data)), position)
+        }
+        false => held,
+    };
+    let gate = judge_named(held, read.is_none(), position);
     if gate != Gate::Apply {
         return Ok(gate);
     }
@@ -144,19 +218,35 @@ pub async fn gate(
     Ok(Gate::Apply)
 }
 
+/// The position a position item holds ([`position_key`]).
+fn held_in(data: &serde_json::Value) -> Option<Held> {
+    Some((data["applied"].as_u64()?, data["version"].as_u64()))
+}
+
 /// The position consumer `consumer` keeps of `position`'s chain in an item of its own
 /// ([`position_key`]): its `seq` and version, where there is one.
 pub async fn read_position_item(
     consumer: &str,
     position: &Position,
     store: &dyn crate::ports::Store,
-) -> Result<Option<(u64, Option<u64>)>, crate::ports::StoreError> {
+) -> Result<Option<Held>, crate::ports::StoreError> {
     let key = position_key(consumer, position);
     let items = store.get_items(std::slice::from_ref(&key)).await?;
-    Ok(items.get(&key).and_then(|item| {
-        let applied = item.data["applied"].as_u64()?;
-        Some((applied, item.data["version"].as_u64()))
-    }))
+    Ok(items.get(&key).and_then(|item| held_in(&item.data)))
+}
+
+/// [`judge`], given what the chain continues from (`held`: its own position, else the one
+/// it continues, [`continued`]) and whether its own chain has no position (`absent`):
+/// a message that waits with no position of its own chain is kept under the unnamed
+/// chain's key too (`unnamed_too` of [`Gate::Wait`]).
+pub fn judge_named(held: Option<Held>, absent: bool, position: &Position) -> Gate {
+    match judge(held, position) {
+        Gate::Wait { applied, .. } => Gate::Wait {
+            applied,
+            unnamed_too: absent && position.producer.is_some(),
+        },
+        gate => gate,
+    }
 }
 
 /// What to do with a message at `position`, given the last message of its chain applied
@@ -172,7 +262,10 @@ pub fn judge(applied: Option<(u64, Option<u64>)>, position: &Position) -> Gate {
         };
     }
     if position.seq > applied + 1 {
-        return Gate::Wait { applied };
+        return Gate::Wait {
+            applied,
+            unnamed_too: false,
+        };
     }
     // The next `seq`, but of the same chain only: it follows the message applied last,
     // from the transaction after it (`after` is that one's version) or from the same

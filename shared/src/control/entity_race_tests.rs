@@ -46,6 +46,10 @@ struct SettledFirst {
 
 #[async_trait::async_trait]
 impl Store for SettledFirst {
+    fn producer(&self) -> Option<crate::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
         self.inner.commit(request).await
     }

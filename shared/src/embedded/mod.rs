@@ -19,7 +19,7 @@ pub use control_queue::EmbeddedControlQueue;
 pub use inbox::EmbeddedInbox;
 pub use publisher::EmbeddedPublisher;
 pub use queue::{EmbeddedQueue, QueueConfig, QueueFault, Received, SendRequest, SentMessage, DEDUPLICATION_WINDOW};
-pub use store::{EmbeddedStore, StoreEvent, StoreSizes};
+pub use store::{EmbeddedStore, StoreEvent, StoreSizes, EMBEDDED_PRODUCER};
 
 use crate::destination::Target;
 use crate::ports::Clock;

@@ -398,6 +398,16 @@ pub trait Store: Send + Sync {
     /// [`CommitError::Superseded`], a tombstone [`CommitError::Tombstoned`].
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError>;
 
+    /// The producer this table is ([`crate::protocol::Producer`]): the name every message
+    /// placed in the history of one of its entities carries, stamped with its position and
+    /// stored with it, so that an in-order consumer never mixes its chains with another
+    /// table's. Every process that writes the table must name it alike (a DynamoDB store
+    /// names it by its table's name). The default names none, as versions before
+    /// producers were named: a store that wraps another forwards it.
+    fn producer(&self) -> Option<crate::protocol::Producer> {
+        None
+    }
+
     /// Whether [`Self::commit_native`] runs native actions. False unless a store says
     /// otherwise.
     fn runs_native_actions(&self) -> bool {

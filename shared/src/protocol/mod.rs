@@ -22,8 +22,9 @@ pub use message::{
 };
 pub use outbox_record::{commit_order, OutboxRecord, OutboxState};
 pub use position::{
-    advance as advance_chain, stamp as stamp_chain, Applied, AppliedPositions, ChainHead, ChainHeads, InvalidPosition,
-    Place, Position, ENTITY_ATTRIBUTE, POSITION_ATTRIBUTE,
+    advance as advance_chain, stamp as stamp_chain, stamp_named as stamp_chain_named, Applied, AppliedPositions,
+    ChainHead, ChainHeads, InvalidPosition, InvalidProducer, Place, Position, Producer, ENTITY_ATTRIBUTE,
+    POSITION_ATTRIBUTE,
 };
 pub use sendable::Unsendable;
 pub use trace_context::{InvalidTraceContext, TraceContext, TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE};

@@ -24,13 +24,90 @@ use super::txn_id::TxnId;
 /// The message attribute that names the entity whose history a message has its place in.
 pub const ENTITY_ATTRIBUTE: &str = "outbox-entity";
 /// The message attribute that carries a message's place in its entity's history, on the
-/// chain of the destination it was sent to: `chain=events;seq=12;version=5;after=3`
-/// ([`Position`]).
+/// chain of the destination it was sent to, and the table whose chain it is:
+/// `producer=orders;chain=events;seq=12;version=5;after=3` ([`Position`]). A position
+/// that names no producer reads `chain=events;seq=12;version=5;after=3`.
 pub const POSITION_ATTRIBUTE: &str = "outbox-position";
+
+/// Who keeps a chain: the table its entities' chain heads live in (a DynamoDB table's
+/// name; the embedded store's own name). Two producers' chains are two chains, whatever
+/// their destination and their entities' keys: 1 to 255 characters of `A-Z`, `a-z`,
+/// `0-9`, `_`, `.` and `-`, as every DynamoDB table name is.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Producer(String);
+
+/// A producer's name that is not one ([`Producer`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a producer is 1 to 255 characters of A-Z, a-z, 0-9, '_', '.' and '-', not {input:?}")]
+pub struct InvalidProducer {
+    input: String,
+}
+
+impl Producer {
+    /// Its name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The producer of the DynamoDB table `table`, named by its name or by its ARN
+    /// (`arn:...:table/NAME`): its name.
+    pub fn of_table(table: &str) -> Result<Self, InvalidProducer> {
+        let name = match table.strip_prefix("arn:") {
+            Some(arn) => arn.rsplit_once(":table/").map_or(table, |(_, name)| name),
+            None => table,
+        };
+        name.parse()
+    }
+}
+
+impl fmt::Display for Producer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for Producer {
+    type Err = InvalidProducer;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let valid = (1..=255).contains(&input.len())
+            && input
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if valid {
+            Ok(Self(input.to_owned()))
+        } else {
+            Err(InvalidProducer {
+                input: input.chars().take(80).collect(),
+            })
+        }
+    }
+}
+
+impl TryFrom<String> for Producer {
+    type Error = InvalidProducer;
+
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        value.parse()
+    }
+}
+
+impl From<Producer> for String {
+    fn from(producer: Producer) -> Self {
+        producer.0
+    }
+}
 
 /// Where a message stands in the history of its entity, on its destination.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Position {
+    /// The table whose chain it is: the one its entity's chain heads live in, named by
+    /// whoever stamped the message ([`crate::ports::Store::producer`]). `None` in a
+    /// position stamped by a store that names none (and by versions before producers were
+    /// named): such a chain is told from another only by its destination and its entity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer: Option<Producer>,
     /// The entity the transaction changed.
     pub entity: ItemKey,
     /// The destination it was sent to, whose chain it is in: the entity's messages to
@@ -93,7 +170,7 @@ const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
 
 /// A [`POSITION_ATTRIBUTE`] value that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a position reads chain=NAME;seq=N;version=N;after=N, not {input:?}")]
+#[error("a position reads [producer=NAME;]chain=NAME;seq=N;version=N;after=N, not {input:?}")]
 pub struct InvalidPosition {
     input: String,
 }
@@ -159,8 +236,23 @@ impl Position {
                 ENTITY_ATTRIBUTE,
                 percent_encoding::utf8_percent_encode(self.entity.as_str(), ESCAPED).to_string(),
             ),
-            (POSITION_ATTRIBUTE, format!("chain={};{}", self.chain, self.place())),
+            (
+                POSITION_ATTRIBUTE,
+                match &self.producer {
+                    Some(producer) => format!("producer={producer};chain={};{}", self.chain, self.place()),
+                    None => format!("chain={};{}", self.chain, self.place()),
+                },
+            ),
         ]
+    }
+
+    /// The same place on the chain as a position that names no producer reads it: the
+    /// chain an in-order consumer kept for it before its producer named itself.
+    pub fn unnamed(&self) -> Self {
+        Self {
+            producer: None,
+            ..self.clone()
+        }
     }
 
     /// The position `attributes` carry, if they carry one: `None` without either
@@ -172,18 +264,26 @@ impl Position {
         let invalid = |input: &str| InvalidPosition {
             input: input.chars().take(80).collect(),
         };
-        let (chain, place) = place
+        let (producer, named) = match place.strip_prefix("producer=") {
+            Some(rest) => {
+                let (producer, rest) = rest.split_once(';').ok_or_else(|| invalid(place))?;
+                (Some(producer.parse().map_err(|_| invalid(place))?), rest)
+            }
+            None => (None, place.as_str()),
+        };
+        let (chain, numbers) = named
             .strip_prefix("chain=")
             .and_then(|rest| rest.split_once(';'))
             .ok_or_else(|| invalid(place))?;
         let chain = chain.parse().map_err(|_| invalid(place))?;
-        let place: Place = place.parse()?;
+        let place: Place = numbers.parse()?;
         let entity = percent_encoding::percent_decode_str(entity)
             .decode_utf8()
             .map_err(|_| invalid(entity))?
             .parse()
             .map_err(|_| invalid(entity))?;
         Ok(Some(Self {
+            producer,
             entity,
             chain,
             seq: place.seq,
@@ -200,8 +300,20 @@ fn txn_of(id: &MessageId) -> Option<TxnId> {
 }
 
 /// Stamps the messages of a transaction that takes `entity` from the `heads` read to
-/// version `version`, in the order emitted, and returns the heads after them.
+/// version `version`, in the order emitted, and returns the heads after them; the
+/// positions name no producer ([`stamp_named`] names one).
 pub fn stamp(messages: &mut [OutgoingMessage], entity: &ItemKey, version: u64, heads: &ChainHeads) -> ChainHeads {
+    stamp_named(messages, entity, version, heads, None)
+}
+
+/// [`stamp`], the positions naming `producer`: the table `entity`'s heads live in.
+pub fn stamp_named(
+    messages: &mut [OutgoingMessage],
+    entity: &ItemKey,
+    version: u64,
+    heads: &ChainHeads,
+    producer: Option<&Producer>,
+) -> ChainHeads {
     let mut after = heads.clone();
     for message in messages.iter_mut() {
         let head = heads.get(&message.destination).copied().unwrap_or_default();
@@ -210,6 +322,7 @@ pub fn stamp(messages: &mut [OutgoingMessage], entity: &ItemKey, version: u64, h
         next.version = version;
         next.txn = txn_of(&message.id);
         message.position = Some(Position {
+            producer: producer.cloned(),
             entity: entity.clone(),
             chain: message.destination.clone(),
             seq: next.seq,
@@ -267,7 +380,14 @@ mod tests {
     fn a_chain_counts_on_per_destination_and_points_at_the_last_sender() {
         let order: ItemKey = "ORDER#1".parse().unwrap();
         let mut first = emitted(&["events", "audit", "events"]);
-        let heads = stamp(&mut first, &order, 1, &ChainHeads::new());
+        let producer: Producer = "orders".parse().unwrap();
+        let heads = stamp_named(&mut first, &order, 1, &ChainHeads::new(), Some(&producer));
+        assert!(
+            first
+                .iter()
+                .all(|m| m.position.as_ref().unwrap().producer.as_ref() == Some(&producer)),
+            "each names its producer"
+        );
         let places: Vec<Place> = first.iter().map(|m| m.position.as_ref().unwrap().place()).collect();
         assert_eq!(
             places,
@@ -333,6 +453,7 @@ mod tests {
     #[test]
     fn a_position_reads_back_from_its_attributes() {
         let position = Position {
+            producer: None,
             entity: "ORDER#1;x=y".parse().unwrap(),
             chain: "events".parse().unwrap(),
             seq: 12,
@@ -369,11 +490,85 @@ mod tests {
         }
     }
 
+    /// A position that names its producer carries it first; one that names none reads as
+    /// before, and both read back as they were.
+    #[test]
+    fn a_named_position_reads_back_and_an_unnamed_one_reads_as_before() {
+        let named = Position {
+            producer: Some("orders-table.v2".parse().unwrap()),
+            entity: "CUSTOMER#42".parse().unwrap(),
+            chain: "events".parse().unwrap(),
+            seq: 12,
+            version: 5,
+            after: 3,
+            previous: None,
+        };
+        let attributes = |position: &Position| -> BTreeMap<String, String> {
+            position
+                .attributes()
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), value))
+                .collect()
+        };
+        let sent = attributes(&named);
+        assert_eq!(
+            sent[POSITION_ATTRIBUTE],
+            "producer=orders-table.v2;chain=events;seq=12;version=5;after=3"
+        );
+        assert_eq!(Position::from_attributes(&sent), Ok(Some(named.clone())));
+        let unnamed = named.unnamed();
+        assert_eq!(unnamed.producer, None);
+        let sent = attributes(&unnamed);
+        assert_eq!(sent[POSITION_ATTRIBUTE], "chain=events;seq=12;version=5;after=3");
+        assert_eq!(Position::from_attributes(&sent), Ok(Some(unnamed)));
+        for bad in [
+            "producer=;chain=events;seq=12;version=5;after=3",
+            "producer=a b;chain=events;seq=12;version=5;after=3",
+            "producer=orders",
+            "producer=orders;seq=12;version=5;after=3",
+            "chain=events;producer=orders;seq=12;version=5;after=3",
+        ] {
+            let mut broken = sent.clone();
+            broken.insert(POSITION_ATTRIBUTE.to_owned(), bad.to_owned());
+            assert!(Position::from_attributes(&broken).is_err(), "{bad:?}");
+        }
+        // As a record keeps it: the producer only where there is one, so that a record
+        // stored before producers were named reads as unnamed.
+        let stored = serde_json::to_value(&named).unwrap();
+        assert_eq!(stored["producer"], "orders-table.v2");
+        let mut old = stored.clone();
+        old.as_object_mut().unwrap().remove("producer");
+        assert_eq!(serde_json::from_value::<Position>(old).unwrap(), named.unnamed());
+        assert!(serde_json::to_value(named.unnamed()).unwrap().get("producer").is_none());
+        assert!(serde_json::from_value::<Position>(serde_json::json!({
+            "producer": "a/b", "entity": "K", "chain": "events", "seq": 1, "version": 1, "after": 0
+        }))
+        .is_err());
+    }
+
+    #[test]
+    fn a_producer_is_a_table_name() {
+        for good in ["orders", "a", "Orders_2024.v-1", &"t".repeat(255)] {
+            assert_eq!(good.parse::<Producer>().map(|p| p.to_string()), Ok(good.to_owned()));
+        }
+        for bad in ["", "a b", "a/b", "a:b", "a@b", "a#b", &"t".repeat(256)] {
+            assert!(bad.parse::<Producer>().is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            Producer::of_table("arn:aws:dynamodb:eu-west-1:123456789012:table/orders")
+                .unwrap()
+                .as_str(),
+            "orders"
+        );
+        assert_eq!(Producer::of_table("orders").unwrap().as_str(), "orders");
+    }
+
     /// A key with characters SQS refuses in an attribute goes out escaped, only those,
     /// and reads back as it was.
     #[test]
     fn an_entity_key_goes_out_as_an_attribute_can_carry_it() {
         let position = |entity: &str| Position {
+            producer: None,
             entity: entity.parse().unwrap(),
             chain: "events".parse().unwrap(),
             seq: 1,

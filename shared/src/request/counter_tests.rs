@@ -34,6 +34,10 @@ struct FirstReplyLost {
 
 #[async_trait::async_trait]
 impl Store for FirstReplyLost {
+    fn producer(&self) -> Option<crate::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &crate::ports::CommitRequest) -> Result<(), CommitError> {
         self.inner.commit(request).await
     }

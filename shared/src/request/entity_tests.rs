@@ -315,6 +315,10 @@ impl HeldCommit {
 
 #[async_trait::async_trait]
 impl Store for HeldCommit {
+    fn producer(&self) -> Option<crate::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &crate::ports::CommitRequest) -> Result<(), CommitError> {
         self.inner.commit(request).await
     }

@@ -805,6 +805,7 @@ impl Handler for AlreadyRequested {
 /// `seq - 1` after the previous one).
 fn placed(entity: &ItemKey, seq: u64, body: &Value) -> (Position, Delivery) {
     let position = Position {
+        producer: None,
         entity: entity.clone(),
         chain: "events".parse().unwrap(),
         seq,

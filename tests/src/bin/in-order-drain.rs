@@ -66,6 +66,7 @@ impl Handler for Ordered {
 /// Message `seq` of `entity`'s chain on `events`: its body, attributes and FIFO group.
 fn placed(entity: &str, seq: u64) -> (String, BTreeMap<String, String>) {
     let position = Position {
+        producer: None,
         entity: entity.parse().expect("a valid key"),
         chain: "events".parse().expect("a valid name"),
         seq,

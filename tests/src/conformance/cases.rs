@@ -22,6 +22,7 @@ pub use super::counter::*;
 pub use super::differences::*;
 pub use super::entity::*;
 pub use super::kept::*;
+pub use super::producers::*;
 pub use super::request_entity::*;
 
 pub(super) const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);

@@ -22,6 +22,7 @@ const KEPT_FOR: Duration = Duration::from_secs(4 * 24 * 3600);
 /// Message `seq` of `entity`'s chain on `events`.
 fn position(entity: &str, seq: u64) -> Position {
     Position {
+        producer: None,
         entity: entity.parse().expect("a valid key"),
         chain: "events".parse().expect("a valid name"),
         seq,

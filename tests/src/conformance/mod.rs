@@ -14,6 +14,7 @@ pub mod differences;
 pub mod dynamodb_only;
 mod entity;
 mod kept;
+mod producers;
 mod request_entity;
 
 pub use backend::{audit, bus, events, fanout, Backend, Delivered, DeliveredEvent};
@@ -72,6 +73,7 @@ macro_rules! conformance_suite {
             a_publisher_sends_an_earlier_commit_of_either_form_first,
             a_consumer_places_what_it_emits_in_both_modes,
             a_consumer_sends_its_entitys_earlier_transactions_first,
+            two_producers_chains_stay_two_at_an_in_order_consumer,
             positions_applied_live_in_the_key_across_its_lives,
             a_run_of_unsent_transactions_longer_than_a_search_drains_oldest_first,
             a_position_kept_again_is_ok_unless_the_engine_leaves_the_old_item_out,

@@ -401,6 +401,10 @@ impl Probe {
 
 #[async_trait]
 impl Store for Probe {
+    fn producer(&self) -> Option<outbox::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
         self.ask("commit");
         self.commit_logged(request.outbox.attempt, self.inner.commit(request))

@@ -451,6 +451,10 @@ pub(crate) async fn late_op(
 
 #[async_trait]
 impl Store for GatedStore {
+    fn producer(&self) -> Option<outbox::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
         let fault = self.gate.pass(Op::Commit).await;
         if let Some(publishers) = &self.publishers {

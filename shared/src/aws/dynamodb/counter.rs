@@ -34,7 +34,7 @@ use super::branches::{reached, Branch};
 use super::chain::heads_of;
 use super::entity::{commit_error, condition_failed};
 use super::entity_attributes::{entries_of, fence_of, sent_of, FENCE_ATTRIBUTE, OUTBOX_ATTRIBUTE, SENT_ATTRIBUTE};
-use super::DynamoStore;
+use super::{producer_of, DynamoStore};
 
 /// The most destinations one counter commit sends to: settling its entry removes that
 /// many copies of heads without knowing how many there were.
@@ -91,7 +91,7 @@ pub(crate) fn place(
                 .ok_or_else(|| reader.corrupt(format!("{name} is missing")))?;
             heads.insert(destination, head_of(&reader, &name, head)?);
         }
-        entry.messages = stamp(&key, version, &heads, &entry.messages);
+        entry.messages = stamp(&key, version, &heads, &entry.messages, producer_of(layout).as_ref());
     }
     Ok(())
 }
@@ -318,7 +318,13 @@ impl DynamoStore {
                 let reader = Reader::new(&self.layout, &old);
                 let version = reader.version().unwrap_or(0);
                 let heads = heads_of(&self.layout, &old).map_err(|error| CommitError::Ambiguous(Box::new(error)))?;
-                let messages = stamp(&commit.key, version, &heads, &commit.entry.messages);
+                let messages = stamp(
+                    &commit.key,
+                    version,
+                    &heads,
+                    &commit.entry.messages,
+                    producer_of(&self.layout).as_ref(),
+                );
                 let earlier = entries_of(&self.layout, &old)
                     .map(|entries| pending_entries(entries.values(), commit.entry.txn_id))
                     .map_err(|error| CommitError::Ambiguous(Box::new(error)))?;
@@ -370,7 +376,13 @@ impl DynamoStore {
         let heads = heads_of(&self.layout, old).map_err(|error| CommitError::Ambiguous(Box::new(error)))?;
         let mut data = live.data;
         let values = apply_all(&commit.adds, &mut data)?;
-        let messages = stamp(&commit.key, live.version, &heads, &commit.entry.messages);
+        let messages = stamp(
+            &commit.key,
+            live.version,
+            &heads,
+            &commit.entry.messages,
+            producer_of(&self.layout).as_ref(),
+        );
         let earlier = entries_of(&self.layout, old)
             .map(|entries| pending_entries(entries.values(), commit.entry.txn_id))
             .map_err(|error| CommitError::Ambiguous(Box::new(error)))?;

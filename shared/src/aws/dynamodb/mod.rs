@@ -127,11 +127,21 @@ impl DynamoStore {
     }
 }
 
+/// The producer a table is: its name ([`crate::protocol::Producer::of_table`]). A name
+/// no producer can be (none a DynamoDB table can have) names none.
+pub(crate) fn producer_of(layout: &TableLayout) -> Option<crate::protocol::Producer> {
+    crate::protocol::Producer::of_table(&layout.table).ok()
+}
+
 #[async_trait]
 impl Store for DynamoStore {
     #[tracing::instrument(skip_all, fields(txn_id = %request.txn_id))]
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
         self.transact(request, &[]).await
+    }
+
+    fn producer(&self) -> Option<crate::protocol::Producer> {
+        producer_of(&self.layout)
     }
 
     fn runs_native_actions(&self) -> bool {

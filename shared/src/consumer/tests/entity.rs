@@ -69,6 +69,10 @@ impl Hooked {
 
 #[async_trait]
 impl Store for Hooked {
+    fn producer(&self) -> Option<crate::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &CommitRequest) -> Result<(), CommitError> {
         self.inner.commit(request).await
     }

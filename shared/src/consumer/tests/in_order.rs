@@ -43,6 +43,7 @@ impl Handler for Recording {
 /// Message `seq` of `entity`'s chain on `events`, as the queue delivers it.
 fn placed(entity: &str, seq: u64) -> Delivery {
     let position = Position {
+        producer: None,
         entity: entity.parse().unwrap(),
         chain: "events".parse().unwrap(),
         seq,
@@ -803,6 +804,10 @@ struct KeepHook {
 
 #[async_trait]
 impl crate::ports::Store for KeepHook {
+    fn producer(&self) -> Option<crate::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &crate::ports::CommitRequest) -> Result<(), crate::ports::CommitError> {
         self.inner.commit(request).await
     }
@@ -1012,4 +1017,292 @@ async fn on_a_fifo_source_a_message_ahead_of_its_predecessor_is_kept_not_failed(
         .collect();
     assert_eq!(outcomes, ["kept", "kept", "processed"]);
     assert_eq!(applied(&backend, "ORDER#a").await, [1, 2, 3]);
+}
+
+/// Message `seq` of `entity`'s chain on `events`, as `producer` stamped it (`None`: a
+/// producer that names none, as before producers were named), with an id of its own.
+fn placed_by(producer: Option<&str>, entity: &str, seq: u64) -> Delivery {
+    let mut delivery = placed(entity, seq);
+    let mut position = Position::from_attributes(&delivery.attributes).unwrap().unwrap();
+    position.producer = producer.map(|name| name.parse().unwrap());
+    for (name, value) in position.attributes() {
+        delivery.attributes.insert(name.to_owned(), value);
+    }
+    let tag = producer.unwrap_or("-");
+    delivery
+        .attributes
+        .insert(MESSAGE_ID_ATTRIBUTE.to_owned(), format!("{tag}:{entity}:{seq}"));
+    delivery.message_id = format!("q-{tag}-{entity}-{seq}");
+    delivery
+}
+
+/// Appends each message's `seq` to `APPLIED#{entity}`, under its producer's name (`-`:
+/// none): the order the consumer applied each chain in. In entity mode that item is the
+/// handler's entity, and keeps the positions too.
+struct ByProducer {
+    entity_mode: bool,
+}
+
+#[async_trait]
+impl Handler for ByProducer {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let position = message.position()?.ok_or("no position")?;
+        let key: ItemKey = format!("APPLIED#{}", position.entity).parse()?;
+        let read = staging.get(&key).await?;
+        let mut data = read.as_ref().map_or_else(|| json!({}), |item| item.data.clone());
+        let producer = position.producer.as_ref().map_or("-", |producer| producer.as_str());
+        data.as_object_mut()
+            .ok_or("an object")?
+            .entry(producer)
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or("a list")?
+            .push(json!(position.seq));
+        let expected = read.map_or(ExpectedVersion::Absent, |item| ExpectedVersion::Exactly(item.version));
+        staging.put(key, data, expected);
+        Ok(())
+    }
+
+    fn entity(&self, message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        let position = message.position()?.ok_or("no position")?;
+        Ok(self
+            .entity_mode
+            .then(|| format!("APPLIED#{}", position.entity).parse())
+            .transpose()?)
+    }
+
+    fn in_order(&self) -> bool {
+        true
+    }
+}
+
+/// What [`ByProducer`] applied of `entity`, by producer.
+async fn applied_by(backend: &EmbeddedBackend, entity: &str) -> Value {
+    let key: ItemKey = format!("APPLIED#{entity}").parse().unwrap();
+    let items = crate::ports::Store::get_items(backend.store.as_ref(), std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    items.get(&key).map_or_else(|| json!({}), |item| item.data.clone())
+}
+
+/// Two services (two tables) that publish to one destination about entities whose keys
+/// look alike keep two chains at an in-order consumer: each one's seq 1 applies, and each
+/// chain waits for its own predecessors only, in both modes.
+#[tokio::test]
+async fn two_producers_on_one_destination_keep_two_chains() {
+    for entity_mode in [false, true] {
+        let (_clock, backend, consumer) = ordered_world(Arc::new(ByProducer { entity_mode }));
+        let consume = |delivery: Delivery| {
+            let consumer = &consumer;
+            async move { consumer.consume(&delivery).await.unwrap() }
+        };
+        assert!(matches!(
+            consume(placed_by(Some("orders"), "CUSTOMER#42", 1)).await,
+            ConsumeOutcome::Processed { .. }
+        ));
+        assert!(
+            matches!(
+                consume(placed_by(Some("billing"), "CUSTOMER#42", 1)).await,
+                ConsumeOutcome::Processed { .. }
+            ),
+            "entity mode: {entity_mode}: the second producer's seq 1 is no duplicate of the first's"
+        );
+        assert_eq!(
+            consume(placed_by(Some("billing"), "CUSTOMER#42", 3)).await,
+            ConsumeOutcome::Kept { applied: 1, seq: 3 }
+        );
+        assert!(matches!(
+            consume(placed_by(Some("orders"), "CUSTOMER#42", 2)).await,
+            ConsumeOutcome::Processed { .. }
+        ));
+        assert!(matches!(
+            consume(placed_by(Some("billing"), "CUSTOMER#42", 2)).await,
+            ConsumeOutcome::Processed { .. }
+        ));
+        assert_eq!(
+            applied_by(&backend, "CUSTOMER#42").await,
+            json!({"orders": [1, 2], "billing": [1, 2, 3]}),
+            "entity mode: {entity_mode}"
+        );
+    }
+}
+
+/// A chain of a producer that names itself is no continuation of another producer's
+/// chain kept unnamed under the same destination and entity (by a producer that names
+/// none): its seq 2 before its seq 1 waits, though the unnamed chain is at 3 (a duplicate
+/// there), and its seq 4 does not follow the unnamed chain's 3 (a restart there).
+#[tokio::test]
+async fn a_named_chain_is_not_taken_for_another_producers_unnamed_chain() {
+    for entity_mode in [false, true] {
+        let (_clock, backend, consumer) = ordered_world(Arc::new(ByProducer { entity_mode }));
+        for seq in 1..=3 {
+            consumer.consume(&placed_by(None, "CUSTOMER#42", seq)).await.unwrap();
+        }
+        assert_eq!(
+            consumer
+                .consume(&placed_by(Some("billing"), "CUSTOMER#42", 2))
+                .await
+                .unwrap(),
+            ConsumeOutcome::Kept { applied: 0, seq: 2 },
+            "entity mode: {entity_mode}"
+        );
+        let mut elsewhere = placed_by(Some("billing"), "CUSTOMER#42", 4);
+        elsewhere.attributes.insert(
+            crate::protocol::POSITION_ATTRIBUTE.to_owned(),
+            "producer=billing;chain=events;seq=4;version=12;after=11".to_owned(),
+        );
+        assert_eq!(
+            consumer.consume(&elsewhere).await.unwrap(),
+            ConsumeOutcome::Kept { applied: 0, seq: 4 },
+            "entity mode: {entity_mode}"
+        );
+        assert!(matches!(
+            consumer
+                .consume(&placed_by(Some("billing"), "CUSTOMER#42", 1))
+                .await
+                .unwrap(),
+            ConsumeOutcome::Processed { .. }
+        ));
+        assert_eq!(
+            applied_by(&backend, "CUSTOMER#42").await,
+            json!({"-": [1, 2, 3], "billing": [1, 2]}),
+            "entity mode: {entity_mode}"
+        );
+    }
+}
+
+/// A producer that starts naming itself continues its chains: the consumer kept them
+/// unnamed, with the keys it always had, and a named message whose chain has no position
+/// of its own continues from the unnamed one. The next seq applies (and from then on the
+/// named position is kept), a copy of an unnamed message applied is still a duplicate, and
+/// a named message ahead of its predecessor is kept and applied after it.
+#[tokio::test]
+async fn a_producer_that_names_itself_continues_its_chains() {
+    for entity_mode in [false, true] {
+        let (clock, backend, consumer) = ordered_world(Arc::new(ByProducer { entity_mode }));
+        for seq in 1..=2 {
+            consumer.consume(&placed_by(None, "CUSTOMER#42", seq)).await.unwrap();
+        }
+        let unnamed = Position::from_attributes(&placed_by(None, "CUSTOMER#42", 2).attributes)
+            .unwrap()
+            .unwrap();
+        let named = Position::from_attributes(&placed_by(Some("orders"), "CUSTOMER#42", 2).attributes)
+            .unwrap()
+            .unwrap();
+        // The keys of an unnamed chain are as they always were.
+        assert_eq!(
+            crate::consumer::in_order::position_key("ordered", &unnamed).as_str(),
+            "IN#AT#ordered#events#CUSTOMER#42"
+        );
+        assert_eq!(
+            crate::consumer::in_order::applied_name("ordered", &unnamed),
+            "ordered#events#CUSTOMER#42"
+        );
+        assert_eq!(
+            crate::consumer::in_order::kept_key("ordered", &unnamed, 3),
+            "IN#KEPT#ordered#events#CUSTOMER#42#3"
+        );
+        assert_eq!(
+            crate::consumer::in_order::position_key("ordered", &named).as_str(),
+            "IN#AT#ordered#events@orders#CUSTOMER#42"
+        );
+        let entity: ItemKey = "APPLIED#CUSTOMER#42".parse().unwrap();
+        let entity = entity_mode.then_some(&entity);
+        assert_eq!(consumer.applied_now(&unnamed, entity).await.unwrap(), 2);
+        // A copy of unnamed seq 2 whose dedup record expired: the unnamed position says
+        // it is a duplicate.
+        clock.advance(Duration::from_secs(7200));
+        let mut copy = placed_by(None, "CUSTOMER#42", 2);
+        copy.attributes
+            .insert(MESSAGE_ID_ATTRIBUTE.to_owned(), "CUSTOMER#42:another-id".to_owned());
+        assert_eq!(consumer.consume(&copy).await.unwrap(), ConsumeOutcome::Duplicate);
+        // Named seq 4 before named seq 3: kept; seq 3 applies, then 4.
+        assert_eq!(
+            consumer
+                .consume(&placed_by(Some("orders"), "CUSTOMER#42", 4))
+                .await
+                .unwrap(),
+            ConsumeOutcome::Kept { applied: 2, seq: 4 },
+            "entity mode: {entity_mode}"
+        );
+        assert!(matches!(
+            consumer
+                .consume(&placed_by(Some("orders"), "CUSTOMER#42", 3))
+                .await
+                .unwrap(),
+            ConsumeOutcome::Processed { .. }
+        ));
+        assert_eq!(
+            applied_by(&backend, "CUSTOMER#42").await,
+            json!({"-": [1, 2], "orders": [3, 4]}),
+            "entity mode: {entity_mode}"
+        );
+        assert_eq!(consumer.applied_now(&named, entity).await.unwrap(), 4);
+        assert_eq!(
+            consumer.applied_now(&unnamed, entity).await.unwrap(),
+            2,
+            "left as it was"
+        );
+        // A copy of named seq 3 whose dedup record expired: the named position says it
+        // is a duplicate.
+        clock.advance(Duration::from_secs(7200));
+        let mut copy = placed_by(Some("orders"), "CUSTOMER#42", 3);
+        copy.attributes
+            .insert(MESSAGE_ID_ATTRIBUTE.to_owned(), "CUSTOMER#42:yet-another-id".to_owned());
+        assert_eq!(consumer.consume(&copy).await.unwrap(), ConsumeOutcome::Duplicate);
+    }
+}
+
+/// Every order of an upgrade in mid-chain: unnamed seq 1 and 2 (and a copy of 2), then
+/// named seq 3 and 4 of the same producer, delivered in any order, each waiting copy
+/// coming again after its delay. Each message is applied once, in seq order, whoever
+/// applies whom (an unnamed predecessor's drain finds a named successor kept under the
+/// unnamed key, a named one under its own), and nothing is left waiting, in both modes.
+#[tokio::test]
+async fn every_order_of_an_upgrade_in_mid_chain_applies_each_message_once_in_order() {
+    let deliveries = [
+        placed_by(None, "CUSTOMER#42", 1),
+        placed_by(None, "CUSTOMER#42", 2),
+        placed_by(Some("orders"), "CUSTOMER#42", 3),
+        placed_by(Some("orders"), "CUSTOMER#42", 4),
+        placed_by(None, "CUSTOMER#42", 2),
+    ];
+    for entity_mode in [false, true] {
+        let mut waited = 0;
+        for schedule in permutations(&deliveries) {
+            let (clock, backend, queue, inbox, consumer) = requeueing_world(Arc::new(ByProducer { entity_mode }));
+            let order: Vec<String> = schedule.iter().map(|d| d.message_id.clone()).collect();
+            for delivery in &schedule {
+                match consumer.consume(delivery).await {
+                    Ok(ConsumeOutcome::Kept { .. }) => waited += 1,
+                    Ok(_) => {}
+                    Err(error) => panic!("{order:?}: {error}"),
+                }
+            }
+            assert_eq!(
+                applied_by(&backend, "CUSTOMER#42").await,
+                json!({"-": [1, 2], "orders": [3, 4]}),
+                "{order:?}, entity mode: {entity_mode}: applied with no wait"
+            );
+            for _ in 0..20 {
+                clock.advance(Duration::from_secs(1000));
+                let copies = inbox
+                    .receive(10, Duration::ZERO, Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                if copies.is_empty() {
+                    break;
+                }
+                for copy in &copies {
+                    match consumer.consume(copy).await {
+                        Ok(ConsumeOutcome::Duplicate) => {}
+                        other => panic!("{order:?}: a reminder of a message applied: {other:?}"),
+                    }
+                    inbox.ack(std::slice::from_ref(&copy.receipt)).await.unwrap();
+                }
+            }
+            assert!(queue.is_empty(), "{order:?}: nothing left waiting");
+        }
+        assert!(waited > 0, "entity mode: {entity_mode}: waits reached");
+    }
 }

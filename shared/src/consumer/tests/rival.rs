@@ -20,6 +20,10 @@ struct AfterRecordRead {
 
 #[async_trait]
 impl Store for AfterRecordRead {
+    fn producer(&self) -> Option<crate::protocol::Producer> {
+        self.inner.producer()
+    }
+
     async fn commit(&self, request: &CommitRequest) -> Result<(), crate::ports::CommitError> {
         self.inner.commit(request).await
     }
@@ -78,6 +82,7 @@ impl Handler for ApplyAndEmit {
 /// Message `seq` 1 of `ORDER#a`'s chain on `inbox`, as the queue delivers it.
 fn first_of_chain(queue_message_id: &str) -> Delivery {
     let position = Position {
+        producer: None,
         entity: "ORDER#a".parse().unwrap(),
         chain: "inbox".parse().unwrap(),
         seq: 1,

@@ -6,7 +6,7 @@ use super::{entity, EmbeddedStore, Item, State};
 use crate::counter::{apply_all, stamp, CounterCommit, CounterCommitted, CounterError};
 use crate::earlier::{entries_before, pending_entries};
 use crate::ports::{CommitError, EntityCommit, ExpectedVersion};
-use crate::protocol::OutboxRecord;
+use crate::protocol::{OutboxRecord, Producer};
 use crate::time::Timestamp;
 
 /// The values of `commit`'s fields in data `json` (a retry reports them as they are now).
@@ -29,6 +29,7 @@ pub(super) fn commit(
     state: &mut State,
     commit: &CounterCommit,
     now: Timestamp,
+    producer: &Producer,
 ) -> Result<CounterCommitted, CounterError> {
     let txn_id = commit.entry.txn_id;
     let Some(Item::Business {
@@ -71,7 +72,7 @@ pub(super) fn commit(
     }
     let mut data: serde_json::Value = serde_json::from_str(json).expect("the store wrote this JSON itself");
     let values = apply_all(&commit.adds, &mut data)?;
-    let messages = stamp(&commit.key, *version, heads, &commit.entry.messages);
+    let messages = stamp(&commit.key, *version, heads, &commit.entry.messages, Some(producer));
     let earlier = pending_entries(entries.values(), txn_id);
     let version = *version;
     let entity_commit = EntityCommit {

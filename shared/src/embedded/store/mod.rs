@@ -29,7 +29,7 @@ use crate::ports::{
     KeyRead, Store, StoreError, TombstoneOutcome, VersionedItem,
 };
 use crate::protocol::{
-    Applied, AppliedPositions, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, TxnId,
+    Applied, AppliedPositions, IdempotencyRecord, IdempotencySlot, OutboxRecord, OutboxState, Producer, TxnId,
 };
 use crate::time::Timestamp;
 
@@ -46,15 +46,28 @@ pub struct StoreSizes {
 pub struct EmbeddedStore {
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    /// The producer it names in its messages' positions ([`Store::producer`]).
+    producer: Producer,
 }
 
+/// The producer an embedded table names unless told another ([`EmbeddedStore::named`]).
+pub const EMBEDDED_PRODUCER: &str = "embedded";
+
 impl EmbeddedStore {
-    /// An empty table whose TTL follows `clock`.
+    /// An empty table whose TTL follows `clock`, producer [`EMBEDDED_PRODUCER`].
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             clock,
             state: Mutex::new(State::default()),
+            producer: EMBEDDED_PRODUCER.parse().expect("a valid producer"),
         }
+    }
+
+    /// This table, naming itself `producer` in its messages' positions: two embedded
+    /// tables whose messages reach one in-order consumer must be named apart.
+    pub fn named(mut self, producer: Producer) -> Self {
+        self.producer = producer;
+        self
     }
 
     // A std mutex: no lock is held across an await, and every operation is short.
@@ -132,6 +145,10 @@ impl Store for EmbeddedStore {
         let mut state = self.lock();
         state.sweep(now);
         commit::apply(&mut state, request, now)
+    }
+
+    fn producer(&self) -> Option<Producer> {
+        Some(self.producer.clone())
     }
 
     async fn get_items(&self, keys: &[ItemKey]) -> Result<BTreeMap<ItemKey, VersionedItem>, StoreError> {
@@ -284,7 +301,7 @@ impl Store for EmbeddedStore {
         let now = self.clock.now();
         let mut state = self.lock();
         state.sweep(now);
-        counter::commit(&mut state, commit, now)
+        counter::commit(&mut state, commit, now, &self.producer)
     }
 
     async fn keep_applied(
