@@ -12,13 +12,18 @@
 //! every earlier one.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
+use outbox::consumer::{ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming, Staging};
 use outbox::control::ControlOutcome;
-use outbox::ports::{Clock, ControlDelivery, ExpectedVersion, ItemKey};
-use outbox::protocol::{IdempotencyKey, IdempotencySlot, Message, StoredResponse, TxnId};
+use outbox::ports::{Clock, ControlDelivery, ExpectedVersion, FenceOutcome, ItemKey, RandomIds};
+use outbox::protocol::{
+    IdempotencyKey, IdempotencySlot, Message, Position, StoredResponse, TxnId, MESSAGE_ID_ATTRIBUTE,
+};
 use outbox::request::{Outbox, TxnStatus};
 use outbox::settings::Timing;
 use outbox::time::Timestamp;
@@ -123,6 +128,131 @@ async fn control_body(b: &Backend, txn_id: TxnId) -> String {
     body
 }
 
+/// Appends each message's `seq` to `data.seen` of `COMPAT#SEEN#{consumer}`: in entity mode
+/// that item is the consumer's entity, which keeps its chains' positions (`in:`).
+#[derive(Clone, Copy)]
+struct Seen {
+    consumer: &'static str,
+    entity_mode: bool,
+}
+
+impl Seen {
+    fn key(&self) -> ItemKey {
+        key(&format!("COMPAT#SEEN#{}", self.consumer))
+    }
+}
+
+#[async_trait]
+impl Handler for Seen {
+    async fn handle(&self, message: &Incoming, staging: &mut Staging) -> Result<(), HandlerError> {
+        let position = message.position()?.ok_or("no position")?;
+        let read = staging.get(&self.key()).await?;
+        let mut seen: Vec<Value> = read
+            .as_ref()
+            .and_then(|item| item.data["seen"].as_array().cloned())
+            .unwrap_or_default();
+        seen.push(json!(position.seq));
+        let expected = read.map_or(ExpectedVersion::Absent, |item| ExpectedVersion::Exactly(item.version));
+        staging.put(self.key(), json!({ "seen": seen }), expected);
+        Ok(())
+    }
+
+    fn entity(&self, _message: &Incoming) -> Result<Option<ItemKey>, HandlerError> {
+        Ok(self.entity_mode.then(|| self.key()))
+    }
+
+    fn in_order(&self) -> bool {
+        true
+    }
+}
+
+/// The in-order consumers of the fixture: `compat-txn` keeps its positions in items of
+/// their own (`IN#AT#...`), `compat-entity` in its entity (`in:...`).
+fn in_order_consumer(b: &Backend, entity_mode: bool) -> (Consumer, Seen) {
+    let seen = Seen {
+        consumer: if entity_mode { "compat-entity" } else { "compat-txn" },
+        entity_mode,
+    };
+    let consumer = Consumer::new(
+        seen.consumer.parse().unwrap(),
+        ConsumerPorts {
+            store: b.store.clone(),
+            publisher: b.publisher.clone(),
+            clock: b.clock.clone(),
+            ids: Arc::new(RandomIds),
+        },
+        Arc::new(seen),
+        timing().retention,
+    );
+    (consumer, seen)
+}
+
+/// Message `seq` of `COMPAT#E`'s chain on `events` (versions `seq + 1` after `seq`),
+/// naming `producer` or none, with id `id`.
+fn in_order_delivery(producer: Option<&str>, seq: u64, id: &str) -> Delivery {
+    let position = Position {
+        producer: producer.map(|name| name.parse().unwrap()),
+        entity: key("COMPAT#E"),
+        chain: events(),
+        seq,
+        version: seq + 1,
+        after: seq,
+        previous: None,
+    };
+    let mut attributes: BTreeMap<String, String> = position
+        .attributes()
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+    attributes.insert(MESSAGE_ID_ATTRIBUTE.to_owned(), id.to_owned());
+    Delivery {
+        message_id: format!("q-{id}"),
+        receipt: String::new(),
+        body: json!({ "seq": seq }).to_string(),
+        attributes,
+        group_id: None,
+        receive_count: 1,
+        trace_header: None,
+    }
+}
+
+/// What a consumer of [`in_order_consumer`] applied.
+async fn seen(b: &Backend, seen: &Seen) -> Value {
+    let items = b.store.get_items(std::slice::from_ref(&seen.key())).await.unwrap();
+    items
+        .get(&seen.key())
+        .map_or(json!(null), |item| item.data["seen"].clone())
+}
+
+/// The in-order consumers' positions, at seq 2 of `COMPAT#E`'s chain on `events` as a
+/// message that names no producer leaves them (an item `IN#AT#compat-txn#events#COMPAT#E`,
+/// an attribute `in:compat-entity#events#COMPAT#E` of `COMPAT#SEEN#compat-entity`), and a
+/// fence mark in `COMPAT#F` (`outbox_fence`) with its transaction's tombstone; returns
+/// that transaction.
+async fn write_in_order_and_fence(b: &Backend, outbox: &Outbox) -> TxnId {
+    for entity_mode in [false, true] {
+        let (consumer, _) = in_order_consumer(b, entity_mode);
+        for seq in 1..=2 {
+            let outcome = consumer
+                .consume(&in_order_delivery(None, seq, &format!("compat-in-order:{seq}")))
+                .await
+                .unwrap();
+            assert!(matches!(outcome, ConsumeOutcome::Processed { .. }), "{outcome:?}");
+        }
+    }
+    let fenced_item = key("COMPAT#F");
+    create(b, outbox, &fenced_item).await;
+    let fenced = TxnId::new_v7();
+    let now = b.clock.now();
+    let outcome = b
+        .store
+        .fence_entity(&fenced_item, fenced, now, now.plus(timing().retention))
+        .await
+        .unwrap();
+    assert!(matches!(outcome, FenceOutcome::Fenced), "{outcome:?}");
+    fenced
+}
+
 /// A create of `item` in the portable form, settled by the control path.
 async fn create(b: &Backend, outbox: &Outbox, item: &ItemKey) {
     let mut txn = outbox.begin().await.unwrap();
@@ -208,6 +338,9 @@ pub async fn write(b: &Backend) {
     let _ = control_body(b, deleted).await;
     names.insert("vacant_created", created);
     let _ = b.drain(&events()).await;
+
+    // In-order consumers' positions, and a fence mark.
+    names.insert("fenced", write_in_order_and_fence(b, &outbox).await);
 
     let scan = dynamodb().await.scan().table_name(table(b)).send().await.unwrap();
     let mut items: Vec<Value> = scan
@@ -379,6 +512,85 @@ pub async fn check(b: &Backend, path: &str) {
             (place.seq, place.version, place.after),
             (2, 3, 1),
             "the chain continued"
+        );
+    }
+
+    // In-order consumers' positions and a fence mark, as stored where messages named no
+    // producer: they read and gate as they did, and a message that names its producer
+    // continues its chain from them.
+    if fixture["transactions"].get("fenced").is_some() {
+        let producer = b.store.producer().expect("the table names itself");
+        let unnamed = Position::from_attributes(&in_order_delivery(None, 2, "-").attributes)
+            .unwrap()
+            .unwrap();
+        for entity_mode in [false, true] {
+            let (consumer, by) = in_order_consumer(b, entity_mode);
+            assert_eq!(seen(b, &by).await, json!([1, 2]), "{}", by.consumer);
+            let held = match entity_mode {
+                true => {
+                    let read = b.store.get_keys(std::slice::from_ref(&by.key())).await.unwrap();
+                    let name = outbox::consumer::in_order::applied_name(by.consumer, &unnamed);
+                    assert_eq!(name, "compat-entity#events#COMPAT#E");
+                    read[&by.key()].applied.get(&name).map(|held| (held.seq, held.version))
+                }
+                false => {
+                    let item = outbox::consumer::in_order::position_key(by.consumer, &unnamed);
+                    assert_eq!(item.as_str(), "IN#AT#compat-txn#events#COMPAT#E");
+                    let items = b.store.get_items(std::slice::from_ref(&item)).await.unwrap();
+                    items.get(&item).map(|item| {
+                        (
+                            item.data["applied"].as_u64().unwrap(),
+                            item.data["version"].as_u64().unwrap(),
+                        )
+                    })
+                }
+            };
+            assert_eq!(held, Some((2, 3)), "{}: the position as stored", by.consumer);
+            // A copy of seq 2 under another id (its dedup data gone): a duplicate.
+            let outcome = consumer.consume(&in_order_delivery(None, 2, "compat-copy:2")).await;
+            assert!(
+                matches!(outcome, Ok(ConsumeOutcome::Duplicate)),
+                "{}: {outcome:?}",
+                by.consumer
+            );
+            // Named seq 4 before named seq 3: kept; 3 continues the chain, then 4.
+            let named = |seq: u64| in_order_delivery(Some(producer.as_str()), seq, &format!("compat-named:{seq}"));
+            let outcome = consumer.consume(&named(4)).await;
+            assert!(
+                matches!(outcome, Ok(ConsumeOutcome::Kept { applied: 2, seq: 4 })),
+                "{}: {outcome:?}",
+                by.consumer
+            );
+            let outcome = consumer.consume(&named(3)).await;
+            assert!(
+                matches!(outcome, Ok(ConsumeOutcome::Processed { .. })),
+                "{}: {outcome:?}",
+                by.consumer
+            );
+            assert_eq!(seen(b, &by).await, json!([1, 2, 3, 4]), "{}", by.consumer);
+        }
+        // The fence mark still stops its transaction, and reads as its tombstone.
+        let fenced = txn("fenced");
+        let fenced_item = key("COMPAT#F");
+        assert_eq!(
+            outbox.status_in(fenced, &fenced_item).await.unwrap(),
+            TxnStatus::Tombstoned
+        );
+        let read = b.store.get_items(std::slice::from_ref(&fenced_item)).await.unwrap();
+        let now = b.clock.now();
+        let late = outbox::ports::EntityCommit {
+            key: fenced_item.clone(),
+            data: json!({"n": 2}),
+            expected: ExpectedVersion::Exactly(read[&fenced_item].version),
+            entry: outbox::protocol::OutboxRecord::committed(fenced, vec![], now, now.plus(timing().retention))
+                .by_attempt(TxnId::new_v7()),
+            checks_fence: true,
+            applied: None,
+        };
+        let refused = b.store.commit_entity(&late).await;
+        assert!(
+            matches!(refused, Err(outbox::ports::CommitError::EntityFenced { .. })),
+            "{refused:?}"
         );
     }
 }
