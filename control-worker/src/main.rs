@@ -10,6 +10,12 @@
 //! - `control-worker redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL]`: moves a
 //!   dead-letter queue's messages back to its source queue: the one whose redrive policy
 //!   names it (the control queue's, a destination queue's), or the one given.
+//! - `control-worker release TXN_ID [ITEM_KEY]`: releases a parked transaction, one whose
+//!   message a destination refuses for good (the `ParkedTransactions` metric, the log's
+//!   "parked" line naming it), which holds back every later transaction of its entity on
+//!   a destination that keeps order: sends what its destinations take, skips what they
+//!   refuse for good (each skipped message logged), and settles it. `ITEM_KEY` names its
+//!   item where it committed in entity mode (the log line's `entity`).
 //! - `control-worker bootstrap [STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME
 //!   [--source DEST] [--publishes DEST]...]`: creates the table and queues of
 //!   `template.yaml` for stack STACK (default `outbox`), with the `events` destination
@@ -60,7 +66,7 @@ async fn shutdown_signal() {
     tracing::info!("shutting down after the batch in hand");
 }
 
-const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | bootstrap [STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME [--source DEST] [--publishes DEST]...]";
+const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | release TXN_ID [ITEM_KEY] | bootstrap [STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME [--source DEST] [--publishes DEST]...]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -78,10 +84,41 @@ async fn main() -> ExitCode {
         [] | ["poll"] => run_worker(on_lambda).await,
         ["redrive", dead_letter_queue_url] => run_redrive(dead_letter_queue_url, None).await,
         ["redrive", dead_letter_queue_url, source] => run_redrive(dead_letter_queue_url, Some(source)).await,
+        ["release", txn_id] => run_release(txn_id, None).await,
+        ["release", txn_id, item] => run_release(txn_id, Some(item)).await,
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Releases parked transaction `txn_id` (committed into `item` in entity mode).
+async fn run_release(txn_id: &str, item: Option<&str>) -> ExitCode {
+    let txn_id = match txn_id.parse() {
+        Ok(txn_id) => txn_id,
+        Err(error) => return report(&error),
+    };
+    let item = match item.map(str::parse).transpose() {
+        Ok(item) => item,
+        Err(error) => return report(&error),
+    };
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
+        Err(error) => return report(&error),
+    };
+    let worker = match Worker::from_settings(&settings).await {
+        Ok(worker) => worker,
+        Err(error) => return report(&error),
+    };
+    let released = worker.control.release(txn_id, item).await;
+    outbox::logging::finish();
+    match released {
+        Ok(outcome) => {
+            println!("released {txn_id}: {outcome:?}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => report(&error),
     }
 }
 

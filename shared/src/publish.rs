@@ -75,14 +75,39 @@ pub struct PublishReport {
     pub calls: usize,
 }
 
+/// What a message that a destination refused for good ([`PublishFailure::Refused`]) does
+/// to the later messages of its FIFO group in the same pass, on a destination that keeps
+/// order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnRefused {
+    /// They wait, as behind any failure: order is never skipped.
+    #[default]
+    Block,
+    /// They go: an operator released the refused message's transaction
+    /// ([`crate::control::ControlPath::releasing_refused`]).
+    Skip,
+}
+
 /// Sends `messages` (in order within each destination), at most [`MAX_BATCH_ENTRIES`]
 /// and [`MAX_BATCH_BYTES`] per call, retrying failed entries as `policy` says.
-#[tracing::instrument(name = "publish", skip_all, fields(messages = messages.len()))]
 pub async fn publish_all(
     publisher: &dyn Publisher,
     clock: &dyn Clock,
     messages: &[&OutgoingMessage],
     policy: RetryPolicy,
+) -> PublishReport {
+    publish_all_with(publisher, clock, messages, policy, OnRefused::Block).await
+}
+
+/// [`publish_all`], a message refused for good holding back the later messages of its
+/// group or not, as `on_refused` says.
+#[tracing::instrument(name = "publish", skip_all, fields(messages = messages.len()))]
+pub async fn publish_all_with(
+    publisher: &dyn Publisher,
+    clock: &dyn Clock,
+    messages: &[&OutgoingMessage],
+    policy: RetryPolicy,
+    on_refused: OnRefused,
 ) -> PublishReport {
     let mut by_destination: BTreeMap<&DestinationName, Vec<&OutgoingMessage>> = BTreeMap::new();
     for message in messages {
@@ -120,7 +145,12 @@ pub async fn publish_all(
                 .collect();
             publish_batch(publisher, clock, destination, batch, policy, &mut report).await;
             for (id, group) in groups {
-                if report.failed.contains_key(&id) {
+                let holds_back = match report.failed.get(&id) {
+                    Some(PublishFailure::Refused { .. }) => on_refused == OnRefused::Block,
+                    Some(_) => true,
+                    None => false,
+                };
+                if holds_back {
                     failed_groups.insert(group);
                 }
             }

@@ -26,8 +26,10 @@ mod outcome;
 mod path;
 pub mod poller;
 pub mod redelivery;
+#[cfg(all(test, feature = "worker"))]
+mod release_tests;
 #[cfg(feature = "worker")]
 pub mod worker;
 
 pub use outcome::{BatchReport, ControlError, ControlOutcome, ItemReport};
-pub use path::{ControlPath, ControlPorts, MAX_ATTEMPTS};
+pub use path::{ControlPath, ControlPorts, ReleaseError, MAX_ATTEMPTS};

@@ -4,6 +4,7 @@
 
 mod decide;
 mod dispatch;
+mod release;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use crate::settings::Timing;
 use decide::Decision;
 
 pub use decide::MAX_ATTEMPTS;
+pub use release::ReleaseError;
 
 /// The ports the control path uses.
 #[derive(Clone)]
@@ -39,6 +41,7 @@ pub struct ControlPath {
     timing: Timing,
     retry: RetryPolicy,
     sent_marks: usize,
+    release_refused: bool,
 }
 
 /// The span of one control message's handling: its SQS message id and its transaction.
@@ -58,7 +61,19 @@ impl ControlPath {
             timing,
             retry: RetryPolicy::default(),
             sent_marks: sent_marks::MAX_SENT_MARKS,
+            release_refused: false,
         }
+    }
+
+    /// An operator's release of a parked transaction: a message that a destination refuses
+    /// for good no longer holds its transaction back (nor, on a destination that keeps
+    /// order, the later messages of its entity). It is skipped, logged at error with its
+    /// id, destination and the destination's code, and the transaction is marked
+    /// dispatched once every other message went out. Never the worker's own mode: only a
+    /// person decides to skip a message (`control-worker release`).
+    pub fn releasing_refused(mut self) -> Self {
+        self.release_refused = true;
+        self
     }
 
     /// Replaces how many sent marks an item holds (entity mode;

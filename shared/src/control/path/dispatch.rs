@@ -14,7 +14,7 @@ use crate::control::outcome::{ControlError, ControlOutcome};
 use crate::earlier::Earlier;
 use crate::ports::{ItemKey, StoreError};
 use crate::protocol::{commit_order, OutboxRecord, TraceContext, TxnId};
-use crate::publish::{publish_all, PublishFailure};
+use crate::publish::{publish_all_with, OnRefused, PublishFailure};
 
 /// The trace context a transaction's messages were emitted in, if traced.
 fn stored_trace(record: &OutboxRecord) -> Option<&TraceContext> {
@@ -163,11 +163,17 @@ impl ControlPath {
                 span
             }
         };
-        let report = publish_all(
+        let on_refused = if self.release_refused {
+            OnRefused::Skip
+        } else {
+            OnRefused::Block
+        };
+        let report = publish_all_with(
             self.ports.publisher.as_ref(),
             self.ports.clock.as_ref(),
             &messages,
             self.retry,
+            on_refused,
         )
         .instrument(publish_span)
         .await;
@@ -178,8 +184,29 @@ impl ControlPath {
             let failures: Vec<&PublishFailure> = record
                 .messages
                 .iter()
-                .filter_map(|message| report.failed.get(&message.id))
+                .filter_map(|message| {
+                    let failure = report.failed.get(&message.id)?;
+                    if let (true, PublishFailure::Refused { code }) = (self.release_refused, failure) {
+                        tracing::error!(
+                            txn_id = %record.txn_id,
+                            message_id = %message.id,
+                            destination = %message.destination,
+                            code = %code,
+                            "released by an operator: a message the destination refuses for good was skipped"
+                        );
+                        return None;
+                    }
+                    Some(failure)
+                })
                 .collect();
+            if let Some(PublishFailure::Refused { code }) = failures.first() {
+                tracing::error!(
+                    txn_id = %record.txn_id,
+                    code = %code,
+                    "parked: a destination refuses a message of this transaction for good; it and every later \
+                     transaction of its entity wait until an operator releases it (control-worker release)"
+                );
+            }
             match failures.first() {
                 None if entities.contains_key(&record.txn_id) => entries_out.push(record),
                 None => to_mark.push(record),

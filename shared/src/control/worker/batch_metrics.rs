@@ -1,8 +1,9 @@
 //! A batch's report as metrics: what was dispatched, tombstoned, deferred, how late
 //! dispatch came after the commit, and how many checks transactions needed.
 
-use crate::control::{BatchReport, ControlOutcome};
+use crate::control::{BatchReport, ControlError, ControlOutcome};
 use crate::metrics::{MetricRecord, Unit};
+use crate::publish::PublishFailure;
 use crate::time::Timestamp;
 
 /// The metrics of one batch, as of `now`.
@@ -36,6 +37,22 @@ pub fn for_batch(report: &BatchReport, now: Timestamp) -> MetricRecord {
         .count(
             "EntriesBesideTombstones",
             count(|outcome| matches!(outcome, ControlOutcome::DispatchedBesideTombstone { .. })),
+        )
+        .count(
+            "ParkedTransactions",
+            report
+                .items
+                .iter()
+                .filter(|item| {
+                    matches!(
+                        item.result,
+                        Err(ControlError::Publish {
+                            first: PublishFailure::Refused { .. },
+                            ..
+                        })
+                    )
+                })
+                .count(),
         )
         .count(
             "Deferrals",
