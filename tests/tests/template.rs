@@ -1533,9 +1533,24 @@ fn the_control_worker_alarms_watch_what_the_worker_emits() {
             }),
         }],
     };
+    let parked = outbox::control::BatchReport {
+        items: vec![outbox::control::ItemReport {
+            message_id: "m-3".into(),
+            txn_id: None,
+            attempt: None,
+            result: Err(outbox::control::ControlError::Publish {
+                failed: 1,
+                total: 1,
+                first: outbox::publish::PublishFailure::Refused {
+                    code: "InvalidMessageContents".into(),
+                },
+            }),
+        }],
+    };
     for (alarm, metric, report) in [
         ("FailedControlMessagesAlarm", "FailedControlMessages", failed),
         ("EntriesBesideTombstonesAlarm", "EntriesBesideTombstones", beside),
+        ("ParkedTransactionsAlarm", "ParkedTransactions", parked),
     ] {
         alarm_watches_what_the_worker_emits(&template, alarm, metric, &report);
     }
