@@ -803,7 +803,20 @@ impl Consumer {
                             [now.since(kept.kept_at).as_millis() as f64],
                         )
                         .emit();
-                    drained.push(key);
+                    // A message that names its producer may have been kept under the
+                    // unnamed chain's key as well (it waited while its own chain had no
+                    // position): both go.
+                    let named = Position::from_attributes(&kept.delivery.attributes)
+                        .ok()
+                        .flatten()
+                        .filter(|kept| kept.producer.is_some() && kept.seq == seq + 1);
+                    drained.extend(named.map_or_else(
+                        || vec![key.clone()],
+                        |kept| in_order::kept_keys(self.name.as_str(), &kept, true),
+                    ));
+                    if !drained.contains(&key) {
+                        drained.push(key);
+                    }
                     seq += 1;
                 }
                 Err(error) => {

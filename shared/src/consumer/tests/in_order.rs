@@ -1284,6 +1284,21 @@ async fn every_order_of_an_upgrade_in_mid_chain_applies_each_message_once_in_ord
                 json!({"-": [1, 2], "orders": [3, 4]}),
                 "{order:?}, entity mode: {entity_mode}: applied with no wait"
             );
+            // Every message kept is gone once applied, under both keys a named one may
+            // have been kept under, before any reminder comes.
+            for delivery in &deliveries {
+                let position = Position::from_attributes(&delivery.attributes).unwrap().unwrap();
+                for key in crate::consumer::in_order::kept_keys(consumer.name().as_str(), &position, true) {
+                    assert_eq!(
+                        crate::ports::Store::get_kept(backend.store.as_ref(), &key)
+                            .await
+                            .unwrap()
+                            .map(|kept| kept.key),
+                        None,
+                        "{order:?}, entity mode: {entity_mode}: a kept message left behind"
+                    );
+                }
+            }
             for _ in 0..20 {
                 clock.advance(Duration::from_secs(1000));
                 let copies = inbox
