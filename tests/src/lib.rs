@@ -1,8 +1,6 @@
-//! Support for the integration, conformance and simulation tests of the outbox.
+//! Support for the integration and conformance tests of the outbox (the simulation is a
+//! package of its own, `outbox-sim`, built with optimisation).
 //!
-//! - [`sim`]: a deterministic simulation that runs the real request and control paths
-//!   on the embedded backend under a controlled clock, a scheduler that picks every
-//!   interleaving, and a fault injector, then checks the invariants.
 //! - [`fake_lambda`]: a fake Lambda Runtime and Extensions API, one invocation at a time
 //!   or several at once (Lambda Managed Instances), for a function's process started from
 //!   the test binary.
@@ -15,5 +13,4 @@ pub mod emulator;
 pub mod fake_lambda;
 pub mod fault_proxy;
 pub mod odd_store;
-pub mod sim;
 pub mod single_table;

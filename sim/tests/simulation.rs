@@ -10,14 +10,14 @@
 //! consumer, the placed messages delivered in any order with a duplicate, each applied
 //! once in chain order.
 //!
-//! Rerun one random schedule: `SIM_SEED=<seed> cargo test -p outbox-tests --test simulation -- --nocapture`.
+//! Rerun one random schedule: `SIM_SEED=<seed> cargo test -p outbox-sim --test simulation -- --nocapture`.
 //! Run more: `SIM_SCHEDULES=100000 cargo test ...`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use outbox::request::{InlineDispatch, Settlement, TxnError};
-use outbox_tests::sim::{
+use outbox_sim::{
     fence_split_faults, run_fence_split_schedule, run_schedule, run_split_schedule, sim_timing, ApiResult, ChainCounts,
     DepthFirst, Fault, FaultsDepthFirst, FenceSplitConfig, FenceSplitCounts, LateOps, LoopEnds, Op, Outcome, Seeded,
     SimConfig, SplitConfig, SplitCounts, UnknownCommits,
@@ -384,7 +384,7 @@ fn publishing_after_the_answer_keeps_the_invariants_at_every_crash_point() {
             "after the answer"
         };
         let mut endings: BTreeMap<&str, usize> = BTreeMap::new();
-        let mut runs = outbox_tests::sim::AfterAnswerRuns::default();
+        let mut runs = outbox_sim::AfterAnswerRuns::default();
         let outcomes = run_fault_sequences(name, &config, 40);
         for outcome in &outcomes {
             *endings.entry(ending(outcome)).or_default() += 1;
@@ -767,7 +767,7 @@ fn a_fence_meeting_a_commit_of_a_split_record_on_dynamodb_publishes_all_of_it_or
         let mut chooser = DepthFirst::new(choices.clone());
         let outcome = run_fence_split_schedule(&mut chooser, &config).unwrap_or_else(|error| {
             panic!(
-                "fence meeting a split record: schedule {choices:?}: {error}\nrerun it with {knobs} SIM_CHOICES={} cargo nextest run -p outbox-tests --test simulation -E 'test(a_fence_meeting_a_commit_of_a_split_record)'",
+                "fence meeting a split record: schedule {choices:?}: {error}\nrerun it with {knobs} SIM_CHOICES={} cargo nextest run -p outbox-sim --test simulation -E 'test(a_fence_meeting_a_commit_of_a_split_record)'",
                 replay_arg(&choices)
             )
         });
@@ -948,7 +948,7 @@ fn thousands_of_random_schedules_keep_the_invariants() {
     let mut chains = ChainCounts::default();
     for seed in 0..count {
         let outcome = run_seed(seed).unwrap_or_else(|error| {
-            panic!("seed {seed}: {error}\nrerun it with SIM_SEED={seed} cargo test -p outbox-tests --test simulation -- --nocapture")
+            panic!("seed {seed}: {error}\nrerun it with SIM_SEED={seed} cargo test -p outbox-sim --test simulation -- --nocapture")
         });
         faults += outcome.faults;
         unknown.add(&outcome.unknown_commits);
@@ -1494,7 +1494,7 @@ fn entity_mode_the_deadline_middleware_answers_truthfully() {
     assert!(tally.fences > 0, "{tally:?}");
 }
 
-use outbox_tests::sim::{consumer_faults, run_consumer_schedule, ConsumerCounts, ConsumerOutcome, ConsumerSimConfig};
+use outbox_sim::{consumer_faults, run_consumer_schedule, ConsumerCounts, ConsumerOutcome, ConsumerSimConfig};
 
 /// Every schedule of `config` (its seeds: every interleaving with `None`, else every
 /// sequence of faults under each seed's orders), each checked by the run itself; `name`
@@ -2312,7 +2312,7 @@ fn entity_mode_marks_past_their_time_make_room_after_the_retention() {
     }
 }
 
-use outbox_tests::sim::{produced, run_in_order_schedule, InOrderConfig, InOrderCounts};
+use outbox_sim::{produced, run_in_order_schedule, InOrderConfig, InOrderCounts};
 
 /// The producer's chain as the request path stamped it, one line per placed message.
 fn in_order_chain() -> Vec<String> {
@@ -2822,7 +2822,7 @@ fn explore_bounded(name: &str, config: &SimConfig) -> BoundedTally {
     let mut tally = BoundedTally::default();
     let replay = |choices: &[usize]| {
         format!(
-            "rerun it with SIM_PREEMPTIONS={bound} SIM_CHOICES={} cargo test -p outbox-tests --test simulation -- <this test> --exact --nocapture",
+            "rerun it with SIM_PREEMPTIONS={bound} SIM_CHOICES={} cargo test -p outbox-sim --test simulation -- <this test> --exact --nocapture",
             replay_arg(choices)
         )
     };

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use outbox_tests::sim::{
+use outbox_sim::{
     invariants::Observed, run_schedule, sim_timing, ApiResult, Chooser, DepthFirst, Fault, FaultsDepthFirst, Op,
     SimConfig,
 };
