@@ -117,7 +117,7 @@ pub enum FifoGrouping {
 /// the hex of its SHA-256 (71 characters).
 pub fn fifo_group_of(key: &ItemKey) -> String {
     let text = key.as_str();
-    if text.len() <= 128 && text.bytes().all(|byte| byte.is_ascii_graphic()) {
+    if super::sendable::is_valid_group_id(text) {
         return text.to_owned();
     }
     let digest = <sha2::Sha256 as sha2::Digest>::digest(text.as_bytes());

@@ -72,6 +72,12 @@ pub enum Unsendable {
     },
 }
 
+/// Whether FIFO queues and topics take `text` as a message group id: 1 to
+/// [`MAX_GROUP_ID`] characters, each printable ASCII.
+pub fn is_valid_group_id(text: &str) -> bool {
+    !text.is_empty() && text.len() <= MAX_GROUP_ID && text.bytes().all(|byte| byte.is_ascii_graphic())
+}
+
 /// Whether queues and topics take character `c` in a body or an attribute value.
 pub fn is_sendable_char(c: char) -> bool {
     matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
@@ -133,7 +139,7 @@ pub fn check(message: &OutgoingMessage) -> Result<(), Unsendable> {
         characters(message, || format!("attribute {name}"), value)?;
     }
     if let Some(group) = &message.group_id {
-        if group.is_empty() || group.len() > MAX_GROUP_ID || !group.bytes().all(|byte| byte.is_ascii_graphic()) {
+        if !is_valid_group_id(group) {
             return Err(Unsendable::GroupId {
                 message: message.id.clone(),
             });
