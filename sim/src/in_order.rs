@@ -221,7 +221,7 @@ pub struct InOrderOutcome {
 }
 
 /// Deterministic ids.
-struct Ids(AtomicU64);
+pub(super) struct Ids(pub(super) AtomicU64);
 
 impl IdSource for Ids {
     fn next_txn_id(&self, now: Timestamp) -> TxnId {
@@ -236,7 +236,7 @@ fn events() -> DestinationName {
     EVENTS.parse().expect("valid")
 }
 
-fn start_clock() -> Arc<ManualClock> {
+pub(super) fn start_clock() -> Arc<ManualClock> {
     Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)))
 }
 
@@ -379,9 +379,9 @@ fn injected(what: &str) -> Box<dyn std::error::Error + Send + Sync> {
 
 /// The consumer's way back to its queue for a waiting copy, through the control send's
 /// gate: a crash before or after the copy is sent, or a failure.
-struct GatedRequeue {
-    inner: EmbeddedInbox,
-    gate: Gate,
+pub(super) struct GatedRequeue {
+    pub(super) inner: EmbeddedInbox,
+    pub(super) gate: Gate,
 }
 
 #[async_trait]

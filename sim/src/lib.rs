@@ -37,6 +37,7 @@ mod entity;
 mod expression;
 mod fence_split;
 mod gate;
+mod hop;
 mod in_order;
 mod in_order_effects;
 pub mod invariants;
@@ -54,6 +55,10 @@ pub use fence_split::{
     fence_split_faults, run_fence_split_schedule, FenceSplitConfig, FenceSplitCounts, FenceSplitOutcome, ITEM_BYTES,
 };
 pub use gate::{Fault, Op};
+pub use hop::{
+    hop_faults, hop_produced, run_hop_schedule, HopConfig, HopCounts, HopInput, HopOutcome, BILLING, MAX_RECEIVE_COUNT,
+    SHIPPING,
+};
 pub use in_order::{in_order_faults, produced, run_in_order_schedule, InOrderConfig, InOrderCounts, InOrderOutcome};
 pub use in_order_effects::pair_faults;
 pub use split::{run_split_schedule, SplitConfig, SplitCounts, SplitOutcome};
