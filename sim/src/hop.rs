@@ -630,7 +630,7 @@ enum Action {
 }
 
 /// Runs one hop schedule with every decision taken from `chooser`, then checks what
-/// [`check`] checks; an `Err` names what broke (or the livelock) and the schedule.
+/// `check` checks; an `Err` names what broke (or the livelock) and the schedule.
 pub fn run_hop_schedule(chooser: &mut dyn Chooser, config: &HopConfig) -> Result<HopOutcome, String> {
     assert!(
         config.batch == 1 || (config.events_fifo && config.shipments_fifo),

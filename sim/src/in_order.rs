@@ -91,10 +91,10 @@ pub struct InOrderConfig {
     /// Steps after which the schedule counts as a livelock.
     pub max_steps: usize,
     /// Entity mode: the handler names the item it appends to as its entity, and writes
-    /// nothing for `ORDER#a`'s seq 2 and for `ORDER#b` ([`writes_nothing`]), so that the
+    /// nothing for `ORDER#a`'s seq 2 and for `ORDER#b` (`writes_nothing`), so that the
     /// consumer keeps the positions in the item's key, moved by its write or alone.
     pub entity: bool,
-    /// The pair ([`super::in_order_effects`]): the queue holds `ORDER#a`'s seq 1 and 2
+    /// The pair (`in_order_effects`): the queue holds `ORDER#a`'s seq 1 and 2
     /// alone, the handler emits one message to `out` for each it applies, and the checks
     /// add C2 to C5 (C5 at each acknowledgement) and that no kept message is left behind.
     pub pair: bool,

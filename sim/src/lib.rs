@@ -27,6 +27,11 @@
 //! messages the real request path published, delivered in any order with a duplicate,
 //! each applied once, in chain order, none skipped.
 //!
+//! Past the first hop ([`run_hop_schedule`]): the request path's two transactions on one
+//! entity, through a consumer that publishes, to an in-order consumer of its messages,
+//! each hop's source a FIFO or standard queue with a dead-letter queue behind it; the
+//! last consumer must apply each once, in chain order, with every dead-letter queue empty.
+//!
 //! The entity mode's fence meeting a commit of a split record runs on the real DynamoDB
 //! adapter over a double of DynamoDB's wire protocol that evaluates the conditions
 //! ([`run_fence_split_schedule`]), every interleaving explored.

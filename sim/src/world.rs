@@ -98,7 +98,7 @@ pub struct SimConfig {
     pub api_skews: &'static [i64],
     /// The same for the workers' clock; empty for the random extras' small skews.
     pub worker_skews: &'static [i64],
-    /// Entity mode: AWS's signature check of entity commits modelled ([`Signatures`]), the
+    /// Entity mode: AWS's signature check of entity commits modelled (`Signatures`), the
     /// SDK correcting its signing clock by the skew it learnt (`Some(true)`) or not.
     pub aws_signatures: Option<bool>,
     /// Transactions that outlive their request: each request chosen by `abandon_every`
@@ -138,7 +138,7 @@ pub struct SimConfig {
     /// waits for the queue), any option is free. `None` for every interleaving.
     pub preemption_bound: Option<usize>,
     /// Checks, after every step, the safety properties that hold at every reachable state
-    /// ([`StepChecks`]: nothing accepted by a destination before its transaction
+    /// (`StepChecks`: nothing accepted by a destination before its transaction
     /// committed, a key's versions only going up across its lives, nothing both committed
     /// and tombstoned); a schedule that breaks one ends there with an error naming the
     /// step.

@@ -7,7 +7,7 @@
 //! history). [`check`] loads one into a fresh table and reads it through the store, the
 //! status reads and the control path.
 //!
-//! The fixture is written once per release that changes what is stored, by [`write`]
+//! The fixture is written once per release that changes what is stored, by [`write()`]
 //! (`OUTBOX_WRITE_FIXTURE=1` on the test), and a release keeps reading the fixtures of
 //! every earlier one.
 
