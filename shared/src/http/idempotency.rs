@@ -6,13 +6,35 @@
 //! on a different request is a 422. Two concurrent requests with one key both run, but
 //! only one can commit its record: the other's commit fails on the key, and it replays
 //! the winner's answer ([`super::RequestScope::commit`] does that).
+//!
+//! A refusal the service decided after the transaction began (a 4xx such as 404, 409,
+//! 412 or 422: [`is_final_refusal`]) commits nothing, so the middleware keeps it under
+//! the key on its own ([`Idempotency::keep_refusal`]): a repeat replays it too, whatever
+//! changed since. An answer that is not final is never kept, and a repeat runs again: a
+//! 5xx (an outcome unknown, a timeout, a store unavailable), a 408, 425 or 429, and a
+//! refusal given before the transaction began (a body that does not parse), as Stripe
+//! keeps none for a request that failed its validation.
 
+use std::time::Duration;
+
+use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::error::HttpError;
 use crate::ports::Store;
-use crate::protocol::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, StoredResponse};
+use crate::protocol::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, StoredResponse, TxnId};
+use crate::time::Timestamp;
+
+/// The largest body of a refusal kept for replays (a problem+json is far smaller); a
+/// larger one is answered and not kept.
+const KEPT_BODY_BYTES: usize = 64 * 1024;
+
+/// Whether an answer is final for its key: a refusal the service decided (a 4xx), but
+/// not one that a repeat may rightly answer otherwise (408, 425, 429). A 5xx never is.
+pub fn is_final_refusal(status: StatusCode) -> bool {
+    status.is_client_error() && !matches!(status.as_u16(), 408 | 425 | 429)
+}
 
 /// The header on replayed answers.
 pub const REPLAYED: &str = "idempotent-replayed";
@@ -46,6 +68,61 @@ impl Idempotency {
             None => Ok(None),
             Some(record) if record.fingerprint == self.fingerprint => Ok(Some(replayed(&record.response))),
             Some(_) => Err(HttpError::IdempotencyKeyReused),
+        }
+    }
+}
+
+impl Idempotency {
+    /// Keeps `response`, a refusal that transaction `txn_id` ended with (nothing of it
+    /// committed), as the key's answer for `retention` from `now`, and returns the answer
+    /// to give: this one; or the key's first, replayed, where another request under the
+    /// key completed first; or [`HttpError::IdempotencyKeyReused`] where that one was a
+    /// different request. A refusal that cannot be kept (the table unavailable, a body
+    /// over 64 KiB) is given all the same, and a repeat runs again.
+    pub async fn keep_refusal(
+        &self,
+        store: &dyn Store,
+        txn_id: TxnId,
+        now: Timestamp,
+        retention: Duration,
+        response: Response,
+    ) -> Response {
+        let (parts, body) = response.into_parts();
+        // The body is the handler's, whole in memory already.
+        let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::warn!(error = %error, "a refusal's body could not be read to keep it");
+                let problem = "a refusal's body could not be read";
+                return HttpError::Misconfigured { problem }
+                    .in_transaction(txn_id)
+                    .into_response();
+            }
+        };
+        let text = std::str::from_utf8(&bytes)
+            .ok()
+            .filter(|text| text.len() <= KEPT_BODY_BYTES);
+        let record = text.map(|text| IdempotencyRecord {
+            slot: self.slot.clone(),
+            fingerprint: self.fingerprint.clone(),
+            txn_id,
+            response: stored(parts.status, &parts.headers, text),
+            created_at: now,
+            expires_at: now.plus(retention),
+        });
+        let answer = Response::from_parts(parts, Body::from(bytes));
+        let Some(record) = record else {
+            tracing::warn!(%txn_id, "a refusal too large to keep under its idempotency key; a repeat runs again");
+            return answer;
+        };
+        match store.put_idempotency(&record).await {
+            Ok(None) => answer,
+            Ok(Some(first)) if first.fingerprint == self.fingerprint => replayed(&first.response),
+            Ok(Some(_)) => HttpError::IdempotencyKeyReused.into_response(),
+            Err(error) => {
+                tracing::warn!(%txn_id, error = %error, "keeping a refusal under its idempotency key failed; a repeat runs again");
+                answer
+            }
         }
     }
 }
@@ -87,6 +164,49 @@ mod tests {
     use axum::http::header::{CONTENT_TYPE, LINK};
 
     use super::*;
+
+    #[test]
+    fn a_refusal_the_service_decided_is_final_and_nothing_else() {
+        for status in [400, 403, 404, 409, 412, 422] {
+            assert!(is_final_refusal(StatusCode::from_u16(status).unwrap()), "{status}");
+        }
+        for status in [200, 201, 408, 425, 429, 500, 503, 504] {
+            assert!(!is_final_refusal(StatusCode::from_u16(status).unwrap()), "{status}");
+        }
+    }
+
+    /// A refusal is kept where the key holds nothing; where another request under the key
+    /// completed first, its answer is given instead (replayed), or a 422 if it was another
+    /// request.
+    #[tokio::test]
+    async fn a_refusal_is_kept_unless_the_key_has_its_first_answer_already() {
+        use crate::embedded::{EmbeddedStore, ManualClock};
+        use crate::ports::Clock;
+        let clock = std::sync::Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+        let store = EmbeddedStore::new(clock.clone());
+        let key: IdempotencyKey = "k".parse().unwrap();
+        let request = |body: &[u8]| Idempotency::new("svc", &key, &Method::POST, "/loans/dune", body);
+        let refusal = || (StatusCode::CONFLICT, "{\"type\":\"/problems/no-copy-free\"}").into_response();
+        let keep = |idempotency: Idempotency| {
+            let (store, now) = (&store, clock.now());
+            async move {
+                idempotency
+                    .keep_refusal(store, TxnId::new_v7(), now, Duration::from_secs(3600), refusal())
+                    .await
+            }
+        };
+        let kept = keep(request(b"")).await;
+        assert_eq!(kept.status(), StatusCode::CONFLICT);
+        assert!(!kept.headers().contains_key(REPLAYED));
+        let stored = store.get_idempotency(&request(b"").slot).await.unwrap().expect("kept");
+        assert_eq!(stored.response.status, 409);
+        // The key answered already: that answer, replayed.
+        let again = keep(request(b"")).await;
+        assert_eq!(again.headers()[REPLAYED], "true");
+        // Under the same key, another request: refused.
+        let other = keep(request(b"other")).await;
+        assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    }
 
     /// A replay carries every header of the first answer, each value of a name given
     /// several, and the stored content type rather than the default one.

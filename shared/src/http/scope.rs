@@ -40,7 +40,7 @@ use axum::response::{IntoResponse, Response};
 
 pub use super::answer::Answer;
 use super::error::{timeout_problem, HttpError};
-use super::idempotency::{stored, Idempotency};
+use super::idempotency::{is_final_refusal, stored, Idempotency};
 use super::problem::{encode_item_key, TRANSACTION_ID_HEADER, TRANSACTION_ITEM_HEADER};
 pub use super::progress::Progress;
 use crate::native::{NativeOutbox, NativeTransaction};
@@ -579,6 +579,16 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
             if let Progress::Begun(txn_id) | Progress::Committing(txn_id) = progress {
                 if !nothing_sent {
                     scope.name_in(response.headers_mut(), txn_id);
+                }
+                // A refusal decided after the begin, under a key: the key's answer too.
+                let idempotency = scope.state().idempotency.clone();
+                if let Some(idempotency) = idempotency.filter(|_| is_final_refusal(response.status())) {
+                    let outbox = scope.outbox();
+                    let retention = outbox.timing().retention;
+                    let store = outbox.store().clone();
+                    response = idempotency
+                        .keep_refusal(store.as_ref(), txn_id, clock.now(), retention, response)
+                        .await;
                 }
             }
             response

@@ -460,6 +460,15 @@ pub trait Store: Send + Sync {
     /// Reads an idempotency record.
     async fn get_idempotency(&self, slot: &IdempotencySlot) -> Result<Option<IdempotencyRecord>, StoreError>;
 
+    /// Puts `record` on its own where its key holds no live record: the answer of a
+    /// request under an `Idempotency-Key` that committed nothing (a refusal its service
+    /// decided), for its repeats. Returns the live record found instead, if any: the key's
+    /// first answer, which stays.
+    async fn put_idempotency(&self, record: &IdempotencyRecord) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let _ = record;
+        Err(StoreError::Unsupported("idempotency records on their own"))
+    }
+
     /// Puts a tombstone for `txn_id` where no record exists.
     async fn put_tombstone(
         &self,

@@ -207,6 +207,12 @@ impl Outbox {
         &self.ports.clock
     }
 
+    /// Its timing: the commit window, the retention of records, the control message's
+    /// delays.
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
     /// Begins a transaction: picks its id. Nothing is sent or written yet: its control
     /// message goes out when the transaction first needs it, just before its first commit
     /// attempt (or when the handler asks, [`Transaction::send_control`]), and the commit

@@ -293,6 +293,63 @@ pub async fn deletes_and_checks_are_conditioned_on_versions(b: &Backend) {
     );
 }
 
+/// An idempotency record put on its own (a refusal kept as its key's answer) is written
+/// where the key holds no live record, and otherwise leaves the one there and returns it:
+/// the key's first answer stays. A commit under the key then meets it, as it meets a
+/// record another commit wrote; once it expires, a put writes again.
+pub async fn an_idempotency_record_put_alone_keeps_the_first_answer(b: &Backend) {
+    let mut refusal = idempotency(b, TxnId::new_v7(), "alone");
+    refusal.response = StoredResponse {
+        status: 409,
+        headers: vec![("content-type".into(), "application/problem+json".into())],
+        body: "{\"type\":\"/problems/out-of-stock\"}".into(),
+    };
+    assert_eq!(
+        b.store.put_idempotency(&refusal).await.expect("put"),
+        None,
+        "{}: written where the key holds none",
+        b.name
+    );
+    let slot = refusal.slot.clone();
+    assert_eq!(b.store.get_idempotency(&slot).await.unwrap(), Some(refusal.clone()));
+    let later = idempotency(b, TxnId::new_v7(), "alone");
+    assert_eq!(
+        b.store.put_idempotency(&later).await.expect("put"),
+        Some(refusal.clone()),
+        "{}: the first answer is returned",
+        b.name
+    );
+    assert_eq!(
+        b.store.get_idempotency(&slot).await.unwrap(),
+        Some(refusal.clone()),
+        "{}: and stays",
+        b.name
+    );
+    let txn = later.txn_id;
+    let mut commit = request(
+        b,
+        txn,
+        vec![put("ITEM#alone", json!({}), ExpectedVersion::Absent)],
+        vec![],
+    );
+    commit.idempotency = Some(later.clone());
+    match b.store.commit(&commit).await {
+        Err(CommitError::IdempotencyKeyUsed { slot: used }) => assert_eq!(used, slot),
+        other => panic!("{}: expected IdempotencyKeyUsed, got {other:?}", b.name),
+    }
+    assert!(b.store.get_items(&[key("ITEM#alone")]).await.unwrap().is_empty());
+    b.clock.advance(RETENTION + Duration::from_secs(2));
+    let mut again = idempotency(b, TxnId::new_v7(), "alone");
+    again.fingerprint = "another".into();
+    assert_eq!(
+        b.store.put_idempotency(&again).await.expect("put"),
+        None,
+        "{}: an expired record no longer holds its key",
+        b.name
+    );
+    assert_eq!(b.store.get_idempotency(&slot).await.unwrap(), Some(again));
+}
+
 /// A second transaction with a used idempotency key is refused and writes nothing; once
 /// the key's record expires, the key can be used again.
 pub async fn an_idempotency_key_commits_once(b: &Backend) {

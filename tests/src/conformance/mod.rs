@@ -32,6 +32,7 @@ macro_rules! conformance_suite {
             versions_advance_and_stale_versions_conflict,
             deletes_and_checks_are_conditioned_on_versions,
             an_idempotency_key_commits_once,
+            an_idempotency_record_put_alone_keeps_the_first_answer,
             a_retried_commit_finds_its_own_record_and_succeeds,
             a_commit_repeated_under_its_token_after_it_applied_reports_success,
             acknowledged_commits_survive_cancelled_transactions_racing_them,

@@ -435,3 +435,156 @@ async fn a_step_that_keeps_meeting_conflicts_retries_until_its_deadline_then_ans
     );
     running.stop().await;
 }
+
+/// `POST /loans/{book}` under an `Idempotency-Key`, as a lending service writes it: a
+/// copy free is lent (201); none free is a refusal the service decides (409); a book
+/// marked `unreachable` answers 503, as a store that cannot be read does.
+async fn lend(
+    scope: RequestScope,
+    axum::extract::Path(book): axum::extract::Path<String>,
+    outbox::http::Idempotent { idempotency, .. }: outbox::http::Idempotent<axum::body::Bytes>,
+) -> Result<axum::response::Response, HttpError> {
+    let key: ItemKey = format!("BOOK#{book}").parse().expect("a valid key");
+    let mut txn = match scope.begin(idempotency).await? {
+        outbox::http::Begun::Replay(answer) => return Ok(answer),
+        outbox::http::Begun::Started(txn) => txn,
+    };
+    let txn_id = txn.id();
+    let item = txn.get(&key).await?.expect("the book exists");
+    if item.data["unreachable"] == true {
+        let unavailable = outbox::ports::StoreError::Unavailable("the catalogue is unreachable".into());
+        return Err(HttpError::Unavailable(unavailable).in_transaction(txn_id));
+    }
+    let free = item.data["free"].as_u64().unwrap_or(0);
+    if free == 0 {
+        let problem = outbox::http::Problem::new(StatusCode::CONFLICT, "no-copy-free", "No copy free");
+        return Err(HttpError::from(problem).in_transaction(txn_id));
+    }
+    txn.put(key, json!({"free": free - 1}), ExpectedVersion::Exactly(item.version));
+    scope
+        .commit(txn, Answer::json(StatusCode::CREATED, &json!({"lent": book})))
+        .await
+}
+
+async fn set_book(running: &Running, book: &str, data: Value) {
+    let key: ItemKey = format!("BOOK#{book}").parse().unwrap();
+    let mut txn = running.outbox.begin().await.unwrap();
+    let expected = match txn.get(&key).await.unwrap() {
+        Some(item) => ExpectedVersion::Exactly(item.version),
+        None => ExpectedVersion::Absent,
+    };
+    txn.put(key, data, expected);
+    txn.commit().await.unwrap();
+}
+
+async fn lend_under(app: &Router, book: &str, key: &str) -> (StatusCode, axum::http::HeaderMap, Value) {
+    let request = Request::builder()
+        .method("POST")
+        .uri(format!("/loans/{book}"))
+        .header("idempotency-key", key)
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (status, headers) = (response.status(), response.headers().clone());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// Under an `Idempotency-Key` the first completed answer is the key's, a refusal the
+/// service decided included: a loan refused for want of a copy is refused again on its
+/// repeat, replayed with the first refusal's transaction, after a copy came back too; a
+/// new key is lent that copy. A 503 is never the key's answer: its repeat runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_replays_its_first_answer_a_refusal_included_and_never_a_503() {
+    let running = Service::new(embedded_settings()).start().await.unwrap();
+    let app = running.router(Router::new().route("/loans/{book}", axum::routing::post(lend)));
+    set_book(&running, "dune", json!({"free": 0})).await;
+
+    let (status, headers, first) = lend_under(&app, "dune", "loan-1").await;
+    assert_eq!(
+        (status, first["type"].as_str()),
+        (StatusCode::CONFLICT, Some("/problems/no-copy-free")),
+        "{first}"
+    );
+    assert!(!headers.contains_key("idempotent-replayed"));
+    let (status, headers, again) = lend_under(&app, "dune", "loan-1").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{again}");
+    assert_eq!(
+        headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()),
+        Some("true"),
+        "{headers:?}"
+    );
+    assert_eq!(again, first, "the first refusal, its transaction included");
+
+    // A copy comes back: the key still answers as it first did; a new key is lent it.
+    set_book(&running, "dune", json!({"free": 1})).await;
+    let (status, headers, later) = lend_under(&app, "dune", "loan-1").await;
+    assert_eq!((status, later.clone()), (StatusCode::CONFLICT, first.clone()));
+    assert_eq!(headers["idempotent-replayed"], "true");
+    let (status, _, lent) = lend_under(&app, "dune", "loan-2").await;
+    assert_eq!((status, lent), (StatusCode::CREATED, json!({"lent": "dune"})));
+
+    // A 503 is not final: the repeat runs again, and its answer is the key's.
+    set_book(&running, "arrakis", json!({"free": 1, "unreachable": true})).await;
+    let (status, _, unavailable) = lend_under(&app, "arrakis", "loan-3").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{unavailable}");
+    set_book(&running, "arrakis", json!({"free": 1})).await;
+    let (status, headers, lent) = lend_under(&app, "arrakis", "loan-3").await;
+    assert_eq!((status, lent), (StatusCode::CREATED, json!({"lent": "arrakis"})));
+    assert!(!headers.contains_key("idempotent-replayed"));
+    let (status, headers, _) = lend_under(&app, "arrakis", "loan-3").await;
+    assert_eq!(
+        (status, &headers["idempotent-replayed"]),
+        (StatusCode::CREATED, &"true".parse().unwrap())
+    );
+    running.stop().await;
+}
+
+async fn call_under(app: &Router, uri: &str, key: &str, body: Value) -> (StatusCode, axum::http::HeaderMap, Value) {
+    let request = Request::builder()
+        .method("POST")
+        .uri(uri)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (status, headers) = (response.status(), response.headers().clone());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// The inventory under keys: a reservation refused for the stock is refused again on its
+/// repeat (replayed), even once the stock would allow it is not a question: the key
+/// answered. A request refused before its transaction began (its quantity invalid) is
+/// not the key's answer: the corrected request under the same key is served, and its
+/// answer is the key's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inventory_replays_a_refused_reservation_but_not_a_request_it_could_not_read() {
+    let (running, app) = inventory().await;
+    let (status, _, _) = call(&app, "POST", "/products", Some(json!({"product_id": "k1", "stock": 2}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let uri = "/products/k1/reservations";
+
+    let (status, _, refused) = call_under(&app, uri, "many", json!({"quantity": 5})).await;
+    assert_eq!(
+        (status, refused["type"].as_str()),
+        (StatusCode::CONFLICT, Some("/problems/out-of-stock")),
+        "{refused}"
+    );
+    let (status, headers, again) = call_under(&app, uri, "many", json!({"quantity": 5})).await;
+    assert_eq!((status, &again), (StatusCode::CONFLICT, &refused));
+    assert_eq!(headers["idempotent-replayed"], "true");
+
+    let (status, _, invalid) = call_under(&app, uri, "one", json!({"quantity": 0})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{invalid}");
+    let (status, headers, made) = call_under(&app, uri, "one", json!({"quantity": 1})).await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    assert!(!headers.contains_key("idempotent-replayed"));
+    let (status, headers, _) = call_under(&app, uri, "one", json!({"quantity": 1})).await;
+    assert_eq!(
+        (status, headers.get("idempotent-replayed").is_some()),
+        (StatusCode::CREATED, true)
+    );
+    running.stop().await;
+}

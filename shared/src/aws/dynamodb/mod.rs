@@ -34,8 +34,8 @@ use aws_sdk_dynamodb::Client;
 use branches::{reached, Branch};
 
 use crate::aws::item::{
-    dispatched_item, idempotency_from_item, idempotency_pk, key_from_item, outbox_from_items, outbox_items, outbox_pk,
-    part_pk, split_messages, Item, Reader, PART_BYTES,
+    dispatched_item, idempotency_from_item, idempotency_item, idempotency_pk, key_from_item, n, outbox_from_items,
+    outbox_items, outbox_pk, part_pk, split_messages, Item, Reader, PART_BYTES,
 };
 use crate::ports::{
     Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, FenceOutcome, ItemKey, KeptMessage,
@@ -237,6 +237,38 @@ impl Store for DynamoStore {
                 Ok(Some(idempotency_from_item(&self.layout, item)?))
             }
             _ => Ok(None),
+        }
+    }
+
+    async fn put_idempotency(&self, record: &IdempotencyRecord) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let now = self.clock.now();
+        // An expired record may linger until TTL deletes it; it no longer counts.
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.layout.table)
+            .set_item(Some(idempotency_item(&self.layout, record)))
+            .condition_expression(format!("{} OR #ttl <= :now", TableLayout::NOT_EXISTS))
+            .set_expression_attribute_names(Some(self.layout.key_and_ttl_names()))
+            .expression_attribute_values(":now", n(now.as_unix_seconds()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(None),
+            Err(SdkError::ServiceError(service))
+                if matches!(service.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+            {
+                match service.err() {
+                    PutItemError::ConditionalCheckFailedException(failed) => match failed.item() {
+                        Some(item) => Ok(Some(idempotency_from_item(&self.layout, item)?)),
+                        // No old item in the answer: read it.
+                        None => self.get_idempotency(&record.slot).await,
+                    },
+                    _ => unreachable!("matched above"),
+                }
+            }
+            Err(error) => Err(unavailable(error)),
         }
     }
 

@@ -227,6 +227,17 @@ impl Store for EmbeddedStore {
         })
     }
 
+    async fn put_idempotency(&self, record: &IdempotencyRecord) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let now = self.clock.now();
+        let key = idempotency_key(&record.slot);
+        let mut state = self.lock();
+        if let Some(Item::Idempotency(first)) = Self::live(&state, &key, now) {
+            return Ok(Some(first.as_ref().clone()));
+        }
+        state.insert(key, Item::Idempotency(Box::new(record.clone())));
+        Ok(None)
+    }
+
     async fn put_tombstone(
         &self,
         txn_id: TxnId,
