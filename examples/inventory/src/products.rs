@@ -130,12 +130,13 @@ pub async fn reserve(
         })
         .await
         .map_err(|error| match error {
-            // The bound, met in the write: the units went since the read.
+            // The bound, met in the write: the units went since the read. The answer
+            // names the transaction (the middleware adds it).
             HttpError::Transaction(TxnError::Refused {
-                txn_id,
                 refusal: Refusal::OutOfBounds { value, .. },
-            }) => out_of_stock(value.max(0).unsigned_abs()).in_transaction(txn_id),
-            HttpError::Transaction(TxnError::NoSuchItem { txn_id, .. }) => not_found().in_transaction(txn_id),
+                ..
+            }) => out_of_stock(value.max(0).unsigned_abs()),
+            HttpError::Transaction(TxnError::NoSuchItem { .. }) => not_found(),
             other => other,
         })
 }

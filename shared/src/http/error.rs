@@ -57,8 +57,11 @@ pub enum HttpError {
     /// The idempotency key was used for a different request (422).
     #[error("idempotency key reused for a different request")]
     IdempotencyKeyReused,
-    /// Reading the stored answer of an idempotency key failed (503, nothing written).
-    #[error("the idempotency record could not be read")]
+    /// A read of the table failed: the stored answer of an idempotency key, or any read a
+    /// handler makes before it decides (`scope.outbox().store()`, a transaction's `get`
+    /// maps its own failure through [`HttpError::Transaction`]). A 503 saying that nothing
+    /// was written and the request may be retried.
+    #[error("a read of the table failed")]
     Unavailable(#[source] StoreError),
     /// The handler overran the request's deadline and the deadline middleware answered
     /// for it, from how far its transaction got (503).

@@ -84,6 +84,7 @@ pub mod scope;
 pub mod stage;
 pub mod status;
 pub mod trace;
+pub mod unrouted;
 
 pub use authorization::RequireScope;
 pub use caller::{Authentication, Caller, Scopes};
@@ -99,3 +100,4 @@ pub use retry::RETRY_PAUSE_CAP;
 pub use scope::{enforce_deadline, Answer, Begun, Deadlines, Progress, RequestScope};
 #[cfg(feature = "lambda")]
 pub use stage::serve_under_stage;
+pub use unrouted::problem_for_unrouted;

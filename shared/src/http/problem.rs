@@ -155,6 +155,43 @@ impl IntoResponse for Problem {
     }
 }
 
+/// `response` named after transaction `txn_id`: a problem+json answer whose body names no
+/// transaction gets its `transaction_id` (the deadline middleware does this for every
+/// answer of a request whose transaction began and may be known outside, so a refusal
+/// names it whether or not its handler said [`super::HttpError::in_transaction`]); any
+/// other answer is left as it is.
+pub(crate) async fn naming_in_body(response: Response, txn_id: TxnId) -> Response {
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if !is_problem {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // The body is the handler's, whole in memory already.
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "about:blank",
+            "Internal Server Error",
+        )
+        .naming(txn_id)
+        .into_response();
+    };
+    let named = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(serde_json::Value::Object(mut fields)) if !fields.contains_key("transaction_id") => {
+            fields.insert("transaction_id".into(), serde_json::Value::String(txn_id.to_string()));
+            parts.headers.remove(header::CONTENT_LENGTH);
+            serde_json::to_vec(&fields)
+                .map(axum::body::Bytes::from)
+                .unwrap_or(bytes)
+        }
+        _ => bytes,
+    };
+    Response::from_parts(parts, axum::body::Body::from(named))
+}
+
 /// Answers `error` with `problem`, logging it: a 5xx (whose body says nothing of the
 /// cause) as an error with its whole chain of causes, each with the details an AWS SDK
 /// error keeps ([`DisplayErrorContext`]); anything else as information, in one line. The

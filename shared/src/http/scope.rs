@@ -41,7 +41,7 @@ use axum::response::{IntoResponse, Response};
 pub use super::answer::Answer;
 use super::error::{timeout_problem, HttpError};
 use super::idempotency::{is_final_refusal, stored, Idempotency};
-use super::problem::{encode_item_key, TRANSACTION_ID_HEADER, TRANSACTION_ITEM_HEADER};
+use super::problem::{encode_item_key, naming_in_body, TRANSACTION_ID_HEADER, TRANSACTION_ITEM_HEADER};
 pub use super::progress::Progress;
 use crate::native::{NativeOutbox, NativeTransaction};
 use crate::ports::ItemKey;
@@ -579,6 +579,7 @@ pub async fn enforce_deadline(State(deadlines): State<Deadlines>, mut request: R
             if let Progress::Begun(txn_id) | Progress::Committing(txn_id) = progress {
                 if !nothing_sent {
                     scope.name_in(response.headers_mut(), txn_id);
+                    response = naming_in_body(response, txn_id).await;
                 }
                 // A refusal decided after the begin, under a key: the key's answer too.
                 let idempotency = scope.state().idempotency.clone();

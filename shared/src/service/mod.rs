@@ -243,6 +243,8 @@ impl Running {
             .with_status_links(crate::http::status::STATUS_PATH);
         app.merge(crate::http::status::routes())
             .route_layer(axum::middleware::from_fn_with_state(deadlines, enforce_deadline))
+            // Unrouted paths and methods answer problem+json, as every error does.
+            .layer(axum::middleware::from_fn(crate::http::problem_for_unrouted))
             .layer(DefaultBodyLimit::max(self.settings.max_request_bytes))
             .layer(axum::Extension(self.settings.authentication))
     }

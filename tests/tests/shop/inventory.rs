@@ -588,3 +588,40 @@ async fn the_inventory_replays_a_refused_reservation_but_not_a_request_it_could_
     );
     running.stop().await;
 }
+
+/// A handler that refuses after its transaction's control message went out, without
+/// naming it: the answer names it all the same, in its header and its problem+json body.
+/// A path no route serves and a method a path does not take answer problem+json.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_names_its_transaction_without_the_handler_saying_so_and_unrouted_requests_answer_problem_json() {
+    async fn refuse_after_send(scope: RequestScope) -> Result<axum::response::Response, HttpError> {
+        let txn = match scope.begin(None).await? {
+            outbox::http::Begun::Started(txn) => txn,
+            outbox::http::Begun::Replay(answer) => return Ok(answer),
+        };
+        txn.send_control().await?;
+        let problem = outbox::http::Problem::new(StatusCode::CONFLICT, "no-copy-free", "No copy free");
+        Err(problem.into())
+    }
+    let running = Service::new(embedded_settings()).start().await.unwrap();
+    let app = running.router(Router::new().route("/refusals", axum::routing::post(refuse_after_send)));
+    let (status, headers, body) = call(&app, "POST", "/refusals", None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let named = headers["x-transaction-id"].to_str().unwrap();
+    assert_eq!(body["transaction_id"], named, "{body}");
+
+    let (status, _, body) = call(&app, "GET", "/nowhere", None).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (StatusCode::NOT_FOUND, Some("/problems/not-found")),
+        "{body}"
+    );
+    let (status, headers, body) = call(&app, "DELETE", "/refusals", None).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (StatusCode::METHOD_NOT_ALLOWED, Some("/problems/method-not-allowed")),
+        "{body}"
+    );
+    assert_eq!(headers["allow"], "POST");
+    running.stop().await;
+}
