@@ -92,9 +92,30 @@ impl Consumer {
             .zip(results)
             .map(|(delivery, result)| {
                 let result = result.expect("every delivery is in one group");
+                // Its place, where the producer gave one: which entity's message, and which.
+                let position = crate::protocol::Position::from_attributes(&delivery.attributes)
+                    .ok()
+                    .flatten();
+                let entity = position.as_ref().map(|position| position.entity.to_string());
+                let chain = position.as_ref().map(|position| position.chain.to_string());
+                let seq = position.as_ref().map(|position| position.seq);
                 match &result {
-                    Ok(outcome) => tracing::info!(queue_message_id = %delivery.message_id, outcome = outcome.as_str(), "message consumed"),
-                    Err(error) => tracing::warn!(queue_message_id = %delivery.message_id, error = %aws_smithy_types::error::display::DisplayErrorContext(error), "message failed"),
+                    Ok(outcome) => tracing::info!(
+                        queue_message_id = %delivery.message_id,
+                        outcome = outcome.as_str(),
+                        entity,
+                        chain,
+                        seq,
+                        "message consumed"
+                    ),
+                    Err(error) => tracing::warn!(
+                        queue_message_id = %delivery.message_id,
+                        entity,
+                        chain,
+                        seq,
+                        error = %aws_smithy_types::error::display::DisplayErrorContext(error),
+                        "message failed"
+                    ),
                 }
                 ItemReport {
                     message_id: delivery.message_id.clone(),

@@ -321,6 +321,43 @@ async fn without_a_way_back_a_message_ahead_is_kept_and_applied_after_its_predec
     );
 }
 
+/// Each message's log line names its entity, chain and seq beside its outcome: kept,
+/// processed, a duplicate.
+#[tokio::test]
+async fn each_consumed_message_is_logged_with_its_entity_and_seq() {
+    let logged = crate::test_log::Logged::default();
+    let writer = logged.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_env_filter("info")
+        .finish();
+    crate::test_log::keep_callsites_interested();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (_clock, _backend, consumer) = ordered_world(Arc::new(Recording));
+    for seq in [2, 1, 2] {
+        let report = consumer.consume_batch(&[placed("ORDER#a", seq)]).await;
+        assert!(report.items[0].result.is_ok(), "{report:?}");
+    }
+    let lines: Vec<String> = logged
+        .text()
+        .lines()
+        .filter(|line| line.contains("message consumed"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for (line, (outcome, seq)) in lines.iter().zip([("kept", 2), ("processed", 1), ("duplicate", 2)]) {
+        for field in [
+            format!("outcome=\"{outcome}\""),
+            "entity=\"ORDER#a\"".to_owned(),
+            "chain=\"events\"".to_owned(),
+            format!("seq={seq}"),
+        ] {
+            assert!(line.contains(&field), "{field} not in {line}");
+        }
+    }
+}
+
 /// A message too large to keep ([`crate::consumer::in_order::MAX_KEPT_BYTES`]) waits on
 /// its queue as before: sent back with a delay that grows, or, without a way back, failed,
 /// to come back with the queue's visibility timeout. Nothing of it was applied.
