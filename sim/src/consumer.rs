@@ -43,9 +43,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use outbox::consumer::{
-    ConsumeError, ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming,
-};
+use outbox::consumer::{ConsumeError, ConsumeOutcome, Consumer, Delivery, Handler, HandlerError, Incoming};
 use outbox::embedded::{EmbeddedBackend, ManualClock, StoreEvent};
 use outbox::ports::{
     BusinessWrite, Clock, CommitError, CommitRequest, EntityCommit, EntityItem, ExpectedVersion, IdSource, ItemKey,
@@ -62,7 +60,7 @@ use serde_json::{json, Value};
 
 use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
-use super::ports::{late_op, GatedClock, GatedPublisher, GatedStore, InFlight, LateOp};
+use super::ports::{consumer_ports, late_op, plain_gated_store, GatedStore, InFlight, LateOp};
 
 /// The id every copy of M carries (`outbox-message-id`).
 pub const INCOMING_ID: &str = "T:0";
@@ -690,15 +688,7 @@ impl World {
     }
 
     fn gated_store(&self, gate: &Gate) -> Arc<GatedStore> {
-        Arc::new(GatedStore {
-            inner: self.backend.store.clone(),
-            gate: gate.clone(),
-            in_flight: self.in_flight.clone(),
-            fenced_out: None,
-            signatures: None,
-            publishers: None,
-            refusals: None,
-        })
+        plain_gated_store(self.backend.store.clone(), gate, &self.in_flight)
     }
 
     /// The step `actor` waits to perform at a gate of `op`: the store call its probe saw
@@ -724,27 +714,20 @@ impl World {
     /// A consumer consuming delivery `receive_count` of copy `copy`.
     fn copy(&mut self, copy: usize, receive_count: u32) -> Actor {
         let (id, gate) = self.gate();
-        let ports = ConsumerPorts {
-            store: Arc::new(Probe {
-                inner: self.gated_store(&gate),
-                actor: id,
-                clock: self.clock.clone(),
-                log: self.log.clone(),
-                asking: self.asking.clone(),
-            }),
-            publisher: Arc::new(GatedPublisher {
-                inner: self.backend.publisher.clone(),
-                gate: gate.clone(),
-                publishers: None,
-            }),
-            clock: Arc::new(GatedClock {
-                inner: self.clock.clone(),
-                skew_millis: 0,
-                gate: gate.clone(),
-                timers_fire: false,
-            }),
-            ids: self.ids.clone(),
-        };
+        let store = Arc::new(Probe {
+            inner: self.gated_store(&gate),
+            actor: id,
+            clock: self.clock.clone(),
+            log: self.log.clone(),
+            asking: self.asking.clone(),
+        });
+        let ports = consumer_ports(
+            store,
+            self.backend.publisher.clone(),
+            &self.clock,
+            &gate,
+            self.ids.clone(),
+        );
         let handler = Arc::new(Counting {
             actor: id,
             runs: self.runs.clone(),

@@ -49,7 +49,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::FutureExt;
 use outbox::consumer::in_order::{applied_name, kept_keys, position_key};
-use outbox::consumer::{BatchReport, ConsumeError, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming};
+use outbox::consumer::{BatchReport, ConsumeError, Consumer, Delivery, Handler, HandlerError, Incoming};
 use outbox::embedded::{
     EmbeddedBackend, EmbeddedInbox, EmbeddedPublisher, EmbeddedQueue, ManualClock, QueueConfig, SendRequest,
 };
@@ -62,7 +62,7 @@ use serde_json::{json, Value};
 use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
 use super::in_order::{start_clock, GatedRequeue, Ids};
-use super::ports::{late_op, GatedClock, GatedPublisher, GatedStore, InFlight};
+use super::ports::{consumer_ports, late_op, plain_gated_store, InFlight};
 
 /// The first hop's source: where the request path publishes.
 const EVENTS: &str = "events";
@@ -519,29 +519,14 @@ impl World {
     /// `hop`'s consumer consuming `batch`.
     fn consumer(&mut self, hop: Hop, batch: Vec<Delivery>) -> Actor {
         let (id, gate) = self.gate();
-        let ports = ConsumerPorts {
-            store: Arc::new(GatedStore {
-                inner: self.backend.store.clone(),
-                gate: gate.clone(),
-                in_flight: self.in_flight.clone(),
-                fenced_out: None,
-                signatures: None,
-                publishers: None,
-                refusals: None,
-            }),
-            publisher: Arc::new(GatedPublisher {
-                inner: self.backend.publisher.clone(),
-                gate: gate.clone(),
-                publishers: None,
-            }),
-            clock: Arc::new(GatedClock {
-                inner: self.clock.clone(),
-                skew_millis: 0,
-                gate: gate.clone(),
-                timers_fire: false,
-            }),
-            ids: self.ids.clone(),
-        };
+        let store = plain_gated_store(self.backend.store.clone(), &gate, &self.in_flight);
+        let ports = consumer_ports(
+            store,
+            self.backend.publisher.clone(),
+            &self.clock,
+            &gate,
+            self.ids.clone(),
+        );
         let requeue = Arc::new(GatedRequeue {
             inner: EmbeddedInbox::new(self.queue(hop).clone(), self.clock.clone()),
             gate,

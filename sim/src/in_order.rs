@@ -45,9 +45,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::FutureExt;
 use outbox::consumer::in_order::{applied_name, position_key};
-use outbox::consumer::{
-    ConsumeError, ConsumeOutcome, Consumer, ConsumerPorts, Delivery, Handler, HandlerError, Incoming, Requeue,
-};
+use outbox::consumer::{ConsumeError, ConsumeOutcome, Consumer, Delivery, Handler, HandlerError, Incoming, Requeue};
 use outbox::embedded::{EmbeddedBackend, EmbeddedInbox, EmbeddedQueue, ManualClock, SendRequest, StoreEvent};
 use outbox::ports::{BusinessWrite, Clock, ExpectedVersion, IdSource, ItemKey, QueueError};
 use outbox::protocol::{DestinationName, Message, Position, TxnId};
@@ -60,7 +58,7 @@ use serde_json::{json, Value};
 use super::chooser::Chooser;
 use super::gate::{ActorId, Fault, Gate, Gates, Op};
 use super::in_order_effects::{self, out, pair_faults};
-use super::ports::{late_op, GatedClock, GatedPublisher, GatedStore, InFlight};
+use super::ports::{consumer_ports, late_op, plain_gated_store, InFlight};
 
 /// The consumer's name.
 const CONSUMER: &str = "ordered";
@@ -508,29 +506,14 @@ impl World {
     /// An in-order consumer consuming `delivery`.
     fn consumer(&mut self, delivery: Delivery) -> Actor {
         let (id, gate) = self.gate();
-        let ports = ConsumerPorts {
-            store: Arc::new(GatedStore {
-                inner: self.backend.store.clone(),
-                gate: gate.clone(),
-                in_flight: self.in_flight.clone(),
-                fenced_out: None,
-                signatures: None,
-                publishers: None,
-                refusals: None,
-            }),
-            publisher: Arc::new(GatedPublisher {
-                inner: self.backend.publisher.clone(),
-                gate: gate.clone(),
-                publishers: None,
-            }),
-            clock: Arc::new(GatedClock {
-                inner: self.clock.clone(),
-                skew_millis: 0,
-                gate: gate.clone(),
-                timers_fire: false,
-            }),
-            ids: self.ids.clone(),
-        };
+        let store = plain_gated_store(self.backend.store.clone(), &gate, &self.in_flight);
+        let ports = consumer_ports(
+            store,
+            self.backend.publisher.clone(),
+            &self.clock,
+            &gate,
+            self.ids.clone(),
+        );
         let requeue = Arc::new(GatedRequeue {
             inner: self.inbox.clone(),
             gate,

@@ -929,6 +929,46 @@ impl<Q: ControlQueue + ControlInbox + 'static> ControlInbox for GatedControlQueu
     }
 }
 
+/// A consumer's ports over `store`: its publisher `publisher` and the simulation's clock
+/// `clock`, both through `gate` (no skew, no timer firing), its ids from `ids`.
+pub(crate) fn consumer_ports(
+    store: Arc<dyn Store>,
+    publisher: Arc<dyn Publisher>,
+    clock: &Arc<ManualClock>,
+    gate: &Gate,
+    ids: Arc<dyn outbox::ports::IdSource>,
+) -> outbox::consumer::ConsumerPorts {
+    outbox::consumer::ConsumerPorts {
+        store,
+        publisher: Arc::new(GatedPublisher {
+            inner: publisher,
+            gate: gate.clone(),
+            publishers: None,
+        }),
+        clock: Arc::new(GatedClock {
+            inner: clock.clone(),
+            skew_millis: 0,
+            gate: gate.clone(),
+            timers_fire: false,
+        }),
+        ids,
+    }
+}
+
+/// A store through `gate`, its late commits into `in_flight`, with none of the
+/// request path's extras (fence counts, signatures, publishers, refusals).
+pub(crate) fn plain_gated_store(inner: Arc<dyn Store>, gate: &Gate, in_flight: &InFlight) -> Arc<GatedStore> {
+    Arc::new(GatedStore {
+        inner,
+        gate: gate.clone(),
+        in_flight: in_flight.clone(),
+        fenced_out: None,
+        signatures: None,
+        publishers: None,
+        refusals: None,
+    })
+}
+
 /// A gated publisher.
 pub(crate) struct GatedPublisher {
     pub inner: Arc<dyn Publisher>,
