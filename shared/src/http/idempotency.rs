@@ -11,8 +11,8 @@
 //! 412 or 422: [`is_final_refusal`]) commits nothing, so the middleware keeps it under
 //! the key on its own ([`Idempotency::keep_refusal`]): a repeat replays it too, whatever
 //! changed since. An answer that is not final is never kept, and a repeat runs again: a
-//! 5xx (an outcome unknown, a timeout, a store unavailable), a 408, 425 or 429, and a
-//! refusal given before the transaction began (a body that does not parse), as Stripe
+//! 5xx (an outcome unknown, a timeout, a store unavailable), a 408, 425 or 429, a
+//! version conflict (contention: a repeat may pass), and a refusal given before the transaction began (a body that does not parse), as Stripe
 //! keeps none for a request that failed its validation.
 
 use std::time::Duration;
@@ -29,6 +29,9 @@ use crate::time::Timestamp;
 /// The largest body of a refusal kept for replays (a problem+json is far smaller); a
 /// larger one is answered and not kept.
 const KEPT_BODY_BYTES: usize = 64 * 1024;
+
+/// The problem type of a commit refused for a version conflict outside `If-Match`.
+const VERSION_CONFLICT: &str = "/problems/version-conflict";
 
 /// Whether an answer is final for its key: a refusal the service decided (a 4xx), but
 /// not one that a repeat may rightly answer otherwise (408, 425, 429). A 5xx never is.
@@ -102,6 +105,13 @@ impl Idempotency {
         let text = std::str::from_utf8(&bytes)
             .ok()
             .filter(|text| text.len() <= KEPT_BODY_BYTES);
+        // A version conflict is contention, not the service's decision: a repeat may pass.
+        let contended = text
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+            .is_some_and(|problem| problem["type"] == VERSION_CONFLICT);
+        if contended {
+            return Response::from_parts(parts, Body::from(bytes));
+        }
         let record = text.map(|text| IdempotencyRecord {
             slot: self.slot.clone(),
             fingerprint: self.fingerprint.clone(),
@@ -206,6 +216,21 @@ mod tests {
         // Under the same key, another request: refused.
         let other = keep(request(b"other")).await;
         assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        // A version conflict is never the key's answer.
+        let fresh: IdempotencyKey = "fresh".parse().unwrap();
+        let contended = Idempotency::new("svc", &fresh, &Method::POST, "/loans/dune", b"");
+        let conflict = crate::http::Problem::new(StatusCode::CONFLICT, "version-conflict", "Conflict").into_response();
+        let answer = contended
+            .keep_refusal(
+                &store,
+                TxnId::new_v7(),
+                clock.now(),
+                Duration::from_secs(3600),
+                conflict,
+            )
+            .await;
+        assert_eq!(answer.status(), StatusCode::CONFLICT);
+        assert_eq!(store.get_idempotency(&contended.slot).await.unwrap(), None);
     }
 
     /// A replay carries every header of the first answer, each value of a name given
