@@ -26,6 +26,8 @@
 //! - `http` (feature `axum`): the glue for axum handlers: problem+json answers,
 //!   `Idempotency-Key`, `If-Match`, each request's deadline (from the Lambda context with
 //!   feature `lambda`).
+//! - `testing` (feature `testing`): a service under test in the test's process, its
+//!   routes called, its consumers drained, its items read.
 
 #![warn(missing_docs)]
 
@@ -54,6 +56,8 @@ pub mod staging;
 pub mod telemetry;
 #[cfg(test)]
 mod test_log;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod time;
 pub mod wiring;
 

@@ -322,6 +322,12 @@ impl Running {
         }
     }
 
+    /// Whether a consumer in this process reads `destination` (embedded backend).
+    #[cfg(feature = "testing")]
+    pub(crate) fn consumes(&self, destination: &DestinationName) -> bool {
+        self.consumed.contains(destination)
+    }
+
     fn backend_name(&self) -> &'static str {
         match self.embedded {
             Some(_) => "embedded",
