@@ -67,8 +67,9 @@ pub mod wiring;
 #[cfg(all(doctest, feature = "service"))]
 pub struct ReadmeDoctests;
 
-/// The guide's examples (`docs/GUIDE.md`), compiled as doc tests too. Only under
-/// `doctest`: `docs/` is not in the package, and nothing else reads it.
+/// The guide's examples (`docs/GUIDE.md`), compiled as doc tests too (with the test
+/// harness, which brings the one-call service). Only under `doctest`: `docs/` is not in
+/// the package, and nothing else reads it.
 #[doc = include_str!("../../docs/GUIDE.md")]
-#[cfg(all(doctest, feature = "service"))]
+#[cfg(all(doctest, feature = "testing"))]
 pub struct GuideDoctests;

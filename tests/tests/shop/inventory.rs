@@ -14,6 +14,7 @@ use outbox::http::{Answer, HttpError, RequestScope};
 use outbox::ports::{ExpectedVersion, ItemKey};
 use outbox::service::{Running, Service};
 use outbox::settings::Settings;
+use outbox::testing::TestService;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -67,38 +68,36 @@ fn status_link(headers: &axum::http::HeaderMap) -> String {
     link[1..link.find('>').unwrap()].to_owned()
 }
 
-async fn tally(running: &Running, product: &str) -> Option<u64> {
-    let key: ItemKey = format!("TALLY#{product}").parse().unwrap();
-    let mut items = running
-        .outbox
-        .store()
-        .get_items(std::slice::from_ref(&key))
-        .await
-        .unwrap();
-    items.remove(&key).and_then(|item| item.data["reserved"].as_u64())
+/// The inventory under test ([`outbox::testing`]): its ledger in the same process.
+async fn inventory_under_test() -> TestService {
+    let service = outbox::testing::service()
+        .consumer("ledger", "events", inventory::ledger::Ledger)
+        .expect("a valid consumer");
+    TestService::start(service, inventory::router()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no_aws() {
-    let (running, app) = inventory().await;
-    running.embedded.as_ref().expect("the embedded backend").record();
-    let (status, _, product) = call(&app, "POST", "/products", Some(json!({"product_id": "p1", "stock": 3}))).await;
-    assert_eq!(status, StatusCode::CREATED, "{product}");
-    let (status, _, again) = call(&app, "POST", "/products", Some(json!({"product_id": "p1", "stock": 9}))).await;
+    let service = inventory_under_test().await;
+    service.backend().record();
+    let product = service.post("/products", json!({"product_id": "p1", "stock": 3})).await;
+    assert_eq!(product.status, StatusCode::CREATED, "{product:?}");
+    let again = service.post("/products", json!({"product_id": "p1", "stock": 9})).await;
     assert_eq!(
-        (status, again["type"].as_str()),
+        (again.status, again.problem_type()),
         (StatusCode::CONFLICT, Some("/problems/product-exists"))
     );
     assert!(
-        again["transaction_id"].is_null(),
-        "a refusal decided by the read names no transaction (nothing of it was sent): {again}"
+        again.body["transaction_id"].is_null(),
+        "a refusal decided by the read names no transaction (nothing of it was sent): {again:?}"
     );
 
     // Six reservations of one unit at once on a stock of three: three are made, three
     // are refused for the stock (never for a concurrent change).
+    let service = Arc::new(service);
     let reservations = (0..6).map(|_| {
-        let app = app.clone();
-        tokio::spawn(async move { call(&app, "POST", "/products/p1/reservations", Some(json!({"quantity": 1}))).await })
+        let service = service.clone();
+        tokio::spawn(async move { service.post("/products/p1/reservations", json!({"quantity": 1})).await })
     });
     let answers: Vec<_> = futures::future::join_all(reservations)
         .await
@@ -107,56 +106,56 @@ async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no
         .collect();
     let made: Vec<_> = answers
         .iter()
-        .filter(|(status, ..)| *status == StatusCode::CREATED)
+        .filter(|answer| answer.status == StatusCode::CREATED)
         .collect();
     let refused = answers
         .iter()
-        .filter(|(status, _, body)| *status == StatusCode::CONFLICT && body["type"] == "/problems/out-of-stock")
+        .filter(|answer| {
+            answer.status == StatusCode::CONFLICT && answer.problem_type() == Some("/problems/out-of-stock")
+        })
         .count();
     assert_eq!((made.len(), refused), (3, 3), "{answers:?}");
 
     // The ledger, in the same process, counts each reservation once.
-    let started = Instant::now();
-    while tally(&running, "p1").await != Some(3) {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "tally {:?}",
-            tally(&running, "p1").await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    service.drain().await;
+    assert_eq!(service.item("TALLY#p1").await.unwrap()["reserved"], 3);
+    let reserved: Vec<_> = service
+        .sent("events")
+        .into_iter()
+        .filter(|event| event["type"] == "StockReserved")
+        .collect();
+    assert_eq!(reserved.len(), 3, "{reserved:?}");
 
     // The ready status route, reached by the link every answer naming a transaction
     // carries: a reservation (begun on its product: the link carries the item) reads
     // dispatched.
-    let (_, headers, reserved) = made[0];
-    let txn = reserved["reservation_id"].as_str().unwrap();
-    let link = status_link(headers);
+    let txn = made[0].body["reservation_id"].as_str().unwrap();
+    let link = status_link(&made[0].headers);
     assert!(link.starts_with(&format!("/transactions/{txn}?item=")), "{link}");
     // Dispatched once what was published after the answer is settled (soon after the
     // ledger saw it, not necessarily before).
     let started = Instant::now();
     loop {
-        let (status, _, read) = call(&app, "GET", &link, None).await;
-        assert_eq!(status, StatusCode::OK, "{read}");
-        if read["status"] == "dispatched" {
+        let read = service.get(&link).await;
+        assert_eq!(read.status, StatusCode::OK, "{read:?}");
+        if read.body["status"] == "dispatched" {
             break;
         }
-        assert_eq!(read["status"], "pending", "{read}");
-        assert!(started.elapsed() < Duration::from_secs(20), "{read}");
+        assert_eq!(read.body["status"], "pending", "{read:?}");
+        assert!(started.elapsed() < Duration::from_secs(20), "{read:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (_, headers, refused) = answers
+    let refused = answers
         .iter()
-        .find(|(status, ..)| *status == StatusCode::CONFLICT)
+        .find(|answer| answer.status == StatusCode::CONFLICT)
         .unwrap();
-    assert!(refused["transaction_id"].is_null(), "{refused}");
-    assert!(headers.get("link").is_none(), "{headers:?}");
+    assert!(refused.body["transaction_id"].is_null(), "{refused:?}");
+    assert!(refused.header("link").is_none(), "{refused:?}");
 
     // Refusals decided by the read cost it alone: the product that exists, the stock that
     // is gone, a product that is missing send no control message and write nothing (no
     // tombstone), and name no transaction.
-    let embedded = running.embedded.as_ref().expect("the embedded backend");
+    let embedded = service.backend();
     let sent = embedded.control_queue.queue().sent().len();
     let tombstones = || {
         embedded
@@ -172,26 +171,48 @@ async fn the_inventory_serves_reserves_and_tallies_each_reservation_once_with_no
         ("/products/p1/reservations", json!({"quantity": 1}), "out-of-stock"),
         ("/products/p7/reservations", json!({"quantity": 1}), "not-found"),
     ] {
-        let (_, headers, read) = call(&app, "POST", uri, Some(body)).await;
-        assert_eq!(read["type"], format!("/problems/{kind}"), "{read}");
-        assert!(read["transaction_id"].is_null(), "{read}");
-        assert!(headers.get("x-transaction-id").is_none(), "{headers:?}");
+        let read = service.post(uri, body).await;
+        assert_eq!(read.body["type"], format!("/problems/{kind}"), "{read:?}");
+        assert!(read.body["transaction_id"].is_null(), "{read:?}");
+        assert!(read.transaction_id().is_none(), "{read:?}");
     }
     assert_eq!(embedded.control_queue.queue().sent().len(), sent, "no control message");
     assert_eq!(tombstones(), tombstoned, "no tombstone");
-    let (status, _, read) = call(&app, "GET", "/transactions/not-an-id", None).await;
+    let read = service.get("/transactions/not-an-id").await;
     assert_eq!(
-        (status, read["type"].as_str()),
+        (read.status, read.problem_type()),
         (StatusCode::UNPROCESSABLE_ENTITY, Some("/problems/validation"))
     );
 
     // Bad bodies are problem+json, as every other refusal.
-    let (status, _, read) = call(&app, "POST", "/products", Some(json!({"product_id": "p2"}))).await;
+    let read = service.post("/products", json!({"product_id": "p2"})).await;
     assert_eq!(
-        (status, read["type"].as_str()),
+        (read.status, read.problem_type()),
         (StatusCode::UNPROCESSABLE_ENTITY, Some("/problems/validation"))
     );
-    running.stop().await;
+    Arc::into_inner(service).expect("the calls are done").stop().await;
+}
+
+/// A consumer tested alone, through the harness: a `StockReserved` the ledger receives
+/// twice (the queue delivers at least once) adds once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_tallies_a_reservation_once_however_often_it_arrives() {
+    let service = inventory_under_test().await;
+    let reserved = json!({"type": "StockReserved", "product_id": "p3", "quantity": 2});
+    let message = outbox::protocol::Message::json("events".parse().unwrap(), &reserved).unwrap();
+    service.emit(message.clone()).await;
+    service.drain().await;
+    let events = service
+        .backend()
+        .publisher
+        .queue(&"events".parse().unwrap())
+        .unwrap()
+        .clone();
+    let copy = events.sent().last().unwrap().request.clone();
+    events.send(copy).unwrap();
+    service.drain().await;
+    assert_eq!(service.item("TALLY#p3").await.unwrap()["reserved"], 2);
+    service.stop().await;
 }
 
 /// A stop on the embedded backend lets the in-process consumers take what their
