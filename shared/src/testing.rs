@@ -30,8 +30,8 @@
 //! # }
 //! ```
 //!
-//! A consumer's test: the message comes through the outbox, as a producer would send it
-//! (its entity placed on its chain), and the consumer runs in the same process.
+//! A consumer's test: the message comes through the outbox, committed and published as a
+//! producer's are, and the consumer runs in the same process.
 //!
 //! ```
 //! use outbox::consumer::{Handler, HandlerError, Incoming, Staging};
@@ -208,9 +208,11 @@ impl TestService {
         self.send(Method::POST, uri, &body, &[]).await
     }
 
-    /// Commits one transaction that emits `message`, as a producer would (a message of
-    /// an entity placed on the entity's chain), for a consumer's test; it is published
-    /// after the commit, as a request's are after its answer.
+    /// Commits one transaction that emits `message` and writes nothing else, for a
+    /// consumer's test; it is published after the commit, as a request's are after its
+    /// answer. The message carries no entity's position (the transaction changes no
+    /// item): for an in-order consumer's test, commit through [`Self::outbox`] a
+    /// transaction that changes the entity and emits the message.
     ///
     /// # Panics
     ///

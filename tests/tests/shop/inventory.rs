@@ -6,52 +6,36 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
 use http_body_util::BodyExt;
 use outbox::http::{Answer, HttpError, RequestScope};
 use outbox::ports::{ExpectedVersion, ItemKey};
-use outbox::service::{Running, Service};
-use outbox::settings::Settings;
+use outbox::service::Running;
 use outbox::testing::TestService;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
-fn embedded_settings() -> Settings {
-    Settings::from_lookup(|name| match name {
-        "OUTBOX_FIRST_CHECK_DELAY_SECONDS" => Some("1".into()),
-        _ => None,
-    })
-    .expect("embedded settings")
-}
-
-async fn inventory() -> (Running, Router) {
-    let running = Service::new(embedded_settings())
-        .consumer("ledger", "events", inventory::ledger::Ledger)
-        .expect("a valid consumer")
-        .start()
-        .await
-        .expect("the service starts");
-    let app = running.router(inventory::router());
-    (running, app)
+/// `method uri` with `body` as JSON (none: an empty body) and `headers`, through the
+/// harness; the answer as (status, headers, body).
+async fn call_with(
+    service: &TestService,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, axum::http::HeaderMap, Value) {
+    let method = method.parse().expect("a method");
+    let answer = service.send(method, uri, &body.unwrap_or(Value::Null), headers).await;
+    (answer.status, answer.headers, answer.body)
 }
 
 async fn call(
-    app: &Router,
+    service: &TestService,
     method: &str,
     uri: &str,
     body: Option<Value>,
 ) -> (StatusCode, axum::http::HeaderMap, Value) {
-    let mut request = Request::builder().method(method).uri(uri);
-    if body.is_some() {
-        request = request.header("content-type", "application/json");
-    }
-    let body = body.map_or_else(Body::empty, |body| Body::from(body.to_string()));
-    let response = app.clone().oneshot(request.body(body).unwrap()).await.unwrap();
-    let (status, headers) = (response.status(), response.headers().clone());
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    call_with(service, method, uri, body, &[]).await
 }
 
 /// The target of an answer's `Link: <...>; rel="status"`.
@@ -219,10 +203,10 @@ async fn the_ledger_tallies_a_reservation_once_however_often_it_arrives() {
 /// destinations hold first: those queues go with the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_lets_the_consumers_take_what_their_destinations_hold() {
-    let (running, app) = inventory().await;
-    let outbox = running.outbox.clone();
+    let service = inventory_under_test().await;
+    let outbox = service.outbox().clone();
     let (status, ..) = call(
-        &app,
+        &service,
         "POST",
         "/products",
         Some(json!({"product_id": "p9", "stock": 50})),
@@ -230,10 +214,16 @@ async fn a_stop_lets_the_consumers_take_what_their_destinations_hold() {
     .await;
     assert_eq!(status, StatusCode::CREATED);
     for _ in 0..20 {
-        let (status, ..) = call(&app, "POST", "/products/p9/reservations", Some(json!({"quantity": 1}))).await;
+        let (status, ..) = call(
+            &service,
+            "POST",
+            "/products/p9/reservations",
+            Some(json!({"quantity": 1})),
+        )
+        .await;
         assert_eq!(status, StatusCode::CREATED);
     }
-    running.stop().await;
+    service.stop().await;
     let key: ItemKey = "TALLY#p9".parse().unwrap();
     let items = outbox.store().get_items(std::slice::from_ref(&key)).await.unwrap();
     assert_eq!(
@@ -246,7 +236,7 @@ async fn a_stop_lets_the_consumers_take_what_their_destinations_hold() {
 /// the service refuses it, naming the first.
 #[test]
 fn a_second_consumer_of_one_destination_is_refused() {
-    let refused = Service::new(embedded_settings())
+    let refused = outbox::testing::service()
         .consumer("ledger", "events", inventory::ledger::Ledger)
         .unwrap()
         .consumer("audit", "events", inventory::ledger::Ledger)
@@ -256,7 +246,7 @@ fn a_second_consumer_of_one_destination_is_refused() {
         refused.to_string().contains("consumer ledger reads events already"),
         "{refused}"
     );
-    assert!(Service::new(embedded_settings())
+    assert!(outbox::testing::service()
         .consumer("ledger", "events", inventory::ledger::Ledger)
         .unwrap()
         .consumer("audit", "audit", inventory::ledger::Ledger)
@@ -268,7 +258,7 @@ fn a_second_consumer_of_one_destination_is_refused() {
 /// commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_that_met_a_version_conflict_runs_again_and_commits() {
-    let running = Service::new(embedded_settings()).start().await.unwrap();
+    let running = outbox::testing::service().start().await.unwrap();
     let key: ItemKey = "COUNTER#1".parse().unwrap();
     let mut txn = running.outbox.begin().await.unwrap();
     txn.put(key.clone(), json!({"n": 0}), ExpectedVersion::Absent);
@@ -372,7 +362,7 @@ async fn new_counter(running: &Running, key: &ItemKey) {
 /// and neither meets a conflict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_of_one_process_on_one_entity_take_turns_and_never_conflict() {
-    let running = Service::new(embedded_settings()).start().await.unwrap();
+    let running = outbox::testing::service().start().await.unwrap();
     let key: ItemKey = "COUNTER#turns".parse().unwrap();
     new_counter(&running, &key).await;
     let nothing = || -> futures::future::BoxFuture<'static, ()> { Box::pin(async {}) };
@@ -409,7 +399,7 @@ async fn requests_of_one_process_on_one_entity_take_turns_and_never_conflict() {
 /// the business rule allowed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_that_keeps_meeting_conflicts_retries_until_its_deadline_then_answers_503_with_nothing_written() {
-    let running = Service::new(embedded_settings()).start().await.unwrap();
+    let running = outbox::testing::service().start().await.unwrap();
     let key: ItemKey = "COUNTER#rival".parse().unwrap();
     new_counter(&running, &key).await;
     let rival = running.outbox.clone();
@@ -487,9 +477,9 @@ async fn lend(
         .await
 }
 
-async fn set_book(running: &Running, book: &str, data: Value) {
+async fn set_book(outbox: &outbox::request::Outbox, book: &str, data: Value) {
     let key: ItemKey = format!("BOOK#{book}").parse().unwrap();
-    let mut txn = running.outbox.begin().await.unwrap();
+    let mut txn = outbox.begin().await.unwrap();
     let expected = match txn.get(&key).await.unwrap() {
         Some(item) => ExpectedVersion::Exactly(item.version),
         None => ExpectedVersion::Absent,
@@ -498,17 +488,15 @@ async fn set_book(running: &Running, book: &str, data: Value) {
     txn.commit().await.unwrap();
 }
 
-async fn lend_under(app: &Router, book: &str, key: &str) -> (StatusCode, axum::http::HeaderMap, Value) {
-    let request = Request::builder()
-        .method("POST")
-        .uri(format!("/loans/{book}"))
-        .header("idempotency-key", key)
-        .body(Body::empty())
-        .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
-    let (status, headers) = (response.status(), response.headers().clone());
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+async fn lend_under(service: &TestService, book: &str, key: &str) -> (StatusCode, axum::http::HeaderMap, Value) {
+    call_with(
+        service,
+        "POST",
+        &format!("/loans/{book}"),
+        None,
+        &[("idempotency-key", key)],
+    )
+    .await
 }
 
 /// Under an `Idempotency-Key` the first completed answer is the key's, a refusal the
@@ -517,18 +505,21 @@ async fn lend_under(app: &Router, book: &str, key: &str) -> (StatusCode, axum::h
 /// new key is lent that copy. A 503 is never the key's answer: its repeat runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_replays_its_first_answer_a_refusal_included_and_never_a_503() {
-    let running = Service::new(embedded_settings()).start().await.unwrap();
-    let app = running.router(Router::new().route("/loans/{book}", axum::routing::post(lend)));
-    set_book(&running, "dune", json!({"free": 0})).await;
+    let service = TestService::start(
+        outbox::testing::service(),
+        Router::new().route("/loans/{book}", axum::routing::post(lend)),
+    )
+    .await;
+    set_book(service.outbox(), "dune", json!({"free": 0})).await;
 
-    let (status, headers, first) = lend_under(&app, "dune", "loan-1").await;
+    let (status, headers, first) = lend_under(&service, "dune", "loan-1").await;
     assert_eq!(
         (status, first["type"].as_str()),
         (StatusCode::CONFLICT, Some("/problems/no-copy-free")),
         "{first}"
     );
     assert!(!headers.contains_key("idempotent-replayed"));
-    let (status, headers, again) = lend_under(&app, "dune", "loan-1").await;
+    let (status, headers, again) = lend_under(&service, "dune", "loan-1").await;
     assert_eq!(status, StatusCode::CONFLICT, "{again}");
     assert_eq!(
         headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()),
@@ -538,41 +529,36 @@ async fn a_key_replays_its_first_answer_a_refusal_included_and_never_a_503() {
     assert_eq!(again, first, "the first refusal, its transaction included");
 
     // A copy comes back: the key still answers as it first did; a new key is lent it.
-    set_book(&running, "dune", json!({"free": 1})).await;
-    let (status, headers, later) = lend_under(&app, "dune", "loan-1").await;
+    set_book(service.outbox(), "dune", json!({"free": 1})).await;
+    let (status, headers, later) = lend_under(&service, "dune", "loan-1").await;
     assert_eq!((status, later.clone()), (StatusCode::CONFLICT, first.clone()));
     assert_eq!(headers["idempotent-replayed"], "true");
-    let (status, _, lent) = lend_under(&app, "dune", "loan-2").await;
+    let (status, _, lent) = lend_under(&service, "dune", "loan-2").await;
     assert_eq!((status, lent), (StatusCode::CREATED, json!({"lent": "dune"})));
 
     // A 503 is not final: the repeat runs again, and its answer is the key's.
-    set_book(&running, "arrakis", json!({"free": 1, "unreachable": true})).await;
-    let (status, _, unavailable) = lend_under(&app, "arrakis", "loan-3").await;
+    set_book(service.outbox(), "arrakis", json!({"free": 1, "unreachable": true})).await;
+    let (status, _, unavailable) = lend_under(&service, "arrakis", "loan-3").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{unavailable}");
-    set_book(&running, "arrakis", json!({"free": 1})).await;
-    let (status, headers, lent) = lend_under(&app, "arrakis", "loan-3").await;
+    set_book(service.outbox(), "arrakis", json!({"free": 1})).await;
+    let (status, headers, lent) = lend_under(&service, "arrakis", "loan-3").await;
     assert_eq!((status, lent), (StatusCode::CREATED, json!({"lent": "arrakis"})));
     assert!(!headers.contains_key("idempotent-replayed"));
-    let (status, headers, _) = lend_under(&app, "arrakis", "loan-3").await;
+    let (status, headers, _) = lend_under(&service, "arrakis", "loan-3").await;
     assert_eq!(
         (status, &headers["idempotent-replayed"]),
         (StatusCode::CREATED, &"true".parse().unwrap())
     );
-    running.stop().await;
+    service.stop().await;
 }
 
-async fn call_under(app: &Router, uri: &str, key: &str, body: Value) -> (StatusCode, axum::http::HeaderMap, Value) {
-    let request = Request::builder()
-        .method("POST")
-        .uri(uri)
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
-    let (status, headers) = (response.status(), response.headers().clone());
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+async fn call_under(
+    service: &TestService,
+    uri: &str,
+    key: &str,
+    body: Value,
+) -> (StatusCode, axum::http::HeaderMap, Value) {
+    call_with(service, "POST", uri, Some(body), &[("idempotency-key", key)]).await
 }
 
 /// The inventory under keys: a reservation refused for the stock is refused again on its
@@ -582,32 +568,38 @@ async fn call_under(app: &Router, uri: &str, key: &str, body: Value) -> (StatusC
 /// answer is the key's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inventory_replays_a_refused_reservation_but_not_a_request_it_could_not_read() {
-    let (running, app) = inventory().await;
-    let (status, _, _) = call(&app, "POST", "/products", Some(json!({"product_id": "k1", "stock": 2}))).await;
+    let service = inventory_under_test().await;
+    let (status, _, _) = call(
+        &service,
+        "POST",
+        "/products",
+        Some(json!({"product_id": "k1", "stock": 2})),
+    )
+    .await;
     assert_eq!(status, StatusCode::CREATED);
     let uri = "/products/k1/reservations";
 
-    let (status, _, refused) = call_under(&app, uri, "many", json!({"quantity": 5})).await;
+    let (status, _, refused) = call_under(&service, uri, "many", json!({"quantity": 5})).await;
     assert_eq!(
         (status, refused["type"].as_str()),
         (StatusCode::CONFLICT, Some("/problems/out-of-stock")),
         "{refused}"
     );
-    let (status, headers, again) = call_under(&app, uri, "many", json!({"quantity": 5})).await;
+    let (status, headers, again) = call_under(&service, uri, "many", json!({"quantity": 5})).await;
     assert_eq!((status, &again), (StatusCode::CONFLICT, &refused));
     assert_eq!(headers["idempotent-replayed"], "true");
 
-    let (status, _, invalid) = call_under(&app, uri, "one", json!({"quantity": 0})).await;
+    let (status, _, invalid) = call_under(&service, uri, "one", json!({"quantity": 0})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{invalid}");
-    let (status, headers, made) = call_under(&app, uri, "one", json!({"quantity": 1})).await;
+    let (status, headers, made) = call_under(&service, uri, "one", json!({"quantity": 1})).await;
     assert_eq!(status, StatusCode::CREATED, "{made}");
     assert!(!headers.contains_key("idempotent-replayed"));
-    let (status, headers, _) = call_under(&app, uri, "one", json!({"quantity": 1})).await;
+    let (status, headers, _) = call_under(&service, uri, "one", json!({"quantity": 1})).await;
     assert_eq!(
         (status, headers.get("idempotent-replayed").is_some()),
         (StatusCode::CREATED, true)
     );
-    running.stop().await;
+    service.stop().await;
 }
 
 /// A handler that refuses after its transaction's control message went out, without
@@ -624,25 +616,28 @@ async fn a_refusal_names_its_transaction_without_the_handler_saying_so_and_unrou
         let problem = outbox::http::Problem::new(StatusCode::CONFLICT, "no-copy-free", "No copy free");
         Err(problem.into())
     }
-    let running = Service::new(embedded_settings()).start().await.unwrap();
-    let app = running.router(Router::new().route("/refusals", axum::routing::post(refuse_after_send)));
-    let (status, headers, body) = call(&app, "POST", "/refusals", None).await;
+    let service = TestService::start(
+        outbox::testing::service(),
+        Router::new().route("/refusals", axum::routing::post(refuse_after_send)),
+    )
+    .await;
+    let (status, headers, body) = call(&service, "POST", "/refusals", None).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let named = headers["x-transaction-id"].to_str().unwrap();
     assert_eq!(body["transaction_id"], named, "{body}");
 
-    let (status, _, body) = call(&app, "GET", "/nowhere", None).await;
+    let (status, _, body) = call(&service, "GET", "/nowhere", None).await;
     assert_eq!(
         (status, body["type"].as_str()),
         (StatusCode::NOT_FOUND, Some("/problems/not-found")),
         "{body}"
     );
-    let (status, headers, body) = call(&app, "DELETE", "/refusals", None).await;
+    let (status, headers, body) = call(&service, "DELETE", "/refusals", None).await;
     assert_eq!(
         (status, body["type"].as_str()),
         (StatusCode::METHOD_NOT_ALLOWED, Some("/problems/method-not-allowed")),
         "{body}"
     );
     assert_eq!(headers["allow"], "POST");
-    running.stop().await;
+    service.stop().await;
 }
