@@ -25,7 +25,9 @@ drives them and the consumers:
    killed with SIGKILL mid-batch for the second half of the shipments; and the check:
    each invoice applied its shipment's messages once each, in chain order (its list of
    applied seqs is 1..n), void exactly when its shipment was cancelled, every billing
-   record dispatched;
+   record dispatched; with --control-worker, billing's state of five shipments' chains
+   as `control-worker consumer-state` shows it: applied through the last seq, nothing
+   kept;
 6. with --fifo, every queue but the control queue is FIFO, grouped by entity (the events
    queue as the caller bootstrapped it, `--events-via sqs-fifo`): each entity's messages
    are delivered in their order, the entities still interleaved;
@@ -211,6 +213,7 @@ def main():
         help="FIFO queues grouped by entity (the events queue is the caller's): the consumers' sources and shipments",
     )
     parser.add_argument("--billing", help="the billing consumer's binary: run the third hop, shipments to billing")
+    parser.add_argument("--control-worker", help="the control worker's binary: show billing's state of a few chains with it")
     parser.add_argument(
         "--dead-letter-queue", action="append", default=[], help="a dead-letter queue's URL that must stay empty"
     )
@@ -570,6 +573,31 @@ def run_billing(args, sqs, dynamodb, table, shipped, shipment_items, start_consu
         problems.append(f"{dead} messages in billing's dead-letter queue")
     if states != Counter({"dispatched": len(messages)}):
         problems.append(f"billing's records: {dict(states)} for {len(messages)} messages")
+    # Billing's state of a few shipments' chains, as an operator reads it (the control
+    # worker's consumer-state command, on the table): applied through each shipment's last
+    # seq by a transaction of billing's, nothing kept waiting.
+    looked = sorted(chain)[:5] if args.control_worker else []
+    unlike_state = 0
+    for order in looked:
+        shown = subprocess.run(
+            [args.control_worker, "consumer-state", "billing", "shipments", f"SHIPMENT#{order}", "--item", f"INVOICE#{order}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        try:
+            state = json.loads(shown.stdout)
+        except ValueError:
+            state = {}
+        applied = state.get("applied") or {}
+        if shown.returncode != 0 or applied.get("seq") != len(chain[order]) or state.get("kept") != [] or not applied.get("transaction_id"):
+            unlike_state += 1
+            problems.append(f"billing's state of SHIPMENT#{order} ({len(chain[order])} messages): {shown.stdout}{shown.stderr}")
+    if looked:
+        print(
+            f"billing's state of {len(looked)} shipments' chains (control-worker consumer-state):"
+            f" {len(looked) - unlike_state} applied through their last seq with nothing kept, {unlike_state} otherwise"
+        )
     applied_total = sum(len(invoice["applied"]["L"]) for invoice in invoices.values())
     voided = sum(1 for invoice in invoices.values() if invoice["status"]["S"] == "void")
     print(

@@ -16,6 +16,14 @@
 //!   a destination that keeps order: sends what its destinations take, skips what they
 //!   refuse for good (each skipped message logged), and settles it. `ITEM_KEY` names its
 //!   item where it committed in entity mode (the log line's `entity`).
+//! - `control-worker consumer-state CONSUMER DESTINATION ENTITY [--producer TABLE] [--item
+//!   ITEM_KEY]`: prints, as JSON, what in-order consumer CONSUMER did with ENTITY's chain on
+//!   DESTINATION: the `seq` it applied last and the transaction that applied it, and the
+//!   messages kept waiting for a predecessor with how long each has waited
+//!   (`outbox::consumer::state`). The chain is the one the table `OUTBOX_TABLE_NAME`
+//!   keeps unless `--producer` names another table; `--item` names the item the consumer
+//!   applies the entity's messages to, where it applies them in entity mode.
+//! - `control-worker --help` (after any command too): prints the usage, and runs nothing.
 //! - `control-worker bootstrap [STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME
 //!   [--source DEST] [--publishes DEST]...]`: creates the table and queues of
 //!   `template.yaml` for stack STACK (default `outbox`), with the `events` destination
@@ -39,6 +47,7 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{service_fn, LambdaEvent};
 use outbox::aws::{dead_letter_source, load_sdk_config, redrive, AwsClients};
+use outbox::consumer::state::{chain_state, ChainQuery};
 use outbox::control::worker::lambda::handle_event;
 use outbox::control::worker::setup::Worker;
 use outbox::settings::Settings;
@@ -66,13 +75,17 @@ async fn shutdown_signal() {
     tracing::info!("shutting down after the batch in hand");
 }
 
-const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | release TXN_ID [ITEM_KEY] | bootstrap [STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME [--source DEST] [--publishes DEST]...]";
+const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | release TXN_ID [ITEM_KEY] | consumer-state CONSUMER DESTINATION ENTITY [--producer TABLE] [--item ITEM_KEY] | --help | bootstrap [STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME [--source DEST] [--publishes DEST]...]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
     outbox::logging::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if wants_help(&args) {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["bootstrap", rest @ ..] => match bootstrap::Request::parse(rest) {
             Ok(request) => bootstrap::run(request, USAGE).await,
@@ -86,10 +99,72 @@ async fn main() -> ExitCode {
         ["redrive", dead_letter_queue_url, source] => run_redrive(dead_letter_queue_url, Some(source)).await,
         ["release", txn_id] => run_release(txn_id, None).await,
         ["release", txn_id, item] => run_release(txn_id, Some(item)).await,
+        ["consumer-state", consumer, destination, entity, options @ ..] => {
+            match state_query(consumer, destination, entity, options) {
+                Ok(query) => run_consumer_state(query).await,
+                Err(problem) => {
+                    eprintln!("{problem}\n{USAGE}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Whether the arguments ask for help anywhere (`control-worker bootstrap --help` too): the
+/// usage is printed, and nothing runs.
+fn wants_help(args: &[String]) -> bool {
+    args.iter().any(|arg| arg == "--help" || arg == "-h")
+}
+
+/// The chain `consumer-state` asks about, from its arguments.
+fn state_query(consumer: &str, destination: &str, entity: &str, options: &[&str]) -> Result<ChainQuery, String> {
+    let consumer = consumer.parse().map_err(|error| format!("CONSUMER: {error}"))?;
+    let destination = destination.parse().map_err(|error| format!("DESTINATION: {error}"))?;
+    let entity = entity.parse().map_err(|error| format!("ENTITY: {error}"))?;
+    let mut query = ChainQuery::new(consumer, destination, entity);
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
+        let value = options.next().ok_or_else(|| format!("{option} needs a value"))?;
+        query = match *option {
+            "--producer" => query.producer(value.parse().map_err(|error| format!("--producer: {error}"))?),
+            "--item" => query.applied_in(value.parse().map_err(|error| format!("--item: {error}"))?),
+            other => return Err(format!("unknown option {other}")),
+        };
+    }
+    Ok(query)
+}
+
+/// Prints a consumer's state of one chain, as JSON.
+async fn run_consumer_state(query: ChainQuery) -> ExitCode {
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
+        Err(error) => return report(&error),
+    };
+    let worker = match Worker::from_settings(&settings).await {
+        Ok(worker) => worker,
+        Err(error) => return report(&error),
+    };
+    // The chain is the table's own unless --producer names another.
+    let query = match (query.names_producer(), worker.store.producer()) {
+        (false, Some(own)) => query.producer(own),
+        _ => query,
+    };
+    let state = chain_state(worker.store.as_ref(), worker.clock.as_ref(), &query).await;
+    outbox::logging::finish();
+    match state {
+        Ok(state) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&state).expect("a chain's state is JSON")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => report(&error),
     }
 }
 
@@ -176,4 +251,44 @@ async fn run_worker(on_lambda: bool) -> ExitCode {
     outbox::control::worker::poll::run(&worker, shutdown_signal()).await;
     outbox::logging::finish();
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn help_is_asked_for_anywhere_and_nothing_else_is_help() {
+        let args = |list: &[&str]| list.iter().map(|arg| (*arg).to_owned()).collect::<Vec<_>>();
+        assert!(wants_help(&args(&["--help"])));
+        assert!(wants_help(&args(&["-h"])));
+        assert!(wants_help(&args(&["bootstrap", "outbox", "--help"])));
+        assert!(!wants_help(&args(&[])));
+        assert!(!wants_help(&args(&["bootstrap", "outbox", "--consumer", "help"])));
+    }
+
+    #[test]
+    fn consumer_state_reads_its_chain_and_refuses_what_is_not_one() {
+        let query = state_query(
+            "billing",
+            "shipments",
+            "SHIPMENT#1",
+            &["--item", "INVOICE#1", "--producer", "outbox-table"],
+        )
+        .expect("a valid query");
+        assert!(query.names_producer());
+        let refused = [
+            state_query("bad name!", "shipments", "SHIPMENT#1", &[]).unwrap_err(),
+            state_query("billing", "shipments", "", &[]).unwrap_err(),
+            state_query("billing", "shipments", "SHIPMENT#1", &["--item"]).unwrap_err(),
+            state_query("billing", "shipments", "SHIPMENT#1", &["--nope", "x"]).unwrap_err(),
+        ];
+        for (problem, says) in
+            refused
+                .iter()
+                .zip(["CONSUMER", "ENTITY", "--item needs a value", "unknown option --nope"])
+        {
+            assert!(problem.contains(says), "{problem:?} says {says}");
+        }
+    }
 }

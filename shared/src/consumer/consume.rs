@@ -792,6 +792,8 @@ impl Consumer {
                     let now = self.ports.clock.now();
                     tracing::info!(
                         seq = seq + 1,
+                        entity = %position.entity,
+                        chain = %position.chain,
                         outcome = outcome.as_str(),
                         kept_ms = now.since(kept.kept_at).as_millis() as u64,
                         "applied a kept message after its predecessor"

@@ -114,6 +114,7 @@ impl Consumer {
             let applied = Applied {
                 seq: position.seq,
                 version: position.version,
+                txn: Some(txn_id),
             };
             (in_order::applied_name(self.name().as_str(), position), applied)
         });

@@ -213,6 +213,8 @@ pub async fn gate(
         "chain": position.chain.as_str(),
         "entity": position.entity.as_str(),
         "version": position.version,
+        // The transaction that applied it, for whoever looks (consumer::state).
+        "txn": staging.id().to_string(),
     });
     staging.put(key, data, expected);
     Ok(Gate::Apply)

@@ -28,7 +28,8 @@
 //! message; `batch` a batch (FIFO groups in order, the rest concurrently); `lambda`
 //! (feature `consumer`) the SQS event handler; `poller` the local poller; `retention`
 //! the dedup data's lifetime (C4); `serve` (feature `consumer`) a consumer's process
-//! from its settings, on Lambda or as a local poller.
+//! from its settings, on Lambda or as a local poller; [`state`] what an in-order consumer
+//! did with one entity's chain, for whoever operates it.
 
 mod batch;
 mod consume;
@@ -43,6 +44,7 @@ mod retention;
 #[cfg(feature = "consumer")]
 mod serve;
 mod settings;
+pub mod state;
 #[cfg(test)]
 mod tests;
 

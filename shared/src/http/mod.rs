@@ -24,6 +24,8 @@
 //! - `compression` (feature `lambda`): no compressed answer to a request that came
 //!   through a REST API, which would hand the client base64 text.
 //! - [`status`]: the ready `GET /transactions/{id}` route, for clients answered a 503.
+//! - [`consumers`]: a route that shows what an in-order consumer did with one entity's
+//!   chain, for the service to mount behind its operators' sign-in.
 //! - `retry`: [`RequestScope::retry_conflicts`], a handler's step run again on a version
 //!   conflict.
 //! - [`request_id`]: the request's id as API Gateway gave it, so that the service's log
@@ -66,6 +68,7 @@ pub mod authorization;
 pub mod caller;
 #[cfg(feature = "lambda")]
 pub mod compression;
+pub mod consumers;
 mod error;
 pub mod headers;
 pub mod idempotency;

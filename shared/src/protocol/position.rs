@@ -153,6 +153,10 @@ pub struct Applied {
     pub seq: u64,
     /// The version of its entity after the transaction that sent it.
     pub version: u64,
+    /// The consumer's transaction that applied it (its effect), where kept (positions
+    /// stored before it was kept have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txn: Option<TxnId>,
 }
 
 /// The positions a key keeps for in-order consumers, by name (the consumer, the chain

@@ -425,7 +425,13 @@ pub async fn positions_applied_live_in_the_key_across_its_lives(b: &Backend) {
     let outbox = b.outbox(timing());
     let shipment = key(&format!("SHIPMENT#{}", TxnId::new_v7()));
     let name = format!("shipping#events#ORDER#{}", TxnId::new_v7());
-    let at = |seq: u64| Applied { seq, version: seq + 1 };
+    // The consumer's transaction that applied it, kept beside the seq for whoever looks.
+    let txn = TxnId::new_v7();
+    let at = |seq: u64| Applied {
+        seq,
+        version: seq + 1,
+        txn: Some(txn),
+    };
     let kept = |keys: std::collections::BTreeMap<ItemKey, outbox::ports::KeyRead>| {
         let read = keys.get(&shipment).cloned().unwrap_or_default();
         (
@@ -442,6 +448,13 @@ pub async fn positions_applied_live_in_the_key_across_its_lives(b: &Backend) {
         .await
         .unwrap_or_else(|error| panic!("{}: {error}", b.name));
     assert_eq!(read().await, (false, 0, Some(1)), "{}", b.name);
+    let stored = b.store.get_keys(std::slice::from_ref(&shipment)).await.unwrap();
+    assert_eq!(
+        stored[&shipment].applied.get(&name),
+        Some(&at(1)),
+        "{}: the position as kept, its transaction too",
+        b.name
+    );
     // As far already (another copy): done; below: never moves down.
     b.store
         .keep_applied(&shipment, ExpectedVersion::AbsentAt(0), &name, at(1))

@@ -67,7 +67,11 @@ pub async fn a_position_kept_again_is_ok_unless_the_engine_leaves_the_old_item_o
     async fn keep_twice(b: &Backend, fault: Option<&super::dynamodb_only::Faults>) -> Result<(), CommitError> {
         let name = fresh("SHIPMENT");
         create(b, &name).await;
-        let applied = Applied { seq: 3, version: 1 };
+        let applied = Applied {
+            seq: 3,
+            version: 1,
+            txn: None,
+        };
         b.store
             .keep_applied(&name, ExpectedVersion::Exactly(1), "c", applied)
             .await

@@ -1073,7 +1073,11 @@ pub async fn a_position_kept_alone_whose_write_fails_is_ambiguous(p: &Proxied) {
     let b = &p.backend;
     let k = key(&item_name());
     let name = "shipping#events#ORDER#1";
-    let at = |seq: u64| Applied { seq, version: 1 };
+    let at = |seq: u64| Applied {
+        seq,
+        version: 1,
+        txn: None,
+    };
     b.store
         .keep_applied(&k, ExpectedVersion::AbsentAt(0), name, at(1))
         .await

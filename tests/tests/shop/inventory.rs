@@ -641,3 +641,70 @@ async fn a_refusal_names_its_transaction_without_the_handler_saying_so_and_unrou
     assert_eq!(headers["allow"], "POST");
     service.stop().await;
 }
+
+/// The ledger applying each product's events in their order (its tally is the same):
+/// what the route of `outbox::http::consumers` shows the place of.
+struct LedgerInOrder;
+
+#[async_trait::async_trait]
+impl outbox::consumer::Handler for LedgerInOrder {
+    async fn handle(
+        &self,
+        message: &outbox::consumer::Incoming,
+        staging: &mut outbox::consumer::Staging,
+    ) -> Result<(), outbox::consumer::HandlerError> {
+        outbox::consumer::Handler::handle(&inventory::ledger::Ledger, message, staging).await
+    }
+
+    fn entity(&self, message: &outbox::consumer::Incoming) -> Result<Option<ItemKey>, outbox::consumer::HandlerError> {
+        outbox::consumer::Handler::entity(&inventory::ledger::Ledger, message)
+    }
+
+    fn in_order(&self) -> bool {
+        true
+    }
+}
+
+/// An in-order consumer's place in an entity's chain, through the route a service mounts:
+/// the product's three events (its ProductAdded applied in a transaction of its own, its
+/// two StockReserved in the tally's key, entity mode) read as applied through seq 3, by a
+/// transaction of the ledger's, with nothing kept waiting; a query without its entity is
+/// refused as problem+json.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_order_ledgers_place_in_a_products_chain_is_in_sight() {
+    let service = outbox::testing::service()
+        .consumer("ledger", "events", LedgerInOrder)
+        .expect("a valid consumer");
+    let router = inventory::router().merge(outbox::http::consumers::routes());
+    let service = TestService::start(service, router).await;
+    let product = service.post("/products", json!({"product_id": "p1", "stock": 5})).await;
+    assert_eq!(product.status, StatusCode::CREATED, "{product:?}");
+    for _ in 0..2 {
+        let reserved = service.post("/products/p1/reservations", json!({"quantity": 1})).await;
+        assert_eq!(reserved.status, StatusCode::CREATED, "{reserved:?}");
+    }
+    service.drain().await;
+    assert_eq!(service.item("TALLY#p1").await.unwrap()["reserved"], 2);
+
+    let state = service
+        .get("/consumers/ledger/chain?destination=events&entity=PRODUCT%23p1&item=TALLY%23p1")
+        .await;
+    assert_eq!(state.status, StatusCode::OK, "{state:?}");
+    assert_eq!(state.body["consumer"], "ledger", "{state:?}");
+    assert_eq!(state.body["entity"], "PRODUCT#p1", "{state:?}");
+    assert_eq!(state.body["applied"]["seq"], 3, "{state:?}");
+    assert_eq!(state.body["applied"]["kept_in"], "TALLY#p1", "{state:?}");
+    let txn = state.body["applied"]["transaction_id"]
+        .as_str()
+        .expect("the transaction that applied it");
+    assert!(txn.parse::<outbox::protocol::TxnId>().is_ok(), "{state:?}");
+    assert_eq!(state.body["kept"], json!([]), "{state:?}");
+
+    let refused = service.get("/consumers/ledger/chain?destination=events").await;
+    assert_eq!(
+        (refused.status, refused.header("content-type")),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("application/problem+json")),
+        "{refused:?}"
+    );
+    service.stop().await;
+}

@@ -33,10 +33,14 @@ pub(super) fn attribute(name: &str) -> String {
 
 /// A position as stored.
 pub(super) fn value(applied: Applied) -> AttributeValue {
-    AttributeValue::M(HashMap::from([
+    let mut fields = HashMap::from([
         ("seq".to_owned(), n(applied.seq)),
         ("version".to_owned(), n(applied.version)),
-    ]))
+    ]);
+    if let Some(txn) = applied.txn {
+        fields.insert("txn".to_owned(), AttributeValue::S(txn.to_string()));
+    }
+    AttributeValue::M(fields)
 }
 
 /// The positions an item keeps, read back (none on most items). An `in:` attribute that
@@ -52,9 +56,16 @@ pub(crate) fn applied_of(layout: &TableLayout, item: &Item) -> Result<AppliedPos
         .map(|(attribute, name, value)| {
             let fields = map_of(&reader, attribute, value)?;
             let number = |field: &str| whole_number(&reader, attribute, fields, field);
+            // The transaction, where kept: one that cannot be read is left out (it only
+            // informs whoever looks, nothing decides on it).
+            let txn = match fields.get("txn") {
+                Some(AttributeValue::S(txn)) => txn.parse().ok(),
+                _ => None,
+            };
             let applied = Applied {
                 seq: number("seq")?,
                 version: number("version")?,
+                txn,
             };
             Ok((name.to_owned(), applied))
         })
@@ -151,7 +162,11 @@ mod tests {
         let layout = TableLayout::dedicated("t");
         let mut item = layout.key("SHIPMENT#1");
         item.insert("data".into(), s("{}".to_owned()));
-        let applied = Applied { seq: 4, version: 9 };
+        let applied = Applied {
+            seq: 4,
+            version: 9,
+            txn: Some(crate::protocol::TxnId::new_v7()),
+        };
         item.insert(attribute("shipping#events#ORDER#1"), value(applied));
         let read = applied_of(&layout, &item).unwrap();
         let expected: AppliedPositions = [("shipping#events#ORDER#1".to_owned(), applied)].into();

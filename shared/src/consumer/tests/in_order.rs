@@ -1358,3 +1358,68 @@ async fn every_order_of_an_upgrade_in_mid_chain_applies_each_message_once_in_ord
         assert!(waited > 0, "entity mode: {entity_mode}: waits reached");
     }
 }
+
+/// What the consumer did with a chain, as `consumer::state` reads it for whoever operates
+/// it, in both modes: nothing at first; then the seq applied last with the transaction
+/// that applied it, and a message kept waiting for its predecessor with how long it has
+/// waited; once the predecessor came, the last seq and nothing kept.
+#[tokio::test]
+async fn the_chain_state_shows_the_seq_applied_its_transaction_and_what_waits() {
+    use crate::consumer::state::{chain_state, ChainQuery};
+    let modes: [(Arc<dyn Handler>, Option<&str>); 2] = [
+        (Arc::new(Recording), None),
+        (Arc::new(RecordingInEntity), Some("APPLIED#ORDER#a")),
+    ];
+    for (handler, item) in modes {
+        let mode = item.map_or("transactional", |_| "entity");
+        let (clock, backend, consumer) = ordered_world(handler);
+        let mut query = ChainQuery::new(
+            "ordered".parse().unwrap(),
+            "events".parse().unwrap(),
+            "ORDER#a".parse().unwrap(),
+        );
+        if let Some(item) = item {
+            query = query.applied_in(item.parse().unwrap());
+        }
+        let state = || chain_state(backend.store.as_ref(), clock.as_ref(), &query);
+        let before = state().await.unwrap();
+        assert_eq!((before.applied, before.kept.len()), (None, 0), "{mode}");
+
+        consumer.consume(&placed("ORDER#a", 1)).await.unwrap();
+        let kept = consumer.consume(&placed("ORDER#a", 3)).await.unwrap();
+        assert!(matches!(kept, ConsumeOutcome::Kept { .. }), "{mode}: {kept:?}");
+        clock.advance(Duration::from_secs(90));
+        let waiting = state().await.unwrap();
+        let applied = waiting.applied.clone().expect("seq 1 applied");
+        assert_eq!(applied.seq, 1, "{mode}");
+        assert_eq!(
+            applied.transaction_id,
+            Some(consumer.txn_id("ORDER#a:1").to_string()),
+            "{mode}: the transaction that applied it"
+        );
+        assert_eq!(
+            applied.kept_in,
+            item.unwrap_or("IN#AT#ordered#events#ORDER#a"),
+            "{mode}"
+        );
+        let kept: Vec<_> = waiting
+            .kept
+            .iter()
+            .map(|kept| (kept.seq, kept.queue_message_id.as_str(), kept.waiting_s))
+            .collect();
+        assert_eq!(kept, [(3, "q-ORDER#a-3", 90)], "{mode}: seq 3 waits for seq 2");
+        assert_eq!((waiting.chain.as_str(), waiting.entity.as_str()), ("events", "ORDER#a"));
+
+        consumer.consume(&placed("ORDER#a", 2)).await.unwrap();
+        let after = state().await.unwrap();
+        let applied = after.applied.expect("seq 3 applied");
+        assert_eq!(applied.seq, 3, "{mode}");
+        assert_eq!(
+            applied.transaction_id,
+            Some(consumer.txn_id("ORDER#a:3").to_string()),
+            "{mode}"
+        );
+        assert!(after.kept.is_empty(), "{mode}: nothing waits: {:?}", after.kept);
+        assert_eq!(after.looked_through, 3 + crate::consumer::state::KEPT_LOOKAHEAD);
+    }
+}

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::aws::{load_sdk_config, AwsBackend, AwsClients, BackendError, RegionError, SdkConfig, SqsControlQueue};
 use crate::control::ControlPath;
-use crate::ports::{Clock, SystemClock};
+use crate::ports::{Clock, Store, SystemClock};
 use crate::settings::{vars, Settings};
 
 /// What the worker runs with.
@@ -15,6 +15,8 @@ pub struct Worker {
     pub control_queue: Arc<SqsControlQueue>,
     /// The clock.
     pub clock: Arc<dyn Clock>,
+    /// The table, for commands that read it (a consumer's state of a chain).
+    pub store: Arc<dyn Store>,
     /// The clients, for commands such as the redrive.
     pub clients: AwsClients,
     /// The control queue's URL.
@@ -69,6 +71,7 @@ impl Worker {
         Self {
             control: ControlPath::new(ports, settings.timing),
             control_queue: backend.control_queue(),
+            store: backend.store(clock.clone()),
             clock,
             clients: backend.clients,
             control_queue_url: backend.control_queue_url,
