@@ -26,6 +26,12 @@ async fn signal(stop: watch::Sender<bool>) {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    outbox::settings::help::print_if_asked(
+        "usage: api (no arguments; --help prints this)\n\
+         The orders API: its routes on OUTBOX_LISTEN_ADDR (default 127.0.0.1:3000), or inside Lambda\n\
+         through API Gateway; with no settings on the embedded backend, its control worker in this\n\
+         process.",
+    );
     let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
     outbox::logging::init();
     let settings = match Settings::from_env() {

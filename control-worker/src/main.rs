@@ -82,8 +82,8 @@ async fn main() -> ExitCode {
     let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
     outbox::logging::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if wants_help(&args) {
-        println!("{USAGE}");
+    if outbox::settings::help::asked_in(&args) {
+        println!("{}", outbox::settings::help::text(USAGE));
         return ExitCode::SUCCESS;
     }
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
@@ -113,12 +113,6 @@ async fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-/// Whether the arguments ask for help anywhere (`control-worker bootstrap --help` too): the
-/// usage is printed, and nothing runs.
-fn wants_help(args: &[String]) -> bool {
-    args.iter().any(|arg| arg == "--help" || arg == "-h")
 }
 
 /// The chain `consumer-state` asks about, from its arguments.
@@ -256,16 +250,6 @@ async fn run_worker(on_lambda: bool) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn help_is_asked_for_anywhere_and_nothing_else_is_help() {
-        let args = |list: &[&str]| list.iter().map(|arg| (*arg).to_owned()).collect::<Vec<_>>();
-        assert!(wants_help(&args(&["--help"])));
-        assert!(wants_help(&args(&["-h"])));
-        assert!(wants_help(&args(&["bootstrap", "outbox", "--help"])));
-        assert!(!wants_help(&args(&[])));
-        assert!(!wants_help(&args(&["bootstrap", "outbox", "--consumer", "help"])));
-    }
 
     #[test]
     fn consumer_state_reads_its_chain_and_refuses_what_is_not_one() {

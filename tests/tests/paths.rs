@@ -693,6 +693,9 @@ fn lambda_function_process() {
     if role == "verbose" {
         return verbose_function_process();
     }
+    if let Some(which) = role.strip_prefix("service-") {
+        return service_function_process(which);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
@@ -1268,4 +1271,119 @@ async fn no_log_level_writes_a_token_a_key_or_a_bodys_credentials() {
         "secrets: {} lines at the most verbose level (the function's own at TRACE, {runtime_debug} of the runtime at DEBUG), none holding a token, a key or a body's password",
         lines.len()
     );
+}
+
+/// The inventory's binary (`Service::from_env()...serve`) as one of its Lambda functions,
+/// as `lambda_function_process` starts it with role `service-consumer` or `service-api`,
+/// on emulators of its own: the table and queues its bootstrap makes, and the settings a
+/// template gives each function, the consumer's naming it (`OUTBOX_CONSUMER_NAME=ledger`).
+fn service_function_process(which: &str) {
+    use outbox::aws::{bootstrap, AwsClients, ConsumerResource, ResourceNames};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let stopped = runtime.block_on(async {
+        let emulator = outbox_tests::emulator::emulator();
+        let clients = AwsClients::new(&emulator.sdk_config().await);
+        let stack = outbox_tests::emulator::unique_name("one-binary");
+        let ledger = ConsumerResource::for_stack(&stack, "ledger".parse().unwrap(), "events".parse().unwrap(), []);
+        let resources = bootstrap(&clients, &ResourceNames::for_stack(&stack).with_consumer(ledger))
+            .await
+            .expect("the stack's table and queues");
+        let mut settings: Vec<(String, String)> = [
+            ("OUTBOX_BACKEND", "aws"),
+            ("OUTBOX_TABLE_NAME", resources.layout.table.as_str()),
+            ("OUTBOX_CONTROL_QUEUE_URL", resources.control_queue_url.as_str()),
+            ("OUTBOX_AUTH", "off"),
+            ("OUTBOX_AUTH_OFF_EXPOSED", "allow"),
+            ("AWS_ENDPOINT_URL", emulator.endpoint.as_str()),
+            ("AWS_ENDPOINT_URL_DYNAMODB", emulator.dynamodb_endpoint.as_str()),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+        ]
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .into();
+        if which == "consumer" {
+            let consumer = resources.consumer.as_ref().expect("the ledger's queues");
+            settings.extend(
+                consumer
+                    .variables()
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value)),
+            );
+        }
+        // This process is the function alone: its environment is its own to set.
+        for (name, value) in settings {
+            std::env::set_var(name, value);
+        }
+        outbox::service::Service::from_env()?
+            .consumer("ledger", "events", inventory::ledger::Ledger)?
+            .serve(|_outbox| inventory::router())
+            .await
+    });
+    panic!("the function stopped: {stopped:?}");
+}
+
+/// One binary deploys as the API's function and as its consumer's, each function's
+/// settings saying which (`Service::serve`): the inventory's service, with the ledger's
+/// settings (`OUTBOX_CONSUMER_NAME=ledger`), handles an SQS event as the ledger (its
+/// message processed, no item failed); without them, it answers its routes (the status
+/// route, through an API Gateway event). Each function runs on the fake Lambda.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_binary_is_the_api_or_its_consumer_as_its_functions_settings_say() {
+    use outbox_tests::fake_lambda::{FakeLambda, Invoke, Model, Seen};
+    let body = json!({"type": "StockReserved", "product_id": "p1", "quantity": 2, "reservation_id": "r-1"});
+    let mut event: Value = serde_json::from_str(include_str!("../fixtures/sam_sqs_receive_message.json")).unwrap();
+    event["Records"][0]["body"] = json!(body.to_string());
+    event["Records"][0]["messageAttributes"] = json!({
+        "outbox-message-id": {"stringValue": "one-binary-1", "dataType": "String", "stringListValues": [], "binaryListValues": []}
+    });
+    let consumer = FakeLambda::start(Model::OneAtATime).await;
+    consumer.invoke(Invoke {
+        request_id: "batch-1".to_owned(),
+        payload: event,
+        timeout: Duration::from_secs(60),
+    });
+    let _consumer = consumer.start_function("lambda_function_process", "service-consumer", None, "info");
+    let answer = consumer
+        .wait_for(
+            Duration::from_secs(120),
+            |seen| matches!(seen, Seen::Answered(id, _) if id == "batch-1"),
+        )
+        .await
+        .unwrap_or_else(|timeline| panic!("the ledger's batch was not answered:\n{timeline}"));
+    let Seen::Answered(_, answered) = answer.seen else {
+        unreachable!()
+    };
+    assert_eq!(answered, json!({"batchItemFailures": []}), "{}", consumer.describe());
+    let processed = consumer.timeline().iter().any(|event| {
+        matches!(&event.seen, Seen::Output(line) if line.contains("message consumed") && line.contains("processed"))
+    });
+    assert!(processed, "the ledger processed the message:\n{}", consumer.describe());
+
+    let api = FakeLambda::start(Model::OneAtATime).await;
+    let txn = TxnId::new_v7();
+    api.invoke(Invoke::http_get(
+        "get-1",
+        &format!("/transactions/{txn}"),
+        Duration::from_secs(30),
+    ));
+    let _api = api.start_function("lambda_function_process", "service-api", None, "info");
+    let answer = api
+        .wait_for(
+            Duration::from_secs(120),
+            |seen| matches!(seen, Seen::Answered(id, _) if id == "get-1"),
+        )
+        .await
+        .unwrap_or_else(|timeline| panic!("the API's request was not answered:\n{timeline}"));
+    let Seen::Answered(_, answered) = answer.seen else {
+        unreachable!()
+    };
+    assert_eq!(answered["statusCode"], 200, "{answered}\n{}", api.describe());
+    let status: Value = serde_json::from_str(answered["body"].as_str().unwrap()).unwrap();
+    assert_eq!(status, json!({"transaction_id": txn.to_string(), "status": "unknown"}));
+    println!("one binary: as the ledger's function, its SQS batch answered with no failure; as the API's, its status route answered");
 }

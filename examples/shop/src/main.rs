@@ -15,6 +15,11 @@ use shop::{router, Shop};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    outbox::settings::help::print_if_asked(
+        "usage: shop (no arguments; --help prints this)\n\
+         The shop: native DynamoDB actions beside the outbox, on SHOP_LISTEN_ADDR (default\n\
+         127.0.0.1:3001) or inside Lambda; it needs DynamoDB and SQS (SHOP_EVENTS_DESTINATION, default events).",
+    );
     outbox::logging::init();
     let settings = match Settings::from_env() {
         Ok(settings) => settings,

@@ -58,7 +58,7 @@ pub use name::{ConsumerName, InvalidConsumerName};
 pub use poller::{poll_once, run as run_poller};
 pub use retention::{Retention, RetentionError};
 #[cfg(feature = "consumer")]
-pub use serve::{serve, ServeError, Setup, LONG_POLL_WAIT};
+pub use serve::{serve, ServeError, Setup, CONSUMER_USAGE, LONG_POLL_WAIT};
 pub use settings::{consumer_vars, ConsumerBackend, ConsumerSettings};
 
 pub use crate::staging::Staging;

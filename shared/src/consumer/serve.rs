@@ -144,9 +144,18 @@ impl Setup {
     }
 }
 
+/// What `--help` says of a consumer's process ([`serve`]).
+pub const CONSUMER_USAGE: &str = "\
+usage: a consumer on the outbox (no arguments; --help prints this)
+It handles each message of its source queue once in effect: inside Lambda the queue's
+events, elsewhere it polls OUTBOX_CONSUMER_QUEUE_URL until SIGINT or SIGTERM.";
+
 /// Runs a consumer of `handler` as the environment says: inside Lambda its SQS events,
 /// elsewhere the local poller on `OUTBOX_CONSUMER_QUEUE_URL` until SIGINT or SIGTERM.
+/// Asked for help (`--help`, `-h`), it prints [`CONSUMER_USAGE`] and the settings it
+/// reads, and ends the process.
 pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), ServeError> {
+    crate::settings::help::print_if_asked(CONSUMER_USAGE);
     let on_lambda = std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
     let setup = Setup::new(ConsumerSettings::from_env()?, handler).await?;
     if on_lambda {

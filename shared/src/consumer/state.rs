@@ -138,17 +138,18 @@ pub struct KeptMessage {
     pub waiting_s: u64,
 }
 
-/// Consumer `query`'s state of `query`'s chain: the message applied last (the greater of
-/// its position item's and, with [`ChainQuery::applied_in`], its entity's key's), and the
-/// messages kept past it (up to [`KEPT_LOOKAHEAD`] `seq`s on). A message that waits on
-/// its queue rather than kept (too large to keep, or on a FIFO source) is not listed:
-/// the consumer's `InOrderWaitAge` metric measures the oldest of those.
-pub async fn chain_state(store: &dyn Store, clock: &dyn Clock, query: &ChainQuery) -> Result<ChainState, StoreError> {
-    let consumer = query.consumer.as_str();
-    let named = query.position(0);
-    let item = position_key(consumer, &named);
+/// The message applied last of `position`'s chain, as consumer `consumer` keeps it: its
+/// `seq`, the transaction that applied it and where it is kept; the greater of its
+/// position item's and, with `key` (entity mode), the key's.
+async fn applied_of(
+    store: &dyn Store,
+    consumer: &str,
+    position: &Position,
+    key: Option<&ItemKey>,
+) -> Result<Option<(u64, Option<String>, String)>, StoreError> {
     // The position item, where the consumer applies in a transaction: the seq, and the
     // transaction that moved it there.
+    let item = position_key(consumer, position);
     let mut applied = store
         .get_items(std::slice::from_ref(&item))
         .await?
@@ -157,18 +158,39 @@ pub async fn chain_state(store: &dyn Store, clock: &dyn Clock, query: &ChainQuer
             let seq = read.data["applied"].as_u64()?;
             Some((seq, read.data["txn"].as_str().map(str::to_owned), item.to_string()))
         });
-    if let Some(key) = &query.applied_in {
-        let name = applied_name(consumer, &named);
-        let read = store
-            .get_keys(std::slice::from_ref(key))
-            .await?
-            .remove(key)
-            .unwrap_or_default();
-        if let Some(held) = read.applied.get(&name) {
-            if applied.as_ref().is_none_or(|(seq, _, _)| held.seq >= *seq) {
-                applied = Some((held.seq, held.txn.map(|txn| txn.to_string()), key.to_string()));
-            }
+    let Some(key) = key else {
+        return Ok(applied);
+    };
+    let read = match store.get_keys(std::slice::from_ref(key)).await {
+        Ok(mut keys) => keys.remove(key).unwrap_or_default(),
+        // A store that keeps no positions in keys: the item alone.
+        Err(StoreError::Unsupported(_)) => return Ok(applied),
+        Err(error) => return Err(error),
+    };
+    if let Some(held) = read.applied.get(&applied_name(consumer, position)) {
+        if applied.as_ref().is_none_or(|(seq, _, _)| held.seq >= *seq) {
+            applied = Some((held.seq, held.txn.map(|txn| txn.to_string()), key.to_string()));
         }
+    }
+    Ok(applied)
+}
+
+/// Consumer `query`'s state of `query`'s chain: the message applied last (the greater of
+/// its position item's and, with [`ChainQuery::applied_in`], its entity's key's), and the
+/// messages kept past it (up to [`KEPT_LOOKAHEAD`] `seq`s on). A chain that names its
+/// producer and has no position of its own yet stands where the unnamed chain does, as
+/// the consumer continues it. A message that waits on
+/// its queue rather than kept (too large to keep, or on a FIFO source) is not listed:
+/// the consumer's `InOrderWaitAge` metric measures the oldest of those.
+pub async fn chain_state(store: &dyn Store, clock: &dyn Clock, query: &ChainQuery) -> Result<ChainState, StoreError> {
+    let consumer = query.consumer.as_str();
+    let named = query.position(0);
+    let mut applied = applied_of(store, consumer, &named, query.applied_in.as_ref()).await?;
+    // A chain its producer names with no position of its own yet continues the unnamed
+    // one (what the consumer kept before the producer named itself), as the consumer
+    // does: that is where it stands.
+    if applied.is_none() && named.producer.is_some() {
+        applied = applied_of(store, consumer, &named.unnamed(), query.applied_in.as_ref()).await?;
     }
     let from = applied.as_ref().map_or(0, |(seq, _, _)| *seq);
     let looked_through = from + KEPT_LOOKAHEAD;

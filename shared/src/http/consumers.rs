@@ -2,7 +2,8 @@
 //! ([`crate::consumer::state`]): `GET /consumers/{consumer}/chain?destination=…&entity=…`
 //! (`&item=…` for a consumer that applies in entity mode: the item it applies the
 //! entity's messages to; `&producer=…` for a chain another table keeps: the chain is the
-//! service's own table's unless it names another). It shows the
+//! service's own table's unless it names another, and the answer's `chain` says which it
+//! read). It shows the
 //! consumer's records, so the service mounts it where its operators sign in:
 //!
 //! ```
@@ -27,10 +28,11 @@ pub const CHAIN_PATH: &str = "/consumers/{consumer}/chain";
 /// Which chain ([`ChainQuery`]).
 #[derive(Debug, Deserialize)]
 pub struct ChainParams {
-    /// The destination the consumer consumes (the chain's).
-    pub destination: String,
-    /// The entity whose chain it is (its key, such as `ORDER#42`, `#` written `%23`).
-    pub entity: String,
+    /// The destination the consumer consumes (the chain's); required.
+    pub destination: Option<String>,
+    /// The entity whose chain it is (its key, such as `ORDER#42`, `#` written `%23`);
+    /// required.
+    pub entity: Option<String>,
     /// The table that keeps the chain (the `producer=` of the messages' position): by
     /// default the service's own.
     pub producer: Option<String>,
@@ -52,13 +54,15 @@ pub async fn consumer_chain(
     let consumer = consumer
         .parse()
         .map_err(|_| invalid("consumer", "must be a consumer's name"))?;
-    let Query(params) = params.map_err(|_| invalid("destination", "destination and entity are required"))?;
+    let Query(params) = params.map_err(|_| invalid("query", "must be destination=…&entity=…[&producer=…][&item=…]"))?;
     let destination = params
         .destination
+        .ok_or_else(|| invalid("destination", "is required: the destination the consumer consumes"))?
         .parse()
         .map_err(|_| invalid("destination", "must be a destination's name"))?;
     let entity = params
         .entity
+        .ok_or_else(|| invalid("entity", "is required: the key of the entity whose chain it is"))?
         .parse()
         .map_err(|_| invalid("entity", "must be an item key"))?;
     let outbox = scope.outbox();

@@ -59,6 +59,22 @@ pub enum ServiceError {
     /// The Lambda runtime failed.
     #[error(transparent)]
     Lambda(crate::http::lambda::LambdaError),
+    /// The process ran as one of the service's consumers, which failed
+    /// ([`super::Service::serve`]).
+    #[error("the consumer failed")]
+    Consumer(#[source] crate::consumer::ServeError),
+    /// `OUTBOX_CONSUMER_NAME` names a consumer the service does not register.
+    #[error(
+        "{}={name} names no consumer of this service (it registers: {}); unset it to serve the routes",
+        crate::consumer::consumer_vars::NAME,
+        registered.join(", ")
+    )]
+    NotAConsumer {
+        /// The name the setting gives.
+        name: String,
+        /// The consumers the service registers.
+        registered: Vec<String>,
+    },
     /// The table is one this process must not write (replicated to other Regions, or
     /// written from another Region), or could not be described.
     #[error(transparent)]

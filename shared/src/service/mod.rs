@@ -57,6 +57,13 @@ use crate::settings::{Backend, Settings};
 /// Where a local server listens, `OUTBOX_LISTEN_ADDR` (default `127.0.0.1:3000`).
 pub const LISTEN_ADDR: &str = "OUTBOX_LISTEN_ADDR";
 
+/// What `--help` says of a service's process ([`Service::from_env`]).
+pub const SERVICE_USAGE: &str = "\
+usage: a service on the outbox (no arguments; --help prints this)
+It serves its routes, with the transaction status route, and runs its consumers in this
+process on the embedded backend. On AWS it serves the routes alone, or, where
+OUTBOX_CONSUMER_NAME names one of its consumers, it is that consumer.";
+
 /// The address a local server listens on when [`LISTEN_ADDR`] is not set.
 pub const DEFAULT_LISTEN_ADDR: &str = "127.0.0.1:3000";
 
@@ -80,10 +87,34 @@ pub struct Service {
 }
 
 impl Service {
+    /// The registered consumer this process is, where it runs on AWS and
+    /// `OUTBOX_CONSUMER_NAME` names one ([`Self::serve`]).
+    fn consumer_of_this_process(&self) -> Result<Option<Arc<dyn Handler>>, ServiceError> {
+        if matches!(self.settings.backend, Backend::Embedded) {
+            return Ok(None);
+        }
+        let Ok(name) = std::env::var(crate::consumer::consumer_vars::NAME) else {
+            return Ok(None);
+        };
+        match self.consumers.iter().find(|consumer| consumer.name.as_str() == name) {
+            Some(consumer) => Ok(Some(consumer.handler.clone())),
+            None => Err(ServiceError::NotAConsumer {
+                name,
+                registered: self
+                    .consumers
+                    .iter()
+                    .map(|consumer| consumer.name.to_string())
+                    .collect(),
+            }),
+        }
+    }
+
     /// The service the environment describes (the `OUTBOX_*` variables; with none, the
     /// embedded backend), with the process's logging installed
-    /// ([`crate::logging::init`]).
+    /// ([`crate::logging::init`]). Asked for help (`--help`, `-h`), it prints
+    /// [`SERVICE_USAGE`] and the settings it reads, and ends the process.
     pub fn from_env() -> Result<Self, ServiceError> {
+        crate::settings::help::print_if_asked(SERVICE_USAGE);
         crate::logging::init();
         let mut service = Self::new(Settings::from_env()?);
         service.owns_logging = true;
@@ -187,7 +218,7 @@ impl Service {
                 };
                 for consumer in &consumers {
                     tracing::info!(consumer = %consumer.name, source = %consumer.source,
-                        "on AWS this consumer runs as its own function (outbox::consumer::serve), not in this process");
+                        "on AWS this consumer runs as its own function or process (this binary with OUTBOX_CONSUMER_NAME naming it, or outbox::consumer::serve), not in this process");
                 }
                 Ok(Running {
                     outbox: backend.outbox(&settings, clock),
@@ -206,7 +237,21 @@ impl Service {
     /// Starts the service ([`Self::start`]), builds its router with `app` from the
     /// request path, and serves it until the process is asked to stop
     /// ([`Running::serve`]).
+    ///
+    /// On AWS (or the emulators), a process whose settings name one of the service's
+    /// consumers (`OUTBOX_CONSUMER_NAME`, as its function's or its process's settings
+    /// give it) is that consumer instead ([`crate::consumer::serve`]: inside Lambda its
+    /// queue's events, elsewhere its poller): one binary deploys as the API and as each
+    /// consumer, each function's settings saying which, with no switch of its own. A
+    /// name the service does not register is refused.
     pub async fn serve(self, app: impl FnOnce(Outbox) -> Router) -> Result<(), ServiceError> {
+        if let Some(handler) = self.consumer_of_this_process()? {
+            let served = crate::consumer::serve(handler).await;
+            if self.owns_logging {
+                crate::logging::finish();
+            }
+            return served.map_err(ServiceError::Consumer);
+        }
         let running = self.start().await?;
         let app = app(running.outbox.clone());
         running.serve(app).await

@@ -10,6 +10,7 @@ use crate::protocol::DestinationName;
 pub use crate::protocol::FifoGrouping;
 use reader::{BackendKind, Reader};
 
+pub mod help;
 mod layout;
 pub(crate) mod reader;
 

@@ -706,5 +706,9 @@ async fn an_in_order_ledgers_place_in_a_products_chain_is_in_sight() {
         (StatusCode::UNPROCESSABLE_ENTITY, Some("application/problem+json")),
         "{refused:?}"
     );
+    assert!(
+        refused.body.to_string().contains("\"entity\""),
+        "names the field missing: {refused:?}"
+    );
     service.stop().await;
 }

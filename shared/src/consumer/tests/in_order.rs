@@ -1423,3 +1423,31 @@ async fn the_chain_state_shows_the_seq_applied_its_transaction_and_what_waits() 
         assert_eq!(after.looked_through, 3 + crate::consumer::state::KEPT_LOOKAHEAD);
     }
 }
+
+/// A chain its producer names, with no position of its own yet, stands where the unnamed
+/// chain does (what the consumer applied before the producer named itself), as the
+/// consumer continues it: the state reads it there, not as nothing applied.
+#[tokio::test]
+async fn the_chain_state_of_a_newly_named_chain_is_where_the_unnamed_one_stands() {
+    use crate::consumer::state::{chain_state, ChainQuery};
+    let (clock, backend, consumer) = ordered_world(Arc::new(Recording));
+    for seq in [1, 2] {
+        consumer.consume(&placed("ORDER#a", seq)).await.unwrap();
+    }
+    let query = ChainQuery::new(
+        "ordered".parse().unwrap(),
+        "events".parse().unwrap(),
+        "ORDER#a".parse().unwrap(),
+    )
+    .producer("orders".parse().unwrap());
+    let state = chain_state(backend.store.as_ref(), clock.as_ref(), &query)
+        .await
+        .unwrap();
+    assert_eq!(state.chain, "events@orders");
+    let applied = state.applied.expect("the unnamed chain's place");
+    assert_eq!(
+        (applied.seq, applied.kept_in.as_str()),
+        (2, "IN#AT#ordered#events#ORDER#a")
+    );
+    assert_eq!(state.looked_through, 2 + crate::consumer::state::KEPT_LOOKAHEAD);
+}
