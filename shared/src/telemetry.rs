@@ -12,7 +12,7 @@ use crate::protocol::TraceContext;
 
 #[cfg(feature = "otel")]
 pub mod export;
-#[cfg(any(feature = "consumer", feature = "otel"))]
+#[cfg(any(feature = "consumer", feature = "otel", feature = "worker"))]
 pub mod lambda;
 #[cfg(all(test, feature = "otel"))]
 mod tests;

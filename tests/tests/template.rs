@@ -3033,3 +3033,46 @@ fn lambda_managed_instances_are_off_by_default_and_on_every_function_when_set() 
         );
     }
 }
+
+/// The control worker's function the guide gives a crate of its own ("A crate of your
+/// own") is the template's: its build method, handler, runtime, timeout, its SQS event's
+/// batch size and response types, and settings the worker reads.
+#[test]
+fn the_guides_control_worker_function_is_the_templates() {
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/GUIDE.md")).unwrap();
+    let section = &guide[guide.find("## A crate of your own").expect("the section")..];
+    let block = &section[section.find("```yaml\n").expect("its YAML block") + "```yaml\n".len()..];
+    let block = &block[..block.find("```").unwrap()];
+    let fragment = YamlLoader::load_from_str(block).expect("valid YAML").remove(0);
+    let guides = &fragment["ControlWorkerFunction"];
+    let template = template();
+    let ours = &template["Resources"]["ControlWorkerFunction"];
+    let globals = &template["Globals"]["Function"];
+    assert_eq!(guides["Metadata"]["BuildMethod"], ours["Metadata"]["BuildMethod"]);
+    for (property, want) in [
+        ("Handler", &globals["Handler"]),
+        ("Runtime", &globals["Runtime"]),
+        ("Timeout", &ours["Properties"]["Timeout"]),
+    ] {
+        assert_eq!(&guides["Properties"][property], want, "{property}");
+    }
+    let event = |function: &Yaml| {
+        let events = function["Properties"]["Events"].as_hash().expect("events").clone();
+        events
+            .into_iter()
+            .map(|(_, event)| event)
+            .find(|event| event["Type"].as_str() == Some("SQS"))
+            .expect("an SQS event")
+    };
+    let (guides_event, our_event) = (event(guides), event(ours));
+    for property in ["BatchSize", "FunctionResponseTypes"] {
+        assert_eq!(
+            guides_event["Properties"][property], our_event["Properties"][property],
+            "{property}"
+        );
+    }
+    let read = variables_the_settings_read();
+    for name in names(&guides["Properties"]["Environment"]["Variables"]) {
+        assert!(read.contains(&name), "{name} is no setting the worker reads");
+    }
+}

@@ -9,8 +9,11 @@
 //! - [`batch_metrics`]: a batch's report as CloudWatch Embedded Metric Format.
 //! - [`poll`]: the local poller over the control queue, as the binary runs it.
 //! - [`setup`]: from settings to a ready control path and control queue.
+//! - [`cli`]: the whole command line of the `control-worker` binary (the worker, redrive,
+//!   release, consumer-state, bootstrap), for a binary of one line in a crate of your own.
 
 pub mod batch_metrics;
+pub mod cli;
 pub mod lambda;
 pub mod poll;
 pub mod setup;

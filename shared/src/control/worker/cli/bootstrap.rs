@@ -6,15 +6,15 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use outbox::aws::{
+use crate::aws::{
     bootstrap, load_sdk_config, AwsClients, BootstrappedConsumer, ConsumerResource, ResourceNames, Resources,
     SortKeyValue,
 };
-use outbox::consumer::{consumer_vars, ConsumerName, Retention};
-use outbox::protocol::DestinationName;
-use outbox::settings::{layout_from_env, vars, write_region_from_lookup};
+use crate::consumer::{consumer_vars, ConsumerName, Retention};
+use crate::protocol::DestinationName;
+use crate::settings::{layout_from_env, vars, write_region_from_lookup};
 
-use crate::report;
+use super::report;
 
 /// What `bootstrap` was asked for.
 #[derive(Debug, PartialEq, Eq)]
@@ -90,7 +90,7 @@ impl<'a> Request<'a> {
 /// A destination's name from the command line.
 fn destination(text: &str) -> Result<DestinationName, String> {
     text.parse()
-        .map_err(|error: outbox::protocol::InvalidDestination| error.to_string())
+        .map_err(|error: crate::protocol::InvalidDestination| error.to_string())
 }
 
 /// Creates what is missing and prints the settings.
