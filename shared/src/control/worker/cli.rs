@@ -40,7 +40,10 @@
 //!   it: `AWS_ENDPOINT_URL_DYNAMODB` (DynamoDB Local), else `AWS_ENDPOINT_URL`, else AWS;
 //!   the queues, topics and buses to `AWS_ENDPOINT_URL` (moto). The table is `OUTBOX_TABLE_NAME`
 //!   if set (an existing table must have the key schema the layout variables name:
-//!   `OUTBOX_PARTITION_KEY`, `OUTBOX_SORT_KEY`, ...).
+//!   `OUTBOX_PARTITION_KEY`, `OUTBOX_SORT_KEY`, ...). With `--env-file PATH` it also
+//!   writes the same settings to PATH as `NAME=value` lines, the process's alone, so that
+//!   the API's and each consumer's live side by side (`env $(cat PATH) COMMAND`,
+//!   `cargo lambda watch --env-file PATH`).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -78,7 +81,7 @@ async fn shutdown_signal() {
 }
 
 /// What `--help` prints, and a wrong command line beside its problem.
-pub const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | release TXN_ID [ITEM_KEY] | consumer-state CONSUMER DESTINATION ENTITY [--producer TABLE] [--item ITEM_KEY] | --help | bootstrap [STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME [--source DEST] [--publishes DEST]...]";
+pub const USAGE: &str = "usage: control-worker [poll] | redrive DEAD_LETTER_QUEUE_URL [SOURCE_QUEUE_URL] | release TXN_ID [ITEM_KEY] | consumer-state CONSUMER DESTINATION ENTITY [--producer TABLE] [--item ITEM_KEY] | --help | bootstrap [STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME [--source DEST] [--publishes DEST]...] [--env-file PATH]";
 
 /// The control worker's binary: reads its arguments and runs as they say (see the
 /// module's list), on a Tokio runtime of its own. Inside Lambda (no arguments) it handles

@@ -26,6 +26,9 @@ pub struct Request<'a> {
     pub events_via: &'a str,
     /// The consumer whose settings to print rather than the API's and the worker's.
     pub consumer: Option<ConsumerRequest>,
+    /// Where to write the same settings as an environment file of this process alone
+    /// (`--env-file PATH`).
+    pub env_file: Option<&'a str>,
 }
 
 /// The consumer that `--consumer NAME [--source DEST] [--publishes DEST]...` names.
@@ -41,12 +44,14 @@ pub struct ConsumerRequest {
 
 impl<'a> Request<'a> {
     /// Reads `[STACK] [--events-via sqs|sqs-fifo|sns|eventbridge] [--consumer NAME [--source DEST]
-    /// [--publishes DEST]...]`; the error says what is wrong with the arguments.
+    /// [--publishes DEST]...] [--env-file PATH]`; the error says what is wrong with the
+    /// arguments.
     pub fn parse(args: &[&'a str]) -> Result<Self, String> {
         let mut request = Request {
             stack: "outbox",
             events_via: "sqs",
             consumer: None,
+            env_file: None,
         };
         let mut stack_seen = false;
         let mut name = None;
@@ -57,6 +62,7 @@ impl<'a> Request<'a> {
             let mut value = || args.next().copied().ok_or_else(|| format!("{arg} takes a value"));
             match arg {
                 "--events-via" => request.events_via = value()?,
+                "--env-file" => request.env_file = Some(value()?),
                 "--consumer" if name.is_some() => return Err("--consumer is given twice".to_owned()),
                 "--consumer" => name = Some(value()?.parse::<ConsumerName>().map_err(|e| e.to_string())?),
                 "--source" if source.is_some() => return Err("--source is given twice".to_owned()),
@@ -125,61 +131,94 @@ pub async fn run(request: Request<'_>, usage: &str) -> ExitCode {
         Ok(resources) => resources,
         Err(error) => return report(&error),
     };
-    print_table(&resources);
-    if let Some(consumer) = &resources.consumer {
-        print_consumer(consumer);
-        return ExitCode::SUCCESS;
-    }
-    let again = match request.events_via {
-        "sqs" => request.stack.to_owned(),
-        kind => format!("{} --events-via {kind}", request.stack),
+    let mut out = Vec::new();
+    print_table(&resources, &mut out);
+    let status = match &resources.consumer {
+        Some(consumer) => {
+            print_consumer(consumer, &mut out);
+            ExitCode::SUCCESS
+        }
+        None => {
+            let again = match request.events_via {
+                "sqs" => request.stack.to_owned(),
+                kind => format!("{} --events-via {kind}", request.stack),
+            };
+            print_producer(&clients, &resources, &again, &mut out).await
+        }
     };
-    print_producer(&clients, &resources, &again).await
+    for line in &out {
+        println!("{line}");
+    }
+    match request.env_file.filter(|_| status == ExitCode::SUCCESS) {
+        Some(path) => match std::fs::write(path, env_file(&out)) {
+            Ok(()) => status,
+            Err(error) => {
+                eprintln!("could not write {path}: {error}");
+                ExitCode::FAILURE
+            }
+        },
+        None => status,
+    }
+}
+
+/// The settings among `lines` as an environment file of this process alone: `NAME=value`
+/// lines, for `env $(cat FILE) COMMAND`, `set -a; . FILE`, or `cargo lambda watch
+/// --env-file FILE`, so that each process's settings live side by side.
+fn env_file(lines: &[String]) -> String {
+    lines
+        .iter()
+        .filter_map(|line| line.strip_prefix("export "))
+        .map(|setting| format!("{setting}\n"))
+        .collect()
 }
 
 /// The backend and the table's layout: the same for every binary.
-fn print_table(resources: &Resources) {
-    println!("export {}=aws", vars::BACKEND);
+fn print_table(resources: &Resources, out: &mut Vec<String>) {
+    out.push(format!("export {}=aws", vars::BACKEND));
     let layout = &resources.layout;
-    println!("export {}={}", vars::TABLE_NAME, layout.table);
-    println!("export {}={}", vars::PARTITION_KEY, layout.partition_key);
+    out.push(format!("export {}={}", vars::TABLE_NAME, layout.table));
+    out.push(format!("export {}={}", vars::PARTITION_KEY, layout.partition_key));
     if let Some(sort_key) = &layout.sort_key {
-        println!("export {}={}", vars::SORT_KEY, sort_key.attribute);
+        out.push(format!("export {}={}", vars::SORT_KEY, sort_key.attribute));
         if let SortKeyValue::Constant(value) = &sort_key.value {
-            println!("export {}={value}", vars::SORT_KEY_VALUE);
+            out.push(format!("export {}={value}", vars::SORT_KEY_VALUE));
         }
     }
-    println!("export {}={}", vars::TTL_ATTRIBUTE, layout.ttl_attribute);
+    out.push(format!("export {}={}", vars::TTL_ATTRIBUTE, layout.ttl_attribute));
     if let Some(region) = &resources.write_region {
-        println!("export {}={region}", vars::WRITE_REGION);
+        out.push(format!("export {}={region}", vars::WRITE_REGION));
     }
 }
 
 /// The settings of the API and the worker; `again` is how to name this bootstrap again.
-async fn print_producer(clients: &AwsClients, resources: &Resources, again: &str) -> ExitCode {
+async fn print_producer(clients: &AwsClients, resources: &Resources, again: &str, out: &mut Vec<String>) -> ExitCode {
     let destinations: Vec<String> = resources
         .destinations
         .iter()
         .map(|(name, target)| format!("{name}={target}"))
         .collect();
-    println!("export {}={}", vars::CONTROL_QUEUE_URL, resources.control_queue_url);
-    println!("export {}={}", vars::DESTINATIONS, destinations.join(","));
-    println!(
+    out.push(format!(
+        "export {}={}",
+        vars::CONTROL_QUEUE_URL,
+        resources.control_queue_url
+    ));
+    out.push(format!("export {}={}", vars::DESTINATIONS, destinations.join(",")));
+    out.push(format!(
         "# control dead-letter queue: {}",
         resources.control_dead_letter_queue_url
-    );
+    ));
     // Where the environment sends DynamoDB: the SDK's per-service endpoint, else the
     // shared one (a profile's endpoint settings are not looked at here).
     let dynamodb = ["AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL"]
         .iter()
         .find_map(|name| std::env::var(name).ok().map(|url| format!("{url} ({name})")))
         .unwrap_or_else(|| "the region's endpoint".to_owned());
-    println!(
+    out.push(format!(
         "# table {} on DynamoDB at {dynamodb}, per the environment",
         resources.layout.table
-    );
+    ));
     for (name, url) in &resources.delivery_queues {
-        println!("# {name}: read the messages from {url}");
+        out.push(format!("# {name}: read the messages from {url}"));
         // A consumer of this queue keeps its dedup data for what these queues really
         // keep, plus the producer's re-send window (C4).
         let (source, dead_letter) = match resources.delivery_retention(clients, name).await {
@@ -191,7 +230,7 @@ async fn print_producer(clients: &AwsClients, resources: &Resources, again: &str
             dead_letter_queue: dead_letter,
             resend_window: Duration::from_secs(24 * 3600),
         };
-        println!(
+        out.push(format!(
             "# a consumer of {name}: {}={url} {}={} {}={} (with the default 1-day {}: dedup data kept {} s from dispatch)",
             consumer_vars::QUEUE_URL,
             consumer_vars::SOURCE_RETENTION_SECONDS,
@@ -200,28 +239,49 @@ async fn print_producer(clients: &AwsClients, resources: &Resources, again: &str
             dead_letter.as_secs(),
             consumer_vars::RESEND_WINDOW_SECONDS,
             retention.derived().as_secs()
-        );
+        ));
     }
-    println!(
+    out.push(format!(
         "# a consumer's settings: control-worker bootstrap {again} --consumer NAME [--source DEST] [--publishes DEST]..."
-    );
-    println!("#   (the worked consumer's: control-worker bootstrap {again} --consumer shipping --publishes shipments)");
+    ));
+    out.push(format!(
+        "#   (the worked consumer's: control-worker bootstrap {again} --consumer shipping --publishes shipments)"
+    ));
     ExitCode::SUCCESS
 }
 
 /// The settings of the consumer, and where it publishes.
-fn print_consumer(consumer: &BootstrappedConsumer) {
+fn print_consumer(consumer: &BootstrappedConsumer, out: &mut Vec<String>) {
     for (variable, value) in consumer.variables() {
-        println!("export {variable}={value}");
+        out.push(format!("export {variable}={value}"));
     }
     for (name, target) in &consumer.destinations {
-        println!("# {name}: the consumer publishes to {target}");
+        out.push(format!("# {name}: the consumer publishes to {target}"));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_env_file_holds_the_settings_alone_and_is_asked_for_by_path() {
+        let lines = [
+            "export OUTBOX_BACKEND=aws".to_owned(),
+            "# table t on DynamoDB".to_owned(),
+            "export OUTBOX_DESTINATIONS=shipments=sqs:http://q".to_owned(),
+        ];
+        assert_eq!(
+            env_file(&lines),
+            "OUTBOX_BACKEND=aws\nOUTBOX_DESTINATIONS=shipments=sqs:http://q\n"
+        );
+        let request = Request::parse(&["outbox", "--consumer", "shipping", "--env-file", "shipping.env"]).unwrap();
+        assert_eq!(request.env_file, Some("shipping.env"));
+        assert_eq!(Request::parse(&["outbox"]).unwrap().env_file, None);
+        assert!(Request::parse(&["outbox", "--env-file"])
+            .unwrap_err()
+            .contains("takes a value"));
+    }
 
     fn consumer(args: &[&str]) -> ConsumerRequest {
         Request::parse(args)
