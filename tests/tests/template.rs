@@ -3072,7 +3072,12 @@ fn the_guides_control_worker_function_is_the_templates() {
         );
     }
     let read = variables_the_settings_read();
-    for name in names(&guides["Properties"]["Environment"]["Variables"]) {
+    let settings = names(&guides["Properties"]["Environment"]["Variables"]);
+    assert!(
+        settings.contains("OUTBOX_BACKEND"),
+        "the guide's function gives its settings: {settings:?}"
+    );
+    for name in settings {
         assert!(read.contains(&name), "{name} is no setting the worker reads");
     }
 }

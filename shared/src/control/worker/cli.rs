@@ -148,15 +148,17 @@ fn state_query(consumer: &str, destination: &str, entity: &str, options: &[&str]
     Ok(query)
 }
 
+/// The worker the `OUTBOX_*` settings describe, or, having reported why not, the exit code.
+async fn worker_from_env() -> Result<Worker, ExitCode> {
+    let settings = Settings::from_env().map_err(|error| report(&error))?;
+    Worker::from_settings(&settings).await.map_err(|error| report(&error))
+}
+
 /// Prints a consumer's state of one chain, as JSON.
 async fn run_consumer_state(query: ChainQuery) -> ExitCode {
-    let settings = match Settings::from_env() {
-        Ok(settings) => settings,
-        Err(error) => return report(&error),
-    };
-    let worker = match Worker::from_settings(&settings).await {
+    let worker = match worker_from_env().await {
         Ok(worker) => worker,
-        Err(error) => return report(&error),
+        Err(exit) => return exit,
     };
     // The chain is the table's own unless --producer names another.
     let query = match (query.names_producer(), worker.store.producer()) {
@@ -187,13 +189,9 @@ async fn run_release(txn_id: &str, item: Option<&str>) -> ExitCode {
         Ok(item) => item,
         Err(error) => return report(&error),
     };
-    let settings = match Settings::from_env() {
-        Ok(settings) => settings,
-        Err(error) => return report(&error),
-    };
-    let worker = match Worker::from_settings(&settings).await {
+    let worker = match worker_from_env().await {
         Ok(worker) => worker,
-        Err(error) => return report(&error),
+        Err(exit) => return exit,
     };
     let released = worker.control.release(txn_id, item).await;
     crate::logging::finish();
@@ -227,13 +225,9 @@ async fn run_redrive(dead_letters: &str, source: Option<&str>) -> ExitCode {
 }
 
 async fn run_worker(on_lambda: bool) -> ExitCode {
-    let settings = match Settings::from_env() {
-        Ok(settings) => settings,
-        Err(error) => return report(&error),
-    };
-    let worker = match Worker::from_settings(&settings).await {
+    let worker = match worker_from_env().await {
         Ok(worker) => worker,
-        Err(error) => return report(&error),
+        Err(exit) => return exit,
     };
     if on_lambda {
         // Shared by the batches in flight at once on Lambda Managed Instances: the control
