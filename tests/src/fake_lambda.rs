@@ -210,12 +210,33 @@ impl Drop for FakeLambda {
 }
 
 /// The function's process: killed when dropped.
-pub struct Function(Child);
+pub struct Function {
+    child: Child,
+    /// Says when the process's standard error was read to its end.
+    output_read: std::sync::mpsc::Receiver<()>,
+}
+
+impl Function {
+    /// Kills the process and waits (at most `within`) until every line it wrote to its
+    /// standard error is in the timeline: a line written before an answer may still be
+    /// in the pipe when the answer is seen.
+    ///
+    /// # Panics
+    ///
+    /// If its standard error is still open after `within` (something it started holds it).
+    pub fn stop(mut self, within: Duration) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.output_read
+            .recv_timeout(within)
+            .unwrap_or_else(|_| panic!("the function's standard error was still open {within:?} after it stopped"));
+    }
+}
 
 impl Drop for Function {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -339,12 +360,14 @@ impl FakeLambda {
         let mut child = command.spawn().expect("the function's process starts");
         let stderr = child.stderr.take().expect("its standard error");
         let shared = self.shared.clone();
+        let (read, output_read) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 shared.note(Seen::Output(line));
             }
+            let _ = read.send(());
         });
-        Function(child)
+        Function { child, output_read }
     }
 }
 

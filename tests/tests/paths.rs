@@ -1204,7 +1204,7 @@ async fn no_log_level_writes_a_token_a_key_or_a_bodys_credentials() {
         "credentials-in-the-body",
         json!({"customer_id": "c-1", "items": [], "password": SECRETS[3]}),
     ));
-    let _function = lambda.start_function(
+    let function = lambda.start_function(
         "lambda_function_process",
         "verbose",
         None,
@@ -1223,6 +1223,8 @@ async fn no_log_level_writes_a_token_a_key_or_a_bodys_credentials() {
         };
         assert_eq!(body["statusCode"], status, "{request_id}: {body}");
     }
+    // Every line it wrote, to the last: some may still be in the pipe after its answers.
+    function.stop(Duration::from_secs(30));
     let lines: Vec<String> = lambda
         .timeline()
         .into_iter()
@@ -1347,7 +1349,7 @@ async fn one_binary_is_the_api_or_its_consumer_as_its_functions_settings_say() {
         payload: event,
         timeout: Duration::from_secs(60),
     });
-    let _consumer = consumer.start_function("lambda_function_process", "service-consumer", None, "info");
+    let consumer_function = consumer.start_function("lambda_function_process", "service-consumer", None, "info");
     let answer = consumer
         .wait_for(
             Duration::from_secs(120),
@@ -1359,6 +1361,8 @@ async fn one_binary_is_the_api_or_its_consumer_as_its_functions_settings_say() {
         unreachable!()
     };
     assert_eq!(answered, json!({"batchItemFailures": []}), "{}", consumer.describe());
+    // Its log line was written before its answer, and may still be in the pipe.
+    consumer_function.stop(Duration::from_secs(30));
     let processed = consumer.timeline().iter().any(|event| {
         matches!(&event.seen, Seen::Output(line) if line.contains("message consumed") && line.contains("processed"))
     });
