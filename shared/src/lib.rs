@@ -15,6 +15,7 @@
 //!   in its commits. [`control`]: the control path, with its poller, the redelivery of
 //!   failed control messages and (feature `worker`) the control worker's Lambda handler
 //!   and set-up. [`publish`]: batching and retrying sends, shared by every publisher.
+//! - [`prelude`]: one `use` for a service's handlers and consumers.
 //! - [`settings`]: configuration from the environment, validated.
 //! - [`embedded`]: the in-process backend. [`aws`]: the DynamoDB and SQS adapters.
 //!   [`wiring`]: the paths' ports from either backend.
@@ -46,6 +47,7 @@ pub mod logging;
 pub mod metrics;
 pub mod native;
 pub mod ports;
+pub mod prelude;
 pub mod protocol;
 pub mod publish;
 pub mod request;

@@ -3,13 +3,13 @@
 //! each reservation exactly once ([`ledger`]). `cargo run -p inventory` serves it with
 //! no AWS (the embedded backend, the control worker and the ledger in the process); with
 //! the `OUTBOX_*` settings of a deployment it serves on DynamoDB and SQS, locally or on
-//! Lambda, and the ledger runs as its own function (`src/bin/ledger.rs`).
+//! Lambda, where the same binary is the ledger's function too, its settings naming the
+//! ledger (`OUTBOX_CONSUMER_NAME=ledger`).
 
 pub mod ledger;
 pub mod products;
 
-use axum::routing::post;
-use axum::Router;
+use axum::{routing::post, Router};
 
 /// The service's routes (`outbox::service` adds the status route, `GET /transactions/{id}`).
 pub fn router() -> Router {

@@ -90,6 +90,11 @@ pub enum HttpError {
         /// Why.
         detail: String,
     },
+    /// An event the handler made could not be made (a destination name that breaks the
+    /// rule, a body that is not JSON): a bug of the service's; a 500 whose cause is
+    /// logged.
+    #[error("an event could not be made")]
+    Event(#[from] crate::protocol::EventError),
     /// The service refused the request by its own rules (not found, out of stock):
     /// answered with its problem. After a transaction began, wrap it with
     /// [`HttpError::in_transaction`] so that the answer names it.
@@ -136,6 +141,33 @@ impl HttpError {
         }
     }
 
+    /// This error, or the service's own refusal `refuse(field, value)` when it is a
+    /// bound an addition met in the commit ([`crate::counter::Refusal::OutOfBounds`]: the
+    /// field holds `value`, and the addition would take it out of its bounds): out of
+    /// stock, no seat left, rather than the generic 409 `out-of-bounds`. Nothing was
+    /// written; the answer still names the transaction.
+    ///
+    /// ```
+    /// # use outbox::http::{HttpError, Problem};
+    /// fn out_of_stock(left: i64) -> HttpError {
+    ///     Problem::conflict("out-of-stock", "Out of stock").with_detail(format!("{left} left")).into()
+    /// }
+    /// # async fn step() -> Result<axum::response::Response, HttpError> { Err(HttpError::Unauthenticated) }
+    /// # async fn handler() -> Result<axum::response::Response, HttpError> {
+    /// step().await.map_err(|error| error.out_of_bounds_as(|_field, left| out_of_stock(left)))
+    /// # }
+    /// ```
+    pub fn out_of_bounds_as(self, refuse: impl FnOnce(&str, i64) -> HttpError) -> Self {
+        match self {
+            Self::Transaction(TxnError::Refused {
+                txn_id,
+                refusal: crate::counter::Refusal::OutOfBounds { field, value },
+            }) => refuse(&field, value).in_transaction(txn_id),
+            Self::InTransaction { txn_id, error } => error.out_of_bounds_as(refuse).in_transaction(txn_id),
+            other => other,
+        }
+    }
+
     /// The answer.
     pub fn problem(&self) -> Problem {
         use StatusCode as S;
@@ -170,7 +202,7 @@ impl HttpError {
                 .with_detail("nothing was written; retry the request")
                 .retryable(),
             Self::Timeout(progress) => timeout_problem(*progress),
-            Self::Misconfigured { .. } => {
+            Self::Misconfigured { .. } | Self::Event(_) => {
                 Problem::new(S::INTERNAL_SERVER_ERROR, "about:blank", "Internal Server Error")
             }
             Self::UnsupportedMediaType => Problem::new(

@@ -66,6 +66,7 @@
 mod answer;
 pub mod authorization;
 pub mod caller;
+mod command;
 #[cfg(feature = "lambda")]
 pub mod compression;
 pub mod consumers;
@@ -91,6 +92,7 @@ pub mod unrouted;
 
 pub use authorization::RequireScope;
 pub use caller::{Authentication, Caller, Scopes};
+pub use command::{key_for, Command, KEY_ID_MAX};
 #[cfg(feature = "lambda")]
 pub use compression::UncompressedThroughRestApiLayer;
 pub use error::HttpError;

@@ -111,6 +111,17 @@ impl Problem {
         }
     }
 
+    /// A 409 of `kind`: the request conflicts with the state (a product that exists, no
+    /// stock left), the refusal a business rule decides most often.
+    pub fn conflict(kind: &str, title: &str) -> Self {
+        Self::new(StatusCode::CONFLICT, kind, title)
+    }
+
+    /// A 404 of `kind`: what the request names does not exist.
+    pub fn not_found(kind: &str, title: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, kind, title)
+    }
+
     /// This problem with `detail`.
     pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
         self.detail = Some(detail.into());

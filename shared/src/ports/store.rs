@@ -49,6 +49,19 @@ pub enum ExpectedVersion {
 }
 
 impl ExpectedVersion {
+    /// What a write of an item read as `read` expects: exactly the version read, or no
+    /// item where none was read (the read recorded where the key stands).
+    ///
+    /// ```
+    /// # use outbox::ports::{ExpectedVersion, VersionedItem};
+    /// let item = VersionedItem { key: "TALLY#p1".parse().unwrap(), version: 3, data: serde_json::json!({}) };
+    /// assert_eq!(ExpectedVersion::of(Some(&item)), ExpectedVersion::Exactly(3));
+    /// assert_eq!(ExpectedVersion::of(None), ExpectedVersion::Absent);
+    /// ```
+    pub fn of(read: Option<&VersionedItem>) -> Self {
+        read.map_or(Self::Absent, |item| Self::Exactly(item.version))
+    }
+
     /// The version a write expecting this stores, where the expectation names it (a
     /// blind [`Self::Absent`] continues from whatever version the key is at).
     pub fn next(self) -> Option<u64> {

@@ -31,6 +31,17 @@ pub struct InvalidDestination {
     input: String,
 }
 
+/// Why [`Message::event`] could not make an event.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    /// The destination's name breaks the naming rule.
+    #[error(transparent)]
+    Destination(#[from] InvalidDestination),
+    /// The body could not be written as JSON.
+    #[error("the event's body is not JSON")]
+    Body(#[from] serde_json::Error),
+}
+
 impl DestinationName {
     /// The name as text.
     pub fn as_str(&self) -> &str {
@@ -178,6 +189,30 @@ impl Message {
             group_id: None,
             event: None,
         })
+    }
+
+    /// An event from `source` on `destination`: its body `body` as JSON, named on an
+    /// EventBridge bus by `source` and the body's `type` field as its detail-type
+    /// ([`EventType::DEFAULT_DETAIL_TYPE`] when it has none). Queues and topics get the
+    /// body alone.
+    ///
+    /// ```
+    /// use outbox::protocol::Message;
+    /// use serde_json::json;
+    ///
+    /// let added = json!({"type": "ProductAdded", "product_id": "p1"});
+    /// let message = Message::event("events", "com.example.inventory", &added).unwrap();
+    /// assert_eq!(message.destination.as_str(), "events");
+    /// assert_eq!(message.event.unwrap().detail_type, "ProductAdded");
+    /// assert!(Message::event("no such/name", "com.example.inventory", &added).is_err());
+    /// ```
+    pub fn event(destination: &str, source: &str, body: &impl Serialize) -> Result<Self, EventError> {
+        let body = serde_json::to_value(body)?;
+        let detail_type = body["type"]
+            .as_str()
+            .unwrap_or(EventType::DEFAULT_DETAIL_TYPE)
+            .to_owned();
+        Ok(Self::json(destination.parse()?, &body)?.with_event(source, detail_type))
     }
 
     /// Adds a string attribute.

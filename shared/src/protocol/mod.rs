@@ -17,8 +17,8 @@ pub use control_message::{ControlMessage, DecodeError, CONTROL_MESSAGE_VERSION};
 pub use idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencySlot, InvalidIdempotencyKey, StoredResponse};
 pub use item_key::{InvalidItemKey, ItemKey, RESERVED_KEY_PREFIXES};
 pub use message::{
-    fifo_group_of, DestinationName, EventType, FifoGrouping, InvalidDestination, Message, MessageId, OutgoingMessage,
-    MAX_MESSAGE_ATTRIBUTES, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE,
+    fifo_group_of, DestinationName, EventError, EventType, FifoGrouping, InvalidDestination, Message, MessageId,
+    OutgoingMessage, MAX_MESSAGE_ATTRIBUTES, MESSAGE_ID_ATTRIBUTE, TXN_ID_ATTRIBUTE,
 };
 pub use outbox_record::{commit_order, OutboxRecord, OutboxState};
 pub use position::{
