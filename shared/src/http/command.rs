@@ -25,7 +25,8 @@ use crate::request::Transaction;
 /// [`Command::run`] and [`Command::run_on`] run the handler's step: read, decide, stage,
 /// answer. They retry it on a version conflict as [`RequestScope::retry_conflicts`] does,
 /// and hand each attempt a clone of the body (and, on an entity, its key), so that the
-/// closure takes what it needs with nothing borrowed beforehand.
+/// closure takes what it needs with nothing borrowed beforehand; [`Command::with`] adds
+/// a value of the handler's to what each attempt is handed.
 ///
 /// ```
 /// use axum::{extract::Path, http::StatusCode, response::Response};
@@ -42,12 +43,13 @@ use crate::request::Transaction;
 /// async fn rename(Path(id): Path<String>, command: Command<Rename>) -> Result<Response, HttpError> {
 ///     let key = outbox::http::key_for("SHELF", "id", &id)?;
 ///     command
-///         .run_on(key, |mut txn, key, rename| async move {
+///         .with(id) // handed to each attempt beside the body
+///         .run_on(key, |mut txn, key, (rename, id)| async move {
 ///             let Some(shelf) = txn.get(&key).await? else {
 ///                 return Err(Problem::not_found("no-such-shelf", "No such shelf").into());
 ///             };
 ///             txn.put(key, json!({"name": rename.name}), ExpectedVersion::Exactly(shelf.version));
-///             Ok((txn, Answer::json(StatusCode::OK, json!({"id": id, "name": rename.name}))))
+///             Ok((txn, Answer::json(StatusCode::OK, &json!({"id": id, "name": rename.name}))))
 ///         })
 ///         .await
 /// }
@@ -82,6 +84,19 @@ where
             idempotency,
             body: body.value,
         })
+    }
+}
+
+impl<T> Command<T> {
+    /// This command with `extra` handed to each attempt beside the body, as `(body,
+    /// extra)`: a value of the handler's (an id from the path, a value derived before the
+    /// step) that the attempts need, without borrowing it.
+    pub fn with<X>(self, extra: X) -> Command<(T, X)> {
+        Command {
+            scope: self.scope,
+            idempotency: self.idempotency,
+            body: (self.body, extra),
+        }
     }
 }
 
