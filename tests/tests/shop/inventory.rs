@@ -314,6 +314,90 @@ async fn a_step_that_met_a_version_conflict_runs_again_and_commits() {
     running.stop().await;
 }
 
+/// `Command::run_on` hands each attempt the key, a clone of the body and a clone of what
+/// `with` added, owned: two requests of two processes read one counter before either
+/// commits, the later one meets a version conflict, and its second attempt is handed the
+/// same values as its first; both additions land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commands_attempts_are_each_handed_the_key_the_body_and_its_extra() {
+    use outbox::http::Command;
+    use std::sync::Mutex;
+    let running = outbox::testing::service().start().await.unwrap();
+    let key: ItemKey = "COUNTER#command".parse().unwrap();
+    let mut txn = running.outbox.begin().await.unwrap();
+    txn.put(key.clone(), json!({"n": 0}), ExpectedVersion::Absent);
+    txn.commit().await.unwrap();
+
+    let both_read = Arc::new(tokio::sync::Barrier::new(2));
+    let increment = |scope: RequestScope, by: u64| {
+        let command = Command {
+            scope,
+            idempotency: None,
+            body: json!({"by": by}),
+        };
+        let handed = Arc::new(Mutex::new(Vec::new()));
+        let extra = (both_read.clone(), handed.clone(), format!("request {by}"));
+        let key = key.clone();
+        async move {
+            let answer = command
+                .with(extra)
+                .run_on(key, |mut txn, key, (body, (both_read, handed, name))| async move {
+                    let item = txn.get(&key).await?.expect("the counter exists");
+                    let round = {
+                        let mut handed = handed.lock().unwrap();
+                        handed.push((key.as_str().to_owned(), body.clone(), name));
+                        handed.len()
+                    };
+                    if round == 1 {
+                        both_read.wait().await;
+                    }
+                    let n = item.data["n"].as_u64().unwrap() + body["by"].as_u64().unwrap();
+                    txn.put(key, json!({"n": n}), ExpectedVersion::of(Some(&item)));
+                    Ok::<_, HttpError>((txn, Answer::json(StatusCode::OK, &json!({"n": n}))))
+                })
+                .await;
+            let handed = handed.lock().unwrap().clone();
+            (
+                answer
+                    .map(|response| response.status())
+                    .map_err(|error| error.to_string()),
+                handed,
+            )
+        }
+    };
+    let first = tokio::spawn(increment(RequestScope::new(running.outbox.clone(), None), 1));
+    let second = tokio::spawn(increment(
+        RequestScope::new(running.outbox.as_another_process(), None),
+        2,
+    ));
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!((&first.0, &second.0), (&Ok(StatusCode::OK), &Ok(StatusCode::OK)));
+    let mut rounds = [first.1.len(), second.1.len()];
+    rounds.sort();
+    assert_eq!(
+        rounds,
+        [1, 2],
+        "one ran once, the other again after the conflict: {first:?} {second:?}"
+    );
+    for (by, handed) in [(1, &first.1), (2, &second.1)] {
+        for attempt in handed {
+            assert_eq!(
+                attempt,
+                &("COUNTER#command".to_owned(), json!({"by": by}), format!("request {by}")),
+                "every attempt is handed the same values: {handed:?}"
+            );
+        }
+    }
+    let items = running
+        .outbox
+        .store()
+        .get_items(std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    assert_eq!(items[&key].data["n"], 3, "both additions landed");
+    running.stop().await;
+}
+
 /// Adds 1 to `key`'s `n` through `retry_conflicts`, pausing `think` between the read and
 /// the stage; `before_stage` runs there too (a rival's write, say). The answer and how
 /// many times the step ran.
