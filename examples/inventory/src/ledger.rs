@@ -3,7 +3,6 @@
 //! message's effect once, however often the message arrives.
 
 use outbox::prelude::*;
-use serde_json::Value;
 
 /// The consumer.
 pub struct Ledger;

@@ -8,8 +8,6 @@
 //! commit, so nothing of it was sent, and the answer names no transaction.
 
 use outbox::prelude::*;
-use serde::{Deserialize, Serialize};
-use std::num::NonZeroU32;
 
 /// The inventory's events' source on an EventBridge bus.
 const SOURCE: &str = "com.example.inventory";
@@ -27,7 +25,7 @@ pub struct Product {
 #[derive(Debug, Clone, Deserialize)]
 pub struct Reservation {
     /// Units to reserve, at least 1.
-    pub quantity: NonZeroU32,
+    pub quantity: std::num::NonZeroU32,
 }
 
 /// `POST /products`.
