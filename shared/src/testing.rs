@@ -68,9 +68,9 @@ use axum::Router;
 use serde_json::Value;
 use tower::ServiceExt;
 
-use crate::embedded::EmbeddedBackend;
+use crate::embedded::{EmbeddedBackend, SendRequest};
 use crate::ports::ItemKey;
-use crate::protocol::{DestinationName, Message, TxnId};
+use crate::protocol::{DestinationName, Message, OutgoingMessage, Position, Producer, TxnId};
 use crate::request::Outbox;
 use crate::service::{Running, Service};
 use crate::settings::Settings;
@@ -96,6 +96,81 @@ pub fn settings() -> Settings {
 /// [`TestService::start`].
 pub fn service() -> Service {
     Service::new(settings())
+}
+
+/// A message of another service's, as that service's outbox sends it to a destination
+/// this one consumes ([`TestService::deliver`]): for an in-order consumer's test, as the
+/// `seq`th message of an entity's chain ([`Upstream::at`]). Delivered twice, it is one
+/// message sent twice (its id the same).
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    message: OutgoingMessage,
+}
+
+impl Upstream {
+    /// `body` on `destination`, from a transaction of its producer's that changed no
+    /// entity.
+    ///
+    /// # Panics
+    ///
+    /// If `destination` is not a valid destination name.
+    pub fn json(destination: &str, body: &Value) -> Self {
+        let destination = destination
+            .parse()
+            .unwrap_or_else(|error| panic!("destination {destination:?}: {error}"));
+        let message = Message::json(destination, body).expect("a JSON value serialises");
+        Self {
+            message: OutgoingMessage::new(TxnId::new_v7(), 0, message),
+        }
+    }
+
+    /// This message as the `seq`th (from 1) that `producer` (the table its chains live
+    /// in) sent about `entity` to the destination, each of the entity's transactions
+    /// sending one (the entity at version `seq` after it).
+    ///
+    /// # Panics
+    ///
+    /// If `producer` or `entity` is not a valid name, or `seq` is 0.
+    pub fn at(mut self, producer: &str, entity: &str, seq: u64) -> Self {
+        assert!(seq > 0, "a chain's seqs start at 1");
+        self.message.position = Some(Position {
+            producer: Some(
+                Producer::of_table(producer).unwrap_or_else(|error| panic!("producer {producer:?}: {error}")),
+            ),
+            entity: entity
+                .parse()
+                .unwrap_or_else(|error| panic!("entity {entity:?}: {error}")),
+            chain: self.message.destination.clone(),
+            seq,
+            version: seq,
+            after: seq - 1,
+            previous: None,
+        });
+        self
+    }
+}
+
+/// A [`Service`] on [`settings`] that also publishes to `destinations` (besides `events`
+/// and the sources of its consumers): each an in-process queue whose messages
+/// [`TestService::sent`] reads. A consumer that publishes needs its destinations named,
+/// as `OUTBOX_DESTINATIONS` names them in a deployment.
+///
+/// # Panics
+///
+/// If a name is not a valid destination name.
+pub fn service_publishing_to(destinations: &[&str]) -> Service {
+    let mut settings = settings();
+    for name in destinations {
+        let destination: DestinationName = name
+            .parse()
+            .unwrap_or_else(|error| panic!("destination {name:?}: {error}"));
+        let target = crate::destination::Target::SqsQueue {
+            url: format!("embedded://{name}"),
+            fifo: false,
+        };
+        settings.destinations.insert(destination, target);
+    }
+    Service::new(settings)
 }
 
 /// A started service and its router, as the service serves it (status route, deadline,
@@ -223,9 +298,43 @@ impl TestService {
         txn.commit().await.expect("the transaction commits").txn_id
     }
 
+    /// Sends `message` to its destination's queue as its producer's publisher does (the
+    /// same attributes: its id, its entity and place): the service's consumer of the
+    /// destination takes it; [`Self::drain`] waits until it did. Deliver an entity's
+    /// messages in any order, or one twice, to see what the consumer makes of a queue's
+    /// reordering and copies.
+    ///
+    /// # Panics
+    ///
+    /// If the backend has no such destination, or its queue refuses the message.
+    pub fn deliver(&self, message: &Upstream) {
+        let message = &message.message;
+        let queue = self
+            .backend()
+            .publisher
+            .destinations()
+            .get(&message.destination)
+            .cloned()
+            .unwrap_or_else(|| panic!("no destination {}", message.destination));
+        let fifo = queue.config().fifo;
+        queue
+            .send(SendRequest {
+                body: message.body.clone(),
+                attributes: message.send_attributes(),
+                delay: Duration::ZERO,
+                group_id: fifo.then(|| message.fifo_group()),
+                // Each delivery a send of its own, as a publisher's retry after the
+                // deduplication window would be.
+                deduplication_id: fifo.then(|| TxnId::new_v7().to_string()),
+            })
+            .unwrap_or_else(|fault| panic!("{} refused the message: {fault}", message.destination));
+    }
+
     /// Waits until what the service started settled: the publishing after each answer
-    /// is done and every destination a consumer of the service reads is empty (its
-    /// messages handled, with what they caused published in turn).
+    /// is done and every destination a consumer of the service reads holds nothing to
+    /// take now or in a consumer's hands (its messages handled, with what they caused
+    /// published in turn; a message sent with a delay, such as the reminder of a message
+    /// an in-order consumer keeps until its predecessor comes, is not waited for).
     ///
     /// # Panics
     ///
@@ -254,14 +363,16 @@ impl TestService {
         }
     }
 
-    /// The messages each consumed destination holds (taken or not), by destination.
+    /// The messages each consumed destination holds to take now or in a receiver's
+    /// hands ([`crate::embedded::EmbeddedQueue::due`]: not a kept message's reminder, due
+    /// minutes later), by destination.
     fn held(&self) -> BTreeMap<DestinationName, usize> {
         self.backend()
             .publisher
             .destinations()
             .iter()
             .filter(|(name, _)| self.running.consumes(name))
-            .map(|(name, queue)| (name.clone(), queue.len()))
+            .map(|(name, queue)| (name.clone(), queue.due()))
             .filter(|(_, held)| *held > 0)
             .collect()
     }

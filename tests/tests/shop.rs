@@ -32,6 +32,14 @@ use tower::ServiceExt;
 #[path = "shop/inventory.rs"]
 mod inventory_example;
 
+/// The shipping example, a consumer that publishes, on the test harness.
+#[path = "shop/shipping.rs"]
+mod shipping_example;
+
+/// The billing example, a consumer of shipping's messages, on the test harness.
+#[path = "shop/billing.rs"]
+mod billing_example;
+
 /// A busy item of the inventory example, on both backends.
 #[path = "shop/hot_item.rs"]
 mod hot_item;

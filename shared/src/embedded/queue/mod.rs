@@ -390,6 +390,17 @@ impl EmbeddedQueue {
         self.lock().messages.len()
     }
 
+    /// Messages a receive takes now or that a receiver holds: the queue's messages but
+    /// those sent with a delay that has not passed (a reminder due later, say).
+    pub fn due(&self) -> usize {
+        let now = self.clock.now();
+        self.lock()
+            .messages
+            .iter()
+            .filter(|message| message.visible_at <= now || message.receive_count > 0)
+            .count()
+    }
+
     /// Whether the queue holds no message.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
