@@ -13,10 +13,7 @@
 //! history it applied, in the order applied (`applied`): 1, 2, ... once each, which is
 //! what the end-to-end check reads.
 
-use async_trait::async_trait;
-use outbox::consumer::{Handler, HandlerError, Incoming, Staging};
-use outbox::ports::{ExpectedVersion, ItemKey};
-use serde_json::{json, Value};
+use outbox::prelude::*;
 
 /// The handler.
 pub struct Billing;

@@ -11,11 +11,8 @@
 //! waits for it, and a line added after a cancellation never revives the shipment. So
 //! the shipment ends as the order did, whatever the order of delivery.
 
-use async_trait::async_trait;
-use outbox::consumer::{Handler, HandlerError, Incoming, Staging};
-use outbox::ports::{ExpectedVersion, ItemKey};
-use outbox::protocol::{DestinationName, Message};
-use serde_json::{json, Map, Value};
+use outbox::prelude::*;
+use serde_json::Map;
 use uuid::Uuid;
 
 /// The destination of `ShipmentRequested` and `ShipmentCancelled`.
@@ -28,11 +25,8 @@ fn shipment_key(order_id: &str) -> Result<ItemKey, HandlerError> {
     Ok(format!("SHIPMENT#{order_id}").parse()?)
 }
 
-fn emit(staging: &mut Staging, event: &Value, name: &str) -> Result<(), HandlerError> {
-    let destination: DestinationName = SHIPMENTS.parse()?;
-    staging.emit(Message::json(destination, event)?.with_event("com.example.shipping", name));
-    Ok(())
-}
+/// The shipping service's events' source on an EventBridge bus.
+const SOURCE: &str = "com.example.shipping";
 
 #[async_trait]
 impl Handler for Shipping {
@@ -59,7 +53,8 @@ impl Handler for Shipping {
                 let data = json!({"order_id": order_id, "shipment_id": shipment_id, "lines": lines, "status": "requested", "placed_by": message.id.as_str()});
                 staging.put(key, data, ExpectedVersion::Absent);
                 let requested = json!({"type": "ShipmentRequested", "order_id": order_id, "shipment_id": shipment_id, "items": items});
-                emit(staging, &requested, "ShipmentRequested")
+                staging.emit(Message::event(SHIPMENTS, SOURCE, &requested)?);
+                Ok(())
             }
             (Some(kind @ ("ItemAdded" | "ItemRemoved" | "OrderCancelled")), Some(shipment)) => {
                 let mut data = shipment.data.clone();
@@ -79,7 +74,7 @@ impl Handler for Shipping {
                     _ => {
                         data["status"] = json!("cancelled");
                         let cancelled = json!({"type": "ShipmentCancelled", "order_id": order_id, "shipment_id": data["shipment_id"]});
-                        emit(staging, &cancelled, "ShipmentCancelled")?;
+                        staging.emit(Message::event(SHIPMENTS, SOURCE, &cancelled)?);
                     }
                 }
                 staging.put(key, data, ExpectedVersion::Exactly(shipment.version));
