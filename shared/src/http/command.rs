@@ -107,12 +107,13 @@ impl<T: Clone> Command<T> {
     /// again on fresh reads within the request's deadline; a repeat under the same
     /// `Idempotency-Key` is answered as the first time, without running it
     /// ([`RequestScope::retry_conflicts`] in full). A refusal it returns is the answer,
-    /// naming the transaction once anything of it may be known outside.
-    pub async fn run<E, F, Fut>(self, mut attempt: F) -> Result<Response, E>
+    /// naming the transaction once anything of it may be known outside. (A service with
+    /// an error type of its own, converting from [`HttpError`], calls
+    /// [`RequestScope::retry_conflicts`] itself.)
+    pub async fn run<F, Fut>(self, mut attempt: F) -> Result<Response, HttpError>
     where
-        E: From<HttpError>,
         F: FnMut(Transaction, T) -> Fut,
-        Fut: Future<Output = Result<(Transaction, Answer), E>>,
+        Fut: Future<Output = Result<(Transaction, Answer), HttpError>>,
     {
         let Self {
             scope,
@@ -127,11 +128,10 @@ impl<T: Clone> Command<T> {
     /// Runs the step on one item, in entity mode (its outbox inside the item, one
     /// conditional write): as [`Command::run`], with the item's key handed to each
     /// attempt beside the body. The requests of this process on the item take turns.
-    pub async fn run_on<E, F, Fut>(self, entity: ItemKey, mut attempt: F) -> Result<Response, E>
+    pub async fn run_on<F, Fut>(self, entity: ItemKey, mut attempt: F) -> Result<Response, HttpError>
     where
-        E: From<HttpError>,
         F: FnMut(Transaction, ItemKey, T) -> Fut,
-        Fut: Future<Output = Result<(Transaction, Answer), E>>,
+        Fut: Future<Output = Result<(Transaction, Answer), HttpError>>,
     {
         let Self {
             scope,

@@ -353,7 +353,7 @@ async fn a_commands_attempts_are_each_handed_the_key_the_body_and_its_extra() {
                     }
                     let n = item.data["n"].as_u64().unwrap() + body["by"].as_u64().unwrap();
                     txn.put(key, json!({"n": n}), ExpectedVersion::of(Some(&item)));
-                    Ok::<_, HttpError>((txn, Answer::json(StatusCode::OK, &json!({"n": n}))))
+                    Ok((txn, Answer::json(StatusCode::OK, &json!({"n": n}))))
                 })
                 .await;
             let handed = handed.lock().unwrap().clone();
