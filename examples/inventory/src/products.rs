@@ -51,10 +51,8 @@ pub async fn create(command: Command<Product>) -> Result<Response, HttpError> {
 /// alone; a reservation that passes it may still meet the bound in the write (the last
 /// units went meanwhile), and is then refused as out of stock, naming its transaction.
 pub async fn reserve(Path(id): Path<String>, command: Command<Reservation>) -> Result<Response, HttpError> {
-    let (key, quantity) = (
-        key_for("PRODUCT", "product_id", &id)?,
-        i64::from(command.body.quantity.get()),
-    );
+    let key = key_for("PRODUCT", "product_id", &id)?;
+    let quantity = i64::from(command.body.quantity.get());
     command
         .run_on(key, |mut txn, key, _| async move {
             let Some(item) = txn.get(&key).await? else {
