@@ -332,9 +332,10 @@ impl TestService {
 
     /// Waits until what the service started settled: the publishing after each answer
     /// is done and every destination a consumer of the service reads holds nothing to
-    /// take now or in a consumer's hands (its messages handled, with what they caused
-    /// published in turn; a message sent with a delay, such as the reminder of a message
-    /// an in-order consumer keeps until its predecessor comes, is not waited for).
+    /// take within [`DRAIN_BOUND`] or in a consumer's hands (its messages handled, with
+    /// what they caused published in turn, a message handed back after a failure or sent
+    /// back to wait included; the reminder of a message an in-order consumer keeps until
+    /// its predecessor comes, due minutes later, is not waited for).
     ///
     /// # Panics
     ///
@@ -363,16 +364,16 @@ impl TestService {
         }
     }
 
-    /// The messages each consumed destination holds to take now or in a receiver's
-    /// hands ([`crate::embedded::EmbeddedQueue::due`]: not a kept message's reminder, due
-    /// minutes later), by destination.
+    /// The messages each consumed destination holds to take within [`DRAIN_BOUND`] or in
+    /// a receiver's hands ([`crate::embedded::EmbeddedQueue::due_within`]: not a kept
+    /// message's reminder, due minutes later), by destination.
     fn held(&self) -> BTreeMap<DestinationName, usize> {
         self.backend()
             .publisher
             .destinations()
             .iter()
             .filter(|(name, _)| self.running.consumes(name))
-            .map(|(name, queue)| (name.clone(), queue.due()))
+            .map(|(name, queue)| (name.clone(), queue.due_within(DRAIN_BOUND)))
             .filter(|(_, held)| *held > 0)
             .collect()
     }

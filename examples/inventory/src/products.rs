@@ -1,7 +1,8 @@
 //! `POST /products` adds a product with its stock and emits `ProductAdded`;
 //! `POST /products/{id}/reservations` takes units off its stock and emits
 //! `StockReserved`. Each step runs on the product's item alone (entity mode: its outbox
-//! inside the item, one conditional write), reads, decides and stages. A reservation
+//! inside the item, one conditional write, or one transaction with an
+//! `Idempotency-Key`'s record), reads, decides and stages. A reservation
 //! adds to the stock as a counter under a bound, so reservations of one product never
 //! conflict. A refusal decided by the read (the product exists, is missing, or is out of
 //! stock) costs the read alone: the transaction's control message goes out with its
@@ -15,7 +16,7 @@ const SOURCE: &str = "com.example.inventory";
 /// A product as stored and answered, and the body of `POST /products`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Product {
-    /// Its id: 1 to 64 letters, digits, `-`, `_` or `.`.
+    /// Its id: 1 to 64 letters, digits, `-` or `_`.
     pub product_id: String,
     /// Units in stock.
     pub stock: u64,

@@ -151,8 +151,10 @@ pub const KEY_ID_MAX: usize = 64;
 
 /// The key `{kind}#{id}` of an item a request names by `id` (from its path or its body),
 /// or a problem+json 422 naming `field` when the id is not 1 to [`KEY_ID_MAX`] letters,
-/// digits, `-`, `_` or `.`: an id never reaches into the keys of another kind (no `#`)
-/// nor into the protocol's own.
+/// digits, `-` or `_`: an id never reaches into the keys of another kind (no `#`), nor is
+/// it a path segment of its own (`.`, `..`) that a route could not name. A `kind` that
+/// makes a key of the protocol's own (`TXN`, `IN`, `IDEM`) is the service's mistake: a
+/// 500, the problem logged.
 ///
 /// ```
 /// let key = outbox::http::key_for("PRODUCT", "product_id", "p-1").unwrap();
@@ -160,20 +162,17 @@ pub const KEY_ID_MAX: usize = 64;
 /// assert!(outbox::http::key_for("PRODUCT", "product_id", "p#1").is_err());
 /// ```
 pub fn key_for(kind: &str, field: &str, id: &str) -> Result<ItemKey, HttpError> {
-    let valid = (1..=KEY_ID_MAX).contains(&id.len())
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    let invalid = || {
-        HttpError::Validation(vec![FieldError::new(
-            field,
-            format!("1 to {KEY_ID_MAX} letters, digits, '-', '_' or '.'"),
-        )])
-    };
+    let valid =
+        (1..=KEY_ID_MAX).contains(&id.len()) && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
     if !valid {
-        return Err(invalid());
+        return Err(HttpError::Validation(vec![FieldError::new(
+            field,
+            format!("1 to {KEY_ID_MAX} letters, digits, '-' or '_'"),
+        )]));
     }
-    format!("{kind}#{id}").parse().map_err(|_| invalid())
+    format!("{kind}#{id}").parse().map_err(|_| HttpError::Misconfigured {
+        problem: "key_for was given a kind that makes a key of the protocol's own",
+    })
 }
 
 #[cfg(test)]
@@ -184,10 +183,20 @@ mod tests {
     /// naming the field; the kind is the key's prefix.
     #[test]
     fn an_id_makes_a_key_of_its_kind_or_a_problem_naming_its_field() {
-        assert_eq!(key_for("PRODUCT", "id", "p_1.b-2").unwrap().as_str(), "PRODUCT#p_1.b-2");
+        assert_eq!(key_for("PRODUCT", "id", "p_1-b2").unwrap().as_str(), "PRODUCT#p_1-b2");
         let longest = "x".repeat(KEY_ID_MAX);
         assert!(key_for("PRODUCT", "id", &longest).is_ok());
-        for bad in ["", "p#1", "a/b", "é", "p 1", &"x".repeat(KEY_ID_MAX + 1)] {
+        for bad in [
+            "",
+            "p#1",
+            "a/b",
+            "é",
+            "p 1",
+            ".",
+            "..",
+            "p.1",
+            &"x".repeat(KEY_ID_MAX + 1),
+        ] {
             match key_for("PRODUCT", "product_id", bad) {
                 Err(HttpError::Validation(errors)) => {
                     assert_eq!(errors.len(), 1, "{bad:?}");
@@ -196,7 +205,10 @@ mod tests {
                 other => panic!("{bad:?} gave {other:?}"),
             }
         }
-        // A kind that makes a protocol key is refused too.
-        assert!(key_for("TXN", "id", "1").is_err());
+        // A kind that makes a protocol key is the service's mistake, not the client's.
+        assert!(matches!(
+            key_for("TXN", "id", "1"),
+            Err(HttpError::Misconfigured { .. })
+        ));
     }
 }

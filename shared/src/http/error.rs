@@ -144,8 +144,8 @@ impl HttpError {
     /// This error, or the service's own refusal `refuse(field, value)` when it is a
     /// bound an addition met in the commit ([`crate::counter::Refusal::OutOfBounds`]: the
     /// field holds `value`, and the addition would take it out of its bounds): out of
-    /// stock, no seat left, rather than the generic 409 `out-of-bounds`. Nothing was
-    /// written; the answer still names the transaction.
+    /// stock, no seat left, rather than the generic 409 `out-of-bounds` (under `If-Match`
+    /// too). Nothing was written; the answer still names the transaction.
     ///
     /// ```
     /// # use outbox::http::{HttpError, Problem};
@@ -160,6 +160,10 @@ impl HttpError {
     pub fn out_of_bounds_as(self, refuse: impl FnOnce(&str, i64) -> HttpError) -> Self {
         match self {
             Self::Transaction(TxnError::Refused {
+                txn_id,
+                refusal: crate::counter::Refusal::OutOfBounds { field, value },
+            })
+            | Self::Precondition(TxnError::Refused {
                 txn_id,
                 refusal: crate::counter::Refusal::OutOfBounds { field, value },
             }) => refuse(&field, value).in_transaction(txn_id),
@@ -278,6 +282,41 @@ mod tests {
     use crate::ports::CommitError;
     use crate::protocol::TxnId;
     use crate::test_log::Logged;
+
+    /// A bound an addition met in the commit is the service's own refusal, with or
+    /// without `If-Match`, naming the transaction; any other error, a refusal that is not
+    /// a bound among them, is left as it was.
+    #[test]
+    fn a_bound_met_in_the_commit_is_answered_as_the_service_says_naming_its_transaction() {
+        let txn_id = TxnId::new_v7();
+        let refused = |refusal| TxnError::Refused { txn_id, refusal };
+        let bound = || crate::counter::Refusal::OutOfBounds {
+            field: "stock".into(),
+            value: 2,
+        };
+        let sold_out = |field: &str, left: i64| -> HttpError {
+            Problem::conflict("out-of-stock", "Out of stock")
+                .with_detail(format!("{field}: {left} left"))
+                .into()
+        };
+        for error in [
+            HttpError::Transaction(refused(bound())),
+            HttpError::Precondition(refused(bound())),
+        ] {
+            let problem = error.out_of_bounds_as(sold_out).problem();
+            assert_eq!(problem.problem_type, "/problems/out-of-stock");
+            assert_eq!(problem.detail.as_deref(), Some("stock: 2 left"));
+            assert_eq!(problem.transaction_id, Some(txn_id.to_string()));
+        }
+        let not_a_number =
+            HttpError::Transaction(refused(crate::counter::Refusal::NotANumber { field: "stock".into() }));
+        assert_eq!(
+            not_a_number.out_of_bounds_as(sold_out).problem().problem_type,
+            "/problems/out-of-bounds"
+        );
+        let other = HttpError::Unauthenticated.out_of_bounds_as(sold_out);
+        assert!(matches!(other, HttpError::Unauthenticated));
+    }
 
     fn logged_while(answer: impl FnOnce()) -> String {
         let logged = Logged::default();

@@ -390,14 +390,15 @@ impl EmbeddedQueue {
         self.lock().messages.len()
     }
 
-    /// Messages a receive takes now or that a receiver holds: the queue's messages but
-    /// those sent with a delay that has not passed (a reminder due later, say).
-    pub fn due(&self) -> usize {
-        let now = self.clock.now();
+    /// Messages a receive takes within `horizon` from now, or that a receiver holds: the
+    /// queue's messages but those sent with a delay that ends later than that (a kept
+    /// message's reminder, due minutes later, say).
+    pub fn due_within(&self, horizon: Duration) -> usize {
+        let until = self.clock.now().plus(horizon);
         self.lock()
             .messages
             .iter()
-            .filter(|message| message.visible_at <= now || message.receive_count > 0)
+            .filter(|message| message.visible_at <= until || message.receive_count > 0)
             .count()
     }
 

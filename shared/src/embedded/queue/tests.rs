@@ -147,3 +147,24 @@ fn sqs_limits_are_enforced() {
     assert!(queue.send(body(&"x".repeat(MAX_MESSAGE_BYTES + 1))).is_err());
     assert!(queue.send(body("")).is_err());
 }
+
+/// What comes due within a horizon: a message visible now, one whose delay ends within
+/// it, and one a receiver holds (invisible for its timeout) count; one whose delay ends
+/// later (a reminder due in 15 minutes) does not, until the clock nears it.
+#[test]
+fn due_within_counts_what_a_receive_takes_within_the_horizon_or_a_receiver_holds() {
+    let (clock, queue) = setup(QueueConfig::standard("q"));
+    let delayed = |text: &str, secs: u64| SendRequest {
+        delay: Duration::from_secs(secs),
+        ..body(text)
+    };
+    queue.send(body("held")).unwrap();
+    assert_eq!(queue.receive_for(1, Duration::from_secs(600)).len(), 1);
+    queue.send(body("now")).unwrap();
+    queue.send(delayed("soon", 1)).unwrap();
+    queue.send(delayed("reminder", 900)).unwrap();
+    let horizon = Duration::from_secs(20);
+    assert_eq!((queue.len(), queue.due_within(horizon)), (4, 3));
+    clock.advance(Duration::from_secs(890));
+    assert_eq!(queue.due_within(horizon), 4);
+}
