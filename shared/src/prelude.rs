@@ -15,4 +15,8 @@ pub use crate::request::TxnError;
 #[cfg(feature = "axum")]
 pub use crate::http::{key_for, Answer, Command, FieldError, HttpError, Idempotent, JsonBody, Problem, RequestScope};
 #[cfg(feature = "axum")]
-pub use axum::{extract::Path, http::StatusCode, response::Response};
+pub use axum::{
+    extract::Path,
+    http::{header, StatusCode},
+    response::Response,
+};
