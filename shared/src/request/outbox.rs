@@ -56,6 +56,7 @@ pub struct Outbox {
     pub(super) turns: Arc<Turns>,
     /// Its requests' turns per entity, for their read-decide-commit steps (shared by its
     /// clones).
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(super) entity_turns: Arc<Turns>,
     /// The first pause before a step that met a version conflict runs again.
     pub(super) conflict_retry_pause: Duration,
