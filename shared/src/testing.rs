@@ -164,10 +164,7 @@ pub fn service_publishing_to(destinations: &[&str]) -> Service {
         let destination: DestinationName = name
             .parse()
             .unwrap_or_else(|error| panic!("destination {name:?}: {error}"));
-        let target = crate::destination::Target::SqsQueue {
-            url: format!("embedded://{name}"),
-            fifo: false,
-        };
+        let target = crate::service::queue_target(&destination);
         settings.destinations.insert(destination, target);
     }
     Service::new(settings)

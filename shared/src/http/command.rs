@@ -110,19 +110,12 @@ impl<T: Clone> Command<T> {
     /// naming the transaction once anything of it may be known outside. (A service with
     /// an error type of its own, converting from [`HttpError`], calls
     /// [`RequestScope::retry_conflicts`] itself.)
-    pub async fn run<F, Fut>(self, mut attempt: F) -> Result<Response, HttpError>
+    pub async fn run<F, Fut>(self, attempt: F) -> Result<Response, HttpError>
     where
         F: FnMut(Transaction, T) -> Fut,
         Fut: Future<Output = Result<(Transaction, Answer), HttpError>>,
     {
-        let Self {
-            scope,
-            idempotency,
-            body,
-        } = self;
-        scope
-            .retry_conflicts(None, idempotency, |txn| attempt(txn, body.clone()))
-            .await
+        self.retry(None, attempt).await
     }
 
     /// Runs the step on one item, in entity mode (its outbox inside the item, one
@@ -133,15 +126,24 @@ impl<T: Clone> Command<T> {
         F: FnMut(Transaction, ItemKey, T) -> Fut,
         Fut: Future<Output = Result<(Transaction, Answer), HttpError>>,
     {
+        let key = entity.clone();
+        self.retry(Some(entity), move |txn, body| attempt(txn, key.clone(), body))
+            .await
+    }
+
+    /// [`RequestScope::retry_conflicts`] with a clone of the body handed to each attempt.
+    async fn retry<F, Fut>(self, entity: Option<ItemKey>, mut attempt: F) -> Result<Response, HttpError>
+    where
+        F: FnMut(Transaction, T) -> Fut,
+        Fut: Future<Output = Result<(Transaction, Answer), HttpError>>,
+    {
         let Self {
             scope,
             idempotency,
             body,
         } = self;
         scope
-            .retry_conflicts(Some(entity.clone()), idempotency, |txn| {
-                attempt(txn, entity.clone(), body.clone())
-            })
+            .retry_conflicts(entity, idempotency, |txn| attempt(txn, body.clone()))
             .await
     }
 }

@@ -26,21 +26,25 @@ const RECEIVE_WAIT: Duration = Duration::from_millis(500);
 /// longer than any redelivery of the in-memory queues.
 pub const CONSUMER_RETENTION: Duration = Duration::from_secs(3600);
 
+/// A standard in-process queue as destination `name`'s target.
+pub(crate) fn queue_target(name: &DestinationName) -> Target {
+    Target::SqsQueue {
+        url: format!("embedded://{name}"),
+        fifo: false,
+    }
+}
+
 /// The backend: a queue for every destination the settings name, whatever its kind, for
 /// [`DEFAULT_DESTINATION`], and for each consumer's source. A destination a consumer reads
 /// holds everything until it is taken; the others keep their last [`KEPT_EVENTS`].
 pub fn backend(settings: &Settings, clock: Arc<dyn Clock>, consumed: &BTreeSet<DestinationName>) -> EmbeddedBackend {
     let mut targets = settings.destinations.clone();
-    let queue = |name: &DestinationName| Target::SqsQueue {
-        url: format!("embedded://{name}"),
-        fifo: false,
-    };
     for name in consumed
         .iter()
         .cloned()
         .chain([DEFAULT_DESTINATION.parse().expect("a valid name")])
     {
-        let target = queue(&name);
+        let target = queue_target(&name);
         targets.entry(name).or_insert(target);
     }
     tracing::info!(

@@ -32,6 +32,7 @@
 //! ```
 
 mod embedded;
+pub(crate) use embedded::queue_target;
 mod error;
 
 use std::collections::BTreeSet;
