@@ -1,10 +1,13 @@
 //! The emulators of the tests, started once per test binary on free loopback ports and
 //! stopped when the binary exits:
 //! - DynamoDB Local (AWS's own engine, `scripts/dynamodb-local`) for DynamoDB;
-//! - `moto[server]` from PyPI for SQS, SNS and EventBridge.
+//! - `moto[server]` from PyPI for SQS, SNS and EventBridge, started by `scripts/moto-server`
+//!   (moto_server with its SQS queues' deletes and receives under the lock its sends
+//!   take: unmended, a send racing a delete is answered as sent and lost).
 //!
 //! `./scripts/test` installs both (moto into the project's `.venv`, DynamoDB Local into
-//! `.dynamodb-local`); `MOTO_SERVER` may name another `moto_server` executable. When
+//! `.dynamodb-local`); `MOTO_SERVER` may name another executable taking moto_server's
+//! arguments. When
 //! either cannot start, tests fail and say how to get it: they never skip.
 //!
 //! The SDK configuration sends DynamoDB to DynamoDB Local the way the SDK's per-service
@@ -75,6 +78,11 @@ fn moto_server() -> PathBuf {
     if let Ok(path) = std::env::var("MOTO_SERVER") {
         return PathBuf::from(path);
     }
+    root().join("scripts/moto-server")
+}
+
+/// What `./scripts/venv main` installs moto as: `scripts/moto-server` runs it.
+fn moto_installed() -> PathBuf {
     root().join(".venv/bin/moto_server")
 }
 
@@ -171,7 +179,12 @@ impl Started {
 
 fn check_moto() -> Result<PathBuf, String> {
     let moto = moto_server();
-    if moto.exists() {
+    let installed = if std::env::var_os("MOTO_SERVER").is_some() {
+        moto.clone()
+    } else {
+        moto_installed()
+    };
+    if installed.exists() {
         return Ok(moto);
     }
     Err(format!(
@@ -179,7 +192,7 @@ fn check_moto() -> Result<PathBuf, String> {
          Install it with `./scripts/test` (which does it for you) or by hand, pinned:\n  \
          ./scripts/venv main\n\
          or point MOTO_SERVER at a moto_server executable.",
-        moto.display()
+        installed.display()
     ))
 }
 

