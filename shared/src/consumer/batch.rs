@@ -77,6 +77,9 @@ impl Consumer {
                     self.consume(&deliveries[index]).await
                 };
                 failed |= result.is_err();
+                // Logged before it is acknowledged: a consumer killed mid-batch has
+                // logged every message it acknowledged.
+                log_outcome(&deliveries[index], &result);
                 on_done(index, &result);
                 results.push((index, result));
             }
@@ -92,31 +95,6 @@ impl Consumer {
             .zip(results)
             .map(|(delivery, result)| {
                 let result = result.expect("every delivery is in one group");
-                // Its place, where the producer gave one: which entity's message, and which.
-                let position = crate::protocol::Position::from_attributes(&delivery.attributes)
-                    .ok()
-                    .flatten();
-                let entity = position.as_ref().map(|position| position.entity.to_string());
-                let chain = position.as_ref().map(|position| position.chain.to_string());
-                let seq = position.as_ref().map(|position| position.seq);
-                match &result {
-                    Ok(outcome) => tracing::info!(
-                        queue_message_id = %delivery.message_id,
-                        outcome = outcome.as_str(),
-                        entity,
-                        chain,
-                        seq,
-                        "message consumed"
-                    ),
-                    Err(error) => tracing::warn!(
-                        queue_message_id = %delivery.message_id,
-                        entity,
-                        chain,
-                        seq,
-                        error = %aws_smithy_types::error::display::DisplayErrorContext(error),
-                        "message failed"
-                    ),
-                }
                 ItemReport {
                     message_id: delivery.message_id.clone(),
                     result,
@@ -124,5 +102,34 @@ impl Consumer {
             })
             .collect();
         BatchReport { items }
+    }
+}
+
+/// The line each message of a batch gets once it is done: its outcome or its error, and
+/// its place where the producer gave one (which entity's message, and which).
+fn log_outcome(delivery: &Delivery, result: &Result<ConsumeOutcome, ConsumeError>) {
+    let position = crate::protocol::Position::from_attributes(&delivery.attributes)
+        .ok()
+        .flatten();
+    let entity = position.as_ref().map(|position| position.entity.to_string());
+    let chain = position.as_ref().map(|position| position.chain.to_string());
+    let seq = position.as_ref().map(|position| position.seq);
+    match result {
+        Ok(outcome) => tracing::info!(
+            queue_message_id = %delivery.message_id,
+            outcome = outcome.as_str(),
+            entity,
+            chain,
+            seq,
+            "message consumed"
+        ),
+        Err(error) => tracing::warn!(
+            queue_message_id = %delivery.message_id,
+            entity,
+            chain,
+            seq,
+            error = %aws_smithy_types::error::display::DisplayErrorContext(error),
+            "message failed"
+        ),
     }
 }

@@ -322,7 +322,8 @@ async fn without_a_way_back_a_message_ahead_is_kept_and_applied_after_its_predec
 }
 
 /// Each message's log line names its entity, chain and seq beside its outcome: kept,
-/// processed, a duplicate.
+/// processed, a duplicate; and it is written before the message is handed on to be
+/// acknowledged, so that a consumer killed mid-batch has logged whatever it acknowledged.
 #[tokio::test]
 async fn each_consumed_message_is_logged_with_its_entity_and_seq() {
     let logged = crate::test_log::Logged::default();
@@ -356,6 +357,18 @@ async fn each_consumed_message_is_logged_with_its_entity_and_seq() {
             assert!(line.contains(&field), "{field} not in {line}");
         }
     }
+    let count = || logged.text().matches("message consumed").count();
+    let at_done = std::sync::Mutex::new(Vec::new());
+    consumer
+        .consume_batch_with(&[placed("ORDER#a", 3), placed("ORDER#a", 4)], |_, _| {
+            at_done.lock().unwrap().push(count());
+        })
+        .await;
+    assert_eq!(
+        *at_done.lock().unwrap(),
+        [4, 5],
+        "lines written when each message was done"
+    );
 }
 
 /// A message too large to keep ([`crate::consumer::in_order::MAX_KEPT_BYTES`]) waits on
