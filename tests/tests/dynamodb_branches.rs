@@ -112,8 +112,7 @@ async fn census() {
         CounterFenced,
         CounterBoundRefused,
         CounterMissing,
-        CounterOrdinaryForm,
-        CounterVersionMoved
+        CounterOrdinaryForm
     );
     case!(an_idempotency_key_commits_once, CommitIdempotencyUsed);
     case!(a_split_outbox_round_trips_and_is_marked_dispatched, MarkDeletesParts);
@@ -249,6 +248,12 @@ async fn census() {
         a_mark_held_across_a_delete_and_a_create_leaves_the_new_life_as_it_was,
         &holding().await,
         EntityCreateOverVacant
+    );
+    scenario!(
+        a_counter_whose_ordinary_write_meets_a_moved_version_starts_again,
+        &holding().await,
+        CounterOrdinaryForm,
+        CounterVersionMoved
     );
     // Requests that fail.
     scenario!(

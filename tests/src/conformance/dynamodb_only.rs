@@ -1304,3 +1304,43 @@ pub async fn counter_commits_whose_requests_fail_are_ambiguous(p: &Proxied) {
         "{refused:?}"
     );
 }
+
+/// A counter commit on an item with no head yet writes the ordinary form, conditioned on
+/// the version it read. Held in the network while another commit moves that version, its
+/// write fails and the commit starts again (still no head: the other commit placed no
+/// message, so the ordinary form on the new version): applied once, on top of the other
+/// commit, its message the chain's first at the version it wrote, and never answered as
+/// a conflict. Five concurrent takes reach this only when two of them
+/// happen to overlap; here the overlap is made.
+pub async fn a_counter_whose_ordinary_write_meets_a_moved_version_starts_again(p: &Proxied) {
+    let b = &p.backend;
+    let name = item_name();
+    let k = key(&name);
+    create(b, &name).await;
+    // The counter form's UpdateItem goes on (its condition fails: no head); the ordinary
+    // form's is held.
+    p.faults.other("UpdateItem", Fault::Forward);
+    p.faults.other("UpdateItem", Fault::Late(HOLD));
+    let commit = counter_commit(b, &name, TxnId::new_v7(), Add::give_up_to("n", 1, 10));
+    let held = {
+        let (store, commit) = (b.store.clone(), commit.clone());
+        tokio::spawn(async move { store.commit_counter(&commit).await })
+    };
+    p.faults.met("UpdateItem", 0).await;
+    b.store
+        .commit_entity(&entity_commit(b, &name, TxnId::new_v7(), ExpectedVersion::Exactly(1)))
+        .await
+        .expect("the other commit, while the ordinary write is held");
+    assert!(p.proxy.release_next(), "the ordinary write is still held");
+    let done = held.await.unwrap().expect("applied after starting again");
+    assert_eq!((done.version, done.values["n"]), (3, 2), "on top of the other commit");
+    let position = done.messages[0].position.clone().expect("a place");
+    assert_eq!(
+        (position.seq, position.version, position.after),
+        (1, 3, 0),
+        "seq, version, after: the chain's first, at the version the second attempt wrote"
+    );
+    let entity = b.store.get_entity(&k).await.unwrap().expect("the item");
+    assert_eq!((entity.item.version, entity.item.data.clone()), (3, json!({"n": 2})));
+    assert!(entity.entries.contains_key(&commit.entry.txn_id), "its entry");
+}
