@@ -191,7 +191,7 @@ fn check_moto() -> Result<PathBuf, String> {
         "the AWS emulator is not installed: {} is missing.\n\
          Install it with `./scripts/test` (which does it for you) or by hand, pinned:\n  \
          ./scripts/venv main\n\
-         or point MOTO_SERVER at a moto_server executable.",
+         or point MOTO_SERVER at an executable taking moto_server's arguments.",
         installed.display()
     ))
 }

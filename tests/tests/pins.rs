@@ -284,17 +284,24 @@ fn dynamodb_local_is_locked_with_integrity_hashes() {
     );
 }
 
+/// Where the repository gives commands or runs tools: the README, the Makefile, the
+/// documents, the scripts, the CI's entry and the tests' support code.
+fn commands_and_scripts() -> Vec<PathBuf> {
+    let mut places = vec![root().join("README.md"), root().join("Makefile")];
+    places.extend(files("docs", ".md"));
+    places.extend(files("scripts", ""));
+    places.extend(files(".ci", ""));
+    places.extend(files("tests/src", ".rs"));
+    places
+}
+
 /// Where a command installs a package: a pip or npm install that a script runs or a
 /// document shows must go through the pins (`scripts/venv NAME`, `npm ci` on the lock);
 /// a plain `pip install 'moto[server]'` would bring whatever is newest, unchecked.
 #[test]
 fn nothing_installs_a_tool_past_its_pins() {
-    let mut places = vec![root().join("README.md"), root().join("Makefile")];
-    places.extend(files("docs", ".md"));
-    places.extend(files("scripts", ""));
+    let mut places = commands_and_scripts();
     places.extend(files("scripts/requirements", ""));
-    places.extend(files(".ci", ""));
-    places.extend(files("tests/src", ".rs"));
     let mut problems = Vec::new();
     let mut pip_lines = 0;
     for place in &places {
@@ -356,14 +363,9 @@ fn nothing_installs_a_tool_past_its_pins() {
 /// itself loses a send that races a delete on an SQS queue, which the launcher mends.
 #[test]
 fn moto_is_started_through_its_launcher_everywhere() {
-    let mut places = vec![root().join("README.md"), root().join("Makefile")];
-    places.extend(files("docs", ".md"));
-    places.extend(files("scripts", ""));
-    places.extend(files(".ci", ""));
-    places.extend(files("tests/src", ".rs"));
     let mut problems = Vec::new();
     let mut launches = 0;
-    for place in &places {
+    for place in &commands_and_scripts() {
         let Ok(text) = std::fs::read_to_string(place) else {
             continue;
         };

@@ -316,13 +316,7 @@ async fn a_step_that_met_a_version_conflict_runs_again_and_commits() {
     let mut rounds = [first.1, second.1];
     rounds.sort();
     assert_eq!(rounds, [1, 2], "one ran once, the other again after the conflict");
-    let items = running
-        .outbox
-        .store()
-        .get_items(std::slice::from_ref(&key))
-        .await
-        .unwrap();
-    assert_eq!(items[&key].data["n"], 2, "both increments landed");
+    assert_eq!(counter(&running, &key).await, 2, "both increments landed");
     running.stop().await;
 }
 
@@ -398,13 +392,7 @@ async fn a_commands_attempts_are_each_handed_the_key_the_body_and_its_extra() {
             );
         }
     }
-    let items = running
-        .outbox
-        .store()
-        .get_items(std::slice::from_ref(&key))
-        .await
-        .unwrap();
-    assert_eq!(items[&key].data["n"], 3, "both additions landed");
+    assert_eq!(counter(&running, &key).await, 3, "both additions landed");
     running.stop().await;
 }
 
